@@ -1,0 +1,221 @@
+#include "config/config.h"
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "config/yaml_reader.h"
+
+namespace wb::config {
+namespace {
+
+const std::vector<std::string> kLogLevels = {"trace", "debug", "info", "warn", "error", "off"};
+
+void ReadTls(YamlReader r, TlsConfig* tls) {
+  r.ReadBool("enabled", &tls->enabled);
+  r.ReadString("cert_file", &tls->cert_file);
+  r.ReadString("key_file", &tls->key_file);
+  r.ReadString("ca_file", &tls->ca_file);
+  r.ReadBool("require_client_cert", &tls->require_client_cert);
+  r.ReadString("token_file", &tls->token_file);
+  if (tls->enabled && (tls->cert_file.empty() || tls->key_file.empty())) {
+    r.Error("cert_file", "cert_file and key_file when tls.enabled is true", "none");
+  }
+  if (tls->require_client_cert && tls->ca_file.empty()) {
+    r.Error("ca_file", "a CA file when require_client_cert is true", "none");
+  }
+  r.RejectUnknownKeys();
+}
+
+bool ValidHostPort(const std::string& s) {
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) return false;
+  for (size_t i = colon + 1; i < s.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(s[i]))) return false;
+  }
+  return std::stoul(s.substr(colon + 1)) <= 65535;
+}
+
+void CheckHostPort(YamlReader& r, const std::string& key, const std::string& value) {
+  if (r.Has(key) && !ValidHostPort(value)) {
+    r.Error(key, "host:port", absl::StrCat("'", value, "'"));
+  }
+}
+
+template <typename T>
+absl::StatusOr<T> Finish(const ReadContext& ctx, T value) {
+  if (!ctx.errors.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid configuration:\n  ", absl::StrJoin(ctx.errors, "\n  ")));
+  }
+  return value;
+}
+
+absl::StatusOr<YAML::Node> ParseYaml(const std::string& yaml, const std::string& source) {
+  try {
+    return YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ":", e.mark.line + 1, ":",
+                                                   e.mark.column + 1, ": not valid YAML: ", e.msg));
+  }
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open configuration file"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::vector<FusionRule> DefaultFusionRules() {
+  return {
+      {"qkv_proj.weight", {"q_proj.weight", "k_proj.weight", "v_proj.weight"}, 0},
+      {"gate_up_proj.weight", {"gate_proj.weight", "up_proj.weight"}, 0},
+  };
+}
+
+absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std::string& source) {
+  auto node = ParseYaml(yaml, source);
+  if (!node.ok()) return node.status();
+  ReadContext ctx{source, {}};
+  AgentConfig c;
+  c.source = source;
+  YamlReader r(*node, "", &ctx);
+  r.ReadString("name", &c.name);
+  r.ReadEnum("log_level", kLogLevels, &c.log_level);
+  r.ReadString("local_socket", &c.local_socket);
+  r.ReadMode("socket_mode", &c.socket_mode);
+  r.ReadString("socket_group", &c.socket_group);
+  r.ReadString("listen", &c.listen);
+  CheckHostPort(r, "listen", c.listen);
+  r.ReadString("advertise_host", &c.advertise_host);
+  r.ReadString("controller", &c.controller);
+  CheckHostPort(r, "controller", c.controller);
+  r.ReadUint32("heartbeat_interval_ms", 10, 600000, &c.heartbeat_interval_ms);
+  r.ReadString("metrics_listen", &c.metrics_listen);
+  CheckHostPort(r, "metrics_listen", c.metrics_listen);
+
+  YamlReader transports = r.Child("transports");
+  {
+    YamlReader t = transports.Child("tcp");
+    t.ReadBool("enabled", &c.tcp.enabled);
+    t.ReadString("listen", &c.tcp.listen);
+    CheckHostPort(t, "listen", c.tcp.listen);
+    t.ReadString("advertise_host", &c.tcp.advertise_host);
+    t.ReadInt("connections_per_peer", 1, 64, &c.tcp.connections_per_peer);
+    t.ReadBytes("max_frame_bytes", 4096, uint64_t{1} << 32, &c.tcp.max_frame_bytes);
+    t.RejectUnknownKeys();
+  }
+  {
+    YamlReader t = transports.Child("rdma");
+    t.ReadBool("enabled", &c.rdma.enabled);
+    t.ReadStringList("devices", &c.rdma.devices);
+    t.ReadInt("gid_index", -1, 255, &c.rdma.gid_index);
+    t.ReadInt("qps_per_peer", 1, 64, &c.rdma.qps_per_peer);
+    t.ReadInt("mtu", 256, 4096, &c.rdma.mtu);
+    if (t.Has("mtu") && (c.rdma.mtu & (c.rdma.mtu - 1)) != 0) {
+      t.Error("mtu", "one of 256, 512, 1024, 2048, 4096", absl::StrCat(c.rdma.mtu));
+    }
+    t.ReadInt("send_queue_depth", 16, 16384, &c.rdma.send_queue_depth);
+    t.ReadBytes("chunk_bytes", 4096, uint64_t{1} << 31, &c.rdma.chunk_bytes);
+    t.RejectUnknownKeys();
+  }
+  {
+    YamlReader t = transports.Child("local");
+    t.ReadBool("enabled", &c.local_enabled);
+    t.RejectUnknownKeys();
+  }
+  transports.RejectUnknownKeys();
+
+  YamlReader ex = r.Child("executor");
+  ex.ReadBytes("staging_watermark_bytes", 4096, uint64_t{1} << 40,
+               &c.executor.staging_watermark_bytes);
+  ex.ReadUint32("write_timeout_ms", 10, 3600000, &c.executor.write_timeout_ms);
+  ex.ReadInt("prepare_threads", 1, 64, &c.executor.prepare_threads);
+  ex.RejectUnknownKeys();
+
+  ReadTls(r.Child("tls"), &c.tls);
+  r.RejectUnknownKeys();
+  return Finish(ctx, std::move(c));
+}
+
+absl::StatusOr<ControllerConfig> ParseControllerConfig(const std::string& yaml,
+                                                       const std::string& source) {
+  auto node = ParseYaml(yaml, source);
+  if (!node.ok()) return node.status();
+  ReadContext ctx{source, {}};
+  ControllerConfig c;
+  c.source = source;
+  YamlReader r(*node, "", &ctx);
+  r.ReadEnum("log_level", kLogLevels, &c.log_level);
+  r.ReadString("listen", &c.listen);
+  CheckHostPort(r, "listen", c.listen);
+  r.ReadUint32("heartbeat_timeout_ms", 50, 3600000, &c.heartbeat_timeout_ms);
+  r.ReadUint32("step_timeout_ms", 10, 3600000, &c.step_timeout_ms);
+  r.ReadUint32("plan_wait_ms", 0, 3600000, &c.plan_wait_ms);
+  r.ReadString("metrics_listen", &c.metrics_listen);
+  CheckHostPort(r, "metrics_listen", c.metrics_listen);
+
+  YamlReader w = r.Child("world");
+  w.ReadInt("trainer_ranks", 0, 1 << 20, &c.world.trainer_ranks);
+  w.ReadInt("inference_replicas", 0, 1 << 20, &c.world.inference_replicas);
+  w.ReadInt("inference_ranks_per_replica", 0, 1 << 20, &c.world.inference_ranks_per_replica);
+  w.RejectUnknownKeys();
+
+  for (YamlReader& item : r.ChildList("renames")) {
+    RenameRule rule;
+    if (item.Require("pattern")) item.ReadString("pattern", &rule.pattern);
+    if (item.Require("replacement")) item.ReadString("replacement", &rule.replacement);
+    try {
+      std::regex re(rule.pattern);
+    } catch (const std::regex_error& e) {
+      item.Error("pattern", "a regular expression", absl::StrCat("'", rule.pattern, "'"));
+    }
+    item.RejectUnknownKeys();
+    c.renames.push_back(rule);
+  }
+  if (r.Has("fusions")) {
+    for (YamlReader& item : r.ChildList("fusions")) {
+      FusionRule rule;
+      if (item.Require("fused")) item.ReadString("fused", &rule.fused);
+      if (item.Require("parts")) item.ReadStringList("parts", &rule.parts);
+      item.ReadInt("dim", 0, 7, &rule.dim);
+      if (item.Has("parts") && rule.parts.size() < 2) {
+        item.Error("parts", "at least two part names", absl::StrCat(rule.parts.size(), " names"));
+      }
+      item.RejectUnknownKeys();
+      c.fusions.push_back(rule);
+    }
+  } else {
+    c.fusions = DefaultFusionRules();
+  }
+
+  YamlReader cm = r.Child("cost_model");
+  cm.ReadDouble("nic_gbps", 0.001, 1e6, &c.cost_model.nic_gbps);
+  cm.ReadDouble("op_overhead_us", 0, 1e6, &c.cost_model.op_overhead_us);
+  cm.RejectUnknownKeys();
+
+  ReadTls(r.Child("tls"), &c.tls);
+  r.RejectUnknownKeys();
+  return Finish(ctx, std::move(c));
+}
+
+absl::StatusOr<AgentConfig> LoadAgentConfig(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return ParseAgentConfig(*text, path);
+}
+
+absl::StatusOr<ControllerConfig> LoadControllerConfig(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return ParseControllerConfig(*text, path);
+}
+
+}  // namespace wb::config

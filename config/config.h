@@ -1,0 +1,116 @@
+// Typed configuration of wb-agent and wb-controller, loaded from YAML and validated once.
+// Every error names the file, the key path and what was expected; unknown keys are errors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace wb::config {
+
+struct TlsConfig {
+  bool enabled = false;
+  std::string cert_file;
+  std::string key_file;
+  std::string ca_file;  // verifies peers; with require_client_cert: mutual TLS
+  bool require_client_cert = false;
+  std::string token_file;  // optional shared token sent as call metadata
+};
+
+struct TcpTransportConfig {
+  bool enabled = true;
+  std::string listen = "0.0.0.0:0";  // data-plane listener; port 0 picks a free one
+  std::string advertise_host;        // host peers connect to; default: the agent's advertise
+  int connections_per_peer = 4;
+  uint64_t max_frame_bytes = uint64_t{64} << 20;
+};
+
+struct RdmaTransportConfig {
+  bool enabled = false;
+  std::vector<std::string> devices;  // NIC rails, e.g. [mlx5_0, mlx5_1]; empty: all found
+  int gid_index = -1;                // -1: pick the RoCE v2 IPv4 GID
+  int qps_per_peer = 2;
+  int mtu = 1024;  // bytes: 256, 512, 1024, 2048 or 4096
+  int send_queue_depth = 256;
+  uint64_t chunk_bytes = uint64_t{1} << 20;
+};
+
+struct ExecutorConfig {
+  uint64_t staging_watermark_bytes = uint64_t{1} << 30;
+  uint32_t write_timeout_ms = 30000;
+  int prepare_threads = 2;
+};
+
+struct AgentConfig {
+  std::string source;  // the file it came from, for messages
+  std::string name;    // default: the host name
+  std::string log_level = "info";
+  std::string local_socket = "/run/weightbeam/agent.sock";
+  uint32_t socket_mode = 0660;
+  std::string socket_group;             // empty: the agent's own group
+  std::string listen = "0.0.0.0:7101";  // the Agent gRPC service
+  std::string advertise_host;           // how others reach this node; default: listen host
+  std::string controller = "127.0.0.1:7100";
+  uint32_t heartbeat_interval_ms = 1000;
+  std::string metrics_listen;  // host:port of /metrics; empty: off
+  TcpTransportConfig tcp;
+  RdmaTransportConfig rdma;
+  bool local_enabled = true;
+  ExecutorConfig executor;
+  TlsConfig tls;
+};
+
+// A rename rule: a source tensor whose name matches `pattern` (a regular expression) is
+// matched to the destination named `replacement` (with \1-style groups).
+struct RenameRule {
+  std::string pattern;
+  std::string replacement;
+};
+
+// A fusion rule: a destination whose name ends with `fused` is the concatenation along `dim`
+// of the sources whose names replace that suffix with each of `parts`, in order.
+struct FusionRule {
+  std::string fused;
+  std::vector<std::string> parts;
+  int dim = 0;
+};
+
+struct CostModelConfig {
+  double nic_gbps = 50.0;       // GB/s per NIC rail and direction
+  double op_overhead_us = 2.0;  // fixed cost per operation
+};
+
+struct WorldConfig {
+  int trainer_ranks = 0;
+  int inference_replicas = 0;
+  int inference_ranks_per_replica = 0;
+};
+
+struct ControllerConfig {
+  std::string source;
+  std::string log_level = "info";
+  std::string listen = "0.0.0.0:7100";
+  uint32_t heartbeat_timeout_ms = 5000;
+  uint32_t step_timeout_ms = 60000;
+  uint32_t plan_wait_ms = 30000;
+  std::string metrics_listen;
+  WorldConfig world;
+  std::vector<RenameRule> renames;
+  std::vector<FusionRule> fusions;
+  CostModelConfig cost_model;
+  TlsConfig tls;
+};
+
+// Parse from text; `source` names it in errors (a file name, or e.g. "<test>").
+absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std::string& source);
+absl::StatusOr<ControllerConfig> ParseControllerConfig(const std::string& yaml,
+                                                       const std::string& source);
+absl::StatusOr<AgentConfig> LoadAgentConfig(const std::string& path);
+absl::StatusOr<ControllerConfig> LoadControllerConfig(const std::string& path);
+
+// The fusion rules a Qwen/Llama-style model needs (qkv_proj, gate_up_proj).
+std::vector<FusionRule> DefaultFusionRules();
+
+}  // namespace wb::config

@@ -1,0 +1,98 @@
+// The data-plane interface every backend (rdma, tcp, local) implements: register memory,
+// connect to a peer through a small handshake record, and post batches of one-sided writes.
+// Control-plane code (gRPC) stays outside: the handshake exchange is a callback.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "weightbeam/v1/types.pb.h"
+
+namespace wb::transport {
+
+enum class MemoryKind { kHost, kCuda };
+
+// What a region is for: sources are only read locally; destinations may be written by peers.
+enum class Access { kSource, kDestination };
+
+struct MemoryRef {
+  void* addr = nullptr;
+  uint64_t length = 0;
+  MemoryKind kind = MemoryKind::kHost;
+  int device = -1;  // CUDA device for kCuda
+};
+
+struct Capabilities {
+  bool gpu_memory = false;       // can register CUDA memory
+  bool remote = true;            // can reach other nodes (false for local)
+  uint64_t max_write_bytes = 0;  // 0: no limit (large writes are chunked internally)
+};
+
+// A one-sided write: `length` bytes from a local region into a remote region.
+struct WriteOp {
+  uint64_t local_region = 0;
+  uint64_t local_offset = 0;
+  uint64_t remote_region = 0;
+  uint64_t remote_offset = 0;
+  uint64_t length = 0;
+};
+
+using BatchDone = std::function<void(absl::Status)>;
+
+// A connection to one peer agent (several queue pairs / sockets underneath).
+class Peer {
+ public:
+  virtual ~Peer() = default;
+  virtual const std::string& name() const = 0;
+  // Makes a peer's destination region targetable: the keys in `region` for this transport.
+  virtual absl::Status AddRemoteRegion(const weightbeam::v1::RegionDescriptor& region) = 0;
+  virtual void RemoveRemoteRegion(uint64_t region_id) = 0;
+  // Posts the writes; `done` runs exactly once, on a transport thread, when all have landed
+  // or the first has failed (the error names the peer, device and operation). Bounds are
+  // checked against the local and remote regions before anything is posted.
+  virtual void PostBatch(std::vector<WriteOp> ops, BatchDone done) = 0;
+  // Convenience: PostBatch and wait, failing with DEADLINE_EXCEEDED after `timeout`.
+  absl::Status WriteBatch(std::vector<WriteOp> ops, std::chrono::milliseconds timeout);
+};
+
+// Sends our handshake record to the peer (over the control plane) and returns theirs.
+using HandshakeExchange = std::function<absl::StatusOr<std::string>(const std::string& our_record)>;
+
+// Called on the receiving side when a batch from `peer` has fully landed.
+using ArrivalCallback = std::function<void(const std::string& peer, uint64_t batch_bytes)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string Name() const = 0;  // "rdma", "tcp", "local"
+  virtual Capabilities caps() const = 0;
+  // Per-device descriptions for the controller (name, endpoint, bandwidth).
+  virtual std::vector<weightbeam::v1::NicInfo> Nics() const = 0;
+
+  // Registers memory and returns its descriptor (region id + keys for each device). Only
+  // kDestination regions accept remote writes.
+  virtual absl::StatusOr<weightbeam::v1::RegionDescriptor> Register(const MemoryRef& mem,
+                                                                    Access access) = 0;
+  // Revokes the region's keys; when it returns, no remote write into it can land any more.
+  virtual absl::Status Deregister(uint64_t region_id) = 0;
+
+  // Initiator side: build our record, exchange it, finish the connection.
+  virtual absl::StatusOr<std::shared_ptr<Peer>> Connect(const std::string& our_name,
+                                                        const std::string& peer_name,
+                                                        const HandshakeExchange& exchange) = 0;
+  // Acceptor side: given the initiator's record, prepare to accept it and return our record.
+  virtual absl::StatusOr<std::string> Accept(const std::string& peer_name,
+                                             const std::string& their_record) = 0;
+  // Forget everything about a peer (it left or the layout changed).
+  virtual void ForgetPeer(const std::string& peer_name) = 0;
+
+  virtual void SetArrivalCallback(ArrivalCallback cb) = 0;
+};
+
+}  // namespace wb::transport

@@ -1,0 +1,175 @@
+// Config loading: good files give the expected values; each kind of bad file fails with a
+// message that names the file and the key.
+#include "config/config.h"
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <string>
+
+using wb::config::ParseAgentConfig;
+using wb::config::ParseControllerConfig;
+
+namespace {
+
+std::string ErrorOf(const std::string& yaml) {
+  auto c = ParseAgentConfig(yaml, "agent.yaml");
+  REQUIRE_FALSE(c.ok());
+  return std::string(c.status().message());
+}
+
+std::string ControllerErrorOf(const std::string& yaml) {
+  auto c = ParseControllerConfig(yaml, "controller.yaml");
+  REQUIRE_FALSE(c.ok());
+  return std::string(c.status().message());
+}
+
+}  // namespace
+
+TEST_CASE("an empty agent file gives the documented defaults") {
+  auto c = ParseAgentConfig("", "agent.yaml");
+  REQUIRE(c.ok());
+  CHECK(c->local_socket == "/run/weightbeam/agent.sock");
+  CHECK(c->socket_mode == 0660);
+  CHECK(c->controller == "127.0.0.1:7100");
+  CHECK(c->tcp.enabled);
+  CHECK_FALSE(c->rdma.enabled);
+  CHECK(c->executor.staging_watermark_bytes == (uint64_t{1} << 30));
+}
+
+TEST_CASE("a full agent file loads into the expected values") {
+  auto c = ParseAgentConfig(R"(
+name: inference-0
+log_level: debug
+local_socket: /tmp/wb.sock
+socket_mode: 0640
+listen: 10.0.0.2:7101
+controller: 10.0.0.1:7100
+heartbeat_interval_ms: 250
+transports:
+  tcp:
+    listen: 0.0.0.0:7201
+    connections_per_peer: 8
+  rdma:
+    enabled: true
+    devices: [mlx5_0, mlx5_1]
+    gid_index: 3
+    mtu: 4096
+    chunk_bytes: 4MiB
+executor:
+  staging_watermark_bytes: 512MiB
+  write_timeout_ms: 5000
+)",
+                            "agent.yaml");
+  REQUIRE(c.ok());
+  CHECK(c->name == "inference-0");
+  CHECK(c->log_level == "debug");
+  CHECK(c->socket_mode == 0640);
+  CHECK(c->heartbeat_interval_ms == 250);
+  CHECK(c->tcp.connections_per_peer == 8);
+  CHECK(c->rdma.enabled);
+  CHECK(c->rdma.devices == std::vector<std::string>{"mlx5_0", "mlx5_1"});
+  CHECK(c->rdma.gid_index == 3);
+  CHECK(c->rdma.mtu == 4096);
+  CHECK(c->rdma.chunk_bytes == 4u << 20);
+  CHECK(c->executor.staging_watermark_bytes == 512u << 20);
+  CHECK(c->executor.write_timeout_ms == 5000);
+}
+
+TEST_CASE("an unknown key is an error naming the file and the key path") {
+  std::string e = ErrorOf("transports:\n  tcp:\n    conections_per_peer: 4\n");
+  CHECK_THAT(e, Catch::Contains("agent.yaml"));
+  CHECK_THAT(e, Catch::Contains("unknown key 'transports.tcp.conections_per_peer'"));
+}
+
+TEST_CASE("a value of the wrong type names the key and what was expected") {
+  std::string e = ErrorOf("heartbeat_interval_ms: often\n");
+  CHECK_THAT(e, Catch::Contains("agent.yaml: key 'heartbeat_interval_ms'"));
+  CHECK_THAT(e, Catch::Contains("expected an integer from 10 to 600000, got 'often'"));
+  e = ErrorOf("transports:\n  rdma:\n    devices: mlx5_0\n");
+  CHECK_THAT(e, Catch::Contains("'transports.rdma.devices': expected a list of strings"));
+  e = ErrorOf("transports: 3\n");
+  CHECK_THAT(e, Catch::Contains("'transports': expected a mapping, got '3'"));
+}
+
+TEST_CASE("out-of-range values are rejected with the allowed range") {
+  CHECK_THAT(ErrorOf("transports:\n  tcp:\n    connections_per_peer: 0\n"),
+             Catch::Contains("expected an integer from 1 to 64, got '0'"));
+  CHECK_THAT(ErrorOf("transports:\n  rdma:\n    mtu: 1500\n"),
+             Catch::Contains("one of 256, 512, 1024, 2048, 4096"));
+  CHECK_THAT(ErrorOf("executor:\n  staging_watermark_bytes: 12 parsecs\n"),
+             Catch::Contains("'executor.staging_watermark_bytes': expected a byte count"));
+  CHECK_THAT(ErrorOf("log_level: loud\n"),
+             Catch::Contains("expected one of trace, debug, info, warn, error, off, got 'loud'"));
+  CHECK_THAT(ErrorOf("controller: nohost\n"), Catch::Contains("expected host:port"));
+}
+
+TEST_CASE("every error in a file is reported at once") {
+  std::string e = ErrorOf("bogus: 1\nheartbeat_interval_ms: -5\nlog_level: loud\n");
+  CHECK_THAT(e, Catch::Contains("unknown key 'bogus'"));
+  CHECK_THAT(e, Catch::Contains("'heartbeat_interval_ms'"));
+  CHECK_THAT(e, Catch::Contains("'log_level'"));
+}
+
+TEST_CASE("broken YAML reports the line") {
+  std::string e = ErrorOf("name: [unclosed\n");
+  CHECK_THAT(e, Catch::Contains("agent.yaml:"));
+  CHECK_THAT(e, Catch::Contains("not valid YAML"));
+}
+
+TEST_CASE("a missing file is a clear error") {
+  auto c = wb::config::LoadAgentConfig("/nonexistent/agent.yaml");
+  REQUIRE_FALSE(c.ok());
+  CHECK_THAT(std::string(c.status().message()),
+             Catch::Contains("/nonexistent/agent.yaml: cannot open"));
+}
+
+TEST_CASE("controller config: defaults, world, rules and cost model") {
+  auto d = ParseControllerConfig("", "controller.yaml");
+  REQUIRE(d.ok());
+  CHECK(d->listen == "0.0.0.0:7100");
+  REQUIRE(d->fusions.size() == 2);
+  CHECK(d->fusions[0].fused == "qkv_proj.weight");
+
+  auto c = ParseControllerConfig(R"(
+listen: 127.0.0.1:9000
+step_timeout_ms: 2000
+world: {trainer_ranks: 4, inference_replicas: 2, inference_ranks_per_replica: 2}
+renames:
+  - {pattern: '^module\.(.*)$', replacement: '\1'}
+fusions:
+  - {fused: qkv.weight, parts: [q.weight, k.weight, v.weight]}
+cost_model: {nic_gbps: 25, op_overhead_us: 5}
+)",
+                                 "controller.yaml");
+  REQUIRE(c.ok());
+  CHECK(c->step_timeout_ms == 2000);
+  CHECK(c->world.trainer_ranks == 4);
+  CHECK(c->world.inference_ranks_per_replica == 2);
+  REQUIRE(c->renames.size() == 1);
+  CHECK(c->renames[0].replacement == "\\1");
+  REQUIRE(c->fusions.size() == 1);
+  CHECK(c->fusions[0].parts.size() == 3);
+  CHECK(c->cost_model.nic_gbps == 25);
+}
+
+TEST_CASE("controller config: missing required keys and bad rules are named") {
+  std::string e = ControllerErrorOf("fusions:\n  - {fused: qkv.weight}\n");
+  CHECK_THAT(e, Catch::Contains("controller.yaml: key 'fusions[0].parts' is required"));
+  e = ControllerErrorOf("renames:\n  - {pattern: '([', replacement: x}\n");
+  CHECK_THAT(e, Catch::Contains("'renames[0].pattern': expected a regular expression"));
+  e = ControllerErrorOf("tls: {enabled: true}\n");
+  CHECK_THAT(e, Catch::Contains("'tls.cert_file'"));
+  e = ControllerErrorOf("world: {trainer_ranks: many}\n");
+  CHECK_THAT(e, Catch::Contains("'world.trainer_ranks'"));
+}
+
+TEST_CASE("the example files in config/examples load") {
+  for (const char* name : {"config/examples/agent.yaml", "config/examples/agent-inference.yaml"}) {
+    auto c = wb::config::LoadAgentConfig(name);
+    INFO(name);
+    REQUIRE(c.ok());
+  }
+  auto c = wb::config::LoadControllerConfig("config/examples/controller.yaml");
+  INFO(c.status().message());
+  REQUIRE(c.ok());
+}
