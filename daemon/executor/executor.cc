@@ -1,0 +1,327 @@
+#include "daemon/executor/executor.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/executor/blocking_queue.h"
+#include "daemon/registry/tensor_checks.h"
+
+namespace wb::executor {
+
+namespace v1 = weightbeam::v1;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string OpName(const v1::TransferOp& op) {
+  return absl::StrCat("op ", op.op_id(), " (", op.src_tensor(), " -> ", op.dst_agent(), ":",
+                      op.dst_tensor(), ")");
+}
+
+// First error wins; later ones are dropped.
+class ErrorSlot {
+ public:
+  void Set(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    if (status_.ok()) status_ = std::move(s);
+  }
+  absl::Status Get() const {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+  bool failed() const {
+    absl::MutexLock lock(&mu_);
+    return !status_.ok();
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Status status_;
+};
+
+}  // namespace
+
+// One operation moving through the pipeline.
+struct Executor::Job {
+  const v1::TransferOp* op = nullptr;
+  std::shared_ptr<const registry::RegisteredTensor> source;
+  std::shared_ptr<StagingBuffer> staging;  // null for zero-copy ops
+  const Route* route = nullptr;
+};
+
+Executor::Executor(registry::RegionRegistry* registry, StagingPool* staging,
+                   const Preparer* preparer, ExecutorOptions options)
+    : registry_(registry), staging_(staging), preparer_(preparer), options_(options) {}
+
+void Executor::Load(std::vector<v1::TransferOp> ops, std::map<std::string, Route> routes) {
+  absl::MutexLock lock(&mu_);
+  ops_ = std::move(ops);
+  std::stable_sort(ops_.begin(), ops_.end(), [](const v1::TransferOp& a, const v1::TransferOp& b) {
+    return a.phase() < b.phase();
+  });
+  routes_ = std::move(routes);
+  loaded_ = true;
+}
+
+bool Executor::loaded() const {
+  absl::MutexLock lock(&mu_);
+  return loaded_;
+}
+
+void Executor::Cancel(const std::string& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    cancel_reason_ = reason;
+  }
+  staging_->Poke();
+}
+
+absl::Status Executor::BuildWrites(const Job& job, std::vector<transport::WriteOp>* writes) const {
+  const v1::TransferOp& op = *job.op;
+  const uint32_t dst_size = registry::DTypeSize(op.dst_dtype());
+  const uint32_t src_size = registry::DTypeSize(op.src_dtype());
+  const uint64_t dst_row = op.row_elems() * dst_size;
+  auto remote = [&](uint64_t region) -> absl::StatusOr<uint64_t> {
+    auto it = job.route->remote_regions.find(region);
+    if (it == job.route->remote_regions.end()) {
+      return absl::NotFoundError(absl::StrCat(OpName(op), ": destination region ", region,
+                                              " of agent ", op.dst_agent(),
+                                              " was not introduced by the controller"));
+    }
+    return it->second;
+  };
+  auto dst = remote(op.dst_region());
+  if (!dst.ok()) return dst.status();
+  const std::string tname = job.route->transport->Name();
+
+  uint64_t local_region = 0;
+  uint64_t base = 0;  // offset of row 0 in the local region
+  uint64_t stride = 0;
+  if (job.staging) {
+    local_region = job.staging->transport_regions.at(tname);
+    stride = dst_row;
+  } else {
+    auto it = job.source->transport_regions.find(tname);
+    if (it == job.source->transport_regions.end()) {
+      return absl::InternalError(absl::StrCat(OpName(op), ": source not registered with ", tname));
+    }
+    local_region = it->second;
+    base = op.src_offset();
+    stride = op.src_stride() ? op.src_stride() : op.row_elems() * src_size;
+  }
+  const uint64_t dst_stride = op.dst_stride() ? op.dst_stride() : dst_row;
+  if (stride == dst_row && dst_stride == dst_row) {
+    writes->push_back({local_region, base, *dst, op.dst_offset(), dst_row * op.rows()});
+  } else {
+    for (uint64_t r = 0; r < op.rows(); ++r) {
+      writes->push_back(
+          {local_region, base + r * stride, *dst, op.dst_offset() + r * dst_stride, dst_row});
+    }
+  }
+  if (op.transform() == v1::TRANSFORM_FP8_BLOCK) {
+    // Scales follow the data in staging: ceil(rows/128) block rows of ceil(cols/128) floats.
+    auto scale_dst = remote(op.scale_region());
+    if (!scale_dst.ok()) return scale_dst.status();
+    const uint64_t block_rows = (op.rows() + 127) / 128;
+    const uint64_t scale_row = (op.row_elems() + 127) / 128 * sizeof(float);
+    const uint64_t scale_stride = op.scale_stride() ? op.scale_stride() : scale_row;
+    const uint64_t scale_base = dst_row * op.rows();
+    for (uint64_t r = 0; r < block_rows; ++r) {
+      writes->push_back({local_region, scale_base + r * scale_row, *scale_dst,
+                         op.scale_offset() + r * scale_stride, scale_row});
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
+                                Clock::time_point deadline, v1::AgentStepReport* report) {
+  BlockingQueue<Job> to_prepare;
+  BlockingQueue<Job> to_write;
+  ErrorSlot error;
+  std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<int64_t> prepare_ns{0}, write_ns{0}, complete_ns{0};
+
+  // Stage-in: resolve sources. On hosts without CUDA every transform runs on the CPU from the
+  // mapped source, so there is no host->device copy to make here.
+  const auto t_in = Clock::now();
+  for (const v1::TransferOp* op : ops) {
+    Job job;
+    job.op = op;
+    job.source = registry_->Find(op->src_region());
+    if (!job.source) {
+      error.Set(absl::FailedPreconditionError(
+          absl::StrCat(OpName(*op), ": source region ", op->src_region(),
+                       " is gone (its process unregistered or exited)")));
+      break;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = routes_.find(op->dst_agent());
+      if (it == routes_.end()) {
+        error.Set(absl::FailedPreconditionError(
+            absl::StrCat(OpName(*op), ": no connection to agent ", op->dst_agent())));
+        break;
+      }
+      job.route = &it->second;
+    }
+    to_prepare.Push(std::move(job));
+  }
+  to_prepare.Close();
+  report->mutable_stages()->set_stage_in_seconds(report->stages().stage_in_seconds() + Since(t_in));
+
+  // Prepare: transform into staging (blocking on the watermark), or pass zero-copy ops on.
+  std::vector<std::thread> preparers;
+  std::atomic<int> preparers_left{options_.prepare_threads};
+  for (int i = 0; i < options_.prepare_threads; ++i) {
+    preparers.emplace_back([&] {
+      while (auto job = to_prepare.Pop()) {
+        if (error.failed() || cancelled_) continue;
+        const auto t0 = Clock::now();
+        uint64_t need = preparer_->StagingBytes(*job->op);
+        if (need > 0) {
+          auto buf = staging_->Acquire(need, &cancelled_);
+          if (!buf.ok()) {
+            error.Set(buf.status());
+            continue;
+          }
+          job->staging = *buf;
+          const uint8_t* src = static_cast<const uint8_t*>(job->source->memory.addr);
+          auto s = preparer_->Prepare(*job->op, src, job->staging->data);
+          if (!s.ok()) {
+            staging_->Release(job->staging);
+            error.Set(absl::Status(s.code(), absl::StrCat(OpName(*job->op), ": ", s.message())));
+            continue;
+          }
+        }
+        prepare_ns += (Clock::now() - t0).count();
+        to_write.Push(std::move(*job));
+      }
+      if (--preparers_left == 0) to_write.Close();
+    });
+  }
+
+  // Write: post each op's writes; completion (on a transport thread) releases staging.
+  absl::Mutex done_mu;
+  int64_t outstanding = 0;
+  while (auto job = to_write.Pop()) {
+    if (error.failed() || cancelled_) {
+      if (job->staging) staging_->Release(job->staging);
+      continue;
+    }
+    const auto t0 = Clock::now();
+    std::vector<transport::WriteOp> writes;
+    if (auto s = BuildWrites(*job, &writes); !s.ok()) {
+      if (job->staging) staging_->Release(job->staging);
+      error.Set(s);
+      continue;
+    }
+    uint64_t bytes = 0;
+    for (const auto& w : writes) bytes += w.length;
+    {
+      absl::MutexLock lock(&done_mu);
+      ++outstanding;
+    }
+    auto staging = job->staging;
+    const v1::TransferOp* op = job->op;
+    const auto posted = Clock::now();
+    job->route->peer->PostBatch(std::move(writes), [&, staging, op, bytes, posted](absl::Status s) {
+      const auto c0 = Clock::now();
+      write_ns += (c0 - posted).count();
+      if (staging) staging_->Release(staging);
+      if (s.ok()) {
+        bytes_sent += bytes;
+      } else {
+        error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
+      }
+      complete_ns += (Clock::now() - c0).count();
+      absl::MutexLock lock(&done_mu);
+      --outstanding;
+    });
+    write_ns += (Clock::now() - t0).count();
+  }
+  for (auto& t : preparers) t.join();
+
+  // Complete: wait for every posted batch (the barrier that ends the phase).
+  {
+    absl::MutexLock lock(&done_mu);
+    auto all_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) { return outstanding == 0; };
+    while (!all_done()) {
+      if (Clock::now() >= deadline) break;
+      done_mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Milliseconds(50));
+    }
+    if (outstanding != 0) {
+      error.Set(absl::DeadlineExceededError(
+          absl::StrCat(outstanding, " operation(s) still unacknowledged at the step deadline")));
+      // Callbacks still reference this frame: wait for the transports' own write timeout.
+      auto wait_until = Clock::now() + options_.write_timeout + std::chrono::seconds(5);
+      while (!all_done() && Clock::now() < wait_until) {
+        done_mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Milliseconds(50));
+      }
+      if (!all_done()) {
+        spdlog::critical("transport never completed {} batch(es); aborting", outstanding);
+        std::abort();
+      }
+    }
+  }
+  auto* st = report->mutable_stages();
+  st->set_prepare_seconds(st->prepare_seconds() + prepare_ns.load() * 1e-9);
+  st->set_write_seconds(st->write_seconds() + write_ns.load() * 1e-9);
+  st->set_complete_seconds(st->complete_seconds() + complete_ns.load() * 1e-9);
+  report->set_bytes_sent(report->bytes_sent() + bytes_sent.load());
+  if (cancelled_ && error.Get().ok()) {
+    absl::MutexLock lock(&mu_);
+    return absl::AbortedError(absl::StrCat("step cancelled: ", cancel_reason_));
+  }
+  return error.Get();
+}
+
+v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::milliseconds timeout) {
+  v1::AgentStepReport report;
+  const auto t0 = Clock::now();
+  const auto deadline = t0 + timeout;
+  std::vector<v1::TransferOp> ops;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = false;
+    cancel_reason_.clear();
+    if (!loaded_) {
+      report.set_ok(false);
+      report.set_error("no plan loaded");
+      return report;
+    }
+  }
+  staging_->ResetPeak();
+  std::vector<const v1::TransferOp*> phase;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    ops = ops_;  // a copy: a concurrent Load must not pull the plan from under the step
+  }
+  for (size_t i = 0; i < ops.size() && status.ok(); ++i) {
+    phase.push_back(&ops[i]);
+    if (i + 1 == ops.size() || ops[i + 1].phase() != ops[i].phase()) {
+      status = RunPhase(phase, deadline, &report);
+      phase.clear();
+    }
+  }
+  report.set_ops(ops.size());
+  report.set_bytes_dense(report.bytes_sent());
+  report.mutable_stages()->set_peak_staging_bytes(staging_->peak_in_flight());
+  report.set_seconds(Since(t0));
+  report.set_ok(status.ok());
+  if (!status.ok()) report.set_error(std::string(status.message()));
+  spdlog::info("step {}: {} ops, {} bytes in {:.3f} s{}", version, ops.size(), report.bytes_sent(),
+               report.seconds(), status.ok() ? "" : " FAILED: " + std::string(status.message()));
+  return report;
+}
+
+}  // namespace wb::executor

@@ -1,0 +1,84 @@
+// Runs a loaded plan's operations for one step through a pipeline of stages connected by FIFO
+// queues (stage-in -> prepare -> write -> complete), so different operations are in different
+// stages at the same time. Staging memory is capped by the StagingPool's watermark; operations
+// that need no transform are written straight from the source registration (zero copy).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/executor/staging_pool.h"
+#include "daemon/registry/region_registry.h"
+#include "daemon/transport/transport.h"
+#include "weightbeam/v1/types.pb.h"
+
+namespace wb::executor {
+
+// Turns an operation's source rows into the bytes that land: transformed data, densely packed
+// (rows x row bytes of the destination dtype), followed for FP8 ops by the float32 block scales.
+class Preparer {
+ public:
+  virtual ~Preparer() = default;
+  // Bytes of staging the op needs; 0 when it needs no transform (written zero-copy).
+  virtual uint64_t StagingBytes(const weightbeam::v1::TransferOp& op) const = 0;
+  virtual absl::Status Prepare(const weightbeam::v1::TransferOp& op, const uint8_t* src,
+                               uint8_t* staging) const = 0;
+};
+
+// Where one destination agent's writes go: the connected peer and, per remote destination
+// region id (the agent-wide id from the plan), that transport's own region id.
+struct Route {
+  std::shared_ptr<transport::Peer> peer;
+  transport::Transport* transport = nullptr;
+  std::map<uint64_t, uint64_t> remote_regions;
+};
+
+struct ExecutorOptions {
+  int prepare_threads = 2;
+  std::chrono::milliseconds write_timeout{30000};
+  uint64_t max_write_batch = 64;  // writes posted per batch
+};
+
+class Executor {
+ public:
+  Executor(registry::RegionRegistry* registry, StagingPool* staging, const Preparer* preparer,
+           ExecutorOptions options);
+
+  // Replaces the plan; `routes` maps each destination agent to its route.
+  void Load(std::vector<weightbeam::v1::TransferOp> ops, std::map<std::string, Route> routes);
+  bool loaded() const;
+
+  // Runs every op of the loaded plan, phase by phase (a barrier between phases). Fails with
+  // the first error, naming the operation (source -> destination tensor, peer).
+  weightbeam::v1::AgentStepReport Execute(uint64_t version, std::chrono::milliseconds timeout);
+  // Makes a running Execute fail promptly with `reason`.
+  void Cancel(const std::string& reason);
+
+ private:
+  struct Job;
+  absl::Status RunPhase(const std::vector<const weightbeam::v1::TransferOp*>& ops,
+                        std::chrono::steady_clock::time_point deadline,
+                        weightbeam::v1::AgentStepReport* report);
+  absl::Status BuildWrites(const Job& job, std::vector<transport::WriteOp>* writes) const;
+
+  registry::RegionRegistry* registry_;
+  StagingPool* staging_;
+  const Preparer* preparer_;
+  ExecutorOptions options_;
+
+  mutable absl::Mutex mu_;
+  std::vector<weightbeam::v1::TransferOp> ops_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Route> routes_ ABSL_GUARDED_BY(mu_);
+  bool loaded_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> cancelled_{false};  // read by waiting stages
+  std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace wb::executor

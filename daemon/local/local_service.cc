@@ -1,0 +1,181 @@
+#include "daemon/local/local_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+
+namespace wb::local {
+
+namespace v1 = weightbeam::v1;
+
+// One process's session: requests are handled one at a time, each answered before the next
+// read, so responses need no queue.
+class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
+ public:
+  SessionReactor(LocalService* service, uint64_t id, std::string peer)
+      : service_(service), id_(id), peer_(std::move(peer)) {
+    service_->active_sessions_++;
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    response_.Clear();
+    response_.set_request_id(request_.request_id());
+    Handle();
+    StartWrite(&response_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::CANCELLED);
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnDone() override {
+    int n = service_->registry_->WithdrawSession(id_);
+    if (n > 0 || has_owner_) {
+      spdlog::info("session {} ({} pid {}) ended: withdrew {} region(s)", id_,
+                   owner_.role() == v1::ROLE_TRAINER ? "trainer" : "inference", owner_.pid(), n);
+    }
+    service_->active_sessions_--;
+    delete this;
+  }
+
+ private:
+  void Fail(absl::StatusCode code, const std::string& message) {
+    response_.set_code(static_cast<int>(code));
+    response_.set_message(message);
+  }
+
+  void Handle() {
+    switch (request_.body_case()) {
+      case v1::SessionRequest::kHello:
+        if (has_owner_) return Fail(absl::StatusCode::kFailedPrecondition, "hello sent twice");
+        if (request_.hello().role() == v1::ROLE_UNSPECIFIED) {
+          return Fail(absl::StatusCode::kInvalidArgument,
+                      "hello: role must be trainer or inference");
+        }
+        owner_ = request_.hello();
+        has_owner_ = true;
+        return;
+      case v1::SessionRequest::kRegister: {
+        if (!has_owner_) {
+          return Fail(absl::StatusCode::kFailedPrecondition,
+                      "register before hello: say who this process is first");
+        }
+        // All-or-nothing: on the first failure, undo this request's registrations.
+        std::vector<std::string> done;
+        for (const auto& reg : request_.register_().tensors()) {
+          auto layout = service_->registry_->Register(id_, owner_, reg);
+          if (!layout.ok()) {
+            for (const auto& name : done) (void)service_->registry_->Unregister(id_, name);
+            response_.clear_registered();
+            spdlog::warn("session {}: registration refused: {}", id_,
+                         std::string(layout.status().message()));
+            return Fail(layout.status().code(), std::string(layout.status().message()));
+          }
+          done.push_back(reg.spec().name());
+          *response_.add_registered() = *layout;
+        }
+        return;
+      }
+      case v1::SessionRequest::kUnregister:
+        for (const auto& name : request_.unregister().names()) {
+          if (auto s = service_->registry_->Unregister(id_, name); !s.ok()) {
+            return Fail(s.code(), std::string(s.message()));
+          }
+        }
+        return;
+      default:
+        return Fail(absl::StatusCode::kInvalidArgument, "empty session request");
+    }
+  }
+
+  LocalService* service_;
+  uint64_t id_;
+  std::string peer_;
+  bool has_owner_ = false;
+  v1::Owner owner_;
+  v1::SessionRequest request_;
+  v1::SessionResponse response_;
+};
+
+grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* LocalService::Session(
+    grpc::CallbackServerContext* ctx) {
+  return new SessionReactor(this, next_session_++, ctx->peer());
+}
+
+namespace {
+
+// Streams events as they are published; slow readers get them queued in order.
+class EventWriter : public grpc::ServerWriteReactor<v1::Event> {
+ public:
+  explicit EventWriter(EventBus* bus) : bus_(bus) {
+    id_ = bus_->Subscribe([this](const v1::Event& e) { Push(e); });
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      MaybeFinish(grpc::Status::CANCELLED);
+      return;
+    }
+    queue_.pop_front();
+    WriteNext();
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    MaybeFinish(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    bus_->Unsubscribe(id_);
+    delete this;
+  }
+
+ private:
+  void Push(const v1::Event& e) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    queue_.push_back(e);
+    if (!writing_) WriteNext();
+  }
+
+  void WriteNext() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (queue_.empty() || finished_) return;
+    writing_ = true;
+    StartWrite(&queue_.front());
+  }
+
+  void MaybeFinish(const grpc::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || writing_) return;
+    finished_ = true;
+    Finish(s);
+  }
+
+  EventBus* bus_;
+  uint64_t id_ = 0;
+  absl::Mutex mu_;
+  std::deque<v1::Event> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::Event>* LocalService::WatchEvents(grpc::CallbackServerContext*,
+                                                               const v1::WatchEventsRequest*) {
+  return new EventWriter(events_);
+}
+
+}  // namespace wb::local

@@ -1,0 +1,35 @@
+// The Local gRPC service on the agent's Unix socket: a process opens a Session stream, says who
+// it is, registers tensors; when the stream ends (exit or crash) its regions are withdrawn.
+// WatchEvents streams begin/commit/abort to inference processes.
+#pragma once
+
+#include <atomic>
+
+#include "daemon/local/event_bus.h"
+#include "daemon/registry/region_registry.h"
+#include "weightbeam/v1/local.grpc.pb.h"
+
+namespace wb::local {
+
+class LocalService final : public weightbeam::v1::Local::CallbackService {
+ public:
+  LocalService(registry::RegionRegistry* registry, EventBus* events)
+      : registry_(registry), events_(events) {}
+
+  grpc::ServerBidiReactor<weightbeam::v1::SessionRequest, weightbeam::v1::SessionResponse>* Session(
+      grpc::CallbackServerContext* ctx) override;
+
+  grpc::ServerWriteReactor<weightbeam::v1::Event>* WatchEvents(
+      grpc::CallbackServerContext* ctx, const weightbeam::v1::WatchEventsRequest* req) override;
+
+  int active_sessions() const { return active_sessions_.load(); }
+
+ private:
+  friend class SessionReactor;
+  registry::RegionRegistry* registry_;
+  EventBus* events_;
+  std::atomic<uint64_t> next_session_{1};
+  std::atomic<int> active_sessions_{0};
+};
+
+}  // namespace wb::local

@@ -1,0 +1,80 @@
+// wb-agent: the per-node weightbeam daemon (run by systemd on every GPU node).
+#include <signal.h>
+#include <systemd/sd-daemon.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <thread>
+
+#include "config/config.h"
+#include "config/logging.h"
+#include "daemon/service/agent_node.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"wb-agent: moves model weights between training and inference GPUs"};
+  std::string config_path;
+  std::string log_level;
+  std::string name, socket, listen, controller, tcp_listen;
+  bool version = false;
+  app.add_option("--config", config_path, "YAML configuration file");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error (overrides config)");
+  app.add_option("--name", name, "agent name (overrides config)");
+  app.add_option("--socket", socket, "Unix socket of the Local service (overrides config)");
+  app.add_option("--listen", listen, "host:port of the Agent service (overrides config)");
+  app.add_option("--controller", controller, "controller host:port (overrides config)");
+  app.add_option("--tcp-listen", tcp_listen, "host:port of the tcp data plane (overrides config)");
+  app.add_flag("--version", version, "print the version and exit");
+  CLI11_PARSE(app, argc, argv);
+  if (version) {
+    std::printf("wb-agent 0.1.0\n");
+    return 0;
+  }
+
+  wb::config::AgentConfig config;
+  if (!config_path.empty()) {
+    auto loaded = wb::config::LoadAgentConfig(config_path);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "wb-agent: %s\n", std::string(loaded.status().message()).c_str());
+      return 2;
+    }
+    config = *loaded;
+  }
+  if (!log_level.empty()) config.log_level = log_level;
+  if (!name.empty()) config.name = name;
+  if (!socket.empty()) config.local_socket = socket;
+  if (!listen.empty()) config.listen = listen;
+  if (!controller.empty()) config.controller = controller;
+  if (!tcp_listen.empty()) config.tcp.listen = tcp_listen;
+  if (auto s = wb::InitLogging("wb-agent", config.log_level); !s.ok()) {
+    std::fprintf(stderr, "wb-agent: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+
+  // Signals are taken by one thread with sigwait; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  wb::service::AgentNode node(config);
+  if (auto s = node.Start(); !s.ok()) {
+    spdlog::error("cannot start: {}", std::string(s.message()));
+    return 1;
+  }
+  if (!config.tls.enabled) {
+    spdlog::warn("control plane is insecure (no TLS): fine on one machine, not on a cluster");
+  }
+  sd_notify(0, "READY=1");
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("signal {}: shutting down", sig);
+    sd_notify(0, "STOPPING=1");
+    node.Shutdown();
+  });
+  node.Wait();
+  waiter.join();
+  return 0;
+}

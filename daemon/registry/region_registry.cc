@@ -1,0 +1,222 @@
+#include "daemon/registry/region_registry.h"
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/registry/tensor_checks.h"
+
+namespace wb::registry {
+
+namespace v1 = weightbeam::v1;
+
+namespace {
+
+uint64_t HandleLength(const v1::MemoryHandle& h) {
+  if (h.has_host_shm()) return h.host_shm().length();
+  if (h.has_cuda_ipc()) return h.cuda_ipc().length();
+  return 0;
+}
+
+bool SlicesOverlap(const v1::TensorSpec& a, const v1::TensorSpec& b) {
+  if (a.shard_size() == 0 || b.shard_size() == 0) return true;
+  if (a.shard_size() != b.shard_size()) return true;
+  for (int d = 0; d < a.shard_size(); ++d) {
+    int64_t a0 = a.shard(d).start(), a1 = a0 + a.shard(d).size();
+    int64_t b0 = b.shard(d).start(), b1 = b0 + b.shard(d).size();
+    if (a1 <= b0 || b1 <= a0) return false;
+  }
+  return true;
+}
+
+std::string OwnerName(const v1::Owner& o) {
+  if (o.role() == v1::ROLE_TRAINER) return absl::StrCat("trainer rank ", o.rank());
+  return absl::StrCat("inference replica ", o.replica(), " rank ", o.rank());
+}
+
+}  // namespace
+
+RegionRegistry::RegionRegistry(std::vector<transport::Transport*> transports, MemoryOpener opener)
+    : transports_(std::move(transports)), opener_(std::move(opener)) {}
+
+void RegionRegistry::SetChangeCallback(std::function<void()> cb) { on_change_ = std::move(cb); }
+
+void RegionRegistry::Changed() {
+  if (on_change_) on_change_();
+}
+
+absl::Status RegionRegistry::CheckConflicts(uint64_t session, const v1::Owner& owner,
+                                            const v1::TensorSpec& spec) const {
+  for (const auto& [id, t] : by_region_) {
+    if (t->spec.name() != spec.name()) continue;
+    const bool same_owner = t->owner.role() == owner.role() &&
+                            t->owner.replica() == owner.replica() &&
+                            t->owner.rank() == owner.rank();
+    if (same_owner) {
+      return absl::AlreadyExistsError(absl::StrCat("tensor '", spec.name(),
+                                                   "' is already registered by ", OwnerName(owner),
+                                                   " (pid ", t->owner.pid(), ")"));
+    }
+    // Two processes of one inference replica must not both receive the same elements.
+    if (owner.role() == v1::ROLE_INFERENCE && t->owner.role() == v1::ROLE_INFERENCE &&
+        t->owner.replica() == owner.replica() && t->session != session &&
+        SlicesOverlap(t->spec, spec)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "tensor '", spec.name(), "': its shard overlaps the one registered by ",
+          OwnerName(t->owner), " (pid ", t->owner.pid(), ") in the same inference replica"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
+    uint64_t session, const v1::Owner& owner, const v1::TensorRegistration& registration) {
+  const v1::TensorSpec& spec = registration.spec();
+  if (owner.role() != v1::ROLE_TRAINER && owner.role() != v1::ROLE_INFERENCE) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", spec.name(), "': the session has no role (trainer/inference)"));
+  }
+  if (!registration.memory().has_host_shm() && !registration.memory().has_cuda_ipc()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", spec.name(), "': no memory handle (host_shm or cuda_ipc)"));
+  }
+  if (auto s = ValidateTensorSpec(spec, HandleLength(registration.memory())); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto s = CheckConflicts(session, owner, spec); !s.ok()) return s;
+  }
+  auto opened = opener_(registration.memory());
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(),
+                        absl::StrCat("tensor '", spec.name(), "': ", opened.status().message()));
+  }
+  auto t = std::make_shared<RegisteredTensor>();
+  t->session = session;
+  t->spec = spec;
+  t->owner = owner;
+  t->memory = opened->ref;
+  t->location = opened->location;
+  t->hold = opened->hold;
+  const auto access = owner.role() == v1::ROLE_INFERENCE ? transport::Access::kDestination
+                                                         : transport::Access::kSource;
+  for (transport::Transport* tr : transports_) {
+    auto desc = tr->Register(t->memory, access);
+    if (!desc.ok()) {
+      Release(*t);
+      return absl::Status(desc.status().code(),
+                          absl::StrCat("tensor '", spec.name(), "': registering with ", tr->Name(),
+                                       " failed: ", desc.status().message()));
+    }
+    t->transport_regions[tr->Name()] = desc->region_id();
+    for (auto key : desc->keys()) {
+      key.set_transport_region(desc->region_id());
+      if (key.transport().empty()) key.set_transport(tr->Name());
+      *t->descriptor.add_keys() = key;
+    }
+  }
+  t->descriptor.set_length(t->memory.length);
+  v1::TensorLayout layout;
+  {
+    absl::MutexLock lock(&mu_);
+    // Re-check: another session may have registered the same name meanwhile.
+    if (auto s = CheckConflicts(session, owner, spec); !s.ok()) {
+      Release(*t);
+      return s;
+    }
+    t->region_id = next_region_++;
+    t->descriptor.set_region_id(t->region_id);
+    by_region_[t->region_id] = t;
+    ++generation_;
+    *layout.mutable_spec() = t->spec;
+    *layout.mutable_owner() = t->owner;
+    *layout.mutable_region() = t->descriptor;
+    layout.set_location(t->location);
+  }
+  Changed();
+  return layout;
+}
+
+void RegionRegistry::Release(const RegisteredTensor& t) {
+  for (transport::Transport* tr : transports_) {
+    auto it = t.transport_regions.find(tr->Name());
+    if (it == t.transport_regions.end()) continue;
+    if (auto s = tr->Deregister(it->second); !s.ok()) {
+      spdlog::warn("deregistering tensor '{}' from {}: {}", t.spec.name(), tr->Name(),
+                   s.ToString());
+    }
+  }
+}
+
+absl::Status RegionRegistry::Unregister(uint64_t session, const std::string& name) {
+  std::shared_ptr<RegisteredTensor> victim;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = by_region_.begin(); it != by_region_.end(); ++it) {
+      if (it->second->session == session && it->second->spec.name() == name) {
+        victim = it->second;
+        by_region_.erase(it);
+        ++generation_;
+        break;
+      }
+    }
+  }
+  if (!victim) {
+    return absl::NotFoundError(
+        absl::StrCat("tensor '", name, "' is not registered by this session"));
+  }
+  Release(*victim);
+  Changed();
+  return absl::OkStatus();
+}
+
+int RegionRegistry::WithdrawSession(uint64_t session) {
+  std::vector<std::shared_ptr<RegisteredTensor>> victims;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = by_region_.begin(); it != by_region_.end();) {
+      if (it->second->session == session) {
+        victims.push_back(it->second);
+        it = by_region_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!victims.empty()) ++generation_;
+  }
+  for (const auto& v : victims) Release(*v);
+  if (!victims.empty()) Changed();
+  return static_cast<int>(victims.size());
+}
+
+std::shared_ptr<const RegisteredTensor> RegionRegistry::Find(uint64_t region_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = by_region_.find(region_id);
+  if (it == by_region_.end()) return nullptr;
+  return it->second;
+}
+
+v1::AgentLayout RegionRegistry::Layout(const std::string& agent_name) const {
+  v1::AgentLayout layout;
+  layout.set_agent(agent_name);
+  absl::MutexLock lock(&mu_);
+  layout.set_generation(generation_);
+  for (const auto& [id, t] : by_region_) {
+    auto* tl = layout.add_tensors();
+    *tl->mutable_spec() = t->spec;
+    *tl->mutable_owner() = t->owner;
+    *tl->mutable_region() = t->descriptor;
+    tl->set_location(t->location);
+  }
+  return layout;
+}
+
+uint64_t RegionRegistry::generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+size_t RegionRegistry::size() const {
+  absl::MutexLock lock(&mu_);
+  return by_region_.size();
+}
+
+}  // namespace wb::registry

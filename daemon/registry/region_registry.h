@@ -1,0 +1,86 @@
+// Every tensor that local processes registered with this agent: its memory, its registration
+// on each transport, and its owner session. Answers Describe and resolves regions for the
+// executor. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/transport/transport.h"
+#include "weightbeam/v1/local.pb.h"
+#include "weightbeam/v1/types.pb.h"
+
+namespace wb::registry {
+
+// Keeps registered memory alive (an mmap of a shm object, an opened CUDA IPC handle).
+class MemoryHold {
+ public:
+  virtual ~MemoryHold() = default;
+};
+
+// Opens a registration's memory handle; the agent plugs in shm and CUDA implementations.
+struct OpenedMemory {
+  transport::MemoryRef ref;
+  std::string location;  // "host" or "cuda:N"
+  std::shared_ptr<MemoryHold> hold;
+};
+using MemoryOpener =
+    std::function<absl::StatusOr<OpenedMemory>(const weightbeam::v1::MemoryHandle&)>;
+
+struct RegisteredTensor {
+  uint64_t region_id = 0;  // agent-wide id; reported to the controller
+  uint64_t session = 0;
+  weightbeam::v1::TensorSpec spec;
+  weightbeam::v1::Owner owner;
+  transport::MemoryRef memory;
+  std::string location;
+  std::shared_ptr<MemoryHold> hold;
+  // transport name -> the region id that transport assigned
+  std::map<std::string, uint64_t> transport_regions;
+  weightbeam::v1::RegionDescriptor descriptor;  // merged keys of all transports
+};
+
+class RegionRegistry {
+ public:
+  RegionRegistry(std::vector<transport::Transport*> transports, MemoryOpener opener);
+
+  // Validates, opens the memory and registers it with every transport (destinations for
+  // inference owners, sources for trainers). Errors name the tensor and leave nothing behind.
+  absl::StatusOr<weightbeam::v1::TensorLayout> Register(
+      uint64_t session, const weightbeam::v1::Owner& owner,
+      const weightbeam::v1::TensorRegistration& registration);
+  absl::Status Unregister(uint64_t session, const std::string& name);
+  // Withdraws everything a session registered (the process ended). When this returns, no
+  // remote write can land in that memory any more.
+  int WithdrawSession(uint64_t session);
+
+  std::shared_ptr<const RegisteredTensor> Find(uint64_t region_id) const;
+  weightbeam::v1::AgentLayout Layout(const std::string& agent_name) const;
+  uint64_t generation() const;
+  size_t size() const;
+  // Called (outside the lock) after every change of the layout.
+  void SetChangeCallback(std::function<void()> cb);
+
+ private:
+  absl::Status CheckConflicts(uint64_t session, const weightbeam::v1::Owner& owner,
+                              const weightbeam::v1::TensorSpec& spec) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Release(const RegisteredTensor& t);
+  void Changed();
+
+  std::vector<transport::Transport*> transports_;
+  MemoryOpener opener_;
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, std::shared_ptr<RegisteredTensor>> by_region_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void()> on_change_;
+};
+
+}  // namespace wb::registry

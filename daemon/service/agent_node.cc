@@ -1,0 +1,278 @@
+#include "daemon/service/agent_node.h"
+
+#include <grp.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/executor/op_preparer.h"
+#include "daemon/service/agent_service.h"
+#include "daemon/service/controller_link.h"
+#include "daemon/service/memory_opener.h"
+#include "daemon/transport/factory.h"
+
+namespace wb::service {
+
+namespace v1 = weightbeam::v1;
+
+namespace {
+
+constexpr char kVersion[] = "0.1.0";
+
+std::string HostOf(const std::string& host_port) {
+  auto colon = host_port.rfind(':');
+  return colon == std::string::npos ? host_port : host_port.substr(0, colon);
+}
+
+// True when something accepts connections on the Unix socket at `path`.
+bool SocketAlive(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  bool alive = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return alive;
+}
+
+}  // namespace
+
+AgentNode::AgentNode(config::AgentConfig config) : config_(std::move(config)) {
+  if (config_.name.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    config_.name = host;
+  }
+}
+
+AgentNode::~AgentNode() { Shutdown(); }
+
+absl::Status AgentNode::CreateTransports() {
+  std::vector<std::string> names;
+  if (config_.local_enabled) names.push_back("local");
+  if (config_.tcp.enabled) names.push_back("tcp");
+  if (config_.rdma.enabled) names.push_back("rdma");
+  for (const auto& name : names) {
+    auto t = transport::MakeTransport(name, config_);
+    if (!t.ok()) {
+      return absl::Status(t.status().code(),
+                          absl::StrCat("transport ", name, ": ", t.status().message()));
+    }
+    by_name_[name] = t->get();
+    transports_.push_back(std::move(*t));
+  }
+  if (transports_.empty()) return absl::InvalidArgumentError("every transport is disabled");
+  return absl::OkStatus();
+}
+
+absl::Status AgentNode::BindLocalSocket() {
+  const std::string& path = config_.local_socket;
+  if (SocketAlive(path)) {
+    return absl::AlreadyExistsError(absl::StrCat("another wb-agent is already serving ", path,
+                                                 "; stop it or set local_socket"));
+  }
+  unlink(path.c_str());  // a stale socket from an agent that died
+  auto slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) mkdir(path.substr(0, slash).c_str(), 0755);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + path, grpc::InsecureServerCredentials());
+  builder.RegisterService(local_service_.get());
+  local_server_ = builder.BuildAndStart();
+  if (!local_server_) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on Unix socket ", path));
+  }
+  if (chmod(path.c_str(), config_.socket_mode) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("chmod ", path, ": ", std::strerror(errno)));
+  }
+  if (!config_.socket_group.empty()) {
+    struct group* g = getgrnam(config_.socket_group.c_str());
+    if (g == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("socket_group '", config_.socket_group, "' does not exist"));
+    }
+    if (chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "chown ", path, " to group ", config_.socket_group, ": ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AgentNode::Start() {
+  if (auto s = CreateTransports(); !s.ok()) return s;
+  std::vector<transport::Transport*> raw;
+  for (auto& t : transports_) raw.push_back(t.get());
+  registry_ = std::make_unique<registry::RegionRegistry>(raw, OpenMemory);
+  staging_ = std::make_unique<executor::StagingPool>(config_.executor.staging_watermark_bytes, raw);
+  preparer_ = std::make_unique<executor::OpPreparer>();
+  executor::ExecutorOptions eopts;
+  eopts.prepare_threads = config_.executor.prepare_threads;
+  eopts.write_timeout = std::chrono::milliseconds(config_.executor.write_timeout_ms);
+  executor_ =
+      std::make_unique<executor::Executor>(registry_.get(), staging_.get(), preparer_.get(), eopts);
+  connector_ = std::make_unique<PeerConnector>(config_.name, by_name_);
+  local_service_ = std::make_unique<local::LocalService>(registry_.get(), &events_);
+  agent_service_ = std::make_unique<AgentService>(this);
+
+  if (auto s = BindLocalSocket(); !s.ok()) return s;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &agent_port_);
+  builder.RegisterService(agent_service_.get());
+  agent_server_ = builder.BuildAndStart();
+  if (!agent_server_ || agent_port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", config_.listen, " for the Agent service"));
+  }
+  link_ = std::make_unique<ControllerLink>(
+      config_.controller, config_.heartbeat_interval_ms, [this] { return Info(); },
+      [this] { return Layout(); });
+  registry_->SetChangeCallback([this] {
+    if (link_) link_->LayoutChanged();
+  });
+  link_->Start();
+  spdlog::info("wb-agent {} serving: Local on {}, Agent on port {}, transports:{}", config_.name,
+               config_.local_socket, agent_port_, [&] {
+                 std::string s;
+                 for (auto& t : transports_) s += " " + t->Name();
+                 return s;
+               }());
+  return absl::OkStatus();
+}
+
+void AgentNode::Shutdown() {
+  if (shutting_down_.exchange(true)) return;
+  if (executor_) executor_->Cancel("agent shutting down");
+  if (link_) link_->Stop();
+  auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  if (local_server_) local_server_->Shutdown(deadline);
+  if (agent_server_) agent_server_->Shutdown(deadline);
+  unlink(config_.local_socket.c_str());
+}
+
+void AgentNode::Wait() {
+  if (agent_server_) agent_server_->Wait();
+}
+
+v1::AgentInfo AgentNode::Info() const {
+  v1::AgentInfo info;
+  info.set_name(config_.name);
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  info.set_node(host);
+  std::string advertise =
+      config_.advertise_host.empty() ? HostOf(config_.listen) : config_.advertise_host;
+  if (advertise == "0.0.0.0" || advertise.empty()) advertise = "127.0.0.1";
+  info.set_control_endpoint(absl::StrCat(advertise, ":", agent_port_));
+  for (const auto& t : transports_) {
+    for (const auto& nic : t->Nics()) *info.add_nics() = nic;
+  }
+  info.set_version(kVersion);
+  std::string why;
+  info.set_supports_gpu_memory(GpuMemorySupported(&why));
+  return info;
+}
+
+v1::AgentLayout AgentNode::Layout() const { return registry_->Layout(config_.name); }
+
+absl::Status AgentNode::LoadPlan(const v1::AgentPlan& plan) {
+  std::vector<v1::PeerIntro> peers(plan.peers().begin(), plan.peers().end());
+  auto routes = connector_->Connect(peers);
+  if (!routes.ok()) return routes.status();
+  executor_->Load(std::vector<v1::TransferOp>(plan.ops().begin(), plan.ops().end()),
+                  std::move(*routes));
+  absl::MutexLock lock(&mu_);
+  plan_id_ = plan.plan_id();
+  spdlog::info("loaded plan {}: {} ops to {} peer(s)", plan.plan_id(), plan.ops_size(),
+               plan.peers_size());
+  return absl::OkStatus();
+}
+
+v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (req.plan_id() != plan_id_) {
+      v1::AgentStepReport r;
+      r.set_agent(config_.name);
+      r.set_error(
+          absl::StrCat("plan ", req.plan_id(), " is not loaded (agent has plan ", plan_id_, ")"));
+      return r;
+    }
+    state_ = "executing";
+  }
+  auto timeout = std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 60000);
+  v1::AgentStepReport report = executor_->Execute(req.version(), timeout);
+  report.set_agent(config_.name);
+  absl::MutexLock lock(&mu_);
+  state_ = "idle";
+  return report;
+}
+
+absl::Status AgentNode::Begin(uint64_t version) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (version <= committed_version_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version ", version, " is not newer than the committed version ", committed_version_));
+    }
+    begun_version_ = version;
+  }
+  v1::Event e;
+  e.set_kind(v1::Event::KIND_BEGIN);
+  e.set_version(version);
+  events_.Publish(e);
+  return absl::OkStatus();
+}
+
+absl::Status AgentNode::Commit(uint64_t version) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (version <= committed_version_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version ", version, " is not newer than the committed version ", committed_version_));
+    }
+    committed_version_ = version;
+  }
+  v1::Event e;
+  e.set_kind(v1::Event::KIND_COMMIT);
+  e.set_version(version);
+  events_.Publish(e);
+  return absl::OkStatus();
+}
+
+absl::Status AgentNode::Abort(uint64_t version, const std::string& reason) {
+  executor_->Cancel(reason);
+  v1::Event e;
+  e.set_kind(v1::Event::KIND_ABORT);
+  e.set_version(version);
+  e.set_reason(reason);
+  events_.Publish(e);
+  return absl::OkStatus();
+}
+
+v1::HealthResponse AgentNode::Health() const {
+  v1::HealthResponse h;
+  absl::MutexLock lock(&mu_);
+  h.set_serving(!shutting_down_);
+  h.set_state(shutting_down_ ? "draining" : state_);
+  h.set_committed_version(committed_version_);
+  if (link_ && !link_->registered()) h.add_problems("not registered with the controller");
+  return h;
+}
+
+absl::StatusOr<std::string> AgentNode::Handshake(const v1::HandshakeRequest& req) {
+  auto it = by_name_.find(req.transport());
+  if (it == by_name_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("transport ", req.transport(), " is not enabled on agent ", config_.name));
+  }
+  return it->second->Accept(req.from_agent(), req.record());
+}
+
+}  // namespace wb::service

@@ -1,0 +1,84 @@
+// One wb-agent: owns the transports, the region registry, the executor, the event bus and the
+// two gRPC servers (Local on the Unix socket, Agent on TCP), and talks to the controller.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "config/config.h"
+#include "daemon/executor/executor.h"
+#include "daemon/executor/staging_pool.h"
+#include "daemon/local/event_bus.h"
+#include "daemon/local/local_service.h"
+#include "daemon/registry/region_registry.h"
+#include "daemon/service/peer_connector.h"
+#include "daemon/transport/transport.h"
+#include "weightbeam/v1/agent.grpc.pb.h"
+
+namespace wb::service {
+
+class ControllerLink;
+
+class AgentNode {
+ public:
+  explicit AgentNode(config::AgentConfig config);
+  ~AgentNode();
+
+  // Creates transports, binds the Unix socket (refusing when another agent serves it) and the
+  // Agent service, and starts the controller link.
+  absl::Status Start();
+  // Aborts an in-flight step (reported to the controller) and stops serving.
+  void Shutdown();
+  void Wait();
+
+  // --- what the Agent service calls ---
+  weightbeam::v1::AgentInfo Info() const;
+  weightbeam::v1::AgentLayout Layout() const;
+  absl::Status LoadPlan(const weightbeam::v1::AgentPlan& plan);
+  weightbeam::v1::AgentStepReport Execute(const weightbeam::v1::ExecuteRequest& req);
+  absl::Status Begin(uint64_t version);
+  absl::Status Commit(uint64_t version);
+  absl::Status Abort(uint64_t version, const std::string& reason);
+  weightbeam::v1::HealthResponse Health() const;
+  absl::StatusOr<std::string> Handshake(const weightbeam::v1::HandshakeRequest& req);
+
+  const config::AgentConfig& config() const { return config_; }
+  int agent_port() const { return agent_port_; }
+
+ private:
+  absl::Status CreateTransports();
+  absl::Status BindLocalSocket();
+
+  config::AgentConfig config_;
+  std::vector<std::unique_ptr<transport::Transport>> transports_;
+  std::map<std::string, transport::Transport*> by_name_;
+  std::unique_ptr<registry::RegionRegistry> registry_;
+  local::EventBus events_;
+  std::unique_ptr<local::LocalService> local_service_;
+  std::unique_ptr<weightbeam::v1::Agent::CallbackService> agent_service_;
+  std::unique_ptr<executor::StagingPool> staging_;
+  std::unique_ptr<executor::Preparer> preparer_;
+  std::unique_ptr<executor::Executor> executor_;
+  std::unique_ptr<PeerConnector> connector_;
+  std::unique_ptr<grpc::Server> local_server_;
+  std::unique_ptr<grpc::Server> agent_server_;
+  std::unique_ptr<ControllerLink> link_;
+  int agent_port_ = 0;
+
+  mutable absl::Mutex mu_;
+  uint64_t plan_id_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t committed_version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t begun_version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string state_ ABSL_GUARDED_BY(mu_) = "idle";
+  std::atomic<bool> shutting_down_{false};
+};
+
+}  // namespace wb::service

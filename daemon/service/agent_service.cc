@@ -1,0 +1,78 @@
+#include "daemon/service/agent_service.h"
+
+#include <thread>
+
+#include "proto/status_util.h"
+
+namespace wb::service {
+
+namespace v1 = weightbeam::v1;
+
+namespace {
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  auto* r = ctx->DefaultReactor();
+  r->Finish(ToGrpc(s));
+  return r;
+}
+}  // namespace
+
+grpc::ServerUnaryReactor* AgentService::Describe(grpc::CallbackServerContext* ctx,
+                                                 const v1::DescribeRequest*,
+                                                 v1::DescribeResponse* resp) {
+  *resp->mutable_agent() = node_->Info();
+  *resp->mutable_layout() = node_->Layout();
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AgentService::LoadPlan(grpc::CallbackServerContext* ctx,
+                                                 const v1::LoadPlanRequest* req,
+                                                 v1::LoadPlanResponse*) {
+  // Connecting to peers runs handshakes over gRPC: do it off the callback thread.
+  auto* reactor = ctx->DefaultReactor();
+  std::thread([this, reactor, req] {
+    reactor->Finish(ToGrpc(node_->LoadPlan(req->plan())));
+  }).detach();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AgentService::Execute(grpc::CallbackServerContext* ctx,
+                                                const v1::ExecuteRequest* req,
+                                                v1::ExecuteResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  std::thread([this, reactor, req, resp] {
+    *resp->mutable_report() = node_->Execute(*req);
+    reactor->Finish(grpc::Status::OK);
+  }).detach();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AgentService::Begin(grpc::CallbackServerContext* ctx,
+                                              const v1::BeginRequest* req, v1::BeginResponse*) {
+  return Done(ctx, node_->Begin(req->version()));
+}
+
+grpc::ServerUnaryReactor* AgentService::Commit(grpc::CallbackServerContext* ctx,
+                                               const v1::CommitRequest* req, v1::CommitResponse*) {
+  return Done(ctx, node_->Commit(req->version()));
+}
+
+grpc::ServerUnaryReactor* AgentService::Abort(grpc::CallbackServerContext* ctx,
+                                              const v1::AbortRequest* req, v1::AbortResponse*) {
+  return Done(ctx, node_->Abort(req->version(), req->reason()));
+}
+
+grpc::ServerUnaryReactor* AgentService::Health(grpc::CallbackServerContext* ctx,
+                                               const v1::HealthRequest*, v1::HealthResponse* resp) {
+  *resp = node_->Health();
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AgentService::Handshake(grpc::CallbackServerContext* ctx,
+                                                  const v1::HandshakeRequest* req,
+                                                  v1::HandshakeResponse* resp) {
+  auto record = node_->Handshake(*req);
+  if (record.ok()) resp->set_record(*record);
+  return Done(ctx, record.status());
+}
+
+}  // namespace wb::service

@@ -1,0 +1,43 @@
+// The Agent gRPC service: a thin layer from RPCs to AgentNode; long calls (Execute) run on
+// their own thread so gRPC's callback threads never block.
+#pragma once
+
+#include "daemon/service/agent_node.h"
+#include "weightbeam/v1/agent.grpc.pb.h"
+
+namespace wb::service {
+
+class AgentService final : public weightbeam::v1::Agent::CallbackService {
+ public:
+  explicit AgentService(AgentNode* node) : node_(node) {}
+
+  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx,
+                                     const weightbeam::v1::DescribeRequest* req,
+                                     weightbeam::v1::DescribeResponse* resp) override;
+  grpc::ServerUnaryReactor* LoadPlan(grpc::CallbackServerContext* ctx,
+                                     const weightbeam::v1::LoadPlanRequest* req,
+                                     weightbeam::v1::LoadPlanResponse* resp) override;
+  grpc::ServerUnaryReactor* Execute(grpc::CallbackServerContext* ctx,
+                                    const weightbeam::v1::ExecuteRequest* req,
+                                    weightbeam::v1::ExecuteResponse* resp) override;
+  grpc::ServerUnaryReactor* Begin(grpc::CallbackServerContext* ctx,
+                                  const weightbeam::v1::BeginRequest* req,
+                                  weightbeam::v1::BeginResponse* resp) override;
+  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* ctx,
+                                   const weightbeam::v1::CommitRequest* req,
+                                   weightbeam::v1::CommitResponse* resp) override;
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx,
+                                  const weightbeam::v1::AbortRequest* req,
+                                  weightbeam::v1::AbortResponse* resp) override;
+  grpc::ServerUnaryReactor* Health(grpc::CallbackServerContext* ctx,
+                                   const weightbeam::v1::HealthRequest* req,
+                                   weightbeam::v1::HealthResponse* resp) override;
+  grpc::ServerUnaryReactor* Handshake(grpc::CallbackServerContext* ctx,
+                                      const weightbeam::v1::HandshakeRequest* req,
+                                      weightbeam::v1::HandshakeResponse* resp) override;
+
+ private:
+  AgentNode* node_;
+};
+
+}  // namespace wb::service

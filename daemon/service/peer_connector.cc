@@ -1,0 +1,101 @@
+#include "daemon/service/peer_connector.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "proto/status_util.h"
+#include "weightbeam/v1/agent.grpc.pb.h"
+
+namespace wb::service {
+
+namespace v1 = weightbeam::v1;
+
+PeerConnector::PeerConnector(std::string our_name,
+                             std::map<std::string, transport::Transport*> transports)
+    : our_name_(std::move(our_name)), transports_(std::move(transports)) {}
+
+absl::StatusOr<transport::Transport*> PeerConnector::Choose(const v1::PeerIntro& peer) const {
+  if (peer.agent() == our_name_) {
+    auto it = transports_.find("local");
+    if (it != transports_.end()) return it->second;
+  }
+  for (const char* name : {"rdma", "tcp"}) {
+    auto it = transports_.find(name);
+    if (it == transports_.end()) continue;
+    for (const auto& nic : peer.nics()) {
+      if (nic.transport() == name) return it->second;
+    }
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("no transport in common with agent ", peer.agent(), " (we have ",
+                   transports_.size(), " enabled; it offers ", peer.nics_size(), " NIC(s))"));
+}
+
+absl::StatusOr<std::map<std::string, executor::Route>> PeerConnector::Connect(
+    const std::vector<v1::PeerIntro>& peers) {
+  std::map<std::string, executor::Route> routes;
+  for (const v1::PeerIntro& peer : peers) {
+    auto chosen = Choose(peer);
+    if (!chosen.ok()) return chosen.status();
+    transport::Transport* t = *chosen;
+    t->ForgetPeer(peer.agent());
+    transport::HandshakeExchange exchange;
+    if (peer.agent() == our_name_) {
+      exchange = [t, this](const std::string& ours) { return t->Accept(our_name_, ours); };
+    } else {
+      auto channel =
+          grpc::CreateChannel(peer.control_endpoint(), grpc::InsecureChannelCredentials());
+      auto stub = std::shared_ptr<v1::Agent::Stub>(v1::Agent::NewStub(channel));
+      exchange = [stub, t, this, peer](const std::string& ours) -> absl::StatusOr<std::string> {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+        v1::HandshakeRequest req;
+        req.set_from_agent(our_name_);
+        req.set_transport(t->Name());
+        req.set_record(ours);
+        v1::HandshakeResponse resp;
+        grpc::Status s = stub->Handshake(&ctx, req, &resp);
+        if (!s.ok()) {
+          return absl::UnavailableError(absl::StrCat("handshake with agent ", peer.agent(), " at ",
+                                                     peer.control_endpoint(),
+                                                     " failed: ", s.error_message()));
+        }
+        return resp.record();
+      };
+    }
+    auto connected = t->Connect(our_name_, peer.agent(), exchange);
+    if (!connected.ok()) {
+      return absl::Status(connected.status().code(),
+                          absl::StrCat("connecting to agent ", peer.agent(), " over ", t->Name(),
+                                       ": ", connected.status().message()));
+    }
+    executor::Route route;
+    route.peer = *connected;
+    route.transport = t;
+    for (const v1::RegionDescriptor& merged : peer.regions()) {
+      v1::RegionDescriptor own;
+      own.set_length(merged.length());
+      bool found = false;
+      for (const auto& key : merged.keys()) {
+        if (key.transport() != t->Name()) continue;
+        own.set_region_id(key.transport_region());
+        *own.add_keys() = key;
+        found = true;
+      }
+      if (!found) {
+        return absl::FailedPreconditionError(absl::StrCat("region ", merged.region_id(),
+                                                          " of agent ", peer.agent(),
+                                                          " is not registered with ", t->Name()));
+      }
+      if (auto s = route.peer->AddRemoteRegion(own); !s.ok()) return s;
+      route.remote_regions[merged.region_id()] = own.region_id();
+    }
+    spdlog::info("connected to agent {} over {} ({} destination regions)", peer.agent(), t->Name(),
+                 peer.regions_size());
+    routes[peer.agent()] = std::move(route);
+  }
+  return routes;
+}
+
+}  // namespace wb::service
