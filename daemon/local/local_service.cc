@@ -2,8 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <deque>
-
 #include "absl/strings/str_cat.h"
 
 namespace wb::local {
@@ -113,69 +111,9 @@ grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* LocalService::
   return new SessionReactor(this, next_session_++, ctx->peer());
 }
 
-namespace {
-
-// Streams events as they are published; slow readers get them queued in order.
-class EventWriter : public grpc::ServerWriteReactor<v1::Event> {
- public:
-  explicit EventWriter(EventBus* bus) : bus_(bus) {
-    id_ = bus_->Subscribe([this](const v1::Event& e) { Push(e); });
-  }
-
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) {
-      MaybeFinish(grpc::Status::CANCELLED);
-      return;
-    }
-    queue_.pop_front();
-    WriteNext();
-  }
-
-  void OnCancel() override {
-    absl::MutexLock lock(&mu_);
-    MaybeFinish(grpc::Status::CANCELLED);
-  }
-
-  void OnDone() override {
-    bus_->Unsubscribe(id_);
-    delete this;
-  }
-
- private:
-  void Push(const v1::Event& e) {
-    absl::MutexLock lock(&mu_);
-    if (finished_) return;
-    queue_.push_back(e);
-    if (!writing_) WriteNext();
-  }
-
-  void WriteNext() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (queue_.empty() || finished_) return;
-    writing_ = true;
-    StartWrite(&queue_.front());
-  }
-
-  void MaybeFinish(const grpc::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || writing_) return;
-    finished_ = true;
-    Finish(s);
-  }
-
-  EventBus* bus_;
-  uint64_t id_ = 0;
-  absl::Mutex mu_;
-  std::deque<v1::Event> queue_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-};
-
-}  // namespace
-
 grpc::ServerWriteReactor<v1::Event>* LocalService::WatchEvents(grpc::CallbackServerContext*,
                                                                const v1::WatchEventsRequest*) {
-  return new EventWriter(events_);
+  return new BroadcastWriter<v1::Event>(events_);
 }
 
 }  // namespace wb::local

@@ -1,0 +1,86 @@
+// Calls the Agent service on many agents at once (gRPC callback API) and waits for all: the
+// fan-out behind begin / execute / commit / abort and plan loading.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "weightbeam/v1/agent.grpc.pb.h"
+
+namespace wb::controller {
+
+template <typename Resp>
+struct CallResult {
+  std::string agent;
+  grpc::Status status;
+  Resp response;
+};
+
+// Channels to agents, by control endpoint, reused across calls.
+class AgentChannels {
+ public:
+  weightbeam::v1::Agent::Stub* Get(const std::string& endpoint) {
+    absl::MutexLock lock(&mu_);
+    auto& stub = stubs_[endpoint];
+    if (!stub) {
+      stub = weightbeam::v1::Agent::NewStub(
+          grpc::CreateChannel(endpoint, grpc::InsecureChannelCredentials()));
+    }
+    return stub.get();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<weightbeam::v1::Agent::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+// One target: agent name, its endpoint and the request to send it.
+template <typename Req>
+struct CallTarget {
+  std::string agent;
+  std::string endpoint;
+  Req request;
+};
+
+// `start(stub, ctx, req, resp, done)` starts one async call, e.g.
+//   [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Commit(c, q, r, d); }
+template <typename Req, typename Resp, typename Start>
+std::vector<CallResult<Resp>> CallAll(AgentChannels* channels,
+                                      const std::vector<CallTarget<Req>>& targets,
+                                      std::chrono::milliseconds timeout, Start start) {
+  struct Pending {
+    grpc::ClientContext ctx;
+    Req request;
+  };
+  std::vector<CallResult<Resp>> results(targets.size());
+  std::vector<std::unique_ptr<Pending>> pending;
+  absl::Mutex mu;
+  size_t left = targets.size();
+  for (size_t i = 0; i < targets.size(); ++i) {
+    auto p = std::make_unique<Pending>();
+    p->ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    p->request = targets[i].request;
+    results[i].agent = targets[i].agent;
+    auto* stub = channels->Get(targets[i].endpoint);
+    start(stub, &p->ctx, &p->request, &results[i].response,
+          [&results, &mu, &left, i](grpc::Status s) {
+            absl::MutexLock lock(&mu);
+            results[i].status = std::move(s);
+            --left;
+          });
+    pending.push_back(std::move(p));
+  }
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(
+      +[](size_t* n) { return *n == 0; }, &left));
+  return results;
+}
+
+}  // namespace wb::controller

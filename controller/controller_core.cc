@@ -1,0 +1,315 @@
+#include "controller/controller_core.h"
+
+#include <spdlog/spdlog.h>
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace wb::controller {
+
+namespace v1 = weightbeam::v1;
+using Clock = std::chrono::steady_clock;
+
+bool WorldComplete(const std::vector<AgentRecord>& agents, const v1::ExpectedWorld& world,
+                   std::string* missing) {
+  std::set<int> trainers;
+  std::set<std::pair<int, int>> inference;
+  for (const auto& a : agents) {
+    if (a.lost) continue;
+    for (const auto& t : a.layout.tensors()) {
+      if (t.owner().role() == v1::ROLE_TRAINER) trainers.insert(t.owner().rank());
+      if (t.owner().role() == v1::ROLE_INFERENCE) {
+        inference.insert({t.owner().replica(), t.owner().rank()});
+      }
+    }
+  }
+  std::vector<std::string> gaps;
+  if (world.trainer_ranks() == 0 && world.inference_replicas() == 0) {
+    if (trainers.empty()) gaps.push_back("no trainer tensors registered");
+    if (inference.empty()) gaps.push_back("no inference tensors registered");
+  } else {
+    for (int r = 0; r < world.trainer_ranks(); ++r) {
+      if (!trainers.count(r)) gaps.push_back(absl::StrCat("trainer rank ", r));
+    }
+    const int ranks = std::max(1, world.inference_ranks_per_replica());
+    for (int k = 0; k < world.inference_replicas(); ++k) {
+      for (int r = 0; r < ranks; ++r) {
+        if (!inference.count({k, r})) {
+          gaps.push_back(absl::StrCat("inference replica ", k, " rank ", r));
+        }
+      }
+    }
+  }
+  if (gaps.size() > 8) {
+    size_t more = gaps.size() - 8;
+    gaps.resize(8);
+    gaps.push_back(absl::StrCat("and ", more, " more"));
+  }
+  *missing = absl::StrJoin(gaps, ", ");
+  return gaps.empty();
+}
+
+ControllerCore::ControllerCore(config::ControllerConfig config, uint64_t epoch,
+                               PlanFunction planner)
+    : config_(std::move(config)),
+      membership_(epoch, std::chrono::milliseconds(config_.heartbeat_timeout_ms)),
+      planner_(std::move(planner)) {}
+
+void ControllerCore::Sweep() { membership_.Sweep(); }
+
+std::string ControllerCore::Endpoint(const std::string& agent) const {
+  for (const auto& a : membership_.Snapshot()) {
+    if (a.info.name() == agent) return a.info.control_endpoint();
+  }
+  return "";
+}
+
+absl::StatusOr<v1::PlanSummary> ControllerCore::Plan(const v1::PlanRequest& req) {
+  absl::MutexLock lock(&plan_mu_);
+  v1::ExpectedWorld world = req.world();
+  if (world.trainer_ranks() == 0 && world.inference_replicas() == 0) {
+    world.set_trainer_ranks(config_.world.trainer_ranks);
+    world.set_inference_replicas(config_.world.inference_replicas);
+    world.set_inference_ranks_per_replica(config_.world.inference_ranks_per_replica);
+  }
+  return PlanLocked(
+      world, std::chrono::milliseconds(req.wait_ms() ? req.wait_ms() : config_.plan_wait_ms));
+}
+
+absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWorld& world,
+                                                           std::chrono::milliseconds wait) {
+  std::string missing;
+  bool complete = membership_.WaitFor(
+      [&] { return WorldComplete(membership_.Snapshot(), world, &missing); }, wait);
+  if (!complete) {
+    return absl::DeadlineExceededError(absl::StrCat("the world is incomplete after waiting ",
+                                                    wait.count(), " ms; missing: ", missing));
+  }
+  const uint64_t layout_version = membership_.layout_version();
+  std::vector<AgentRecord> agents;
+  for (auto& a : membership_.Snapshot()) {
+    if (!a.lost) agents.push_back(std::move(a));
+  }
+  const uint64_t plan_id = next_plan_id_++;
+  auto built = planner_(agents, config_, plan_id);
+  if (!built.ok()) return built.status();
+
+  std::set<std::string> receivers;
+  std::vector<CallTarget<v1::LoadPlanRequest>> targets;
+  for (const auto& [agent, plan] : built->agent_plans) {
+    CallTarget<v1::LoadPlanRequest> t;
+    t.agent = agent;
+    t.endpoint = Endpoint(agent);
+    *t.request.mutable_plan() = plan;
+    targets.push_back(std::move(t));
+    for (const auto& op : plan.ops()) receivers.insert(op.dst_agent());
+  }
+  auto results = CallAll<v1::LoadPlanRequest, v1::LoadPlanResponse>(
+      &channels_, targets, std::chrono::milliseconds(30000),
+      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->LoadPlan(c, q, r, d); });
+  std::vector<std::string> errors;
+  for (const auto& r : results) {
+    if (!r.status.ok()) {
+      errors.push_back(absl::StrCat("agent ", r.agent, ": ", r.status.error_message()));
+    }
+  }
+  if (!errors.empty()) {
+    has_plan_ = false;
+    return absl::UnavailableError(
+        absl::StrCat("loading the plan failed: ", absl::StrJoin(errors, "; ")));
+  }
+  plan_ = std::move(*built);
+  has_plan_ = true;
+  plan_layout_version_ = layout_version;
+  senders_.clear();
+  for (const auto& [agent, plan] : plan_.agent_plans) senders_.push_back(agent);
+  receivers_.assign(receivers.begin(), receivers.end());
+  {
+    absl::MutexLock slock(&state_mu_);
+    summary_ = plan_.summary;
+    summary_valid_ = true;
+    summary_layout_version_ = layout_version;
+  }
+  spdlog::info("plan {} ({}): {} ops, {} bytes, {} sender(s), {} receiver(s), predicted {:.3f} s",
+               plan_.summary.plan_id(), plan_.summary.plan_hash(), plan_.summary.total_ops(),
+               plan_.summary.total_bytes(), senders_.size(), receivers_.size(),
+               plan_.summary.predicted_step_seconds());
+  return plan_.summary;
+}
+
+void ControllerCore::AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
+                                     const std::string& reason) {
+  std::vector<CallTarget<v1::AbortRequest>> targets;
+  for (const auto& a : agents) {
+    CallTarget<v1::AbortRequest> t;
+    t.agent = a;
+    t.endpoint = Endpoint(a);
+    if (t.endpoint.empty()) continue;
+    t.request.set_version(version);
+    t.request.set_reason(reason);
+    targets.push_back(std::move(t));
+  }
+  CallAll<v1::AbortRequest, v1::AbortResponse>(
+      &channels_, targets, std::chrono::milliseconds(2000),
+      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Abort(c, q, r, d); });
+}
+
+void ControllerCore::Record(const v1::StepResult& r) {
+  {
+    absl::MutexLock lock(&state_mu_);
+    if (r.ok()) last_committed_ = std::max(last_committed_, r.version());
+    recent_.push_back(r);
+    while (recent_.size() > 16) recent_.pop_front();
+  }
+  steps_.Publish(r);
+}
+
+v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds timeout) {
+  v1::StepResult result;
+  result.set_version(version);
+  result.set_started_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count());
+  const auto t0 = Clock::now();
+  auto fail = [&](const std::string& error) {
+    result.set_ok(false);
+    result.set_error(error);
+    result.set_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
+    spdlog::warn("step {} failed: {}", version, error);
+    Record(result);
+    return result;
+  };
+  if (!plan_mu_.TryLock()) {
+    return fail("another step or plan is in progress; steps run one at a time");
+  }
+  struct Unlock {
+    absl::Mutex* mu;
+    ~Unlock() { mu->Unlock(); }
+  } unlock{&plan_mu_};
+  {
+    absl::MutexLock slock(&state_mu_);
+    if (version <= last_committed_) {
+      return fail(absl::StrCat("version ", version, " is not newer than the last committed ",
+                               "version ", last_committed_));
+    }
+  }
+  membership_.Sweep();
+  if (!has_plan_ || membership_.layout_version() != plan_layout_version_) {
+    spdlog::info("step {}: {}; planning", version,
+                 has_plan_ ? "the layout changed since the plan" : "no plan yet");
+    v1::ExpectedWorld world;
+    world.set_trainer_ranks(config_.world.trainer_ranks);
+    world.set_inference_replicas(config_.world.inference_replicas);
+    world.set_inference_ranks_per_replica(config_.world.inference_ranks_per_replica);
+    auto planned = PlanLocked(world, std::chrono::milliseconds(0));
+    if (!planned.ok()) {
+      return fail(absl::StrCat("cannot plan: ", planned.status().message()));
+    }
+  }
+  std::vector<std::string> involved = senders_;
+  involved.insert(involved.end(), receivers_.begin(), receivers_.end());
+  if (std::string lost = membership_.FirstLost(involved); !lost.empty()) {
+    return fail(absl::StrCat("agent ", lost, " is lost (no heartbeat)"));
+  }
+
+  // 1. begin on receivers
+  std::vector<CallTarget<v1::BeginRequest>> begins;
+  for (const auto& a : receivers_) {
+    CallTarget<v1::BeginRequest> t{a, Endpoint(a), {}};
+    t.request.set_version(version);
+    t.request.set_plan_id(plan_.summary.plan_id());
+    begins.push_back(std::move(t));
+  }
+  for (const auto& r : CallAll<v1::BeginRequest, v1::BeginResponse>(
+           &channels_, begins, std::chrono::milliseconds(5000),
+           [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Begin(c, q, r, d); })) {
+    if (!r.status.ok()) {
+      std::string why =
+          absl::StrCat("agent ", r.agent, ": begin failed: ", r.status.error_message());
+      AbortEverywhere(version, involved, why);
+      return fail(why);
+    }
+  }
+
+  // 2. execute on senders; 3. wait for all (the barrier)
+  std::vector<CallTarget<v1::ExecuteRequest>> execs;
+  for (const auto& a : senders_) {
+    CallTarget<v1::ExecuteRequest> t{a, Endpoint(a), {}};
+    t.request.set_version(version);
+    t.request.set_plan_id(plan_.summary.plan_id());
+    t.request.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
+    execs.push_back(std::move(t));
+  }
+  std::vector<std::string> errors;
+  for (auto& r : CallAll<v1::ExecuteRequest, v1::ExecuteResponse>(
+           &channels_, execs, timeout + std::chrono::milliseconds(2000),
+           [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Execute(c, q, r, d); })) {
+    v1::AgentStepReport* report = result.add_agents();
+    if (!r.status.ok()) {
+      report->set_agent(r.agent);
+      report->set_error(r.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                            ? "no answer within the step timeout"
+                            : absl::StrCat("unreachable: ", r.status.error_message()));
+    } else {
+      *report = r.response.report();
+      report->set_agent(r.agent);
+      result.set_bytes(result.bytes() + report->bytes_sent());
+      if (report->ok()) continue;
+    }
+    errors.push_back(absl::StrCat("agent ", r.agent, ": ", report->error()));
+  }
+  if (!errors.empty()) {
+    std::string why = absl::StrJoin(errors, "; ");
+    AbortEverywhere(version, involved, why);
+    return fail(why);
+  }
+
+  // 4. commit on receivers
+  std::vector<CallTarget<v1::CommitRequest>> commits;
+  for (const auto& a : receivers_) {
+    CallTarget<v1::CommitRequest> t{a, Endpoint(a), {}};
+    t.request.set_version(version);
+    commits.push_back(std::move(t));
+  }
+  for (const auto& r : CallAll<v1::CommitRequest, v1::CommitResponse>(
+           &channels_, commits, std::chrono::milliseconds(5000),
+           [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Commit(c, q, r, d); })) {
+    if (!r.status.ok()) {
+      errors.push_back(
+          absl::StrCat("agent ", r.agent, ": commit failed: ", r.status.error_message()));
+    }
+  }
+  if (!errors.empty()) return fail(absl::StrJoin(errors, "; "));
+  result.set_ok(true);
+  result.set_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
+  spdlog::info("step {} committed: {} bytes in {:.3f} s", version, result.bytes(),
+               result.seconds());
+  Record(result);
+  return result;
+}
+
+v1::StatusResponse ControllerCore::Status() const {
+  v1::StatusResponse s;
+  s.set_version("0.1.0");
+  s.set_epoch(membership_.epoch());
+  const auto now = Clock::now();
+  for (const auto& a : membership_.Snapshot()) {
+    auto* st = s.add_agents();
+    *st->mutable_info() = a.info;
+    st->set_state(a.lost ? "lost" : "alive");
+    st->set_last_heartbeat_ms_ago(
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - a.last_seen).count());
+    st->set_tensors(a.layout.tensors_size());
+    st->set_layout_generation(a.layout.generation());
+  }
+  absl::MutexLock lock(&state_mu_);
+  if (summary_valid_) *s.mutable_plan() = summary_;
+  s.set_layout_changed(!summary_valid_ || membership_.layout_version() != summary_layout_version_);
+  s.set_last_committed_version(last_committed_);
+  for (const auto& r : recent_) *s.add_recent_steps() = r;
+  return s;
+}
+
+}  // namespace wb::controller

@@ -1,0 +1,84 @@
+// The controller's state machine: builds the plan from the agents' layouts (once, again only
+// after the layout changed), loads it onto the senders, and runs steps with a commit protocol:
+// begin on receivers -> execute on senders -> wait for all (the barrier) -> commit on receivers,
+// or abort everywhere with an error naming the agent and the cause.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "config/config.h"
+#include "controller/agent_calls.h"
+#include "controller/membership.h"
+#include "daemon/local/broadcast.h"
+#include "weightbeam/v1/controller.pb.h"
+
+namespace wb::controller {
+
+// What the planner produces for the controller: a summary and one plan per sending agent.
+struct BuiltPlan {
+  weightbeam::v1::PlanSummary summary;
+  std::map<std::string, weightbeam::v1::AgentPlan> agent_plans;  // by sending agent
+};
+
+// Pure: agents' layouts + config in, plan out (no I/O).
+using PlanFunction = std::function<absl::StatusOr<BuiltPlan>(const std::vector<AgentRecord>& agents,
+                                                             const config::ControllerConfig& config,
+                                                             uint64_t plan_id)>;
+
+class ControllerCore {
+ public:
+  ControllerCore(config::ControllerConfig config, uint64_t epoch, PlanFunction planner);
+
+  Membership& membership() { return membership_; }
+  Broadcaster<weightbeam::v1::StepResult>& steps() { return steps_; }
+
+  absl::StatusOr<weightbeam::v1::PlanSummary> Plan(const weightbeam::v1::PlanRequest& req);
+  weightbeam::v1::StepResult Step(uint64_t version, std::chrono::milliseconds timeout);
+  weightbeam::v1::StatusResponse Status() const;
+  // Marks lost agents; run periodically.
+  void Sweep();
+
+ private:
+  absl::StatusOr<weightbeam::v1::PlanSummary> PlanLocked(const weightbeam::v1::ExpectedWorld& w,
+                                                         std::chrono::milliseconds wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
+  std::string Endpoint(const std::string& agent) const;
+  void AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
+                       const std::string& reason);
+  void Record(const weightbeam::v1::StepResult& r);
+
+  const config::ControllerConfig config_;
+  Membership membership_;
+  PlanFunction planner_;
+  AgentChannels channels_;
+  Broadcaster<weightbeam::v1::StepResult> steps_;
+
+  absl::Mutex plan_mu_;  // held for a whole Plan or Step: one at a time
+  bool has_plan_ ABSL_GUARDED_BY(plan_mu_) = false;
+  BuiltPlan plan_ ABSL_GUARDED_BY(plan_mu_);
+  uint64_t plan_layout_version_ ABSL_GUARDED_BY(plan_mu_) = 0;
+  uint64_t next_plan_id_ ABSL_GUARDED_BY(plan_mu_) = 1;
+  std::vector<std::string> senders_ ABSL_GUARDED_BY(plan_mu_);
+  std::vector<std::string> receivers_ ABSL_GUARDED_BY(plan_mu_);
+
+  mutable absl::Mutex state_mu_;
+  uint64_t last_committed_ ABSL_GUARDED_BY(state_mu_) = 0;
+  std::deque<weightbeam::v1::StepResult> recent_ ABSL_GUARDED_BY(state_mu_);
+  weightbeam::v1::PlanSummary summary_ ABSL_GUARDED_BY(state_mu_);
+  bool summary_valid_ ABSL_GUARDED_BY(state_mu_) = false;
+  uint64_t summary_layout_version_ ABSL_GUARDED_BY(state_mu_) = 0;
+};
+
+// True when the layouts hold every trainer rank and every inference (replica, rank) of `world`;
+// with an empty world, when at least one trainer and one inference tensor are registered.
+bool WorldComplete(const std::vector<AgentRecord>& agents,
+                   const weightbeam::v1::ExpectedWorld& world, std::string* missing);
+
+}  // namespace wb::controller

@@ -1,0 +1,104 @@
+#include "controller/controller_service.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "proto/status_util.h"
+
+namespace wb::controller {
+
+namespace v1 = weightbeam::v1;
+
+namespace {
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const grpc::Status& s) {
+  auto* r = ctx->DefaultReactor();
+  r->Finish(s);
+  return r;
+}
+}  // namespace
+
+grpc::ServerUnaryReactor* ControllerService::RegisterAgent(grpc::CallbackServerContext* ctx,
+                                                           const v1::RegisterAgentRequest* req,
+                                                           v1::RegisterAgentResponse* resp) {
+  if (req->agent().name().empty() || req->agent().control_endpoint().empty()) {
+    return Done(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                  "an agent must give its name and control endpoint"));
+  }
+  core_->membership().Register(req->agent(), req->layout());
+  resp->set_epoch(core_->membership().epoch());
+  resp->set_heartbeat_interval_ms(heartbeat_interval_ms_);
+  return Done(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* ControllerService::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                       const v1::HeartbeatRequest* req,
+                                                       v1::HeartbeatResponse* resp) {
+  *resp = core_->membership().Heartbeat(*req);
+  return Done(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* ControllerService::ReportLayout(grpc::CallbackServerContext* ctx,
+                                                          const v1::ReportLayoutRequest* req,
+                                                          v1::ReportLayoutResponse*) {
+  if (!core_->membership().ReportLayout(req->layout())) {
+    return Done(ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                  absl::StrCat("agent ", req->layout().agent(),
+                                               " is not registered; register first")));
+  }
+  return Done(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* ControllerService::Plan(grpc::CallbackServerContext* ctx,
+                                                  const v1::PlanRequest* req,
+                                                  v1::PlanResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  std::thread([this, reactor, req, resp] {
+    auto summary = core_->Plan(*req);
+    if (summary.ok()) *resp->mutable_summary() = *summary;
+    reactor->Finish(ToGrpc(summary.status()));
+  }).detach();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ControllerService::Step(grpc::CallbackServerContext* ctx,
+                                                  const v1::StepRequest* req,
+                                                  v1::StepResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  std::thread([this, reactor, req, resp] {
+    auto timeout =
+        std::chrono::milliseconds(req->timeout_ms() ? req->timeout_ms() : step_timeout_ms_);
+    *resp->mutable_result() = core_->Step(req->version(), timeout);
+    reactor->Finish(grpc::Status::OK);
+  }).detach();
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::StepResult>* ControllerService::WatchSteps(
+    grpc::CallbackServerContext*, const v1::WatchStepsRequest*) {
+  return new BroadcastWriter<v1::StepResult>(&core_->steps());
+}
+
+grpc::ServerUnaryReactor* ControllerService::Status(grpc::CallbackServerContext* ctx,
+                                                    const v1::StatusRequest*,
+                                                    v1::StatusResponse* resp) {
+  *resp = core_->Status();
+  return Done(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* ControllerService::ListTensors(grpc::CallbackServerContext* ctx,
+                                                         const v1::ListTensorsRequest* req,
+                                                         v1::ListTensorsResponse* resp) {
+  bool found = req->agent().empty();
+  for (const auto& a : core_->membership().Snapshot()) {
+    if (!req->agent().empty() && a.info.name() != req->agent()) continue;
+    found = true;
+    *resp->add_layouts() = a.layout;
+  }
+  if (!found) {
+    return Done(ctx, grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                  absl::StrCat("no agent named '", req->agent(), "'")));
+  }
+  return Done(ctx, grpc::Status::OK);
+}
+
+}  // namespace wb::controller

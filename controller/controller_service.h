@@ -1,0 +1,47 @@
+// The Controller gRPC service: a thin layer from RPCs to ControllerCore; Plan and Step run on
+// their own threads so gRPC's callback threads never block.
+#pragma once
+
+#include "controller/controller_core.h"
+#include "weightbeam/v1/controller.grpc.pb.h"
+
+namespace wb::controller {
+
+class ControllerService final : public weightbeam::v1::Controller::CallbackService {
+ public:
+  ControllerService(ControllerCore* core, uint32_t heartbeat_interval_ms, uint32_t step_timeout_ms)
+      : core_(core),
+        heartbeat_interval_ms_(heartbeat_interval_ms),
+        step_timeout_ms_(step_timeout_ms) {}
+
+  grpc::ServerUnaryReactor* RegisterAgent(grpc::CallbackServerContext* ctx,
+                                          const weightbeam::v1::RegisterAgentRequest* req,
+                                          weightbeam::v1::RegisterAgentResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const weightbeam::v1::HeartbeatRequest* req,
+                                      weightbeam::v1::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportLayout(grpc::CallbackServerContext* ctx,
+                                         const weightbeam::v1::ReportLayoutRequest* req,
+                                         weightbeam::v1::ReportLayoutResponse* resp) override;
+  grpc::ServerUnaryReactor* Plan(grpc::CallbackServerContext* ctx,
+                                 const weightbeam::v1::PlanRequest* req,
+                                 weightbeam::v1::PlanResponse* resp) override;
+  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* ctx,
+                                 const weightbeam::v1::StepRequest* req,
+                                 weightbeam::v1::StepResponse* resp) override;
+  grpc::ServerWriteReactor<weightbeam::v1::StepResult>* WatchSteps(
+      grpc::CallbackServerContext* ctx, const weightbeam::v1::WatchStepsRequest* req) override;
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,
+                                   const weightbeam::v1::StatusRequest* req,
+                                   weightbeam::v1::StatusResponse* resp) override;
+  grpc::ServerUnaryReactor* ListTensors(grpc::CallbackServerContext* ctx,
+                                        const weightbeam::v1::ListTensorsRequest* req,
+                                        weightbeam::v1::ListTensorsResponse* resp) override;
+
+ private:
+  ControllerCore* core_;
+  uint32_t heartbeat_interval_ms_;
+  uint32_t step_timeout_ms_;
+};
+
+}  // namespace wb::controller

@@ -1,0 +1,90 @@
+// wb-controller: membership, planning and step coordination for a weightbeam cluster.
+#include <signal.h>
+#include <systemd/sd-daemon.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+#include "config/config.h"
+#include "config/logging.h"
+#include "controller/controller_core.h"
+#include "controller/controller_service.h"
+#include "controller/plan_builder.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"wb-controller: plans and coordinates weight transfers"};
+  std::string config_path, log_level, listen;
+  bool version = false;
+  app.add_option("--config", config_path, "YAML configuration file");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error (overrides config)");
+  app.add_option("--listen", listen, "host:port of the Controller service (overrides config)");
+  app.add_flag("--version", version, "print the version and exit");
+  CLI11_PARSE(app, argc, argv);
+  if (version) {
+    std::printf("wb-controller 0.1.0\n");
+    return 0;
+  }
+  wb::config::ControllerConfig config;
+  if (!config_path.empty()) {
+    auto loaded = wb::config::LoadControllerConfig(config_path);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "wb-controller: %s\n", std::string(loaded.status().message()).c_str());
+      return 2;
+    }
+    config = *loaded;
+  } else {
+    config.fusions = wb::config::DefaultFusionRules();
+  }
+  if (!log_level.empty()) config.log_level = log_level;
+  if (!listen.empty()) config.listen = listen;
+  if (auto s = wb::InitLogging("wb-controller", config.log_level); !s.ok()) {
+    std::fprintf(stderr, "wb-controller: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  // A random epoch tells agents that this is a new incarnation: they register again.
+  const uint64_t epoch = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  wb::controller::ControllerCore core(config, epoch, wb::controller::BuildPlan);
+  wb::controller::ControllerService service(&core, 1000, config.step_timeout_ms);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  auto server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    spdlog::error("cannot listen on {}", config.listen);
+    return 1;
+  }
+  spdlog::info("wb-controller serving on port {} (epoch {:x})", port, epoch);
+  if (!config.tls.enabled) {
+    spdlog::warn("control plane is insecure (no TLS): fine on one machine, not on a cluster");
+  }
+  sd_notify(0, "READY=1");
+  std::atomic<bool> stop{false};
+  std::thread sweeper([&] {
+    while (!stop) {
+      core.Sweep();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("signal {}: shutting down", sig);
+    sd_notify(0, "STOPPING=1");
+    stop = true;
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  });
+  server->Wait();
+  waiter.join();
+  sweeper.join();
+  return 0;
+}

@@ -1,0 +1,101 @@
+#include "controller/membership.h"
+
+#include <spdlog/spdlog.h>
+
+namespace wb::controller {
+
+namespace v1 = weightbeam::v1;
+using Clock = std::chrono::steady_clock;
+
+Membership::Membership(uint64_t epoch, std::chrono::milliseconds heartbeat_timeout)
+    : epoch_(epoch), heartbeat_timeout_(heartbeat_timeout) {}
+
+void Membership::Register(const v1::AgentInfo& info, const v1::AgentLayout& layout) {
+  absl::MutexLock lock(&mu_);
+  AgentRecord& r = agents_[info.name()];
+  const bool rejoined = r.lost;
+  r.info = info;
+  r.layout = layout;
+  r.layout.set_agent(info.name());
+  r.last_seen = Clock::now();
+  r.lost = false;
+  ++layout_version_;
+  spdlog::info("agent {} registered{} from {} ({} tensors, {} NICs)", info.name(),
+               rejoined ? " again" : "", info.control_endpoint(), layout.tensors_size(),
+               info.nics_size());
+}
+
+v1::HeartbeatResponse Membership::Heartbeat(const v1::HeartbeatRequest& req) {
+  v1::HeartbeatResponse resp;
+  absl::MutexLock lock(&mu_);
+  auto it = agents_.find(req.agent());
+  if (it == agents_.end() || req.epoch() != epoch_ || it->second.lost) {
+    resp.set_reregister(true);
+    return resp;
+  }
+  it->second.last_seen = Clock::now();
+  if (req.layout_generation() != it->second.layout.generation()) resp.set_send_layout(true);
+  return resp;
+}
+
+bool Membership::ReportLayout(const v1::AgentLayout& layout) {
+  absl::MutexLock lock(&mu_);
+  auto it = agents_.find(layout.agent());
+  if (it == agents_.end()) return false;
+  it->second.layout = layout;
+  it->second.last_seen = Clock::now();
+  ++layout_version_;
+  spdlog::info("agent {} reported layout generation {} ({} tensors)", layout.agent(),
+               layout.generation(), layout.tensors_size());
+  return true;
+}
+
+std::vector<std::string> Membership::Sweep() {
+  std::vector<std::string> lost;
+  absl::MutexLock lock(&mu_);
+  const auto now = Clock::now();
+  for (auto& [name, r] : agents_) {
+    if (!r.lost && now - r.last_seen > heartbeat_timeout_) {
+      r.lost = true;
+      ++layout_version_;
+      lost.push_back(name);
+      spdlog::warn("agent {} lost: no heartbeat for {} ms", name, heartbeat_timeout_.count());
+    }
+  }
+  return lost;
+}
+
+std::vector<AgentRecord> Membership::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<AgentRecord> out;
+  for (const auto& [name, r] : agents_) out.push_back(r);
+  return out;
+}
+
+uint64_t Membership::layout_version() const {
+  absl::MutexLock lock(&mu_);
+  return layout_version_;
+}
+
+std::string Membership::FirstLost(const std::vector<std::string>& names) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& n : names) {
+    auto it = agents_.find(n);
+    if (it == agents_.end() || it->second.lost) return n;
+  }
+  return "";
+}
+
+bool Membership::WaitFor(const std::function<bool()>& ready, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    if (ready()) return true;
+    if (Clock::now() >= deadline) return false;
+    absl::MutexLock lock(&mu_);
+    const uint64_t seen = layout_version_;
+    auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return layout_version_ != seen; };
+    mu_.AwaitWithTimeout(absl::Condition(&changed), absl::Milliseconds(100));
+  }
+}
+
+}  // namespace wb::controller

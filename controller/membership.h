@@ -1,0 +1,51 @@
+// The agents the controller knows: their description, tensor layout and liveness. An agent that
+// misses heartbeats for `heartbeat_timeout` is marked lost, and the layout counts as changed.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "weightbeam/v1/controller.pb.h"
+
+namespace wb::controller {
+
+struct AgentRecord {
+  weightbeam::v1::AgentInfo info;
+  weightbeam::v1::AgentLayout layout;
+  std::chrono::steady_clock::time_point last_seen;
+  bool lost = false;
+};
+
+class Membership {
+ public:
+  Membership(uint64_t epoch, std::chrono::milliseconds heartbeat_timeout);
+
+  uint64_t epoch() const { return epoch_; }
+  void Register(const weightbeam::v1::AgentInfo& info, const weightbeam::v1::AgentLayout& layout);
+  weightbeam::v1::HeartbeatResponse Heartbeat(const weightbeam::v1::HeartbeatRequest& req);
+  // False when the agent is unknown (it must register first).
+  bool ReportLayout(const weightbeam::v1::AgentLayout& layout);
+  // Marks agents silent for too long as lost; returns their names (newly lost only).
+  std::vector<std::string> Sweep();
+
+  std::vector<AgentRecord> Snapshot() const;
+  // Bumps on every change that can invalidate a plan (layout, membership, loss).
+  uint64_t layout_version() const;
+  // The name of the first lost agent among `names`, or "" when all are alive.
+  std::string FirstLost(const std::vector<std::string>& names) const;
+  // Blocks until `ready()` (checked after every change) or the timeout.
+  bool WaitFor(const std::function<bool()>& ready, std::chrono::milliseconds timeout);
+
+ private:
+  const uint64_t epoch_;
+  const std::chrono::milliseconds heartbeat_timeout_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, AgentRecord> agents_ ABSL_GUARDED_BY(mu_);
+  uint64_t layout_version_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace wb::controller
