@@ -88,7 +88,8 @@ absl::Status TcpPeer::OpenConnections(const std::string& token) {
     size_t got = 0;
     if (RecvExact(fd->get(), raw, sizeof(raw), &got, nullptr) != RecvOutcome::kOk) {
       return absl::PermissionDeniedError(absl::StrCat(
-          context, ": handshake refused (connection closed before ACK; token unknown to the peer?)"));
+          context,
+          ": handshake refused (connection closed before ACK; token unknown to the peer?)"));
     }
     auto ack = ParseFrameHeader(raw, sizeof(raw));
     if (!ack.ok() || ack->type != FrameType::kAck || ack->batch_id != 0) {
@@ -170,13 +171,13 @@ absl::Status TcpPeer::Validate(const std::vector<WriteOp>& ops, std::vector<Chun
     }
     if (op.remote_offset > remote->second.length ||
         op.length > remote->second.length - op.remote_offset) {
-      return absl::OutOfRangeError(absl::StrCat(
-          context, ": remote [", op.remote_offset, ", +", op.length,
-          ") is out of bounds of region ", op.remote_region, " (length ", remote->second.length,
-          ")"));
+      return absl::OutOfRangeError(absl::StrCat(context, ": remote [", op.remote_offset, ", +",
+                                                op.length, ") is out of bounds of region ",
+                                                op.remote_region, " (length ",
+                                                remote->second.length, ")"));
     }
-    chunks->push_back(Chunk{op.local_region, op.local_offset, op.remote_region,
-                            remote->second.key, op.remote_offset, op.length});
+    chunks->push_back(Chunk{op.local_region, op.local_offset, op.remote_region, remote->second.key,
+                            op.remote_offset, op.length});
     *total += op.length;
   }
   return absl::OkStatus();
@@ -252,8 +253,8 @@ void TcpPeer::PostBatch(std::vector<WriteOp> ops, BatchDone done) {
     Connection* conn = conns_[job.conn].get();
     std::unique_lock<std::mutex> lock(conn->mu);
     if (conn->closed) {
-      const absl::Status st = absl::UnavailableError(
-          absl::StrCat(Where(), ": connection ", conn->index, " is closed"));
+      const absl::Status st =
+          absl::UnavailableError(absl::StrCat(Where(), ": connection ", conn->index, " is closed"));
       Defer([this, batch, st] { Finish(batch, st); });
       break;
     }
@@ -359,8 +360,7 @@ void TcpPeer::AckLoop(Connection* conn) {
       if (--batch->remaining == 0) Finish(batch, absl::OkStatus());
     } else if (header->type == FrameType::kNack) {
       std::string reason(header->length, '\0');
-      if (RecvExact(conn->fd.get(), reason.data(), reason.size(), &got, &err) !=
-          RecvOutcome::kOk) {
+      if (RecvExact(conn->fd.get(), reason.data(), reason.size(), &got, &err) != RecvOutcome::kOk) {
         FailConnection(conn, absl::UnavailableError(absl::StrCat(context, ": connection lost")));
         return;
       }
@@ -370,8 +370,8 @@ void TcpPeer::AckLoop(Connection* conn) {
         if (auto it = active_.find(header->batch_id); it != active_.end()) batch = it->second;
       }
       if (batch) {
-        Finish(batch, absl::FailedPreconditionError(
-                          absl::StrCat(Where(), ": write refused: ", reason)));
+        Finish(batch,
+               absl::FailedPreconditionError(absl::StrCat(Where(), ": write refused: ", reason)));
       }
     } else {
       FailConnection(conn, absl::InternalError(absl::StrCat(
@@ -432,8 +432,8 @@ void TcpPeer::Defer(std::function<void()> fn) {
 }
 
 void TcpPeer::MonitorLoop() {
-  const auto tick = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(100),
-                                                        options_.write_timeout / 4 + std::chrono::milliseconds(1));
+  const auto tick = std::min<std::chrono::milliseconds>(
+      std::chrono::milliseconds(100), options_.write_timeout / 4 + std::chrono::milliseconds(1));
   std::unique_lock<std::mutex> lock(state_mu_);
   while (true) {
     state_cv_.wait_for(lock, tick, [&] { return stopping_ || !deferred_.empty(); });
@@ -447,13 +447,13 @@ void TcpPeer::MonitorLoop() {
     if (stopping_) return;
     const int64_t idle_ns = NowNs() - last_progress_ns_;
     if (!active_.empty() &&
-        idle_ns > std::chrono::duration_cast<std::chrono::nanoseconds>(options_.write_timeout)
-                      .count()) {
+        idle_ns >
+            std::chrono::duration_cast<std::chrono::nanoseconds>(options_.write_timeout).count()) {
       const size_t in_flight = active_.size();
       lock.unlock();
-      const absl::Status status = absl::DeadlineExceededError(absl::StrCat(
-          Where(), ": no progress for ", options_.write_timeout.count(), " ms with ", in_flight,
-          " batch(es) in flight; peer stalled or gone"));
+      const absl::Status status = absl::DeadlineExceededError(
+          absl::StrCat(Where(), ": no progress for ", options_.write_timeout.count(), " ms with ",
+                       in_flight, " batch(es) in flight; peer stalled or gone"));
       for (auto& conn : conns_) FailConnection(conn.get(), status);
       std::vector<std::shared_ptr<Batch>> active;
       {

@@ -1,0 +1,105 @@
+#include "client/weightbeam/controller_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "proto/status_util.h"
+#include "weightbeam/v1/controller.grpc.pb.h"
+
+namespace wb::client {
+
+namespace v1 = weightbeam::v1;
+
+struct ControllerClient::Impl {
+  std::string address;
+  std::unique_ptr<v1::Controller::Stub> stub;
+
+  // gRPC's own text for a dead server is noisy; say it plainly.
+  absl::Status Convert(const grpc::Status& s) const {
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      return absl::UnavailableError(
+          absl::StrCat("controller at ", address, " is unreachable (", s.error_message(), ")"));
+    }
+    return FromGrpc(s);
+  }
+};
+
+ControllerClient::ControllerClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ControllerClient::ControllerClient(ControllerClient&&) noexcept = default;
+ControllerClient& ControllerClient::operator=(ControllerClient&&) noexcept = default;
+ControllerClient::~ControllerClient() = default;
+
+absl::StatusOr<ControllerClient> ControllerClient::Connect(const std::string& address) {
+  if (address.empty()) return absl::InvalidArgumentError("no controller address given");
+  auto impl = std::make_unique<Impl>();
+  impl->address = address;
+  impl->stub =
+      v1::Controller::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  return ControllerClient(std::move(impl));
+}
+
+absl::StatusOr<v1::PlanSummary> ControllerClient::Plan(const v1::ExpectedWorld& world,
+                                                       std::chrono::milliseconds wait) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(60));
+  v1::PlanRequest req;
+  *req.mutable_world() = world;
+  req.set_wait_ms(static_cast<uint32_t>(wait.count()));
+  v1::PlanResponse resp;
+  grpc::Status s = impl_->stub->Plan(&ctx, req, &resp);
+  if (!s.ok()) return impl_->Convert(s);
+  return resp.summary();
+}
+
+absl::StatusOr<v1::StepResult> ControllerClient::Step(uint64_t version,
+                                                      std::chrono::milliseconds timeout) {
+  grpc::ClientContext ctx;
+  v1::StepRequest req;
+  req.set_version(version);
+  req.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
+  v1::StepResponse resp;
+  grpc::Status s = impl_->stub->Step(&ctx, req, &resp);
+  if (!s.ok()) return impl_->Convert(s);
+  if (!resp.result().ok()) {
+    return absl::AbortedError(absl::StrCat("step ", version, " failed: ", resp.result().error()));
+  }
+  return resp.result();
+}
+
+absl::StatusOr<v1::StatusResponse> ControllerClient::Status() {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::StatusResponse resp;
+  grpc::Status s = impl_->stub->Status(&ctx, v1::StatusRequest(), &resp);
+  if (!s.ok()) return impl_->Convert(s);
+  return resp;
+}
+
+absl::StatusOr<v1::ListTensorsResponse> ControllerClient::ListTensors(const std::string& agent) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ListTensorsRequest req;
+  req.set_agent(agent);
+  v1::ListTensorsResponse resp;
+  grpc::Status s = impl_->stub->ListTensors(&ctx, req, &resp);
+  if (!s.ok()) return impl_->Convert(s);
+  return resp;
+}
+
+absl::Status ControllerClient::WatchSteps(
+    const std::function<bool(const v1::StepResult&)>& on_step) {
+  grpc::ClientContext ctx;
+  auto reader = impl_->stub->WatchSteps(&ctx, v1::WatchStepsRequest());
+  v1::StepResult r;
+  while (reader->Read(&r)) {
+    if (!on_step(r)) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
+  return s.ok() ? absl::OkStatus() : impl_->Convert(s);
+}
+
+}  // namespace wb::client

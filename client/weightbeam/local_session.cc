@@ -1,0 +1,169 @@
+#include "client/weightbeam/local_session.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <deque>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/status_util.h"
+#include "weightbeam/v1/local.grpc.pb.h"
+
+namespace wb::client {
+
+namespace v1 = weightbeam::v1;
+
+struct LocalSession::Impl {
+  std::string socket;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Local::Stub> stub;
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream;
+  absl::Mutex mu;  // one request at a time on the stream
+  uint64_t next_id = 1;
+
+  // Event watching: a reader thread fills `events`.
+  std::unique_ptr<grpc::ClientContext> watch_ctx;
+  std::thread watcher;
+  absl::Mutex events_mu;
+  std::deque<v1::Event> events ABSL_GUARDED_BY(events_mu);
+  bool watch_ended ABSL_GUARDED_BY(events_mu) = false;
+
+  absl::StatusOr<v1::SessionResponse> Call(v1::SessionRequest req) {
+    absl::MutexLock lock(&mu);
+    if (!stream) return absl::FailedPreconditionError("the session is closed");
+    req.set_request_id(next_id++);
+    if (!stream->Write(req)) {
+      return absl::UnavailableError(absl::StrCat("the agent at ", socket, " closed the session"));
+    }
+    v1::SessionResponse resp;
+    if (!stream->Read(&resp)) {
+      return absl::UnavailableError(absl::StrCat("the agent at ", socket, " closed the session"));
+    }
+    if (resp.code() != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(resp.code()), resp.message());
+    }
+    return resp;
+  }
+
+  void Close() {
+    {
+      absl::MutexLock lock(&mu);
+      if (stream) {
+        stream->WritesDone();
+        stream->Finish().ok();
+        stream.reset();
+      }
+    }
+    if (watch_ctx) watch_ctx->TryCancel();
+    if (watcher.joinable()) watcher.join();
+  }
+
+  ~Impl() { Close(); }
+};
+
+LocalSession::LocalSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LocalSession::LocalSession(LocalSession&&) noexcept = default;
+LocalSession& LocalSession::operator=(LocalSession&&) noexcept = default;
+LocalSession::~LocalSession() = default;
+
+absl::StatusOr<LocalSession> LocalSession::Connect(const std::string& socket_path,
+                                                   const Identity& who) {
+  auto impl = std::make_unique<Impl>();
+  impl->socket = socket_path;
+  impl->channel = grpc::CreateChannel("unix:" + socket_path, grpc::InsecureChannelCredentials());
+  if (!impl->channel->WaitForConnected(std::chrono::system_clock::now() +
+                                       std::chrono::seconds(5))) {
+    return absl::UnavailableError(
+        absl::StrCat("no wb-agent answers on ", socket_path, " (is it running?)"));
+  }
+  impl->stub = v1::Local::NewStub(impl->channel);
+  impl->stream = impl->stub->Session(&impl->ctx);
+  v1::SessionRequest hello;
+  hello.mutable_hello()->set_role(who.role);
+  hello.mutable_hello()->set_rank(who.rank);
+  hello.mutable_hello()->set_replica(who.replica);
+  hello.mutable_hello()->set_pid(getpid());
+  auto resp = impl->Call(hello);
+  if (!resp.ok()) return resp.status();
+  return LocalSession(std::move(impl));
+}
+
+namespace {
+void FillSpec(const TensorInfo& t, v1::TensorSpec* spec) {
+  spec->set_name(t.name);
+  spec->set_dtype(t.dtype);
+  for (int64_t d : t.global_shape) spec->add_global_shape(d);
+  for (const auto& [start, size] : t.shard) {
+    auto* s = spec->add_shard();
+    s->set_start(start);
+    s->set_size(size);
+  }
+}
+}  // namespace
+
+absl::Status LocalSession::Register(const TensorInfo& tensor, const SharedBuffer& buffer,
+                                    uint64_t offset, uint64_t length) {
+  v1::SessionRequest req;
+  auto* reg = req.mutable_register_()->add_tensors();
+  FillSpec(tensor, reg->mutable_spec());
+  auto* shm = reg->mutable_memory()->mutable_host_shm();
+  shm->set_shm_name(buffer.shm_name());
+  shm->set_offset(offset);
+  shm->set_length(length);
+  return impl_->Call(req).status();
+}
+
+absl::Status LocalSession::RegisterCuda(const TensorInfo& tensor, void*, uint64_t, int) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("tensor '", tensor.name, "': this client library was built without CUDA"));
+}
+
+absl::Status LocalSession::Unregister(const std::string& name) {
+  v1::SessionRequest req;
+  req.mutable_unregister()->add_names(name);
+  return impl_->Call(req).status();
+}
+
+absl::Status LocalSession::Watch() {
+  if (impl_->watcher.joinable()) return absl::OkStatus();
+  impl_->watch_ctx = std::make_unique<grpc::ClientContext>();
+  auto reader = impl_->stub->WatchEvents(impl_->watch_ctx.get(), v1::WatchEventsRequest());
+  Impl* impl = impl_.get();
+  impl_->watcher = std::thread([impl, r = std::move(reader)]() mutable {
+    v1::Event e;
+    while (r->Read(&e)) {
+      absl::MutexLock lock(&impl->events_mu);
+      impl->events.push_back(e);
+    }
+    r->Finish().ok();
+    absl::MutexLock lock(&impl->events_mu);
+    impl->watch_ended = true;
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Event> LocalSession::NextEvent(std::chrono::milliseconds timeout) {
+  Impl* impl = impl_.get();
+  absl::MutexLock lock(&impl->events_mu);
+  auto ready = [impl]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl->events_mu) {
+    return !impl->events.empty() || impl->watch_ended;
+  };
+  impl->events_mu.AwaitWithTimeout(absl::Condition(&ready), absl::FromChrono(timeout));
+  if (!impl->events.empty()) {
+    v1::Event e = impl->events.front();
+    impl->events.pop_front();
+    return e;
+  }
+  if (impl->watch_ended) return absl::UnavailableError("the agent ended the event stream");
+  return absl::DeadlineExceededError(absl::StrCat("no event within ", timeout.count(), " ms"));
+}
+
+void LocalSession::Close() {
+  if (impl_) impl_->Close();
+}
+
+}  // namespace wb::client

@@ -1,0 +1,62 @@
+// A trainer rank's or inference worker's session with its node agent (Unix socket): register
+// tensors held in shared memory or GPU memory, and watch begin/commit/abort events. Closing the
+// session (or the process ending) withdraws its tensors.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/weightbeam/shared_buffer.h"
+#include "weightbeam/v1/types.pb.h"
+
+namespace wb::client {
+
+struct TensorInfo {
+  std::string name;
+  weightbeam::v1::DType dtype = weightbeam::v1::DTYPE_BF16;
+  std::vector<int64_t> global_shape;
+  // Per dimension (start, size); empty for a full tensor.
+  std::vector<std::pair<int64_t, int64_t>> shard;
+};
+
+struct Identity {
+  weightbeam::v1::Role role = weightbeam::v1::ROLE_TRAINER;
+  int rank = 0;
+  int replica = 0;
+};
+
+class LocalSession {
+ public:
+  static absl::StatusOr<LocalSession> Connect(const std::string& socket_path, const Identity& who);
+  LocalSession(LocalSession&&) noexcept;
+  LocalSession& operator=(LocalSession&&) noexcept;
+  ~LocalSession();
+
+  // Registers `length` bytes at `offset` of `buffer` as the tensor. The agent's error (shape
+  // mismatch, unknown dtype, duplicate...) comes back intact.
+  absl::Status Register(const TensorInfo& tensor, const SharedBuffer& buffer, uint64_t offset,
+                        uint64_t length);
+  // Registers GPU memory through a CUDA IPC handle (needs an agent built with CUDA).
+  absl::Status RegisterCuda(const TensorInfo& tensor, void* device_ptr, uint64_t length,
+                            int device);
+  absl::Status Unregister(const std::string& name);
+
+  // Starts watching events (begin/commit/abort); call before the step you want to see.
+  absl::Status Watch();
+  // The next event, or DEADLINE_EXCEEDED after `timeout`.
+  absl::StatusOr<weightbeam::v1::Event> NextEvent(std::chrono::milliseconds timeout);
+
+  void Close();
+
+ private:
+  struct Impl;
+  explicit LocalSession(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace wb::client

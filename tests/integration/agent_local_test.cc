@@ -1,0 +1,189 @@
+// A real wb-agent process and real client processes over its Unix socket: registered tensors
+// appear in Describe, bad registrations are refused with a message naming the tensor, and a
+// process that is killed has its regions withdrawn.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "client/weightbeam/local_session.h"
+#include "client/weightbeam/shared_buffer.h"
+#include "tests/support/process.h"
+#include "weightbeam/v1/agent.grpc.pb.h"
+
+namespace v1 = weightbeam::v1;
+using wb::client::Identity;
+using wb::client::LocalSession;
+using wb::client::SharedBuffer;
+using wb::client::TensorInfo;
+using wb::testing::Process;
+
+namespace {
+
+struct AgentUnderTest {
+  std::string dir = wb::testing::TempDir("wb-agent-");
+  std::string socket = dir + "/agent.sock";
+  int port = wb::testing::FreePort();
+  std::unique_ptr<Process> proc;
+  std::unique_ptr<v1::Agent::Stub> stub;
+
+  AgentUnderTest() {
+    proc = std::make_unique<Process>(
+        std::vector<std::string>{wb::testing::Runfile("daemon/wb-agent"), "--name", "node-a",
+                                 "--socket", socket, "--listen",
+                                 "127.0.0.1:" + std::to_string(port), "--controller",
+                                 "127.0.0.1:" + std::to_string(wb::testing::FreePort()),
+                                 "--tcp-listen", "127.0.0.1:0", "--log-level", "warn"},
+        dir + "/agent.log");
+    stub = v1::Agent::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                  grpc::InsecureChannelCredentials()));
+    REQUIRE(wb::testing::WaitUntil([&] { return access(socket.c_str(), F_OK) == 0; },
+                                   std::chrono::seconds(10)));
+  }
+
+  v1::AgentLayout Layout() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::DescribeResponse resp;
+    grpc::Status s = stub->Describe(&ctx, v1::DescribeRequest(), &resp);
+    REQUIRE(s.ok());
+    return resp.layout();
+  }
+};
+
+TensorInfo Bf16(const std::string& name, std::vector<int64_t> shape,
+                std::vector<std::pair<int64_t, int64_t>> shard = {}) {
+  return TensorInfo{name, v1::DTYPE_BF16, std::move(shape), std::move(shard)};
+}
+
+}  // namespace
+
+TEST_CASE("registered tensors appear in Describe and go when their process is killed") {
+  AgentUnderTest agent;
+  // The registering process is a real child process that holds its session until killed.
+  int ready[2];
+  REQUIRE(pipe(ready) == 0);
+  pid_t child = fork();
+  if (child == 0) {
+    auto buf = SharedBuffer::Create(4 * 1024 * 2, "w");
+    auto session = LocalSession::Connect(agent.socket, Identity{v1::ROLE_TRAINER, 3, 0});
+    bool ok = buf.ok() && session.ok() &&
+              session
+                  ->Register(Bf16("layer.0.weight", {8, 1024}, {{0, 2}, {0, 1024}}), *buf, 0,
+                             2 * 1024 * 2)
+                  .ok() &&
+              session->Register(Bf16("layer.1.weight", {4, 512}), *buf, 4096, 4 * 512 * 2).ok();
+    char c = ok ? 'y' : 'n';
+    (void)!write(ready[1], &c, 1);
+    pause();
+    _exit(0);
+  }
+  char c = 0;
+  REQUIRE(read(ready[0], &c, 1) == 1);
+  REQUIRE(c == 'y');
+
+  v1::AgentLayout layout = agent.Layout();
+  REQUIRE(layout.tensors_size() == 2);
+  std::map<std::string, v1::TensorLayout> by_name;
+  for (const auto& t : layout.tensors()) by_name[t.spec().name()] = t;
+  const auto& l0 = by_name.at("layer.0.weight");
+  CHECK(l0.owner().role() == v1::ROLE_TRAINER);
+  CHECK(l0.owner().rank() == 3);
+  CHECK(l0.owner().pid() == child);
+  CHECK(l0.region().length() == 2 * 1024 * 2);
+  CHECK(l0.location() == "host");
+  CHECK(l0.spec().shard(0).size() == 2);
+  // Registered with every enabled transport: each contributes keys.
+  std::set<std::string> transports;
+  for (const auto& k : l0.region().keys()) transports.insert(k.transport());
+  CHECK(transports.count("tcp") == 1);
+  CHECK(transports.count("local") == 1);
+
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  CHECK(wb::testing::WaitUntil([&] { return agent.Layout().tensors_size() == 0; },
+                               std::chrono::seconds(10)));
+}
+
+TEST_CASE("bad registrations are refused with the tensor named; the agent keeps serving") {
+  AgentUnderTest agent;
+  auto buf = SharedBuffer::Create(1 << 16, "bad");
+  REQUIRE(buf.ok());
+  auto session = LocalSession::Connect(agent.socket, Identity{v1::ROLE_INFERENCE, 0, 0});
+  REQUIRE(session.ok());
+
+  auto message = [](const absl::Status& s) { return std::string(s.message()); };
+
+  SECTION("shape inconsistent with the byte length") {
+    auto s = session->Register(Bf16("w.shape", {16, 16}), *buf, 0, 100);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(message(s), Catch::Contains("tensor 'w.shape'") &&
+                               Catch::Contains("needs 512 bytes but the memory handle covers 100"));
+  }
+  SECTION("unknown dtype") {
+    TensorInfo t = Bf16("w.dtype", {4});
+    t.dtype = static_cast<v1::DType>(42);
+    auto s = session->Register(t, *buf, 0, 8);
+    CHECK_THAT(message(s), Catch::Contains("tensor 'w.dtype': unknown dtype 42"));
+  }
+  SECTION("shard outside the global shape") {
+    auto s = session->Register(Bf16("w.shard", {8, 8}, {{6, 4}, {0, 8}}), *buf, 0, 64);
+    CHECK_THAT(message(s), Catch::Contains("tensor 'w.shard': shard slice [6, 10) of dimension "
+                                           "0 is outside the global extent 8"));
+  }
+  SECTION("negative dimension") {
+    auto s = session->Register(Bf16("w.neg", {-3, 8}), *buf, 0, 48);
+    CHECK_THAT(message(s), Catch::Contains("dimension 0 of the global shape is -3"));
+  }
+  SECTION("shared memory too small") {
+    auto s = session->Register(Bf16("w.small", {64, 1024}), *buf, 0, 64 * 1024 * 2);
+    CHECK_THAT(message(s), Catch::Contains("tensor 'w.small'") && Catch::Contains("too small"));
+  }
+  SECTION("duplicate registration, and an overlapping one from another process") {
+    REQUIRE(session->Register(Bf16("w.dup", {8, 8}), *buf, 0, 128).ok());
+    auto again = session->Register(Bf16("w.dup", {8, 8}), *buf, 0, 128);
+    CHECK(again.code() == absl::StatusCode::kAlreadyExists);
+    CHECK_THAT(message(again), Catch::Contains("tensor 'w.dup' is already registered by "
+                                               "inference replica 0 rank 0"));
+    pid_t child = fork();
+    if (child == 0) {
+      auto other = LocalSession::Connect(agent.socket, Identity{v1::ROLE_INFERENCE, 1, 0});
+      auto s = other->Register(Bf16("w.dup", {8, 8}), *buf, 0, 128);
+      _exit(s.code() == absl::StatusCode::kAlreadyExists &&
+                    std::string(s.message()).find("overlaps") != std::string::npos
+                ? 0
+                : 1);
+    }
+    int st = 0;
+    waitpid(child, &st, 0);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+  }
+  SECTION("a CUDA handle on an agent without CUDA") {
+    auto s = session->RegisterCuda(Bf16("w.gpu", {4}), nullptr, 8, 0);
+    CHECK_FALSE(s.ok());
+    CHECK_THAT(message(s), Catch::Contains("w.gpu"));
+  }
+  // After any refusal the agent still serves: a good registration works.
+  REQUIRE(session->Register(Bf16("w.good", {4, 4}), *buf, 1024, 32).ok());
+  bool found = false;
+  const v1::AgentLayout after = agent.Layout();
+  for (const auto& t : after.tensors()) found |= t.spec().name() == "w.good";
+  CHECK(found);
+}
+
+TEST_CASE("a second agent on the same socket is refused clearly") {
+  AgentUnderTest agent;
+  std::string log = agent.dir + "/second.log";
+  Process second({wb::testing::Runfile("daemon/wb-agent"), "--name", "node-b", "--socket",
+                  agent.socket, "--listen", "127.0.0.1:0", "--tcp-listen", "127.0.0.1:0"},
+                 log);
+  CHECK(second.Wait(std::chrono::seconds(10)) == 1);
+  CHECK_THAT(wb::testing::ReadFile(log),
+             Catch::Contains("another wb-agent is already serving " + agent.socket));
+  // The first agent is unharmed.
+  CHECK(agent.Layout().agent() == "node-a");
+}

@@ -1,0 +1,43 @@
+// Test support: start real daemon processes (fork/exec), find free loopback ports, wait for
+// conditions, and stop processes (SIGTERM, or SIGKILL/SIGSTOP for fault tests).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace wb::testing {
+
+class Process {
+ public:
+  // Starts `argv[0]` with the given arguments; stdout/stderr go to `log_path` if given.
+  Process(std::vector<std::string> argv, const std::string& log_path = "");
+  ~Process();  // SIGTERM, then SIGKILL after 5 s
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  void Signal(int sig);
+  // Waits for exit; returns the exit status (or 128 + signal), or -1 on timeout.
+  int Wait(std::chrono::milliseconds timeout);
+  bool running();
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = -1;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreePort();
+// Polls `cond` every 20 ms until it holds or `timeout` passes.
+bool WaitUntil(const std::function<bool()>& cond, std::chrono::milliseconds timeout);
+// A fresh directory under /tmp (short enough for Unix socket paths).
+std::string TempDir(const std::string& prefix);
+// Path of a binary in the test's runfiles, e.g. "daemon/wb-agent".
+std::string Runfile(const std::string& path);
+std::string ReadFile(const std::string& path);
+
+}  // namespace wb::testing
