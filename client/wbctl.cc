@@ -1,0 +1,219 @@
+// wbctl: the weightbeam command line. Talks to the controller (--controller or WB_CONTROLLER).
+#include <google/protobuf/util/json_util.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/table.h"
+#include "client/weightbeam/controller_client.h"
+
+namespace v1 = weightbeam::v1;
+using wb::client::HumanBytes;
+using wb::client::Table;
+
+namespace {
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.always_print_primitive_fields = true;
+  opts.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+  return out;
+}
+
+std::string Fixed(double v, int digits = 3) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "wbctl: %s\n", std::string(s.message()).c_str());
+  return 2;
+}
+
+std::string PlanText(const v1::PlanSummary& p) {
+  std::string out =
+      absl::StrCat("plan ", p.plan_id(), " (hash ", p.plan_hash(), "): ", p.total_ops(), " ops, ",
+                   HumanBytes(p.total_bytes()), ", ", p.phases(), " phase(s)\n");
+  Table t({"ROLE", "AGENT", "BYTES", "OPS"});
+  for (const auto& s : p.senders()) {
+    t.Add({"sender", s.agent(), HumanBytes(s.bytes()), std::to_string(s.ops())});
+  }
+  for (const auto& r : p.receivers()) {
+    t.Add({"receiver", r.agent(), HumanBytes(r.bytes()), std::to_string(r.ops())});
+  }
+  out += t.Render();
+  out += absl::StrCat("imbalance (max/mean): senders ", Fixed(p.sender_imbalance(), 2),
+                      ", receivers ", Fixed(p.receiver_imbalance(), 2), "; predicted step time ",
+                      Fixed(p.predicted_step_seconds()), " s\n");
+  return out;
+}
+
+std::string StepText(const v1::StepResult& r) {
+  std::string out =
+      absl::StrCat("step ", r.version(), ": ", r.ok() ? "committed" : "FAILED", ", ",
+                   HumanBytes(r.bytes()), " in ", Fixed(r.seconds()), " s (",
+                   Fixed(r.seconds() > 0 ? r.bytes() / r.seconds() / 1e9 : 0, 2), " GB/s)\n");
+  if (!r.ok()) out += absl::StrCat("  error: ", r.error(), "\n");
+  Table t({"AGENT", "OK", "BYTES", "DENSE", "OPS", "SECONDS", "PREPARE", "WRITE", "PEAK STAGING"});
+  for (const auto& a : r.agents()) {
+    t.Add({a.agent(), a.ok() ? "yes" : "no", HumanBytes(a.bytes_sent()),
+           HumanBytes(a.bytes_dense()), std::to_string(a.ops()), Fixed(a.seconds()),
+           Fixed(a.stages().prepare_seconds()), Fixed(a.stages().write_seconds()),
+           HumanBytes(a.stages().peak_staging_bytes())});
+  }
+  if (r.agents_size() > 0) out += t.Render();
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"wbctl: inspect and drive a weightbeam cluster"};
+  app.require_subcommand(1);
+  std::string controller;
+  bool json = false;
+  const char* env = std::getenv("WB_CONTROLLER");
+  controller = env ? env : "127.0.0.1:7100";
+  app.add_option("--controller", controller,
+                 "controller host:port (default: $WB_CONTROLLER or 127.0.0.1:7100)");
+  app.add_flag("--json", json, "print JSON instead of tables");
+
+  auto* status = app.add_subcommand("status", "controller, agents, plan and recent steps");
+  auto* agents = app.add_subcommand("agents", "the agents and their state");
+  auto* tensors = app.add_subcommand("tensors", "registered tensors");
+  std::string agent_filter;
+  tensors->add_option("--agent", agent_filter, "only this agent's tensors");
+  auto* plan = app.add_subcommand("plan", "the current plan (--create computes one)");
+  bool create = false;
+  uint32_t wait_ms = 30000;
+  plan->add_flag("--create", create, "plan now (waits for the configured world)");
+  plan->add_option("--wait-ms", wait_ms, "how long --create waits for the world");
+  auto* step = app.add_subcommand("step", "push a new version to the inference side");
+  uint64_t version = 0;
+  step->add_option("VERSION", version, "the version to commit (newer than the last)")->required();
+  auto* watch = app.add_subcommand("watch", "print step results as they happen");
+  int count = 0;
+  watch->add_option("--count", count, "stop after this many steps (0: forever)");
+  CLI11_PARSE(app, argc, argv);
+
+  auto client = wb::client::ControllerClient::Connect(controller);
+  if (!client.ok()) return Fail(client.status());
+
+  if (*status || *agents) {
+    auto s = client->Status();
+    if (!s.ok()) return Fail(s.status());
+    if (json) {
+      std::printf("%s\n", Json(*s).c_str());
+      return 0;
+    }
+    if (*status) {
+      std::printf("controller %s  version %s  last committed %llu%s\n", controller.c_str(),
+                  s->version().c_str(),
+                  static_cast<unsigned long long>(s->last_committed_version()),
+                  s->layout_changed() ? "  (layout changed since the plan)" : "");
+    }
+    Table t({"AGENT", "STATE", "ENDPOINT", "TENSORS", "NICS", "LAST HEARTBEAT"});
+    for (const auto& a : s->agents()) {
+      std::vector<std::string> nics;
+      for (const auto& n : a.info().nics()) nics.push_back(n.transport() + ":" + n.name());
+      t.Add({a.info().name(), a.state(), a.info().control_endpoint(), std::to_string(a.tensors()),
+             absl::StrJoin(nics, ","), absl::StrCat(a.last_heartbeat_ms_ago(), " ms ago")});
+    }
+    std::printf("%s", t.Render().c_str());
+    if (*status) {
+      if (s->has_plan())
+        std::printf("\n%s", PlanText(s->plan()).c_str());
+      else
+        std::printf("\nno plan yet\n");
+      for (const auto& r : s->recent_steps()) std::printf("\n%s", StepText(r).c_str());
+    }
+    return 0;
+  }
+  if (*tensors) {
+    auto r = client->ListTensors(agent_filter);
+    if (!r.ok()) return Fail(r.status());
+    if (json) {
+      std::printf("%s\n", Json(*r).c_str());
+      return 0;
+    }
+    Table t({"AGENT", "TENSOR", "DTYPE", "SHAPE", "SHARD", "OWNER", "BYTES", "WHERE"});
+    for (const auto& l : r->layouts()) {
+      for (const auto& tl : l.tensors()) {
+        std::vector<std::string> shard;
+        for (const auto& d : tl.spec().shard()) {
+          shard.push_back(absl::StrCat(d.start(), ":", d.start() + d.size()));
+        }
+        std::string owner =
+            tl.owner().role() == v1::ROLE_TRAINER
+                ? absl::StrCat("trainer ", tl.owner().rank())
+                : absl::StrCat("replica ", tl.owner().replica(), " rank ", tl.owner().rank());
+        std::string dtype = v1::DType_Name(tl.spec().dtype()).substr(6);
+        t.Add({l.agent(), tl.spec().name(), dtype,
+               "[" + absl::StrJoin(tl.spec().global_shape(), ",") + "]",
+               shard.empty() ? "full" : "[" + absl::StrJoin(shard, ",") + "]", owner,
+               HumanBytes(tl.region().length()), tl.location()});
+      }
+    }
+    std::printf("%s", t.Render().c_str());
+    return 0;
+  }
+  if (*plan) {
+    v1::PlanSummary summary;
+    if (create) {
+      auto p = client->Plan(v1::ExpectedWorld(), std::chrono::milliseconds(wait_ms));
+      if (!p.ok()) return Fail(p.status());
+      summary = *p;
+    } else {
+      auto s = client->Status();
+      if (!s.ok()) return Fail(s.status());
+      if (!s->has_plan()) {
+        std::fprintf(stderr, "wbctl: no plan yet (run `wbctl plan --create` or a step)\n");
+        return 1;
+      }
+      summary = s->plan();
+    }
+    std::printf("%s", json ? (Json(summary) + "\n").c_str() : PlanText(summary).c_str());
+    return 0;
+  }
+  if (*step) {
+    std::atomic<bool> done{false};
+    std::thread progress;
+    if (!json && isatty(2)) {
+      progress = std::thread([&] {
+        const auto t0 = std::chrono::steady_clock::now();
+        while (!done) {
+          double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          std::fprintf(stderr, "\rstep %llu running... %.1f s", (unsigned long long)version, s);
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+        std::fprintf(stderr, "\r\033[K");
+      });
+    }
+    auto r = client->Step(version);
+    done = true;
+    if (progress.joinable()) progress.join();
+    if (!r.ok()) return Fail(r.status());
+    std::printf("%s", json ? (Json(*r) + "\n").c_str() : StepText(*r).c_str());
+    return 0;
+  }
+  if (*watch) {
+    int seen = 0;
+    auto s = client->WatchSteps([&](const v1::StepResult& r) {
+      std::printf("%s", json ? (Json(r) + "\n").c_str() : StepText(r).c_str());
+      std::fflush(stdout);
+      return count == 0 || ++seen < count;
+    });
+    if (!s.ok()) return Fail(s);
+    return 0;
+  }
+  return 0;
+}
