@@ -2,13 +2,16 @@
 
 Without a CUDA toolkit the `fallback_srcs` (CPU code that reports "no CUDA") are built
 instead, so every target still builds on CPU-only machines.
+
+  cu_hdrs:    headers the .cu files include that are not in `hdrs` (tracked for rebuilds)
+  nvcc_copts: extra nvcc flags, e.g. ["-fmad=false"] for results that must match the CPU
 """
 
 load("@local_cuda//:defs.bzl", "HAVE_CUDA", "NVCC")
 
 CUDA_ARCH_FLAGS = "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90"
 
-def cuda_library(name, cu_srcs, hdrs = [], fallback_srcs = [], deps = [], **kwargs):
+def cuda_library(name, cu_srcs, hdrs = [], fallback_srcs = [], deps = [], cu_hdrs = [], nvcc_copts = [], **kwargs):
     if not HAVE_CUDA:
         native.cc_library(
             name = name,
@@ -25,9 +28,10 @@ def cuda_library(name, cu_srcs, hdrs = [], fallback_srcs = [], deps = [], **kwar
         obj = "$(@D)/" + name + "_" + src.replace("/", "_").replace(".cu", ".o")
         objs.append(obj)
         cmds.append(
-            "{nvcc} -std=c++17 -O3 {arch} -Xcompiler -fPIC -I. -I$(GENDIR) -isystem external/local_cuda/include -DWB_HAVE_CUDA=1 -c $(location {src}) -o {obj}".format(
+            "{nvcc} -std=c++17 -O3 {arch} {copts} -Xcompiler -fPIC -I. -I$(GENDIR) -isystem external/local_cuda/include -DWB_HAVE_CUDA=1 -c $(location {src}) -o {obj}".format(
                 nvcc = NVCC,
                 arch = CUDA_ARCH_FLAGS,
+                copts = " ".join(nvcc_copts),
                 src = src,
                 obj = obj,
             ),
@@ -35,7 +39,7 @@ def cuda_library(name, cu_srcs, hdrs = [], fallback_srcs = [], deps = [], **kwar
     cmds.append("ar rcs $@ " + " ".join(objs))
     native.genrule(
         name = name + "_nvcc",
-        srcs = cu_srcs + hdrs,
+        srcs = cu_srcs + hdrs + cu_hdrs,
         outs = [archive],
         cmd = " && ".join(cmds),
         tags = ["no-sandbox"],

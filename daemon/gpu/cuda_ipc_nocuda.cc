@@ -1,0 +1,19 @@
+// CUDA IPC in builds without the CUDA toolkit: every call says so.
+#include "daemon/gpu/cuda_ipc.h"
+
+namespace wb::gpu {
+
+absl::StatusOr<weightbeam::v1::CudaIpc> GetIpcHandle(const void*, size_t) {
+  return absl::FailedPreconditionError("CUDA IPC: built without CUDA");
+}
+
+IpcOps CudaIpcOps() {
+  IpcOps ops;
+  ops.open = [](const std::string&, int) -> absl::StatusOr<void*> {
+    return absl::FailedPreconditionError("built without CUDA");
+  };
+  ops.close = [](void*, int) { return absl::OkStatus(); };
+  return ops;
+}
+
+}  // namespace wb::gpu

@@ -1,0 +1,24 @@
+// What GPUs this host has (count, names, PCI bus ids, memory) for the agent's AgentInfo.
+// Never fails: without the CUDA toolkit at build time, or without a driver or device at run
+// time, the list is empty and `unavailable_reason` says why.
+#ifndef WB_DAEMON_GPU_CUDA_PROBE_H_
+#define WB_DAEMON_GPU_CUDA_PROBE_H_
+
+#include <string>
+#include <vector>
+
+#include "weightbeam/v1/types.pb.h"
+
+namespace wb::gpu {
+
+struct GpuProbe {
+  std::vector<weightbeam::v1::GpuInfo> gpus;
+  // Empty when `gpus` could be listed; else "built without CUDA" or "no CUDA device (...)".
+  std::string unavailable_reason;
+};
+
+GpuProbe ProbeGpus();
+
+}  // namespace wb::gpu
+
+#endif  // WB_DAEMON_GPU_CUDA_PROBE_H_

@@ -1,0 +1,110 @@
+// Device memory with the CUDA runtime.
+#include <cuda_runtime_api.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/gpu/device_memory.h"
+
+namespace wb::gpu {
+namespace {
+
+absl::Status CudaError(cudaError_t err, const std::string& what) {
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+}
+
+}  // namespace
+
+absl::Status CudaAvailable() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device (cudaGetDeviceCount: ", cudaGetErrorString(err), ")"));
+  }
+  if (count == 0) return absl::FailedPreconditionError("no CUDA device");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes, int device) {
+  if (absl::Status s = CudaAvailable(); !s.ok()) return s;
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
+    return CudaError(err, absl::StrCat("cudaSetDevice(", device, ")"));
+  }
+  void* data = nullptr;
+  if (cudaError_t err = cudaMalloc(&data, bytes); err != cudaSuccess) {
+    return CudaError(err, absl::StrCat("cudaMalloc of ", bytes, " bytes on cuda:", device));
+  }
+  return DeviceBuffer(data, bytes, device);
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      device_(other.device_) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    device_ = other.device_;
+  }
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() { Reset(); }
+
+void DeviceBuffer::Reset() {
+  if (data_ != nullptr) cudaFree(data_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+absl::Status CopyHostToDevice(void* device_dst, const void* host_src, size_t bytes) {
+  if (cudaError_t err = cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice);
+      err != cudaSuccess) {
+    return CudaError(err, absl::StrCat("host -> device copy of ", bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CopyDeviceToHost(void* host_dst, const void* device_src, size_t bytes) {
+  if (cudaError_t err = cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost);
+      err != cudaSuccess) {
+    return CudaError(err, absl::StrCat("device -> host copy of ", bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CopyHostToDeviceAsync(void* device_dst, const void* host_src, size_t bytes,
+                                   void* stream) {
+  if (cudaError_t err = cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
+                                        static_cast<cudaStream_t>(stream));
+      err != cudaSuccess) {
+    return CudaError(err, absl::StrCat("async host -> device copy of ", bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CopyDeviceToHostAsync(void* host_dst, const void* device_src, size_t bytes,
+                                   void* stream) {
+  if (cudaError_t err = cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost,
+                                        static_cast<cudaStream_t>(stream));
+      err != cudaSuccess) {
+    return CudaError(err, absl::StrCat("async device -> host copy of ", bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SynchronizeStream(void* stream) {
+  if (cudaError_t err = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+      err != cudaSuccess) {
+    return CudaError(err, "cudaStreamSynchronize");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace wb::gpu

@@ -1,0 +1,246 @@
+// CPU transforms against hand-derived golden vectors, exhaustive round trips and an
+// independent f16 reference (the compiler's _Float16 conversion).
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "daemon/transform/float_bits.h"
+#include "daemon/transform/transform.h"
+#include "tests/transform/golden_vectors.h"
+
+namespace wb::transform {
+namespace {
+
+using golden::F;
+using golden::U;
+
+TEST_CASE("f32 -> fp8 e4m3fn matches hand-derived bytes", "[fp8]") {
+  for (const auto& g : golden::Fp8Scalars()) {
+    INFO(g.what);
+    CHECK(static_cast<int>(bits::F32ToFp8E4M3Sat(F(g.f32_bits))) == g.expected);
+  }
+}
+
+TEST_CASE("f32 -> bf16 and f32 -> f16 match hand-derived bits", "[cast]") {
+  for (const auto& g : golden::Bf16Scalars()) {
+    INFO(g.what);
+    CHECK(bits::F32ToBf16(F(g.f32_bits)) == g.expected);
+  }
+  for (const auto& g : golden::F16Scalars()) {
+    INFO(g.what);
+    CHECK(bits::F32ToF16(F(g.f32_bits)) == g.expected);
+  }
+}
+
+TEST_CASE("every fp8, bf16 and f16 value survives widening and narrowing", "[cast]") {
+  for (int v = 0; v < 256; ++v) {
+    const float f = bits::Fp8E4M3ToF32(static_cast<uint8_t>(v));
+    if ((v & 0x7f) == 0x7f) {
+      CHECK(std::isnan(f));
+      CHECK(bits::F32ToFp8E4M3Sat(f) == v);  // the sign of NaN is kept
+    } else {
+      INFO("fp8 " << v);
+      CHECK(bits::F32ToFp8E4M3Sat(f) == v);
+    }
+  }
+  for (uint32_t v = 0; v < 65536; ++v) {
+    const uint16_t h = static_cast<uint16_t>(v);
+    const bool bf16_nan = (h & 0x7fff) > 0x7f80;
+    const bool f16_nan = (h & 0x7fff) > 0x7c00;
+    if (bf16_nan) {
+      CHECK(std::isnan(bits::Bf16ToF32(h)));
+    } else if (bits::F32ToBf16(bits::Bf16ToF32(h)) != h) {
+      FAIL("bf16 round trip of " << h);
+    }
+    if (f16_nan) {
+      CHECK(std::isnan(bits::F16ToF32(h)));
+    } else if (bits::F32ToF16(bits::F16ToF32(h)) != h) {
+      FAIL("f16 round trip of " << h);
+    }
+  }
+}
+
+TEST_CASE("f16 widening agrees with the compiler's _Float16", "[cast]") {
+  for (uint32_t v = 0; v < 65536; ++v) {
+    const uint16_t h = static_cast<uint16_t>(v);
+    if ((h & 0x7fff) > 0x7c00) continue;
+    _Float16 x;
+    std::memcpy(&x, &h, 2);
+    if (U(bits::F16ToF32(h)) != U(static_cast<float>(x))) FAIL("f16 " << h);
+  }
+}
+
+TEST_CASE("f32 -> f16 agrees with the compiler's _Float16 on a sweep of bit patterns", "[cast]") {
+  // Every 509th pattern plus the neighbours of every f16 rounding boundary region.
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 509) {
+    const float f = F(static_cast<uint32_t>(u));
+    if (std::isnan(f)) continue;
+    const _Float16 ref = static_cast<_Float16>(f);
+    uint16_t ref_bits;
+    std::memcpy(&ref_bits, &ref, 2);
+    if (bits::F32ToF16(f) != ref_bits) FAIL("f32 bits " << u);
+  }
+}
+
+TEST_CASE("fp8 block quantisation matches golden blocks", "[fp8]") {
+  for (const auto& g : golden::Fp8Blocks()) {
+    INFO(g.what);
+    TransformDesc d{Kind::kFp8Block, DType::kBF16, DType::kF8E4M3, static_cast<uint64_t>(g.rows),
+                    static_cast<uint64_t>(g.cols)};
+    std::vector<uint8_t> out(g.rows * g.cols, 0xaa);
+    float scale = -1.0f;
+    REQUIRE(ApplyTransformCpu(d, g.bf16.data(), out.data(), &scale).ok());
+    CHECK(U(scale) == U(g.scale));
+    CHECK(out == g.expected);
+  }
+}
+
+TEST_CASE("fp8 quantisation of ragged blocks with padded strides", "[fp8]") {
+  const golden::RaggedCase c = golden::MakeRaggedCase();
+  // Source rows padded by 6 elements, destination rows by 3 bytes, scale rows by 1 float.
+  const uint64_t src_stride = (c.cols + 6) * 2, dst_stride = c.cols + 3, scale_stride = 16;
+  std::vector<uint8_t> src(c.rows * src_stride, 0xff);  // padding is NaN: must be ignored
+  for (int r = 0; r < c.rows; ++r) {
+    std::memcpy(src.data() + r * src_stride, c.bf16.data() + r * c.cols, c.cols * 2);
+  }
+  std::vector<uint8_t> dst(c.rows * dst_stride, 0x5a);
+  std::vector<float> scales(2 * 4, -7.0f);
+  for (int threads : {1, 2, 3}) {
+    TransformDesc d{Kind::kFp8Block, DType::kBF16, DType::kF8E4M3, 130, 260,
+                    src_stride,      dst_stride,   scale_stride};
+    REQUIRE(ApplyTransformCpu(d, src.data(), dst.data(), scales.data(), threads).ok());
+    for (int r = 0; r < c.rows; ++r) {
+      REQUIRE(std::memcmp(dst.data() + r * dst_stride, c.expected.data() + r * c.cols, c.cols) ==
+              0);
+      REQUIRE(dst[r * dst_stride + c.cols] == 0x5a);  // padding untouched
+    }
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 3; ++j) CHECK(scales[i * 4 + j] == c.scales[i * 3 + j]);
+      CHECK(scales[i * 4 + 3] == -7.0f);
+    }
+  }
+}
+
+std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = bits::F32ToBf16(normal(rng));
+  // Sprinkle specials: NaN, +-Inf, denormals, large values, -0.
+  const uint16_t specials[] = {0x7fc0, 0x7f80, 0xff80, 0x0001, 0x8003, 0x4780, 0xc7a0, 0x8000};
+  for (size_t i = 0; i < n; i += 997) v[i] = specials[(i / 997) % 8];
+  return v;
+}
+
+TEST_CASE("fp8 quantisation: threads do not change bytes, dequantisation is close", "[fp8]") {
+  const uint64_t rows = 515, cols = 700;
+  const std::vector<uint16_t> src = RandomBf16(rows * cols, 7);
+  TransformDesc d{Kind::kFp8Block, DType::kBF16, DType::kF8E4M3, rows, cols};
+  std::vector<uint8_t> one(rows * cols), many(rows * cols);
+  std::vector<float> s1(5 * 6), s4(5 * 6);
+  REQUIRE(ApplyTransformCpu(d, src.data(), one.data(), s1.data(), 1).ok());
+  REQUIRE(ApplyTransformCpu(d, src.data(), many.data(), s4.data(), 4).ok());
+  CHECK(one == many);
+  CHECK(s1 == s4);
+
+  TransformDesc back{Kind::kFp8BlockDequant, DType::kF8E4M3, DType::kF32, rows, cols};
+  std::vector<float> deq(rows * cols);
+  REQUIRE(ApplyTransformCpu(back, one.data(), deq.data(), s1.data()).ok());
+  for (uint64_t i = 0; i < rows * cols; ++i) {
+    const float x = bits::Bf16ToF32(src[i]);
+    const float scale = s1[(i / cols / 128) * 6 + (i % cols) / 128];
+    if (std::isnan(x)) {
+      REQUIRE(std::isnan(deq[i]));
+    } else if (std::isinf(x)) {
+      REQUIRE(deq[i] == std::copysign(448.0f * scale, x));
+    } else {
+      // e4m3: relative error <= 2^-4 for normals, absolute <= 2^-10 * scale for subnormals.
+      REQUIRE(std::fabs(deq[i] - x) <= std::max(std::fabs(x) / 16, scale / 1024) * 1.0001f);
+    }
+  }
+}
+
+TEST_CASE("dequantisation to bf16 of hand-derived bytes", "[fp8]") {
+  const std::vector<uint8_t> q = {0x38, 0x7e, 0xc0, 0x01, 0x80, 0x7f};
+  const float scale = 2.0f;
+  std::vector<uint16_t> out(q.size());
+  TransformDesc d{Kind::kFp8BlockDequant, DType::kF8E4M3, DType::kBF16, 1, q.size()};
+  REQUIRE(ApplyTransformCpu(d, q.data(), out.data(), const_cast<float*>(&scale)).ok());
+  CHECK(out[0] == 0x4000);  // 1 * 2
+  CHECK(out[1] == 0x4460);  // 448 * 2 = 896
+  CHECK(out[2] == 0xc080);  // -2 * 2
+  CHECK(out[3] == 0x3b80);  // 2^-9 * 2 = 2^-8
+  CHECK(out[4] == 0x8000);  // -0
+  CHECK((out[5] & 0x7fff) > 0x7f80);
+}
+
+TEST_CASE("casts with strides convert every element and leave padding alone", "[cast]") {
+  const uint64_t rows = 37, cols = 129;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<uint32_t> any;
+  std::vector<uint32_t> f32(rows * (cols + 1));
+  for (auto& x : f32) x = any(rng);
+  const DType types[] = {DType::kF32, DType::kF16, DType::kBF16};
+  for (DType mid : {DType::kF16, DType::kBF16}) {
+    INFO("f32 -> " << DTypeName(mid) << " -> each type");
+    // f32 -> mid with a padded source.
+    std::vector<uint16_t> half(rows * cols);
+    TransformDesc d{Kind::kCast, DType::kF32, mid, rows, cols, (cols + 1) * 4, 0};
+    REQUIRE(ApplyTransformCpu(d, f32.data(), half.data(), nullptr, 3).ok());
+    for (uint64_t r = 0; r < rows; ++r) {
+      for (uint64_t c = 0; c < cols; ++c) {
+        const float x = F(f32[r * (cols + 1) + c]);
+        const uint16_t want = mid == DType::kF16 ? bits::F32ToF16(x) : bits::F32ToBf16(x);
+        if (half[r * cols + c] != want) FAIL("row " << r << " col " << c);
+      }
+    }
+    for (DType out : types) {
+      std::vector<uint8_t> dst(rows * (cols * 4 + 8), 0xee);
+      const uint64_t dst_stride = cols * ElementSize(out) + 8;
+      TransformDesc e{mid == out ? Kind::kCopy : Kind::kCast, mid, out, rows, cols, 0, dst_stride};
+      REQUIRE(ApplyTransformCpu(e, half.data(), dst.data()).ok());
+      for (uint64_t r = 0; r < rows; ++r) {
+        REQUIRE(dst[r * dst_stride + cols * ElementSize(out)] == 0xee);
+        for (uint64_t c = 0; c < cols; ++c) {
+          const uint16_t h = half[r * cols + c];
+          const float x = mid == DType::kF16 ? bits::F16ToF32(h) : bits::Bf16ToF32(h);
+          const uint8_t* p = dst.data() + r * dst_stride + c * ElementSize(out);
+          if (out == DType::kF32) {
+            uint32_t got;
+            std::memcpy(&got, p, 4);
+            if (got != U(x) && !std::isnan(x)) FAIL("to f32 row " << r << " col " << c);
+          } else {
+            uint16_t got;
+            std::memcpy(&got, p, 2);
+            const uint16_t want = out == DType::kF16 ? bits::F32ToF16(x) : bits::F32ToBf16(x);
+            if (got != want && !(out == mid && got == h)) FAIL("row " << r << " col " << c);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("invalid descriptors are refused with the reason", "[api]") {
+  uint8_t buf[64] = {};
+  float scale = 0;
+  TransformDesc copy{Kind::kCopy, DType::kBF16, DType::kF16, 1, 4};
+  CHECK(ApplyTransformCpu(copy, buf, buf).message() ==
+        "transform copy bf16 -> f16 (1x4): copy needs equal dtypes");
+  TransformDesc fp8{Kind::kFp8Block, DType::kF32, DType::kF8E4M3, 1, 4};
+  CHECK(ApplyTransformCpu(fp8, buf, buf, &scale).message() ==
+        "transform fp8_block f32 -> f8_e4m3 (1x4): fp8_block needs bf16 -> f8_e4m3");
+  TransformDesc narrow{Kind::kCast, DType::kF32, DType::kBF16, 2, 8, 16, 0};
+  CHECK(ApplyTransformCpu(narrow, buf, buf).message() ==
+        "transform cast f32 -> bf16 (2x8): src_stride 16 < row size 32");
+  TransformDesc no_scales{Kind::kFp8Block, DType::kBF16, DType::kF8E4M3, 1, 4};
+  CHECK(ApplyTransformCpu(no_scales, buf, buf).message() ==
+        "transform fp8_block: needs a scales buffer");
+  TransformDesc fp8_cast{Kind::kCast, DType::kBF16, DType::kF8E4M3, 1, 4};
+  CHECK(absl::IsInvalidArgument(ApplyTransformCpu(fp8_cast, buf, buf)));
+}
+
+}  // namespace
+}  // namespace wb::transform
