@@ -133,7 +133,7 @@ absl::Status Executor::BuildWrites(const Job& job, std::vector<transport::WriteO
     const uint64_t block_rows = (op.rows() + 127) / 128;
     const uint64_t scale_row = (op.row_elems() + 127) / 128 * sizeof(float);
     const uint64_t scale_stride = op.scale_stride() ? op.scale_stride() : scale_row;
-    const uint64_t scale_base = dst_row * op.rows();
+    const uint64_t scale_base = Fp8ScaleOffset(dst_row * op.rows());
     for (uint64_t r = 0; r < block_rows; ++r) {
       writes->push_back({local_region, scale_base + r * scale_row, *scale_dst,
                          op.scale_offset() + r * scale_stride, scale_row});

@@ -21,6 +21,10 @@
 
 namespace wb::executor {
 
+// Where an FP8 op's float32 block scales start in its staging buffer: after the data,
+// rounded up so the floats are aligned.
+inline uint64_t Fp8ScaleOffset(uint64_t data_bytes) { return (data_bytes + 15) / 16 * 16; }
+
 // Turns an operation's source rows into the bytes that land: transformed data, densely packed
 // (rows x row bytes of the destination dtype), followed for FP8 ops by the float32 block scales.
 class Preparer {
