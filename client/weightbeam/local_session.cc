@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/gpu/cuda_ipc.h"
 #include "proto/status_util.h"
 #include "weightbeam/v1/local.grpc.pb.h"
 

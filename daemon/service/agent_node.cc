@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/executor/op_preparer.h"
+#include "daemon/gpu/cuda_probe.h"
 #include "daemon/service/agent_service.h"
 #include "daemon/service/controller_link.h"
 #include "daemon/service/memory_opener.h"
@@ -176,6 +177,7 @@ v1::AgentInfo AgentNode::Info() const {
   info.set_version(kVersion);
   std::string why;
   info.set_supports_gpu_memory(GpuMemorySupported(&why));
+  for (const auto& g : gpu::ProbeGpus().gpus) *info.add_gpus() = g;
   return info;
 }
 

@@ -1,29 +1,47 @@
 #include "daemon/service/memory_opener.h"
 
 #include "absl/strings/str_cat.h"
+#include "daemon/gpu/cuda_ipc.h"
+#include "daemon/gpu/cuda_probe.h"
 #include "daemon/local/shm_mapping.h"
 
 namespace wb::service {
 
 namespace {
+
 class ShmHold : public registry::MemoryHold {
  public:
   explicit ShmHold(std::unique_ptr<local::ShmMapping> m) : mapping(std::move(m)) {}
   std::unique_ptr<local::ShmMapping> mapping;
 };
+
+class CudaHold : public registry::MemoryHold {
+ public:
+  explicit CudaHold(gpu::IpcMemoryCache::Lease l) : lease(std::move(l)) {}
+  gpu::IpcMemoryCache::Lease lease;
+};
+
+// One cache for the agent's lifetime: an allocator block is opened once however many
+// tensors live in it.
+gpu::IpcMemoryCache& IpcCache() {
+  static auto* cache = new gpu::IpcMemoryCache();
+  return *cache;
+}
+
 }  // namespace
 
 bool GpuMemorySupported(std::string* why_not) {
-  *why_not = "built without CUDA";
-  return false;
+  static const gpu::GpuProbe probe = gpu::ProbeGpus();
+  *why_not = probe.unavailable_reason;
+  return probe.unavailable_reason.empty() && !probe.gpus.empty();
 }
 
 absl::StatusOr<registry::OpenedMemory> OpenMemory(const weightbeam::v1::MemoryHandle& handle) {
+  registry::OpenedMemory m;
   if (handle.has_host_shm()) {
     const auto& h = handle.host_shm();
     auto mapping = local::ShmMapping::Open(h.shm_name(), h.offset(), h.length());
     if (!mapping.ok()) return mapping.status();
-    registry::OpenedMemory m;
     m.ref = {(*mapping)->data(), h.length(), transport::MemoryKind::kHost, -1};
     m.location = "host";
     m.hold = std::make_shared<ShmHold>(std::move(*mapping));
@@ -34,7 +52,12 @@ absl::StatusOr<registry::OpenedMemory> OpenMemory(const weightbeam::v1::MemoryHa
     return absl::FailedPreconditionError(
         absl::StrCat("a CUDA IPC handle was given but this agent cannot use GPU memory: ", why));
   }
-  return absl::UnimplementedError("CUDA IPC registration");
+  auto lease = IpcCache().Open(handle.cuda_ipc());
+  if (!lease.ok()) return lease.status();
+  m.ref = {lease->data(), lease->length(), transport::MemoryKind::kCuda, lease->device()};
+  m.location = absl::StrCat("cuda:", lease->device());
+  m.hold = std::make_shared<CudaHold>(std::move(*lease));
+  return m;
 }
 
 }  // namespace wb::service
