@@ -154,10 +154,10 @@ class LocalPeer : public Peer {
       }
       if (op.remote_offset > it->second.length ||
           op.length > it->second.length - op.remote_offset) {
-        return absl::OutOfRangeError(absl::StrCat(
-            "local peer '", peer_name_, "': write ", i, ": remote [", op.remote_offset, ", +",
-            op.length, ") is out of bounds of region ", op.remote_region, " (length ",
-            it->second.length, ")"));
+        return absl::OutOfRangeError(absl::StrCat("local peer '", peer_name_, "': write ", i,
+                                                  ": remote [", op.remote_offset, ", +", op.length,
+                                                  ") is out of bounds of region ", op.remote_region,
+                                                  " (length ", it->second.length, ")"));
       }
       checked->emplace_back(op, it->second.key);
     }
@@ -197,9 +197,9 @@ std::vector<weightbeam::v1::NicInfo> LocalTransport::Nics() const {
 absl::StatusOr<weightbeam::v1::RegionDescriptor> LocalTransport::Register(const MemoryRef& mem,
                                                                           Access access) {
   if (mem.kind != MemoryKind::kHost) {
-    return absl::UnimplementedError(absl::StrCat(
-        "local transport: GPU memory (cuda:", mem.device,
-        ") is not supported in this build (no cudaMemcpy path yet)"));
+    return absl::UnimplementedError(
+        absl::StrCat("local transport: GPU memory (cuda:", mem.device,
+                     ") is not supported in this build (no cudaMemcpy path yet)"));
   }
   auto info = engine_->regions().Add(mem, access);
   if (!info.ok()) return info.status();
@@ -227,9 +227,9 @@ absl::StatusOr<std::shared_ptr<Peer>> LocalTransport::Connect(const std::string&
                                      "': handshake exchange failed: ", reply.status().message()));
   }
   if (*reply != instance_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "local transport: peer '", peer_name,
-        "' is another process or agent; the local transport only connects to itself"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("local transport: peer '", peer_name,
+                     "' is another process or agent; the local transport only connects to itself"));
   }
   return std::shared_ptr<Peer>(std::make_shared<LocalPeer>(our_name, peer_name, engine_));
 }
@@ -237,9 +237,9 @@ absl::StatusOr<std::shared_ptr<Peer>> LocalTransport::Connect(const std::string&
 absl::StatusOr<std::string> LocalTransport::Accept(const std::string& peer_name,
                                                    const std::string& their_record) {
   if (their_record != instance_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "local transport: peer '", peer_name,
-        "' is another process or agent; the local transport only connects to itself"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("local transport: peer '", peer_name,
+                     "' is another process or agent; the local transport only connects to itself"));
   }
   return instance_;
 }
