@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/report_format.h"
 #include "client/table.h"
 #include "client/weightbeam/controller_client.h"
 
@@ -28,50 +29,9 @@ std::string Json(const google::protobuf::Message& m) {
   return out;
 }
 
-std::string Fixed(double v, int digits = 3) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
-}
-
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "wbctl: %s\n", std::string(s.message()).c_str());
   return 2;
-}
-
-std::string PlanText(const v1::PlanSummary& p) {
-  std::string out =
-      absl::StrCat("plan ", p.plan_id(), " (hash ", p.plan_hash(), "): ", p.total_ops(), " ops, ",
-                   HumanBytes(p.total_bytes()), ", ", p.phases(), " phase(s)\n");
-  Table t({"ROLE", "AGENT", "BYTES", "OPS"});
-  for (const auto& s : p.senders()) {
-    t.Add({"sender", s.agent(), HumanBytes(s.bytes()), std::to_string(s.ops())});
-  }
-  for (const auto& r : p.receivers()) {
-    t.Add({"receiver", r.agent(), HumanBytes(r.bytes()), std::to_string(r.ops())});
-  }
-  out += t.Render();
-  out += absl::StrCat("imbalance (max/mean): senders ", Fixed(p.sender_imbalance(), 2),
-                      ", receivers ", Fixed(p.receiver_imbalance(), 2), "; predicted step time ",
-                      Fixed(p.predicted_step_seconds()), " s\n");
-  return out;
-}
-
-std::string StepText(const v1::StepResult& r) {
-  std::string out =
-      absl::StrCat("step ", r.version(), ": ", r.ok() ? "committed" : "FAILED", ", ",
-                   HumanBytes(r.bytes()), " in ", Fixed(r.seconds()), " s (",
-                   Fixed(r.seconds() > 0 ? r.bytes() / r.seconds() / 1e9 : 0, 2), " GB/s)\n");
-  if (!r.ok()) out += absl::StrCat("  error: ", r.error(), "\n");
-  Table t({"AGENT", "OK", "BYTES", "DENSE", "OPS", "SECONDS", "PREPARE", "WRITE", "PEAK STAGING"});
-  for (const auto& a : r.agents()) {
-    t.Add({a.agent(), a.ok() ? "yes" : "no", HumanBytes(a.bytes_sent()),
-           HumanBytes(a.bytes_dense()), std::to_string(a.ops()), Fixed(a.seconds()),
-           Fixed(a.stages().prepare_seconds()), Fixed(a.stages().write_seconds()),
-           HumanBytes(a.stages().peak_staging_bytes())});
-  }
-  if (r.agents_size() > 0) out += t.Render();
-  return out;
 }
 
 }  // namespace
@@ -131,10 +91,11 @@ int main(int argc, char** argv) {
     std::printf("%s", t.Render().c_str());
     if (*status) {
       if (s->has_plan())
-        std::printf("\n%s", PlanText(s->plan()).c_str());
+        std::printf("\n%s", wb::client::FormatPlan(s->plan()).c_str());
       else
         std::printf("\nno plan yet\n");
-      for (const auto& r : s->recent_steps()) std::printf("\n%s", StepText(r).c_str());
+      for (const auto& r : s->recent_steps())
+        std::printf("\n%s", wb::client::FormatStep(r).c_str());
     }
     return 0;
   }
@@ -181,7 +142,8 @@ int main(int argc, char** argv) {
       }
       summary = s->plan();
     }
-    std::printf("%s", json ? (Json(summary) + "\n").c_str() : PlanText(summary).c_str());
+    std::printf("%s",
+                json ? (Json(summary) + "\n").c_str() : wb::client::FormatPlan(summary).c_str());
     return 0;
   }
   if (*step) {
@@ -202,13 +164,13 @@ int main(int argc, char** argv) {
     done = true;
     if (progress.joinable()) progress.join();
     if (!r.ok()) return Fail(r.status());
-    std::printf("%s", json ? (Json(*r) + "\n").c_str() : StepText(*r).c_str());
+    std::printf("%s", json ? (Json(*r) + "\n").c_str() : wb::client::FormatStep(*r).c_str());
     return 0;
   }
   if (*watch) {
     int seen = 0;
     auto s = client->WatchSteps([&](const v1::StepResult& r) {
-      std::printf("%s", json ? (Json(r) + "\n").c_str() : StepText(r).c_str());
+      std::printf("%s", json ? (Json(r) + "\n").c_str() : wb::client::FormatStep(r).c_str());
       std::fflush(stdout);
       return count == 0 || ++seen < count;
     });

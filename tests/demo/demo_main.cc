@@ -1,0 +1,259 @@
+// wb-demo: the whole system on one machine. Starts a controller and two agents (a "trainer
+// node" and an "inference node"), synthetic trainer ranks and inference workers of a
+// Qwen3-0.6B-shaped model, plans, runs steps in which the trainers change their weights, and
+// has every inference worker verify its buffers bit for bit after each commit.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/report_format.h"
+#include "client/table.h"
+#include "client/weightbeam/controller_client.h"
+#include "tests/demo/demo_roles.h"
+#include "tests/support/process.h"
+
+namespace v1 = weightbeam::v1;
+using wb::testing::Process;
+
+namespace {
+
+// A child speaking the line protocol on its stdin/stdout.
+class Child {
+ public:
+  Child(std::vector<std::string> argv, const std::string& log) {
+    int in[2], out[2];
+    if (pipe(in) != 0 || pipe(out) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) dup2(fd, 2);
+      close(in[1]);
+      close(out[0]);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to_ = fdopen(in[1], "w");
+    from_ = fdopen(out[0], "r");
+  }
+  ~Child() {
+    if (to_) fclose(to_);
+    if (pid_ > 0) {
+      for (int i = 0; i < 100 && waitpid(pid_, nullptr, WNOHANG) == 0; ++i) usleep(50000);
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (from_) fclose(from_);
+  }
+  void Send(const std::string& line) {
+    std::fprintf(to_, "%s\n", line.c_str());
+    std::fflush(to_);
+  }
+  // The next line, or "" when the child is gone.
+  std::string Receive() {
+    char buf[4096];
+    if (!std::fgets(buf, sizeof(buf), from_)) return "";
+    std::string s(buf);
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* to_ = nullptr;
+  FILE* from_ = nullptr;
+};
+
+std::string SelfPath() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : "";
+}
+
+void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+std::string AgentYaml(const std::string& name, const std::string& dir, int port, int ctl_port,
+                      const std::string& transport, const std::string& rdma_device) {
+  std::string y =
+      absl::StrCat("name: ", name, "\nlog_level: warn\nlocal_socket: ", dir, "/", name,
+                   ".sock\nlisten: 127.0.0.1:", port, "\ncontroller: 127.0.0.1:", ctl_port,
+                   "\nheartbeat_interval_ms: 200\ntransports:\n  tcp:\n    listen: "
+                   "127.0.0.1:0\n");
+  if (transport == "rdma") {
+    y += absl::StrCat("  rdma:\n    enabled: true\n    devices: [", rdma_device, "]\n");
+  }
+  y += "executor:\n  staging_watermark_bytes: 256MiB\n";
+  return y;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"wb-demo: weightbeam end to end on one machine"};
+  std::string role = "driver", socket, transport = "tcp", rdma_device = "rxe0", bin_dir;
+  wb::demo::DemoShape shape;
+  int rank = 0, steps = 3;
+  app.add_option("--role", role, "driver | trainer | inference (internal)");
+  app.add_option("--rank", rank, "rank of a trainer or inference worker (internal)");
+  app.add_option("--socket", socket, "agent socket of a trainer or inference worker (internal)");
+  app.add_option("--transport", transport, "tcp or rdma")->check(CLI::IsMember({"tcp", "rdma"}));
+  app.add_option("--rdma-device", rdma_device, "RDMA device for --transport=rdma");
+  app.add_option("--layers", shape.layers, "decoder layers (Qwen3-0.6B has 28)");
+  app.add_option("--trainers", shape.trainers, "trainer ranks (FSDP dim-0 shards)");
+  app.add_option("--tp", shape.tp, "tensor-parallel ranks of the inference replica");
+  app.add_option("--steps", steps, "training steps to push");
+  app.add_option("--bin-dir", bin_dir, "where wb-agent and wb-controller are (default bazel-bin)");
+  CLI11_PARSE(app, argc, argv);
+  if (role == "trainer") return wb::demo::RunTrainer(shape, rank, socket);
+  if (role == "inference") return wb::demo::RunInference(shape, rank, socket);
+  signal(SIGPIPE, SIG_IGN);
+
+  if (bin_dir.empty()) bin_dir = "bazel-bin";
+  const std::string dir = wb::testing::TempDir("wb-demo-");
+  const int ctl_port = wb::testing::FreePort();
+  std::printf(
+      "weightbeam demo: Qwen3-0.6B shape (%d layers), %d trainer ranks (FSDP dim-0, "
+      "BF16) -> 1 inference replica x TP %d (fused qkv/gate_up, FP8 block-scaled + "
+      "BF16), transport %s\nlogs in %s\n\n",
+      shape.layers, shape.trainers, shape.tp, transport.c_str(), dir.c_str());
+  std::fflush(stdout);
+
+  WriteFile(
+      dir + "/controller.yaml",
+      absl::StrCat("listen: 127.0.0.1:", ctl_port,
+                   "\nlog_level: warn\nheartbeat_timeout_ms: 3000\nworld:\n  trainer_ranks: ",
+                   shape.trainers,
+                   "\n  inference_replicas: 1\n  inference_ranks_per_replica: ", shape.tp, "\n"));
+  Process controller({bin_dir + "/controller/wb-controller", "--config", dir + "/controller.yaml"},
+                     dir + "/controller.log");
+  std::vector<std::unique_ptr<Process>> agents;
+  for (const char* name : {"trainer-node", "inference-node"}) {
+    int port = wb::testing::FreePort();
+    WriteFile(dir + "/" + name + ".yaml",
+              AgentYaml(name, dir, port, ctl_port, transport, rdma_device));
+    agents.push_back(
+        std::make_unique<Process>(std::vector<std::string>{bin_dir + "/daemon/wb-agent", "--config",
+                                                           dir + "/" + name + ".yaml"},
+                                  dir + "/" + name + ".log"));
+  }
+  for (const char* name : {"trainer-node", "inference-node"}) {
+    std::string sock = dir + "/" + name + ".sock";
+    if (!wb::testing::WaitUntil([&] { return access(sock.c_str(), F_OK) == 0; },
+                                std::chrono::seconds(20))) {
+      std::printf("FAIL: agent %s did not start (see %s/%s.log)\n", name, dir.c_str(), name);
+      return 1;
+    }
+  }
+
+  const auto t_reg = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<Child>> trainers, workers;
+  const std::string self = SelfPath();
+  for (int r = 0; r < shape.trainers; ++r) {
+    trainers.push_back(std::make_unique<Child>(
+        std::vector<std::string>{self, "--role", "trainer", "--rank", std::to_string(r), "--socket",
+                                 dir + "/trainer-node.sock", "--layers",
+                                 std::to_string(shape.layers), "--trainers",
+                                 std::to_string(shape.trainers), "--tp", std::to_string(shape.tp)},
+        dir + "/trainer-" + std::to_string(r) + ".log"));
+  }
+  for (int r = 0; r < shape.tp; ++r) {
+    workers.push_back(std::make_unique<Child>(
+        std::vector<std::string>{self, "--role", "inference", "--rank", std::to_string(r),
+                                 "--socket", dir + "/inference-node.sock", "--layers",
+                                 std::to_string(shape.layers), "--trainers",
+                                 std::to_string(shape.trainers), "--tp", std::to_string(shape.tp)},
+        dir + "/inference-" + std::to_string(r) + ".log"));
+  }
+  double src_bytes = 0, dst_bytes = 0;
+  for (auto* group : {&trainers, &workers}) {
+    for (auto& c : *group) {
+      std::string line = c->Receive();
+      unsigned long long b = 0;
+      if (std::sscanf(line.c_str(), "ready %llu", &b) != 1) {
+        std::printf("FAIL: a synthetic process did not register its tensors (see %s)\n",
+                    dir.c_str());
+        return 1;
+      }
+      (group == &trainers ? src_bytes : dst_bytes) += static_cast<double>(b);
+    }
+  }
+  std::printf("registered: trainers hold %s (BF16), inference workers %s; %.1f s\n",
+              wb::client::HumanBytes(src_bytes).c_str(), wb::client::HumanBytes(dst_bytes).c_str(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t_reg).count());
+
+  auto client = wb::client::ControllerClient::Connect(absl::StrCat("127.0.0.1:", ctl_port));
+  v1::ExpectedWorld world;
+  world.set_trainer_ranks(shape.trainers);
+  world.set_inference_replicas(1);
+  world.set_inference_ranks_per_replica(shape.tp);
+  auto plan = client->Plan(world, std::chrono::seconds(30));
+  if (!plan.ok()) {
+    std::printf("FAIL: planning: %s\n", std::string(plan.status().message()).c_str());
+    return 1;
+  }
+  std::printf("\n%s\n", wb::client::FormatPlan(*plan).c_str());
+
+  wb::client::Table table({"VERSION", "BYTES", "SECONDS", "GB/s", "VERIFIED"});
+  bool pass = true;
+  std::string failure;
+  for (int v = 1; v <= steps && pass; ++v) {
+    for (auto& t : trainers) t->Send(absl::StrCat("perturb ", v));
+    for (auto& t : trainers) {
+      if (t->Receive() != absl::StrCat("ok ", v)) {
+        pass = false;
+        failure = "a trainer did not apply its update";
+      }
+    }
+    if (!pass) break;
+    auto step = client->Step(v);
+    if (!step.ok()) {
+      pass = false;
+      failure = std::string(step.status().message());
+      break;
+    }
+    std::string verdict = "all workers";
+    for (auto& w : workers) {
+      std::string line = w->Receive();
+      if (line.rfind(absl::StrCat("verified ", v, " PASS"), 0) != 0) {
+        pass = false;
+        verdict = "MISMATCH";
+        failure = line.empty() ? "an inference worker exited" : line;
+      }
+    }
+    table.Add({std::to_string(v), wb::client::HumanBytes(step->bytes()),
+               wb::client::FixedPoint(step->seconds()),
+               wb::client::FixedPoint(step->bytes() / step->seconds() / 1e9, 2), verdict});
+    std::printf("\r%s", table.Render().c_str());
+    std::fflush(stdout);
+    if (v == 1) std::printf("\n%s\n", wb::client::FormatStep(*step).c_str());
+  }
+  std::printf("\n%s\n", table.Render().c_str());
+  trainers.clear();
+  workers.clear();
+  if (pass) {
+    std::printf(
+        "PASS: %d steps committed; every inference worker verified its buffers bit for "
+        "bit after each commit\n",
+        steps);
+    return 0;
+  }
+  std::printf("FAIL: %s\n(logs in %s)\n", failure.c_str(), dir.c_str());
+  return 1;
+}

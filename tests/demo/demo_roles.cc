@@ -1,0 +1,350 @@
+#include "tests/demo/demo_roles.h"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/weightbeam/local_session.h"
+#include "client/weightbeam/shared_buffer.h"
+#include "config/config.h"
+#include "daemon/transform/transform.h"
+#include "tests/demo/synthetic_weights.h"
+
+namespace wb::demo {
+
+namespace v1 = weightbeam::v1;
+using planner::TensorEntry;
+
+namespace {
+
+uint64_t Align64(uint64_t n) { return (n + 63) / 64 * 64; }
+
+// Calls fn(global_begin, count, local_offset) for each row-major run of an entry's shard.
+template <typename Fn>
+void ForEachRun(const TensorEntry& e, Fn fn) {
+  if (e.shape.size() == 1 || e.shape.empty()) {
+    int64_t start = e.shard.empty() ? 0 : e.shard[0].start;
+    int64_t size = e.shard.empty() ? (e.shape.empty() ? 1 : e.shape[0]) : e.shard[0].size;
+    fn(static_cast<uint64_t>(start), static_cast<uint64_t>(size), uint64_t{0});
+    return;
+  }
+  const int64_t cols = e.shape[1];
+  int64_t r0 = 0, nr = e.shape[0], c0 = 0, nc = cols;
+  if (!e.shard.empty()) {
+    r0 = e.shard[0].start;
+    nr = e.shard[0].size;
+    c0 = e.shard[1].start;
+    nc = e.shard[1].size;
+  }
+  if (nc == cols) {
+    fn(static_cast<uint64_t>(r0 * cols), static_cast<uint64_t>(nr * cols), uint64_t{0});
+    return;
+  }
+  for (int64_t i = 0; i < nr; ++i) {
+    fn(static_cast<uint64_t>((r0 + i) * cols + c0), static_cast<uint64_t>(nc),
+       static_cast<uint64_t>(i * nc));
+  }
+}
+
+uint64_t Total(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+client::TensorInfo InfoOf(const TensorEntry& e) {
+  client::TensorInfo t;
+  t.name = e.name;
+  t.dtype = e.dtype;
+  t.global_shape = e.shape;
+  for (const auto& s : e.shard) t.shard.emplace_back(s.start, s.size);
+  return t;
+}
+
+struct Registered {
+  client::SharedBuffer buffer;
+  std::vector<uint64_t> offsets;  // per entry
+};
+
+absl::StatusOr<Registered> RegisterAll(client::LocalSession& session,
+                                       const std::vector<TensorEntry>& entries) {
+  uint64_t total = 0;
+  std::vector<uint64_t> offsets;
+  for (const auto& e : entries) {
+    offsets.push_back(total);
+    total += Align64(EntryBytes(e));
+  }
+  auto buf = client::SharedBuffer::Create(std::max<uint64_t>(total, 64), "demo");
+  if (!buf.ok()) return buf.status();
+  Registered r{std::move(*buf), offsets};
+  return r;
+}
+
+bool StdinClosed() {
+  pollfd p{0, POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  char c;
+  return read(0, &c, 1) <= 0;  // the driver only closes our stdin, it sends nothing
+}
+
+}  // namespace
+
+int RunTrainer(const DemoShape& shape, int rank, const std::string& socket) {
+  auto model = BuildDemoModel(shape);
+  if (!model.ok()) {
+    std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(model.status().message()).c_str());
+    return 1;
+  }
+  auto entries = EntriesFor(*model, planner::Role::kTrainer, rank);
+  auto session = client::LocalSession::Connect(socket, client::Identity{v1::ROLE_TRAINER, rank, 0});
+  if (!session.ok()) {
+    std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(session.status().message()).c_str());
+    return 1;
+  }
+  auto reg = RegisterAll(*session, entries);
+  if (!reg.ok()) return 1;
+  auto* base = static_cast<uint8_t*>(reg->buffer.data());
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    auto* values = reinterpret_cast<uint16_t*>(base + reg->offsets[i]);
+    const uint64_t h = NameHash(e.name);
+    ForEachRun(e, [&](uint64_t begin, uint64_t count, uint64_t local) {
+      for (uint64_t k = 0; k < count; ++k) values[local + k] = BaseValue(h, begin + k);
+    });
+    auto s = session->Register(InfoOf(e), reg->buffer, reg->offsets[i], EntryBytes(e));
+    if (!s.ok()) {
+      std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(s.message()).c_str());
+      return 1;
+    }
+    bytes += EntryBytes(e);
+  }
+  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd;
+    uint32_t version = 0;
+    in >> cmd >> version;
+    if (cmd != "perturb") continue;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const auto& e = entries[i];
+      auto* values = reinterpret_cast<uint16_t*>(base + reg->offsets[i]);
+      const uint64_t h = NameHash(e.name), total = Total(e.shape);
+      ForEachRun(e, [&](uint64_t begin, uint64_t count, uint64_t local) {
+        ApplyVersion(h, total, version, begin, begin + count, values + local);
+      });
+    }
+    std::printf("ok %u\n", version);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+namespace {
+
+// The inference worker's own copy of every source tensor it needs, at the latest version.
+class Mirror {
+ public:
+  explicit Mirror(const planner::ModelSpec& spec) {
+    for (const auto& t : spec.tensors) shapes_[t.name] = t.shape;
+  }
+  const std::vector<uint16_t>& Get(const std::string& name) {
+    auto it = values_.find(name);
+    if (it != values_.end()) return it->second;
+    auto& v = values_[name];
+    const uint64_t total = Total(shapes_.at(name)), h = NameHash(name);
+    v.resize(total);
+    for (uint64_t i = 0; i < total; ++i) v[i] = BaseValue(h, i);
+    for (uint32_t u = 1; u <= version_; ++u) ApplyVersion(h, total, u, 0, total, v.data());
+    return v;
+  }
+  void Advance(uint32_t version) {
+    for (; version_ < version;) {
+      ++version_;
+      for (auto& [name, v] : values_) {
+        ApplyVersion(NameHash(name), v.size(), version_, 0, v.size(), v.data());
+      }
+    }
+  }
+  const std::vector<int64_t>& Shape(const std::string& name) const { return shapes_.at(name); }
+  bool Has(const std::string& name) const { return shapes_.count(name) > 0; }
+
+ private:
+  std::map<std::string, std::vector<int64_t>> shapes_;
+  std::map<std::string, std::vector<uint16_t>> values_;
+  uint32_t version_ = 0;
+};
+
+// The destination's expected BF16 values (rows x cols of its shard), gathered from the source
+// tensors it is fused from.
+std::vector<uint16_t> ExpectedBf16(const TensorEntry& e, Mirror& mirror, uint64_t* rows,
+                                   uint64_t* cols) {
+  std::vector<std::string> parts{e.name};
+  for (const auto& rule : config::DefaultFusionRules()) {
+    if (absl::EndsWith(e.name, rule.fused)) {
+      std::string prefix = e.name.substr(0, e.name.size() - rule.fused.size());
+      parts.clear();
+      for (const auto& p : rule.parts) parts.push_back(prefix + p);
+    }
+  }
+  std::vector<uint16_t> out;
+  if (e.shape.size() == 1) {
+    const auto& src = mirror.Get(parts[0]);
+    int64_t start = e.shard.empty() ? 0 : e.shard[0].start;
+    int64_t size = e.shard.empty() ? e.shape[0] : e.shard[0].size;
+    out.assign(src.begin() + start, src.begin() + start + size);
+    *rows = 1;
+    *cols = static_cast<uint64_t>(size);
+    return out;
+  }
+  const int64_t C = e.shape[1];
+  int64_t r0 = 0, nr = e.shape[0], c0 = 0, nc = C;
+  if (!e.shard.empty()) {
+    r0 = e.shard[0].start;
+    nr = e.shard[0].size;
+    c0 = e.shard[1].start;
+    nc = e.shard[1].size;
+  }
+  out.resize(static_cast<size_t>(nr * nc));
+  for (int64_t i = 0; i < nr; ++i) {
+    int64_t g = r0 + i, part_start = 0;
+    for (const auto& p : parts) {
+      int64_t prow = mirror.Shape(p)[0];
+      if (g < part_start + prow) {
+        const auto& src = mirror.Get(p);
+        std::memcpy(&out[static_cast<size_t>(i * nc)], &src[(g - part_start) * C + c0],
+                    static_cast<size_t>(nc) * 2);
+        break;
+      }
+      part_start += prow;
+    }
+  }
+  *rows = static_cast<uint64_t>(nr);
+  *cols = static_cast<uint64_t>(nc);
+  return out;
+}
+
+std::string FirstMismatch(const std::string& name, const uint8_t* want, const uint8_t* got,
+                          uint64_t bytes) {
+  for (uint64_t i = 0; i < bytes; ++i) {
+    if (want[i] != got[i]) {
+      char buf[128];
+      std::snprintf(buf, sizeof(buf), " at byte %llu: expected 0x%02x, found 0x%02x",
+                    static_cast<unsigned long long>(i), want[i], got[i]);
+      return name + buf;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+int RunInference(const DemoShape& shape, int rank, const std::string& socket) {
+  auto model = BuildDemoModel(shape);
+  if (!model.ok()) return 1;
+  auto entries = EntriesFor(*model, planner::Role::kInference, rank);
+  auto session =
+      client::LocalSession::Connect(socket, client::Identity{v1::ROLE_INFERENCE, rank, 0});
+  if (!session.ok()) {
+    std::fprintf(stderr, "inference %d: %s\n", rank,
+                 std::string(session.status().message()).c_str());
+    return 1;
+  }
+  auto reg = RegisterAll(*session, entries);
+  if (!reg.ok()) return 1;
+  uint64_t bytes = 0;
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto s =
+        session->Register(InfoOf(entries[i]), reg->buffer, reg->offsets[i], EntryBytes(entries[i]));
+    if (!s.ok()) {
+      std::fprintf(stderr, "inference %d: %s\n", rank, std::string(s.message()).c_str());
+      return 1;
+    }
+    index[entries[i].name] = i;
+    bytes += EntryBytes(entries[i]);
+  }
+  if (!session->Watch().ok()) return 1;
+  Mirror mirror(model->spec);
+  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
+  std::fflush(stdout);
+  const auto* base = static_cast<const uint8_t*>(reg->buffer.data());
+  while (!StdinClosed()) {
+    auto event = session->NextEvent(std::chrono::milliseconds(200));
+    if (!event.ok()) {
+      if (event.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
+      std::fprintf(stderr, "inference %d: %s\n", rank,
+                   std::string(event.status().message()).c_str());
+      return 1;
+    }
+    if (event->kind() == v1::Event::KIND_ABORT) {
+      std::printf("aborted %llu %s\n", static_cast<unsigned long long>(event->version()),
+                  event->reason().c_str());
+      std::fflush(stdout);
+      continue;
+    }
+    if (event->kind() != v1::Event::KIND_COMMIT) continue;
+    const uint32_t version = static_cast<uint32_t>(event->version());
+    mirror.Advance(version);
+    std::string mismatch;
+    uint64_t checked = 0;
+    for (size_t i = 0; i < entries.size() && mismatch.empty(); ++i) {
+      const auto& e = entries[i];
+      if (absl::EndsWith(e.name, "_scale_inv")) continue;  // checked with its weight
+      uint64_t rows = 0, cols = 0;
+      std::vector<uint16_t> want = ExpectedBf16(e, mirror, &rows, &cols);
+      const uint8_t* got = base + reg->offsets[i];
+      if (e.dtype == v1::DTYPE_BF16) {
+        mismatch = FirstMismatch(e.name, reinterpret_cast<const uint8_t*>(want.data()), got,
+                                 EntryBytes(e));
+        checked += EntryBytes(e);
+        continue;
+      }
+      transform::TransformDesc d;
+      d.kind = transform::Kind::kFp8Block;
+      d.src_dtype = transform::DType::kBF16;
+      d.dst_dtype = transform::DType::kF8E4M3;
+      d.rows = rows;
+      d.cols = cols;
+      std::vector<uint8_t> fp8(rows * cols);
+      std::vector<float> scales(transform::ScaleRows(d) * transform::ScaleCols(d));
+      if (auto s = transform::ApplyTransformCpu(d, want.data(), fp8.data(), scales.data());
+          !s.ok()) {
+        mismatch = std::string(s.message());
+        break;
+      }
+      mismatch = FirstMismatch(e.name, fp8.data(), got, fp8.size());
+      auto sit = index.find(e.name + "_scale_inv");
+      if (mismatch.empty() && sit != index.end()) {
+        const auto& se = entries[sit->second];
+        if (EntryBytes(se) != scales.size() * 4) {
+          mismatch = absl::StrCat(se.name, ": ", EntryBytes(se), " bytes registered, ",
+                                  scales.size() * 4, " expected");
+        } else {
+          mismatch = FirstMismatch(se.name, reinterpret_cast<const uint8_t*>(scales.data()),
+                                   base + reg->offsets[sit->second], scales.size() * 4);
+        }
+        checked += scales.size() * 4;
+      }
+      checked += fp8.size();
+    }
+    if (mismatch.empty()) {
+      std::printf("verified %u PASS %llu\n", version, static_cast<unsigned long long>(checked));
+    } else {
+      std::printf("verified %u FAIL %s\n", version, mismatch.c_str());
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace wb::demo

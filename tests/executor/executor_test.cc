@@ -1,0 +1,336 @@
+// The executor end to end inside one process, through the real local and tcp transports:
+// many operations (copies, casts, BF16 -> FP8), every destination byte checked, staging in
+// flight never above the watermark, and an injected transport failure naming its operation.
+#include "daemon/executor/executor.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+
+#include "config/config.h"
+#include "daemon/executor/op_preparer.h"
+#include "daemon/registry/region_registry.h"
+#include "daemon/service/peer_connector.h"
+#include "daemon/transform/transform.h"
+#include "daemon/transport/factory.h"
+
+namespace v1 = weightbeam::v1;
+using namespace wb;
+
+namespace {
+
+class HeapHold : public registry::MemoryHold {
+ public:
+  explicit HeapHold(size_t n) : bytes(n) {}
+  std::vector<uint8_t> bytes;
+};
+
+// Test memory: the handle's shm name picks a heap buffer the test can see.
+struct Memory {
+  std::map<std::string, std::shared_ptr<HeapHold>> buffers;
+  registry::MemoryOpener Opener() {
+    return [this](const v1::MemoryHandle& h) -> absl::StatusOr<registry::OpenedMemory> {
+      auto& b = buffers[h.host_shm().shm_name()];
+      if (!b) b = std::make_shared<HeapHold>(h.host_shm().length());
+      registry::OpenedMemory m;
+      m.ref = {b->bytes.data(), b->bytes.size(), transport::MemoryKind::kHost, -1};
+      m.location = "host";
+      m.hold = b;
+      return m;
+    };
+  }
+};
+
+v1::TensorRegistration Reg(const std::string& name, v1::DType dtype, int64_t rows, int64_t cols) {
+  v1::TensorRegistration r;
+  r.mutable_spec()->set_name(name);
+  r.mutable_spec()->set_dtype(dtype);
+  r.mutable_spec()->add_global_shape(rows);
+  r.mutable_spec()->add_global_shape(cols);
+  r.mutable_memory()->mutable_host_shm()->set_shm_name("/" + name);
+  r.mutable_memory()->mutable_host_shm()->set_length(static_cast<uint64_t>(rows * cols) *
+                                                     (dtype == v1::DTYPE_F32       ? 4
+                                                      : dtype == v1::DTYPE_F8_E4M3 ? 1
+                                                                                   : 2));
+  return r;
+}
+
+v1::Owner Owner(v1::Role role) {
+  v1::Owner o;
+  o.set_role(role);
+  return o;
+}
+
+// A peer that fails every batch: the injected transport fault.
+class FailingPeer : public transport::Peer {
+ public:
+  const std::string& name() const override { return name_; }
+  absl::Status AddRemoteRegion(const v1::RegionDescriptor&) override { return absl::OkStatus(); }
+  void RemoveRemoteRegion(uint64_t) override {}
+  void PostBatch(std::vector<transport::WriteOp>, transport::BatchDone done) override {
+    done(absl::UnavailableError("connection to agent far-node reset by peer (injected)"));
+  }
+
+ private:
+  std::string name_ = "far-node";
+};
+
+struct Fixture {
+  Memory memory;
+  std::vector<std::unique_ptr<transport::Transport>> owned;
+  std::map<std::string, transport::Transport*> by_name;
+  std::unique_ptr<registry::RegionRegistry> registry;
+  std::unique_ptr<executor::StagingPool> staging;
+  executor::OpPreparer preparer;
+  std::unique_ptr<executor::Executor> exec;
+
+  explicit Fixture(const std::string& transport_name, uint64_t watermark) {
+    config::AgentConfig cfg;
+    cfg.tcp.listen = "127.0.0.1:0";
+    for (const std::string name : {std::string("local"), transport_name}) {
+      if (by_name.count(name)) continue;
+      auto t = transport::MakeTransport(name, cfg);
+      REQUIRE(t.ok());
+      by_name[name] = t->get();
+      owned.push_back(std::move(*t));
+    }
+    std::vector<transport::Transport*> raw;
+    for (auto& t : owned) raw.push_back(t.get());
+    registry = std::make_unique<registry::RegionRegistry>(raw, memory.Opener());
+    staging = std::make_unique<executor::StagingPool>(watermark, raw);
+    exec = std::make_unique<executor::Executor>(registry.get(), staging.get(), &preparer,
+                                                executor::ExecutorOptions{});
+  }
+
+  v1::TensorLayout Register(const v1::TensorRegistration& r, v1::Role role) {
+    auto l = registry->Register(role == v1::ROLE_TRAINER ? 1 : 2, Owner(role), r);
+    REQUIRE(l.ok());
+    return *l;
+  }
+  std::vector<uint8_t>& Bytes(const std::string& name) { return memory.buffers["/" + name]->bytes; }
+};
+
+void FillRandom(std::vector<uint8_t>& b, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (size_t i = 0; i < b.size(); i += 2) {
+    // Finite BF16 values: random sign/mantissa, exponent kept moderate.
+    uint16_t v = static_cast<uint16_t>((rng() & 0x807f) | ((0x70 + rng() % 16) << 7));
+    std::memcpy(&b[i], &v, 2);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a plan of many operations lands every byte, under the staging watermark") {
+  const std::string transport_name = GENERATE(std::string("local"), std::string("tcp"));
+  INFO("transport " << transport_name);
+  // Above the largest single op (an FP8 block row: 64 KiB + scales), far below the total.
+  const uint64_t watermark = 96 * 1024;
+  Fixture f(transport_name, watermark);
+
+  // Sources (trainer) and destinations (inference) of 256 x 512 elements each.
+  const int64_t R = 256, C = 512;
+  auto src = f.Register(Reg("src", v1::DTYPE_BF16, R, C), v1::ROLE_TRAINER);
+  auto dst_copy = f.Register(Reg("dst_copy", v1::DTYPE_BF16, R, C), v1::ROLE_INFERENCE);
+  auto dst_cast = f.Register(Reg("dst_cast", v1::DTYPE_F32, R, C), v1::ROLE_INFERENCE);
+  auto dst_fp8 = f.Register(Reg("dst_fp8", v1::DTYPE_F8_E4M3, R, C), v1::ROLE_INFERENCE);
+  auto dst_scale =
+      f.Register(Reg("dst_fp8_scale", v1::DTYPE_F32, R / 128, C / 128), v1::ROLE_INFERENCE);
+  FillRandom(f.Bytes("src"), 7);
+
+  std::vector<v1::TransferOp> ops;
+  uint64_t id = 0;
+  // Copies: one op per 8 rows, and a strided op for the right half of every row.
+  for (int64_t r = 0; r < R; r += 8) {
+    v1::TransferOp op;
+    op.set_op_id(id++);
+    op.set_dst_agent("self");
+    op.set_src_tensor("src");
+    op.set_dst_tensor("dst_copy");
+    op.set_src_region(src.region().region_id());
+    op.set_dst_region(dst_copy.region().region_id());
+    op.set_src_offset(r * C * 2);
+    op.set_dst_offset(r * C * 2);
+    op.set_rows(8);
+    op.set_row_elems(C / 2);  // left half, strided
+    op.set_src_stride(C * 2);
+    op.set_dst_stride(C * 2);
+    op.set_src_dtype(v1::DTYPE_BF16);
+    op.set_dst_dtype(v1::DTYPE_BF16);
+    op.set_transform(v1::TRANSFORM_COPY);
+    op.set_phase(0);
+    ops.push_back(op);
+    op.set_op_id(id++);
+    op.set_src_offset(r * C * 2 + C);  // right half
+    op.set_dst_offset(r * C * 2 + C);
+    ops.push_back(op);
+  }
+  // Casts to f32, 16 rows per op, in phase 1.
+  for (int64_t r = 0; r < R; r += 16) {
+    v1::TransferOp op;
+    op.set_op_id(id++);
+    op.set_dst_agent("self");
+    op.set_src_tensor("src");
+    op.set_dst_tensor("dst_cast");
+    op.set_src_region(src.region().region_id());
+    op.set_dst_region(dst_cast.region().region_id());
+    op.set_src_offset(r * C * 2);
+    op.set_dst_offset(r * C * 4);
+    op.set_rows(16);
+    op.set_row_elems(C);
+    op.set_src_dtype(v1::DTYPE_BF16);
+    op.set_dst_dtype(v1::DTYPE_F32);
+    op.set_transform(v1::TRANSFORM_CAST);
+    op.set_phase(1);
+    ops.push_back(op);
+  }
+  // FP8: one op per 128-row block row, scales to the scale tensor.
+  for (int64_t r = 0; r < R; r += 128) {
+    v1::TransferOp op;
+    op.set_op_id(id++);
+    op.set_dst_agent("self");
+    op.set_src_tensor("src");
+    op.set_dst_tensor("dst_fp8");
+    op.set_src_region(src.region().region_id());
+    op.set_dst_region(dst_fp8.region().region_id());
+    op.set_scale_region(dst_scale.region().region_id());
+    op.set_src_offset(r * C * 2);
+    op.set_dst_offset(r * C);
+    op.set_scale_offset((r / 128) * (C / 128) * 4);
+    op.set_rows(128);
+    op.set_row_elems(C);
+    op.set_src_dtype(v1::DTYPE_BF16);
+    op.set_dst_dtype(v1::DTYPE_F8_E4M3);
+    op.set_transform(v1::TRANSFORM_FP8_BLOCK);
+    op.set_phase(1);
+    ops.push_back(op);
+  }
+
+  // Route to ourselves over the transport under test.
+  service::PeerConnector connector("self", {{transport_name, f.by_name[transport_name]}});
+  v1::PeerIntro peer;
+  peer.set_agent(transport_name == "local" ? "self" : "self-over-tcp");
+  for (const auto& nic : f.by_name[transport_name]->Nics()) *peer.add_nics() = nic;
+  for (const auto* l : {&dst_copy, &dst_cast, &dst_fp8, &dst_scale}) {
+    *peer.add_regions() = l->region();
+  }
+  if (transport_name != "local") {
+    for (auto& op : ops) op.set_dst_agent(peer.agent());
+    // A tcp "peer" that is this process: the handshake goes straight to our own Accept.
+    auto* t = f.by_name["tcp"];
+    auto p = t->Connect("self", peer.agent(),
+                        [t](const std::string& ours) { return t->Accept("self", ours); });
+    REQUIRE(p.ok());
+    executor::Route route;
+    route.peer = *p;
+    route.transport = t;
+    for (const auto& merged : peer.regions()) {
+      v1::RegionDescriptor own;
+      own.set_length(merged.length());
+      for (const auto& k : merged.keys()) {
+        if (k.transport() != "tcp") continue;
+        own.set_region_id(k.transport_region());
+        *own.add_keys() = k;
+      }
+      REQUIRE((*p)->AddRemoteRegion(own).ok());
+      route.remote_regions[merged.region_id()] = own.region_id();
+    }
+    f.exec->Load(ops, {{peer.agent(), route}});
+  } else {
+    auto routes = connector.Connect({peer});
+    REQUIRE(routes.ok());
+    f.exec->Load(ops, std::move(*routes));
+  }
+
+  uint64_t staging_needed = 0;
+  for (const auto& op : ops) staging_needed += f.preparer.StagingBytes(op);
+  REQUIRE(staging_needed > 4 * watermark);  // the watermark really has to hold them back
+
+  v1::AgentStepReport report = f.exec->Execute(1, std::chrono::seconds(30));
+  INFO(report.error());
+  REQUIRE(report.ok());
+  CHECK(report.ops() == ops.size());
+  // Staging is what the transforms needed; the pool never handed out more than the watermark.
+  CHECK(report.stages().peak_staging_bytes() > 0);
+  CHECK(report.stages().peak_staging_bytes() <= watermark);
+
+  // Every destination byte, checked against the transform library on the whole tensor.
+  CHECK(f.Bytes("dst_copy") == f.Bytes("src"));
+  transform::TransformDesc cast;
+  cast.kind = transform::Kind::kCast;
+  cast.src_dtype = transform::DType::kBF16;
+  cast.dst_dtype = transform::DType::kF32;
+  cast.rows = R;
+  cast.cols = C;
+  std::vector<uint8_t> want_cast(R * C * 4);
+  REQUIRE(transform::ApplyTransformCpu(cast, f.Bytes("src").data(), want_cast.data()).ok());
+  CHECK(f.Bytes("dst_cast") == want_cast);
+  transform::TransformDesc q;
+  q.kind = transform::Kind::kFp8Block;
+  q.src_dtype = transform::DType::kBF16;
+  q.dst_dtype = transform::DType::kF8E4M3;
+  q.rows = R;
+  q.cols = C;
+  std::vector<uint8_t> want_fp8(R * C);
+  std::vector<float> want_scales((R / 128) * (C / 128));
+  REQUIRE(
+      transform::ApplyTransformCpu(q, f.Bytes("src").data(), want_fp8.data(), want_scales.data())
+          .ok());
+  CHECK(f.Bytes("dst_fp8") == want_fp8);
+  CHECK(std::memcmp(f.Bytes("dst_fp8_scale").data(), want_scales.data(), want_scales.size() * 4) ==
+        0);
+}
+
+TEST_CASE("an operation larger than the watermark runs alone instead of deadlocking") {
+  Fixture f("local", 4096);
+  auto src = f.Register(Reg("big_src", v1::DTYPE_BF16, 64, 256), v1::ROLE_TRAINER);
+  auto dst = f.Register(Reg("big_dst", v1::DTYPE_F32, 64, 256), v1::ROLE_INFERENCE);
+  FillRandom(f.Bytes("big_src"), 3);
+  v1::TransferOp op;
+  op.set_dst_agent("self");
+  op.set_src_region(src.region().region_id());
+  op.set_dst_region(dst.region().region_id());
+  op.set_rows(64);
+  op.set_row_elems(256);
+  op.set_src_dtype(v1::DTYPE_BF16);
+  op.set_dst_dtype(v1::DTYPE_F32);
+  op.set_transform(v1::TRANSFORM_CAST);
+  service::PeerConnector connector("self", {{"local", f.by_name["local"]}});
+  v1::PeerIntro peer;
+  peer.set_agent("self");
+  *peer.add_regions() = dst.region();
+  auto routes = connector.Connect({peer});
+  REQUIRE(routes.ok());
+  f.exec->Load({op, op}, std::move(*routes));
+  auto report = f.exec->Execute(1, std::chrono::seconds(10));
+  INFO(report.error());
+  REQUIRE(report.ok());
+  CHECK(report.stages().peak_staging_bytes() == 64 * 256 * 4);  // one at a time
+}
+
+TEST_CASE("an injected transport failure aborts the step naming the operation") {
+  Fixture f("local", 1 << 20);
+  auto src = f.Register(Reg("w_src", v1::DTYPE_BF16, 8, 8), v1::ROLE_TRAINER);
+  v1::TransferOp op;
+  op.set_op_id(41);
+  op.set_dst_agent("far-node");
+  op.set_src_tensor("layers.3.mlp.down_proj.weight");
+  op.set_dst_tensor("layers.3.mlp.down_proj.weight");
+  op.set_src_region(src.region().region_id());
+  op.set_dst_region(99);
+  op.set_rows(8);
+  op.set_row_elems(8);
+  op.set_src_dtype(v1::DTYPE_BF16);
+  op.set_dst_dtype(v1::DTYPE_BF16);
+  op.set_transform(v1::TRANSFORM_COPY);
+  executor::Route route;
+  route.peer = std::make_shared<FailingPeer>();
+  route.transport = f.by_name["local"];
+  route.remote_regions[99] = 1;
+  f.exec->Load({op}, {{"far-node", route}});
+  auto report = f.exec->Execute(5, std::chrono::seconds(10));
+  CHECK_FALSE(report.ok());
+  CHECK_THAT(report.error(), Catch::Contains("op 41 (layers.3.mlp.down_proj.weight -> "
+                                             "far-node:layers.3.mlp.down_proj.weight)") &&
+                                 Catch::Contains("reset by peer (injected)"));
+}
