@@ -73,7 +73,7 @@ struct AgentBuilder {
       a.name = buf;
       for (int k = 0; k < nics; ++k) a.nics.push_back(Nic{absl::StrCat("mlx5_", k), gbps});
       agents->push_back(std::move(a));
-      next_region.push_back(1);
+      next_region.resize(agents->size(), 1);
     }
     return (*agents)[it->second];
   }

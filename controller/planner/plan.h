@@ -36,18 +36,22 @@ struct PlannedOp {
   // FP8_BLOCK only: the covered blocks' float32 scales go to `scale_tensor` of the receiver at
   // `scale_offset`, one row of scales every `scale_stride` bytes.
   uint64_t scale_offset = 0;
-  uint64_t scale_stride = 0;
+  uint32_t scale_stride = 0;
   int32_t src_agent = -1;
   int32_t src_tensor = -1;
   int32_t dst_agent = -1;
   int32_t dst_tensor = -1;
   int32_t scale_tensor = -1;
-  int32_t phase = 0;
+  int16_t phase = 0;
   int16_t rail = 0;  // index into the sender's NICs
-  DType src_dtype = weightbeam::v1::DTYPE_UNSPECIFIED;
-  DType dst_dtype = weightbeam::v1::DTYPE_UNSPECIFIED;
-  Transform transform = weightbeam::v1::TRANSFORM_UNSPECIFIED;
+  // DType / Transform values, narrowed so that an op stays at 88 bytes.
+  uint8_t src_dtype = 0;
+  uint8_t dst_dtype = 0;
+  uint8_t transform = 0;
 
+  DType SrcDType() const { return static_cast<DType>(src_dtype); }
+  DType DstDType() const { return static_cast<DType>(dst_dtype); }
+  Transform GetTransform() const { return static_cast<Transform>(transform); }
   // Bytes landing at the destination: data plus, for FP8, the block scales.
   uint64_t DstBytes() const;
 };
@@ -67,7 +71,8 @@ struct PlanStats {
 };
 
 struct Plan {
-  // Per input agent, its ops in execution order (phase by phase); empty for non-senders.
+  // Per input agent, the ops it sends in execution order (phase by phase, each phase ending
+  // with a barrier); empty for agents that send nothing.
   std::vector<std::vector<PlannedOp>> ops;
   std::vector<int32_t> agent_order;  // input agent indices sorted by name
   int32_t phases = 1;

@@ -18,7 +18,7 @@
 namespace wb::planner {
 
 uint64_t PlannedOp::DstBytes() const {
-  uint64_t bytes = rows * row_elems * static_cast<uint64_t>(DTypeBytes(dst_dtype));
+  uint64_t bytes = rows * row_elems * static_cast<uint64_t>(DTypeBytes(DstDType()));
   if (transform == weightbeam::v1::TRANSFORM_FP8_BLOCK) {
     bytes += ((rows + kFp8Block - 1) / kFp8Block) * ((row_elems + kFp8Block - 1) / kFp8Block) * 4;
   }
@@ -63,8 +63,9 @@ struct NameInfo {
   int32_t phase = 0;
 };
 
+// An op whose source range several holders (replicas) have; chosen when balancing.
 struct PendingChoice {
-  uint64_t op;
+  PlannedOp op;
   int32_t slice;
 };
 
@@ -133,11 +134,10 @@ class Planner {
     ResolveRecipes();
     Generate();
     if (!problems_.empty()) return problems_.ToStatus();
+    BuildDevices();
     ChooseSources();
-    AssignRails();
     OrderOps();
-    ComputeStats();
-    ComputeHash();
+    Finish();
     return std::move(plan_);
   }
 
@@ -613,6 +613,7 @@ class Planner {
   }
 
   void Generate() {
+    plan_.ops.resize(agents_.size());
     std::vector<Run> runs;
     for (int32_t n : dst_names_) {
       NameInfo& info = infos_[n];
@@ -675,13 +676,13 @@ class Planner {
               op.row_elems = r.row_elems;
               op.dst_agent = dref.agent;
               op.dst_tensor = dref.tensor;
-              op.phase = info.phase;
-              op.src_dtype = src_dtype;
-              op.dst_dtype = dst_dtype;
-              op.transform = info.transform;
+              op.phase = static_cast<int16_t>(info.phase);
+              op.src_dtype = static_cast<uint8_t>(src_dtype);
+              op.dst_dtype = static_cast<uint8_t>(dst_dtype);
+              op.transform = static_cast<uint8_t>(info.transform);
               if (fp8) {
                 op.scale_tensor = scale_tensor;
-                op.scale_stride = sbox.size[1] * 4;
+                op.scale_stride = static_cast<uint32_t>(sbox.size[1] * 4);
                 op.scale_offset = ((b.start[0] / kFp8Block - sbox.start[0]) * sbox.size[1] +
                                    (b.start[1] / kFp8Block - sbox.start[1])) *
                                   4;
@@ -689,11 +690,10 @@ class Planner {
               if (it->holder_count == 1) {
                 op.src_agent = holder.agent;
                 op.src_tensor = holder.tensor;
+                plan_.ops[holder.agent].push_back(op);
               } else {
-                pending_.push_back(
-                    PendingChoice{ops_.size(), static_cast<int32_t>(it - slices_.data())});
+                pending_.push_back(PendingChoice{op, static_cast<int32_t>(it - slices_.data())});
               }
-              ops_.push_back(op);
             }
           }
           if (info.fp8_error_reported) break;
@@ -703,17 +703,46 @@ class Planner {
     }
   }
 
-  // Devices: one per (agent, GPU) plus one per agent for host memory.
+  // Devices: one per (agent, GPU) plus one per agent for host memory. Per tensor: its device
+  // and a hash of its identity, in dense arrays so the passes over ops stay cache friendly.
   void BuildDevices() {
     dev_base_.assign(agents_.size() + 1, 0);
+    tensor_dev_.resize(agents_.size());
     for (size_t a = 0; a < agents_.size(); ++a) {
       int32_t max_gpu = -1;
       for (const TensorEntry& t : agents_[a].tensors) max_gpu = std::max(max_gpu, t.gpu);
       dev_base_[a + 1] = dev_base_[a] + max_gpu + 2;
+      tensor_dev_[a].resize(agents_[a].tensors.size());
+      for (size_t t = 0; t < agents_[a].tensors.size(); ++t) {
+        tensor_dev_[a][t] = dev_base_[a] + agents_[a].tensors[t].gpu + 1;
+      }
     }
-  }
-  int32_t Device(int32_t agent, int32_t tensor) const {
-    return dev_base_[agent] + agents_[agent].tensors[tensor].gpu + 1;
+    // Rails of a device: its GPU's own NIC(s) by position among the agent's GPUs (GPU i of G
+    // uses rails i, i+G, ...; with fewer NICs than GPUs, rail i mod N); host memory any rail.
+    dev_rail_first_.assign(dev_base_.back(), 0);
+    dev_rail_step_.assign(dev_base_.back(), 1);
+    dev_rail_count_.assign(dev_base_.back(), 1);
+    rail_base_.assign(agents_.size() + 1, 0);
+    for (size_t a = 0; a < agents_.size(); ++a) {
+      const int nics = std::max<int>(1, agents_[a].nics.size());
+      rail_base_[a + 1] = rail_base_[a] + nics;
+      std::vector<int32_t> gpus;
+      for (const TensorEntry& t : agents_[a].tensors) {
+        if (t.gpu >= 0) gpus.push_back(t.gpu);
+      }
+      std::sort(gpus.begin(), gpus.end());
+      gpus.erase(std::unique(gpus.begin(), gpus.end()), gpus.end());
+      const int g = static_cast<int>(gpus.size());
+      dev_rail_count_[dev_base_[a]] = nics;  // host memory
+      for (int pos = 0; pos < g; ++pos) {
+        const int32_t d = dev_base_[a] + gpus[pos] + 1;
+        if (nics >= g) {
+          dev_rail_first_[d] = pos, dev_rail_step_[d] = g, dev_rail_count_[d] = (nics - pos + g - 1) / g;
+        } else {
+          dev_rail_first_[d] = pos % nics;
+        }
+      }
+    }
   }
 
   double RailGbps(int32_t agent, int rail) const {
@@ -730,84 +759,32 @@ class Planner {
 
   // Greedy, largest first: each multi-holder op goes to its least loaded source device.
   void ChooseSources() {
-    BuildDevices();
-    device_load_.assign(dev_base_.back(), 0.0);
-    for (const PlannedOp& op : ops_) {
-      if (op.src_agent >= 0) device_load_[Device(op.src_agent, op.src_tensor)] += OpCost(op);
+    if (pending_.empty()) return;
+    std::vector<double> load(dev_base_.back(), 0.0);
+    for (const auto& ops : plan_.ops) {
+      for (const PlannedOp& op : ops) load[tensor_dev_[op.src_agent][op.src_tensor]] += OpCost(op);
     }
     std::stable_sort(pending_.begin(), pending_.end(),
                      [&](const PendingChoice& a, const PendingChoice& b) {
-                       return ops_[a.op].DstBytes() > ops_[b.op].DstBytes();
+                       return a.op.DstBytes() > b.op.DstBytes();
                      });
-    for (const PendingChoice& p : pending_) {
-      PlannedOp& op = ops_[p.op];
+    for (PendingChoice& p : pending_) {
+      PlannedOp& op = p.op;
       const Slice& s = slices_[p.slice];
       EntryRef best = holders_[s.holder_begin];
-      double best_load = device_load_[Device(best.agent, best.tensor)];
+      double best_load = load[tensor_dev_[best.agent][best.tensor]];
       for (int32_t h = 1; h < s.holder_count; ++h) {
         EntryRef c = holders_[s.holder_begin + h];
-        double load = device_load_[Device(c.agent, c.tensor)];
-        if (load < best_load) best = c, best_load = load;
+        double l = load[tensor_dev_[c.agent][c.tensor]];
+        if (l < best_load) best = c, best_load = l;
       }
       op.src_agent = best.agent;
       op.src_tensor = best.tensor;
-      device_load_[Device(best.agent, best.tensor)] += OpCost(op);
+      load[tensor_dev_[best.agent][best.tensor]] += OpCost(op);
+      plan_.ops[best.agent].push_back(op);
     }
     pending_.clear();
     pending_.shrink_to_fit();
-  }
-
-  // The rails a device may use: its GPU's own NIC(s) by position among the agent's GPUs; host
-  // memory may use any.
-  void RailsFor(int32_t agent, int32_t gpu, int* first, int* step, int* count) const {
-    const int nics = std::max<int>(1, agents_[agent].nics.size());
-    const auto& gpus = agent_gpus_[agent];
-    if (gpu < 0 || gpus.empty()) {
-      *first = 0, *step = 1, *count = nics;
-      return;
-    }
-    const int g = static_cast<int>(gpus.size());
-    const int pos = static_cast<int>(std::lower_bound(gpus.begin(), gpus.end(), gpu) - gpus.begin());
-    if (nics >= g) {
-      *first = pos, *step = g, *count = (nics - pos + g - 1) / g;
-    } else {
-      *first = pos % nics, *step = 1, *count = 1;
-    }
-  }
-
-  void AssignRails() {
-    agent_gpus_.resize(agents_.size());
-    rail_base_.assign(agents_.size() + 1, 0);
-    for (size_t a = 0; a < agents_.size(); ++a) {
-      std::vector<int32_t>& g = agent_gpus_[a];
-      for (const TensorEntry& t : agents_[a].tensors) {
-        if (t.gpu >= 0) g.push_back(t.gpu);
-      }
-      std::sort(g.begin(), g.end());
-      g.erase(std::unique(g.begin(), g.end()), g.end());
-      rail_base_[a + 1] = rail_base_[a] + std::max<int>(1, agents_[a].nics.size());
-    }
-    send_rail_load_.assign(rail_base_.back(), 0.0);
-    send_rail_ops_.assign(rail_base_.back(), 0);
-    recv_rail_load_.assign(rail_base_.back(), 0.0);
-    for (PlannedOp& op : ops_) {
-      int first, step, count;
-      RailsFor(op.src_agent, agents_[op.src_agent].tensors[op.src_tensor].gpu, &first, &step, &count);
-      int best = first;
-      for (int k = 1; k < count; ++k) {
-        int r = first + k * step;
-        if (send_rail_load_[rail_base_[op.src_agent] + r] <
-            send_rail_load_[rail_base_[op.src_agent] + best]) {
-          best = r;
-        }
-      }
-      op.rail = static_cast<int16_t>(best);
-      send_rail_load_[rail_base_[op.src_agent] + best] += op.DstBytes();
-      send_rail_ops_[rail_base_[op.src_agent] + best] += 1;
-      RailsFor(op.dst_agent, agents_[op.dst_agent].tensors[op.dst_tensor].gpu, &first, &step, &count);
-      double share = static_cast<double>(op.DstBytes()) / count;
-      for (int k = 0; k < count; ++k) recv_rail_load_[rail_base_[op.dst_agent] + first + k * step] += share;
-    }
   }
 
   // Per sender, stable by (phase, destination agent rotated by the sender's position) so that
@@ -815,14 +792,10 @@ class Planner {
   void OrderOps() {
     const int32_t na = static_cast<int32_t>(agents_.size());
     int32_t phases = 1;
-    for (const PlannedOp& op : ops_) phases = std::max(phases, op.phase + 1);
+    for (const auto& ops : plan_.ops) {
+      for (const PlannedOp& op : ops) phases = std::max<int32_t>(phases, op.phase + 1);
+    }
     plan_.phases = phases;
-    std::vector<uint64_t> count(agents_.size(), 0);
-    for (const PlannedOp& op : ops_) ++count[op.src_agent];
-    plan_.ops.resize(agents_.size());
-    for (size_t a = 0; a < agents_.size(); ++a) plan_.ops[a].reserve(count[a]);
-    for (const PlannedOp& op : ops_) plan_.ops[op.src_agent].push_back(op);
-    std::vector<PlannedOp>().swap(ops_);
     std::vector<uint64_t> key_count;
     std::vector<PlannedOp> sorted;
     for (int32_t a = 0; a < na; ++a) {
@@ -838,6 +811,7 @@ class Planner {
       sorted.resize(ops.size());
       for (const PlannedOp& op : ops) sorted[key_count[key(op)]++] = op;
       ops.swap(sorted);
+      std::vector<PlannedOp>().swap(sorted);  // drop the unsorted copy and its spare capacity
     }
   }
 
@@ -848,7 +822,10 @@ class Planner {
     return sum > 0 ? mx / (sum / v.size()) : 0;
   }
 
-  void ComputeStats() {
+  // One pass over the ordered ops: rails (least loaded of the source device's rails, in
+  // execution order), statistics, and the hash (over names, owners, regions and op fields,
+  // never over input positions).
+  void Finish() {
     PlanStats& s = plan_.stats;
     const size_t na = agents_.size();
     s.send_bytes.assign(na, 0);
@@ -857,32 +834,85 @@ class Planner {
     s.recv_ops.assign(na, 0);
     s.is_sender.assign(na, false);
     s.is_receiver.assign(na, false);
-    std::vector<uint64_t> dev_send(dev_base_.back(), 0), dev_recv(dev_base_.back(), 0);
-    std::vector<char> dev_src(dev_base_.back(), 0), dev_dst(dev_base_.back(), 0);
+    const size_t nd = dev_base_.back();
+    std::vector<uint64_t> dev_send(nd, 0), dev_recv(nd, 0);
+    std::vector<char> dev_src(nd, 0), dev_dst(nd, 0);
+    std::vector<double> send_rail(rail_base_.back(), 0), recv_rail(rail_base_.back(), 0);
+    std::vector<uint64_t> send_rail_ops(rail_base_.back(), 0);
+
+    std::vector<uint64_t> name_hash(names_.size());
+    for (size_t n = 0; n < names_.size(); ++n) name_hash[n] = HashString(names_[n]);
+    std::vector<uint64_t> agent_hash(na);
+    std::vector<std::vector<uint64_t>> tensor_hash(na);
     for (size_t a = 0; a < na; ++a) {
+      agent_hash[a] = HashString(agents_[a].name);
+      tensor_hash[a].resize(agents_[a].tensors.size());
       for (size_t t = 0; t < agents_[a].tensors.size(); ++t) {
-        bool src = agents_[a].tensors[t].owner.role == Role::kTrainer;
+        const TensorEntry& e = agents_[a].tensors[t];
+        bool src = e.owner.role == Role::kTrainer;
         (src ? s.is_sender : s.is_receiver)[a] = true;
-        (src ? dev_src : dev_dst)[Device(a, t)] = 1;
+        (src ? dev_src : dev_dst)[tensor_dev_[a][t]] = 1;
+        int32_t name = tensor_name_[a][t];
+        uint64_t h = Mix(name < 0 ? 0 : name_hash[name], e.region);
+        tensor_hash[a][t] = Mix(Mix(h, e.owner.replica), e.owner.rank);
       }
-      for (const PlannedOp& op : plan_.ops[a]) {
-        uint64_t b = op.DstBytes();
+    }
+    uint64_t h = Mix(0, plan_.phases);
+    for (int32_t a : plan_.agent_order) {
+      h = Mix(Mix(h, agent_hash[a]), plan_.ops[a].size());
+      const int32_t rb = rail_base_[a];
+      for (PlannedOp& op : plan_.ops[a]) {
+        const uint64_t b = op.DstBytes();
+        const int32_t sd = tensor_dev_[a][op.src_tensor];
+        int best = dev_rail_first_[sd];
+        for (int k = 1; k < dev_rail_count_[sd]; ++k) {
+          int r = dev_rail_first_[sd] + k * dev_rail_step_[sd];
+          if (send_rail[rb + r] < send_rail[rb + best]) best = r;
+        }
+        op.rail = static_cast<int16_t>(best);
+        send_rail[rb + best] += b;
+        send_rail_ops[rb + best] += 1;
+        const int32_t dd = tensor_dev_[op.dst_agent][op.dst_tensor];
+        const double share = static_cast<double>(b) / dev_rail_count_[dd];
+        for (int k = 0; k < dev_rail_count_[dd]; ++k) {
+          recv_rail[rail_base_[op.dst_agent] + dev_rail_first_[dd] + k * dev_rail_step_[dd]] += share;
+        }
         s.send_bytes[a] += b;
         s.send_ops[a] += 1;
         s.recv_bytes[op.dst_agent] += b;
         s.recv_ops[op.dst_agent] += 1;
-        dev_send[Device(a, op.src_tensor)] += b;
-        dev_recv[Device(op.dst_agent, op.dst_tensor)] += b;
+        dev_send[sd] += b;
+        dev_recv[dd] += b;
         s.total_bytes += b;
         s.total_ops += 1;
+
+        h = Mix(h, tensor_hash[a][op.src_tensor]);
+        h = Mix(h, agent_hash[op.dst_agent]);
+        h = Mix(h, tensor_hash[op.dst_agent][op.dst_tensor]);
+        if (op.scale_tensor >= 0) h = Mix(h, tensor_hash[op.dst_agent][op.scale_tensor]);
+        h = Mix(h, op.src_offset);
+        h = Mix(h, op.src_stride);
+        h = Mix(h, op.dst_offset);
+        h = Mix(h, op.dst_stride);
+        h = Mix(h, op.rows);
+        h = Mix(h, op.row_elems);
+        h = Mix(h, op.scale_offset);
+        h = Mix(h, (uint64_t{op.scale_stride} << 32) ^ (uint64_t{op.src_dtype} << 24) ^
+                       (uint64_t{op.dst_dtype} << 16) ^ (uint64_t{op.transform} << 8));
+        h = Mix(h, (uint64_t(uint16_t(op.rail)) << 16) | uint64_t(uint16_t(op.phase)));
       }
     }
+    plan_.hash = h;
+    char buf[17];
+    std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+    plan_.hash_hex = buf;
+
     std::vector<uint64_t> senders, receivers;
     for (size_t a = 0; a < na; ++a) {
       if (s.is_sender[a]) senders.push_back(s.send_bytes[a]);
       if (s.is_receiver[a]) receivers.push_back(s.recv_bytes[a]);
     }
-    for (size_t d = 0; d < dev_send.size(); ++d) {
+    for (size_t d = 0; d < nd; ++d) {
       if (dev_src[d]) s.sender_device_bytes.push_back(dev_send[d]);
       if (dev_dst[d]) s.receiver_device_bytes.push_back(dev_recv[d]);
     }
@@ -892,48 +922,13 @@ class Planner {
     double step = 0;
     for (size_t a = 0; a < na; ++a) {
       for (int r = 0; r < rail_base_[a + 1] - rail_base_[a]; ++r) {
-        double gbps = RailGbps(a, r) * 1e9;
-        double send = send_rail_load_[rail_base_[a] + r] / gbps +
-                      send_rail_ops_[rail_base_[a] + r] * options_.cost.op_overhead_us * 1e-6;
-        double recv = recv_rail_load_[rail_base_[a] + r] / gbps;
-        step = std::max({step, send, recv});
+        const double gbps = RailGbps(a, r) * 1e9;
+        const double send = send_rail[rail_base_[a] + r] / gbps +
+                            send_rail_ops[rail_base_[a] + r] * options_.cost.op_overhead_us * 1e-6;
+        step = std::max({step, send, recv_rail[rail_base_[a] + r] / gbps});
       }
     }
     s.predicted_step_seconds = step;
-  }
-
-  // Over names, owners, regions and op fields, never over input positions.
-  void ComputeHash() {
-    std::vector<uint64_t> name_hash(names_.size());
-    for (size_t n = 0; n < names_.size(); ++n) name_hash[n] = HashString(names_[n]);
-    auto tensor_hash = [&](int32_t a, int32_t t) {
-      const TensorEntry& e = agents_[a].tensors[t];
-      uint64_t h = Mix(name_hash[tensor_name_[a][t]], e.region);
-      return Mix(Mix(h, e.owner.replica), e.owner.rank);
-    };
-    std::vector<uint64_t> agent_hash(agents_.size());
-    for (size_t a = 0; a < agents_.size(); ++a) agent_hash[a] = HashString(agents_[a].name);
-    uint64_t h = Mix(0, plan_.phases);
-    for (int32_t a : plan_.agent_order) {
-      h = Mix(Mix(h, agent_hash[a]), plan_.ops[a].size());
-      for (const PlannedOp& op : plan_.ops[a]) {
-        h = Mix(h, tensor_hash(a, op.src_tensor));
-        h = Mix(h, agent_hash[op.dst_agent]);
-        h = Mix(h, tensor_hash(op.dst_agent, op.dst_tensor));
-        if (op.scale_tensor >= 0) h = Mix(h, tensor_hash(op.dst_agent, op.scale_tensor));
-        for (uint64_t v : {op.src_offset, op.src_stride, op.dst_offset, op.dst_stride, op.rows,
-                           op.row_elems, op.scale_offset, op.scale_stride}) {
-          h = Mix(h, v);
-        }
-        h = Mix(h, (uint64_t(op.src_dtype) << 48) | (uint64_t(op.dst_dtype) << 40) |
-                       (uint64_t(op.transform) << 32) | (uint64_t(uint16_t(op.rail)) << 16) |
-                       uint64_t(uint16_t(op.phase)));
-      }
-    }
-    plan_.hash = h;
-    char buf[17];
-    std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
-    plan_.hash_hex = buf;
   }
 
   const std::vector<AgentLayout>& agents_;
@@ -949,15 +944,11 @@ class Planner {
   std::vector<EntryRef> holders_;
   std::unordered_map<std::string, int32_t> canonical_;
   std::vector<int32_t> dst_names_;
-  std::vector<PlannedOp> ops_;
   std::vector<PendingChoice> pending_;
   std::vector<int32_t> dev_base_;
-  std::vector<double> device_load_;
-  std::vector<std::vector<int32_t>> agent_gpus_;
+  std::vector<std::vector<int32_t>> tensor_dev_;
+  std::vector<int32_t> dev_rail_first_, dev_rail_step_, dev_rail_count_;
   std::vector<int32_t> rail_base_;
-  std::vector<double> send_rail_load_;
-  std::vector<uint64_t> send_rail_ops_;
-  std::vector<double> recv_rail_load_;
 };
 
 }  // namespace
