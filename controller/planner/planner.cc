@@ -612,8 +612,38 @@ class Planner {
     return true;
   }
 
-  void Generate() {
+  // Reserves each sender's op vector from a count of dim-0 overlaps (exact for the usual
+  // 1-D/2-D cases), so that generation does not reallocate gigabytes at Kimi-K2 scale.
+  void ReserveOps() {
+    std::vector<uint64_t> count(agents_.size(), 0);
+    for (int32_t n : dst_names_) {
+      const NameInfo& info = infos_[n];
+      if (info.bad || info.derived_scale || info.parts.empty()) continue;
+      for (const EntryRef& dref : info.dst) {
+        const TensorEntry& d = E(dref);
+        const int64_t d0 = d.shard.empty() ? 0 : d.shard[0].start;
+        const int64_t d1 = d.shard.empty() ? d.shape[0] : d0 + d.shard[0].size;
+        for (const Part& part : info.parts) {
+          const NameInfo& src = infos_[part.src_name];
+          const int64_t off0 = info.fusion_dim == 0 ? part.offset : 0;
+          const Slice* first = slices_.data() + src.slice_begin;
+          const Slice* last = first + src.slice_count;
+          const Slice* it = std::upper_bound(first, last, d0 - off0 - src.max_len0,
+                                             [](int64_t v, const Slice& s) { return v < s.start0; });
+          for (; it != last && it->start0 + off0 < d1; ++it) {
+            if (it->start0 + off0 + it->size0 > d0 && it->holder_count == 1) {
+              ++count[holders_[it->holder_begin].agent];
+            }
+          }
+        }
+      }
+    }
     plan_.ops.resize(agents_.size());
+    for (size_t a = 0; a < agents_.size(); ++a) plan_.ops[a].reserve(count[a]);
+  }
+
+  void Generate() {
+    ReserveOps();
     std::vector<Run> runs;
     for (int32_t n : dst_names_) {
       NameInfo& info = infos_[n];
