@@ -1,0 +1,132 @@
+// Planner benchmark: generates a model's trainer and inference layouts, plans the transfer
+// and prints one JSON line (time, peak memory, ops, bytes per sender/receiver, prediction).
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "controller/planner/models.h"
+#include "controller/planner/plan.h"
+
+namespace {
+
+double CpuSeconds() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+double PeakRssMb() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024.0;  // KiB on Linux
+}
+
+void MinMeanMax(const std::vector<uint64_t>& v, const char* prefix, nlohmann::json* out) {
+  double mn = v.empty() ? 0 : *std::min_element(v.begin(), v.end());
+  double mx = v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+  double sum = 0;
+  for (uint64_t x : v) sum += x;
+  (*out)[std::string(prefix) + "_min"] = mn;
+  (*out)[std::string(prefix) + "_mean"] = v.empty() ? 0 : sum / v.size();
+  (*out)[std::string(prefix) + "_max"] = mx;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"weightbeam planner benchmark"};
+  std::string model_name = "kimi-k2";
+  wb::planner::TrainerOptions tr;
+  wb::planner::InferenceOptions inf;
+  wb::planner::PlanOptions opt;
+  tr.ranks = 256;
+  inf.gpus = 128;
+  inf.tp = 16;
+  inf.ep = 16;
+  bool bf16 = false;
+  app.add_option("--model", model_name, "qwen3-0.6b | qwen3-235b | kimi-k2");
+  app.add_option("--trainers", tr.ranks, "training GPUs");
+  app.add_option("--trainer-replicas", tr.replicas, "data-parallel trainer replicas (HSDP)");
+  app.add_option("--trainer-ep", tr.ep, "expert-parallel groups per trainer replica");
+  app.add_option("--inference-gpus", inf.gpus, "inference GPUs");
+  app.add_option("--tp", inf.tp, "tensor-parallel ranks per inference replica");
+  app.add_option("--ep", inf.ep, "expert-parallel groups per inference replica (divides tp)");
+  app.add_flag("--bf16", bf16, "inference in BF16 instead of FP8");
+  app.add_option("--gpus-per-node", tr.gpus_per_agent, "GPUs per agent (both sides)");
+  app.add_option("--nics-per-node", tr.nics_per_agent, "NIC rails per agent (both sides)");
+  app.add_option("--nic-gbps", opt.cost.nic_gbps, "GB/s per NIC rail");
+  app.add_option("--op-overhead-us", opt.cost.op_overhead_us, "fixed cost per op");
+  app.add_option("--layers-per-phase", opt.layers_per_phase, "layers per barrier phase");
+  CLI11_PARSE(app, argc, argv);
+  inf.fp8 = !bf16;
+  inf.gpus_per_agent = tr.gpus_per_agent;
+  inf.nics_per_agent = tr.nics_per_agent;
+  tr.nic_gbps = inf.nic_gbps = opt.cost.nic_gbps;
+  opt.fusions = wb::config::DefaultFusionRules();
+
+  auto model = wb::planner::ModelByName(model_name);
+  if (!model.ok()) {
+    std::cerr << model.status() << "\n";
+    return 2;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  auto layouts = wb::planner::BuildLayouts(*model, tr, inf);
+  if (!layouts.ok()) {
+    std::cerr << layouts.status() << "\n";
+    return 2;
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  const double cpu1 = CpuSeconds();
+  auto plan = wb::planner::BuildPlan(*layouts, opt);
+  const double cpu2 = CpuSeconds();
+  auto t2 = std::chrono::steady_clock::now();
+  if (!plan.ok()) {
+    std::cerr << plan.status().message().substr(0, 4000) << "\n";
+    return 1;
+  }
+  const wb::planner::PlanStats& s = plan->stats;
+  std::vector<uint64_t> senders, receivers;
+  uint64_t tensors = 0;
+  for (size_t a = 0; a < layouts->size(); ++a) {
+    tensors += (*layouts)[a].tensors.size();
+    if (s.is_sender[a]) senders.push_back(s.send_bytes[a]);
+    if (s.is_receiver[a]) receivers.push_back(s.recv_bytes[a]);
+  }
+  nlohmann::json j;
+  j["model"] = model_name;
+  j["params"] = model->Params();
+  j["trainers"] = tr.ranks;
+  j["trainer_replicas"] = tr.replicas;
+  j["trainer_ep"] = tr.ep;
+  j["inference_gpus"] = inf.gpus;
+  j["tp"] = inf.tp;
+  j["ep"] = inf.ep;
+  j["fp8"] = inf.fp8;
+  j["tensor_entries"] = tensors;
+  j["layout_seconds"] = std::chrono::duration<double>(t1 - t0).count();
+  j["plan_seconds"] = std::chrono::duration<double>(t2 - t1).count();
+  j["plan_cpu_seconds"] = cpu2 - cpu1;  // robust when other jobs share the cores
+  j["peak_rss_mb"] = PeakRssMb();
+  j["ops"] = s.total_ops;
+  j["total_bytes"] = s.total_bytes;
+  j["phases"] = plan->phases;
+  // Per sending / receiving GPU (the unit of the published figures).
+  MinMeanMax(s.sender_device_bytes, "sender_bytes", &j);
+  MinMeanMax(s.receiver_device_bytes, "receiver_bytes", &j);
+  j["sender_imbalance"] = s.sender_device_imbalance;
+  // Per agent (node).
+  MinMeanMax(senders, "agent_sender_bytes", &j);
+  MinMeanMax(receivers, "agent_receiver_bytes", &j);
+  j["agent_sender_imbalance"] = s.sender_imbalance;
+  j["agent_receiver_imbalance"] = s.receiver_imbalance;
+  j["nic_gbps"] = opt.cost.nic_gbps;
+  j["predicted_step_seconds"] = s.predicted_step_seconds;
+  j["plan_hash"] = plan->hash_hex;
+  std::cout << j.dump() << std::endl;
+  return 0;
+}
