@@ -87,6 +87,8 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
     return absl::DeadlineExceededError(absl::StrCat("the world is incomplete after waiting ",
                                                     wait.count(), " ms; missing: ", missing));
   }
+  // Layouts are pushed by heartbeats; pull them now so the plan sees every registration.
+  if (auto s = RefreshLayouts(); !s.ok()) return s;
   const uint64_t layout_version = membership_.layout_version();
   std::vector<AgentRecord> agents;
   for (auto& a : membership_.Snapshot()) {
@@ -137,6 +139,26 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
                plan_.summary.total_bytes(), senders_.size(), receivers_.size(),
                plan_.summary.predicted_step_seconds());
   return plan_.summary;
+}
+
+absl::Status ControllerCore::RefreshLayouts() {
+  std::vector<CallTarget<v1::DescribeRequest>> targets;
+  for (const auto& a : membership_.Snapshot()) {
+    if (!a.lost) targets.push_back({a.info.name(), a.info.control_endpoint(), {}});
+  }
+  auto results = CallAll<v1::DescribeRequest, v1::DescribeResponse>(
+      &channels_, targets, std::chrono::milliseconds(10000),
+      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Describe(c, q, r, d); });
+  for (auto& r : results) {
+    if (!r.status.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "agent ", r.agent, " did not describe its layout: ", r.status.error_message()));
+    }
+    v1::AgentLayout layout = r.response.layout();
+    layout.set_agent(r.agent);
+    membership_.ReportLayout(layout);
+  }
+  return absl::OkStatus();
 }
 
 void ControllerCore::AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,

@@ -50,6 +50,8 @@ class ControllerCore {
                                                          std::chrono::milliseconds wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
   std::string Endpoint(const std::string& agent) const;
+  // Asks every alive agent for its current layout (Describe) and records changes.
+  absl::Status RefreshLayouts();
   void AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
                        const std::string& reason);
   void Record(const weightbeam::v1::StepResult& r);

@@ -42,8 +42,13 @@ bool Membership::ReportLayout(const v1::AgentLayout& layout) {
   absl::MutexLock lock(&mu_);
   auto it = agents_.find(layout.agent());
   if (it == agents_.end()) return false;
-  it->second.layout = layout;
   it->second.last_seen = Clock::now();
+  if (it->second.layout.generation() == layout.generation() &&
+      it->second.layout.tensors_size() == layout.tensors_size()) {
+    return true;  // nothing new
+  }
+  it->second.layout = layout;
+  it->second.layout.set_agent(it->first);
   ++layout_version_;
   spdlog::info("agent {} reported layout generation {} ({} tensors)", layout.agent(),
                layout.generation(), layout.tensors_size());

@@ -17,17 +17,6 @@ uint64_t HandleLength(const v1::MemoryHandle& h) {
   return 0;
 }
 
-bool SlicesOverlap(const v1::TensorSpec& a, const v1::TensorSpec& b) {
-  if (a.shard_size() == 0 || b.shard_size() == 0) return true;
-  if (a.shard_size() != b.shard_size()) return true;
-  for (int d = 0; d < a.shard_size(); ++d) {
-    int64_t a0 = a.shard(d).start(), a1 = a0 + a.shard(d).size();
-    int64_t b0 = b.shard(d).start(), b1 = b0 + b.shard(d).size();
-    if (a1 <= b0 || b1 <= a0) return false;
-  }
-  return true;
-}
-
 std::string OwnerName(const v1::Owner& o) {
   if (o.role() == v1::ROLE_TRAINER) return absl::StrCat("trainer rank ", o.rank());
   return absl::StrCat("inference replica ", o.replica(), " rank ", o.rank());
@@ -55,14 +44,6 @@ absl::Status RegionRegistry::CheckConflicts(uint64_t session, const v1::Owner& o
       return absl::AlreadyExistsError(absl::StrCat("tensor '", spec.name(),
                                                    "' is already registered by ", OwnerName(owner),
                                                    " (pid ", t->owner.pid(), ")"));
-    }
-    // Two processes of one inference replica must not both receive the same elements.
-    if (owner.role() == v1::ROLE_INFERENCE && t->owner.role() == v1::ROLE_INFERENCE &&
-        t->owner.replica() == owner.replica() && t->session != session &&
-        SlicesOverlap(t->spec, spec)) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "tensor '", spec.name(), "': its shard overlaps the one registered by ",
-          OwnerName(t->owner), " (pid ", t->owner.pid(), ") in the same inference replica"));
     }
   }
   return absl::OkStatus();

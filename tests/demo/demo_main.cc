@@ -210,9 +210,10 @@ int main(int argc, char** argv) {
   }
   std::printf("\n%s\n", wb::client::FormatPlan(*plan).c_str());
 
-  wb::client::Table table({"VERSION", "BYTES", "SECONDS", "GB/s", "VERIFIED"});
+  std::printf("%-8s  %-12s  %-8s  %-6s  %s\n", "VERSION", "BYTES", "SECONDS", "GB/s", "VERIFIED");
   bool pass = true;
   std::string failure;
+  v1::StepResult last;
   for (int v = 1; v <= steps && pass; ++v) {
     for (auto& t : trainers) t->Send(absl::StrCat("perturb ", v));
     for (auto& t : trainers) {
@@ -237,14 +238,17 @@ int main(int argc, char** argv) {
         failure = line.empty() ? "an inference worker exited" : line;
       }
     }
-    table.Add({std::to_string(v), wb::client::HumanBytes(step->bytes()),
-               wb::client::FixedPoint(step->seconds()),
-               wb::client::FixedPoint(step->bytes() / step->seconds() / 1e9, 2), verdict});
-    std::printf("\r%s", table.Render().c_str());
+    std::printf("%-8d  %-12s  %-8s  %-6s  %s\n", v, wb::client::HumanBytes(step->bytes()).c_str(),
+                wb::client::FixedPoint(step->seconds()).c_str(),
+                wb::client::FixedPoint(step->bytes() / step->seconds() / 1e9, 2).c_str(),
+                verdict.c_str());
     std::fflush(stdout);
-    if (v == 1) std::printf("\n%s\n", wb::client::FormatStep(*step).c_str());
+    last = *step;
   }
-  std::printf("\n%s\n", table.Render().c_str());
+  if (last.agents_size() > 0) {
+    std::printf("\nlast step, per sending agent:\n%s", wb::client::FormatStep(last).c_str());
+  }
+  std::printf("\n");
   trainers.clear();
   workers.clear();
   if (pass) {
