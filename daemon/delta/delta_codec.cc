@@ -1,0 +1,322 @@
+// Delta encoder and applier: 32-byte word scans skip unchanged runs, only differing words
+// are looked at element by element.
+#include "daemon/delta/delta_codec.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace wb::delta {
+namespace {
+
+uint64_t Load64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+template <typename T>
+void Put(std::vector<uint8_t>& out, size_t at, T v) {
+  std::memcpy(out.data() + at, &v, sizeof(T));
+}
+
+template <typename T>
+T Get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+// Collects the indices of changed elements and copies changed words into the shadow. Stops
+// (returns false) once more than `limit` elements changed.
+template <int E>
+class ChangeScanner {
+ public:
+  ChangeScanner(uint8_t* shadow, const uint8_t* next, size_t bytes, uint64_t limit,
+                std::vector<uint64_t>& changed)
+      : shadow_(shadow), next_(next), bytes_(bytes), limit_(limit), changed_(changed) {}
+
+  bool Run() {
+    size_t off = 0;
+    for (; off + 32 <= bytes_; off += 32) {
+      const uint64_t x0 = Load64(shadow_ + off) ^ Load64(next_ + off);
+      const uint64_t x1 = Load64(shadow_ + off + 8) ^ Load64(next_ + off + 8);
+      const uint64_t x2 = Load64(shadow_ + off + 16) ^ Load64(next_ + off + 16);
+      const uint64_t x3 = Load64(shadow_ + off + 24) ^ Load64(next_ + off + 24);
+      if ((x0 | x1 | x2 | x3) == 0) continue;
+      if (!Word(off, x0) || !Word(off + 8, x1) || !Word(off + 16, x2) || !Word(off + 24, x3)) {
+        return false;
+      }
+    }
+    for (; off + 8 <= bytes_; off += 8) {
+      if (!Word(off, Load64(shadow_ + off) ^ Load64(next_ + off))) return false;
+    }
+    for (; off < bytes_; off += E) {
+      if (std::memcmp(shadow_ + off, next_ + off, E) != 0) {
+        changed_.push_back(off / E);
+        std::memcpy(shadow_ + off, next_ + off, E);
+      }
+    }
+    return changed_.size() <= limit_;
+  }
+
+ private:
+  bool Word(size_t off, uint64_t diff) {
+    if (diff == 0) return true;
+    constexpr uint64_t kMask = E == 8 ? ~0ull : (1ull << (8 * E)) - 1;
+    for (int k = 0; k < 8 / E; ++k) {
+      if ((diff >> (8 * E * k)) & kMask) changed_.push_back(off / E + k);
+    }
+    std::memcpy(shadow_ + off, next_ + off, 8);
+    return changed_.size() <= limit_;
+  }
+
+  uint8_t* shadow_;
+  const uint8_t* next_;
+  size_t bytes_;
+  uint64_t limit_;
+  std::vector<uint64_t>& changed_;
+};
+
+int WidthFor(uint64_t max_gap) {
+  if (max_gap <= 0xff) return 1;
+  if (max_gap <= 0xffff) return 2;
+  if (max_gap <= 0xffffffffull) return 4;
+  return 8;
+}
+
+template <typename G>
+void WriteGaps(const std::vector<uint64_t>& changed, uint8_t* out) {
+  uint64_t prev = 0;
+  for (uint64_t idx : changed) {
+    const G gap = static_cast<G>(idx - prev);
+    std::memcpy(out, &gap, sizeof(G));
+    out += sizeof(G);
+    prev = idx;
+  }
+}
+
+template <int E>
+void WriteValues(const std::vector<uint64_t>& changed, const uint8_t* next, uint8_t* out) {
+  for (uint64_t idx : changed) {
+    std::memcpy(out, next + idx * E, E);
+    out += E;
+  }
+}
+
+// First pass of ApplyDelta: every index in range, strictly increasing.
+template <typename G>
+absl::Status CheckIndices(const uint8_t* gaps, uint64_t count, uint64_t total) {
+  uint64_t idx = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t gap = Get<G>(gaps + i * sizeof(G));
+    if (i > 0 && gap == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("delta: record ", i, " repeats index ", idx, " (gap 0)"));
+    }
+    if (gap >= total - idx) {  // idx < total holds here, so this cannot wrap
+      const std::string index =
+          gap > ~0ull - idx ? absl::StrCat(idx, " + ", gap) : absl::StrCat(idx + gap);
+      return absl::OutOfRangeError(absl::StrCat("delta: record ", i, " index ", index,
+                                                " is out of range (", total, " elements)"));
+    }
+    idx += gap;
+  }
+  return absl::OkStatus();
+}
+
+template <typename G, int E>
+void Scatter(const uint8_t* gaps, const uint8_t* values, uint64_t count, uint8_t* dst) {
+  uint64_t idx = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    idx += Get<G>(gaps + i * sizeof(G));
+    std::memcpy(dst + idx * E, values + i * E, E);
+  }
+}
+
+template <typename G>
+void ScatterFor(int elem_size, const uint8_t* gaps, const uint8_t* values, uint64_t count,
+                uint8_t* dst) {
+  switch (elem_size) {
+    case 1:
+      return Scatter<G, 1>(gaps, values, count, dst);
+    case 2:
+      return Scatter<G, 2>(gaps, values, count, dst);
+    default:
+      return Scatter<G, 4>(gaps, values, count, dst);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<DeltaEncoding> EncodeDelta(absl::Span<uint8_t> shadow,
+                                          absl::Span<const uint8_t> next, int elem_size) {
+  if (elem_size != 1 && elem_size != 2 && elem_size != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta: element size ", elem_size, " is not 1, 2 or 4 bytes"));
+  }
+  if (shadow.size() != next.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("delta: shadow has ", shadow.size(),
+                                                   " bytes but the new version ", next.size()));
+  }
+  if (next.size() % elem_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "delta: ", next.size(), " bytes is not a whole number of ", elem_size, "-byte elements"));
+  }
+  const uint64_t dense = next.size();
+  // Smallest packed size for n records is header + n * (1 + elem_size): past `limit` records
+  // dense is certain and the scan stops.
+  const uint64_t limit =
+      dense > kDeltaHeaderBytes ? (dense - kDeltaHeaderBytes) / (1 + elem_size) : 0;
+  DeltaEncoding result;
+  std::vector<uint64_t> changed;
+  bool within = false;
+  switch (elem_size) {
+    case 1:
+      within = ChangeScanner<1>(shadow.data(), next.data(), dense, limit, changed).Run();
+      break;
+    case 2:
+      within = ChangeScanner<2>(shadow.data(), next.data(), dense, limit, changed).Run();
+      break;
+    default:
+      within = ChangeScanner<4>(shadow.data(), next.data(), dense, limit, changed).Run();
+      break;
+  }
+  result.changed_elems = changed.size();
+  uint64_t max_gap = 0, prev = 0;
+  for (uint64_t idx : changed) {
+    max_gap = std::max(max_gap, idx - prev);
+    prev = idx;
+  }
+  const int width = WidthFor(max_gap);
+  const uint64_t packed_size = kDeltaHeaderBytes + changed.size() * (width + elem_size);
+  if (!within || packed_size >= dense) {
+    if (!within) std::memcpy(shadow.data(), next.data(), dense);  // the scan stopped early
+    result.kind = DeltaEncoding::Kind::kDense;
+    return result;
+  }
+  std::vector<uint8_t>& out = result.packed;
+  out.resize(packed_size);
+  Put<uint32_t>(out, 0, kDeltaMagic);
+  Put<uint8_t>(out, 4, kDeltaVersion);
+  Put<uint8_t>(out, 5, static_cast<uint8_t>(elem_size));
+  Put<uint8_t>(out, 6, static_cast<uint8_t>(width));
+  Put<uint8_t>(out, 7, 0);
+  Put<uint64_t>(out, 8, dense / elem_size);
+  Put<uint64_t>(out, 16, changed.size());
+  uint8_t* gaps = out.data() + kDeltaHeaderBytes;
+  switch (width) {
+    case 1:
+      WriteGaps<uint8_t>(changed, gaps);
+      break;
+    case 2:
+      WriteGaps<uint16_t>(changed, gaps);
+      break;
+    case 4:
+      WriteGaps<uint32_t>(changed, gaps);
+      break;
+    default:
+      WriteGaps<uint64_t>(changed, gaps);
+      break;
+  }
+  uint8_t* values = gaps + changed.size() * width;
+  switch (elem_size) {
+    case 1:
+      WriteValues<1>(changed, next.data(), values);
+      break;
+    case 2:
+      WriteValues<2>(changed, next.data(), values);
+      break;
+    default:
+      WriteValues<4>(changed, next.data(), values);
+      break;
+  }
+  return result;
+}
+
+absl::StatusOr<DeltaHeader> ParseDeltaHeader(absl::Span<const uint8_t> packed) {
+  if (packed.size() < kDeltaHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("delta: ", packed.size(),
+                                                   " bytes is shorter than the ", kDeltaHeaderBytes,
+                                                   "-byte header"));
+  }
+  const uint8_t* p = packed.data();
+  if (Get<uint32_t>(p) != kDeltaMagic) {
+    return absl::InvalidArgumentError("delta: bad magic (not a weightbeam delta)");
+  }
+  if (p[4] != kDeltaVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("delta: unsupported version ", p[4]));
+  }
+  DeltaHeader h;
+  h.elem_size = p[5];
+  h.index_width = p[6];
+  h.total_elems = Get<uint64_t>(p + 8);
+  h.count = Get<uint64_t>(p + 16);
+  if (h.elem_size != 1 && h.elem_size != 2 && h.elem_size != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta: element size ", h.elem_size, " is not 1, 2 or 4 bytes"));
+  }
+  if (h.index_width != 1 && h.index_width != 2 && h.index_width != 4 && h.index_width != 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta: index width ", h.index_width, " is not 1, 2, 4 or 8 bytes"));
+  }
+  const uint64_t record = h.index_width + h.elem_size;
+  const uint64_t body = packed.size() - kDeltaHeaderBytes;
+  if (h.count > body / record || body != h.count * record) {
+    return absl::InvalidArgumentError(absl::StrCat("delta: header announces ", h.count,
+                                                   " records of ", record, " bytes but ", body,
+                                                   " bytes follow"));
+  }
+  if (h.count > h.total_elems) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta: ", h.count, " records for ", h.total_elems, " elements"));
+  }
+  return h;
+}
+
+absl::Status ApplyDelta(absl::Span<const uint8_t> packed, absl::Span<uint8_t> dst) {
+  absl::StatusOr<DeltaHeader> h = ParseDeltaHeader(packed);
+  if (!h.ok()) return h.status();
+  if (h->total_elems > dst.size() / h->elem_size || h->total_elems * h->elem_size != dst.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta: encodes ", h->total_elems, " elements of ", h->elem_size,
+                     " bytes but the destination has ", dst.size(), " bytes"));
+  }
+  const uint8_t* gaps = packed.data() + kDeltaHeaderBytes;
+  const uint8_t* values = gaps + h->count * h->index_width;
+  absl::Status checked;
+  switch (h->index_width) {
+    case 1:
+      checked = CheckIndices<uint8_t>(gaps, h->count, h->total_elems);
+      break;
+    case 2:
+      checked = CheckIndices<uint16_t>(gaps, h->count, h->total_elems);
+      break;
+    case 4:
+      checked = CheckIndices<uint32_t>(gaps, h->count, h->total_elems);
+      break;
+    default:
+      checked = CheckIndices<uint64_t>(gaps, h->count, h->total_elems);
+      break;
+  }
+  if (!checked.ok()) return checked;
+  switch (h->index_width) {
+    case 1:
+      ScatterFor<uint8_t>(h->elem_size, gaps, values, h->count, dst.data());
+      break;
+    case 2:
+      ScatterFor<uint16_t>(h->elem_size, gaps, values, h->count, dst.data());
+      break;
+    case 4:
+      ScatterFor<uint32_t>(h->elem_size, gaps, values, h->count, dst.data());
+      break;
+    default:
+      ScatterFor<uint64_t>(h->elem_size, gaps, values, h->count, dst.data());
+      break;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace wb::delta

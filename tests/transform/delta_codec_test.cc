@@ -1,0 +1,201 @@
+// Delta encoding round trips (receiver copy + delta == new version, shadow updated) at the
+// edges, and ApplyDelta's refusal of damaged input without touching the destination.
+#include "daemon/delta/delta_codec.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "daemon/transform/transform.h"
+#include "tests/transform/golden_vectors.h"
+
+namespace wb::delta {
+namespace {
+
+std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+// Encodes old -> next, checks the shadow, applies to a copy of old, checks it equals next.
+DeltaEncoding RoundTrip(const std::vector<uint8_t>& old, const std::vector<uint8_t>& next,
+                        int elem_size) {
+  std::vector<uint8_t> shadow = old;
+  absl::StatusOr<DeltaEncoding> enc = EncodeDelta(absl::MakeSpan(shadow), next, elem_size);
+  REQUIRE(enc.ok());
+  CHECK(shadow == next);
+  if (enc->kind == DeltaEncoding::Kind::kPacked) {
+    CHECK(enc->packed.size() < next.size());
+    std::vector<uint8_t> receiver = old;
+    absl::Status s = ApplyDelta(enc->packed, absl::MakeSpan(receiver));
+    REQUIRE(s.ok());
+    CHECK(receiver == next);
+  }
+  return *std::move(enc);
+}
+
+TEST_CASE("no change encodes to a bare header", "[delta]") {
+  const std::vector<uint8_t> v = RandomBytes(1000, 1);
+  const DeltaEncoding enc = RoundTrip(v, v, 2);
+  CHECK(enc.kind == DeltaEncoding::Kind::kPacked);
+  CHECK(enc.packed.size() == kDeltaHeaderBytes);
+  CHECK(enc.changed_elems == 0);
+  absl::StatusOr<DeltaHeader> h = ParseDeltaHeader(enc.packed);
+  REQUIRE(h.ok());
+  CHECK(h->total_elems == 500);
+  CHECK(h->count == 0);
+}
+
+TEST_CASE("everything changed: dense is smaller, shadow still updated", "[delta]") {
+  for (int e : {1, 2, 4}) {
+    const std::vector<uint8_t> old(4096, 0), next(4096, 1);
+    const DeltaEncoding enc = RoundTrip(old, next, e);
+    CHECK(enc.kind == DeltaEncoding::Kind::kDense);
+    CHECK(enc.packed.empty());
+  }
+}
+
+TEST_CASE("changes at both ends need 4-byte gaps", "[delta]") {
+  const size_t elems = 1 << 20;
+  std::vector<uint8_t> old = RandomBytes(elems * 2, 2), next = old;
+  next[0] ^= 1;                 // element 0
+  next[elems * 2 - 1] ^= 0x80;  // last element, high byte
+  const DeltaEncoding enc = RoundTrip(old, next, 2);
+  REQUIRE(enc.kind == DeltaEncoding::Kind::kPacked);
+  CHECK(enc.changed_elems == 2);
+  absl::StatusOr<DeltaHeader> h = ParseDeltaHeader(enc.packed);
+  REQUIRE(h.ok());
+  CHECK(h->index_width == 4);
+  CHECK(h->elem_size == 2);
+  CHECK(enc.packed.size() == kDeltaHeaderBytes + 2 * (4 + 2));
+}
+
+TEST_CASE("the narrowest index width that holds every gap is chosen", "[delta]") {
+  struct Case {
+    size_t gap;
+    int width;
+  };
+  for (Case c : {Case{255, 1}, Case{256, 2}, Case{65535, 2}, Case{65536, 4}}) {
+    INFO("gap " << c.gap);
+    std::vector<uint8_t> old(4 * 300000, 0), next = old;
+    for (size_t i = 7; i < 300000; i += c.gap) next[i * 4 + 3] = 9;
+    const DeltaEncoding enc = RoundTrip(old, next, 4);
+    REQUIRE(enc.kind == DeltaEncoding::Kind::kPacked);
+    CHECK(ParseDeltaHeader(enc.packed)->index_width == c.width);
+  }
+}
+
+TEST_CASE("sparse random changes round-trip for every element size and ragged length", "[delta]") {
+  std::mt19937 rng(4);
+  for (int e : {1, 2, 4}) {
+    for (size_t elems : {1, 3, 7, 31, 33, 1000, 4097, 100003}) {
+      INFO("elem size " << e << ", " << elems << " elements");
+      std::vector<uint8_t> old = RandomBytes(elems * e, static_cast<uint32_t>(elems + e));
+      std::vector<uint8_t> next = old;
+      for (size_t i = 0; i < elems; ++i) {
+        if (rng() % 100 == 0) next[i * e + rng() % e] ^= static_cast<uint8_t>(1 + rng() % 255);
+      }
+      next[(elems - 1) * e] ^= 0x10;  // the ragged tail element always changes
+      const DeltaEncoding enc = RoundTrip(old, next, e);
+      if (elems >= 1000) CHECK(enc.kind == DeltaEncoding::Kind::kPacked);
+    }
+  }
+}
+
+TEST_CASE("delta over fp8 block output and its scales (ragged blocks)", "[delta][fp8]") {
+  using transform::DType;
+  using transform::Kind;
+  transform::golden::RaggedCase c = transform::golden::MakeRaggedCase();
+  transform::TransformDesc d{Kind::kFp8Block, DType::kBF16, DType::kF8E4M3, 130, 260};
+  std::vector<uint8_t> fp8_old(130 * 260), fp8_new(130 * 260);
+  std::vector<float> scales_old(6), scales_new(6);
+  REQUIRE(transform::ApplyTransformCpu(d, c.bf16.data(), fp8_old.data(), scales_old.data()).ok());
+  // A training step: a few weights move, one of them the amax of the ragged corner block.
+  c.bf16[5 * 260 + 9] ^= 0x0001;
+  c.bf16[129 * 260 + 259] ^= 0x0040;
+  c.bf16[128 * 260 + 257] = 0x4700;  // 32768: new amax of block (1, 2), its scale changes
+  REQUIRE(transform::ApplyTransformCpu(d, c.bf16.data(), fp8_new.data(), scales_new.data()).ok());
+  const DeltaEncoding bytes = RoundTrip(fp8_old, fp8_new, 1);
+  CHECK(bytes.kind == DeltaEncoding::Kind::kPacked);
+  CHECK(bytes.changed_elems >= 2);
+  auto as_bytes = [](const std::vector<float>& f) {
+    std::vector<uint8_t> b(f.size() * 4);
+    std::memcpy(b.data(), f.data(), b.size());
+    return b;
+  };
+  const std::vector<uint8_t> s_old = as_bytes(scales_old), s_new = as_bytes(scales_new);
+  std::vector<uint8_t> shadow = s_old;
+  absl::StatusOr<DeltaEncoding> scales = EncodeDelta(absl::MakeSpan(shadow), s_new, 4);
+  REQUIRE(scales.ok());
+  CHECK(scales->changed_elems == 1);
+  CHECK(shadow == s_new);
+  // 6 floats are 24 bytes: header + one record is not smaller, so dense it is.
+  CHECK(scales->kind == DeltaEncoding::Kind::kDense);
+}
+
+std::vector<uint8_t> SamplePacked(std::vector<uint8_t>* old_out, std::vector<uint8_t>* next_out) {
+  std::vector<uint8_t> old(2000, 0), next = old;
+  next[10] = 1;
+  next[1500] = 2;
+  std::vector<uint8_t> shadow = old;
+  absl::StatusOr<DeltaEncoding> enc = EncodeDelta(absl::MakeSpan(shadow), next, 2);
+  REQUIRE(enc.ok());
+  REQUIRE(enc->kind == DeltaEncoding::Kind::kPacked);
+  if (old_out) *old_out = old;
+  if (next_out) *next_out = next;
+  return enc->packed;  // elem 2, width 2: gaps at 24, 26; values at 28, 30
+}
+
+TEST_CASE("damaged deltas are refused and the destination is untouched", "[delta]") {
+  const std::vector<uint8_t> good = SamplePacked(nullptr, nullptr);
+  const std::vector<uint8_t> original(2000, 0xcd);
+  auto apply = [&](const std::vector<uint8_t>& packed, size_t dst_size = 2000) {
+    std::vector<uint8_t> dst(original.begin(), original.begin() + dst_size);
+    absl::Status s = ApplyDelta(packed, absl::MakeSpan(dst));
+    CHECK(std::equal(dst.begin(), dst.end(), original.begin()));
+    return std::string(s.message());
+  };
+  std::vector<uint8_t> p = good;
+  p[0] = 'X';
+  CHECK(apply(p) == "delta: bad magic (not a weightbeam delta)");
+  p = good;
+  p[4] = 9;
+  CHECK(apply(p) == "delta: unsupported version 9");
+  p = good;
+  p[5] = 3;
+  CHECK(apply(p) == "delta: element size 3 is not 1, 2 or 4 bytes");
+  p = good;
+  p[6] = 3;
+  CHECK(apply(p) == "delta: index width 3 is not 1, 2, 4 or 8 bytes");
+  p = good;
+  p.pop_back();
+  CHECK(apply(p) == "delta: header announces 2 records of 4 bytes but 7 bytes follow");
+  CHECK(apply(std::vector<uint8_t>(good.begin(), good.begin() + 10)) ==
+        "delta: 10 bytes is shorter than the 24-byte header");
+  CHECK(apply(good, 1998) ==
+        "delta: encodes 1000 elements of 2 bytes but the destination has 1998 bytes");
+  p = good;
+  p[26] = 0xff;  // second gap 0x..ff: index 5 + 0x02ff... out of range
+  p[27] = 0xff;
+  CHECK(apply(p) == "delta: record 1 index 65540 is out of range (1000 elements)");
+  p = good;
+  p[26] = 0;
+  p[27] = 0;
+  CHECK(apply(p) == "delta: record 1 repeats index 5 (gap 0)");
+}
+
+TEST_CASE("encoder arguments are checked", "[delta]") {
+  std::vector<uint8_t> a(10), b(12);
+  CHECK(EncodeDelta(absl::MakeSpan(a), b, 2).status().message() ==
+        "delta: shadow has 10 bytes but the new version 12");
+  CHECK(EncodeDelta(absl::MakeSpan(a), a, 3).status().message() ==
+        "delta: element size 3 is not 1, 2 or 4 bytes");
+  CHECK(EncodeDelta(absl::MakeSpan(a), a, 4).status().message() ==
+        "delta: 10 bytes is not a whole number of 4-byte elements");
+}
+
+}  // namespace
+}  // namespace wb::delta
