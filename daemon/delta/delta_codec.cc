@@ -29,14 +29,22 @@ T Get(const uint8_t* p) {
   return v;
 }
 
+int WidthFor(uint64_t max_gap) {
+  if (max_gap <= 0xff) return 1;
+  if (max_gap <= 0xffff) return 2;
+  if (max_gap <= 0xffffffffull) return 4;
+  return 8;
+}
+
 // Collects the indices of changed elements and copies changed words into the shadow. Stops
-// (returns false) once more than `limit` elements changed.
+// (Run returns false) as soon as the records found so far, at the narrowest width their gaps
+// allow, already fill `budget` bytes: dense is then certain, and memory stays bounded.
 template <int E>
 class ChangeScanner {
  public:
-  ChangeScanner(uint8_t* shadow, const uint8_t* next, size_t bytes, uint64_t limit,
+  ChangeScanner(uint8_t* shadow, const uint8_t* next, size_t bytes, uint64_t budget,
                 std::vector<uint64_t>& changed)
-      : shadow_(shadow), next_(next), bytes_(bytes), limit_(limit), changed_(changed) {}
+      : shadow_(shadow), next_(next), bytes_(bytes), budget_(budget), changed_(changed) {}
 
   bool Run() {
     size_t off = 0;
@@ -55,37 +63,40 @@ class ChangeScanner {
     }
     for (; off < bytes_; off += E) {
       if (std::memcmp(shadow_ + off, next_ + off, E) != 0) {
-        changed_.push_back(off / E);
+        Add(off / E);
         std::memcpy(shadow_ + off, next_ + off, E);
       }
     }
-    return changed_.size() <= limit_;
+    return WithinBudget();
   }
 
  private:
+  void Add(uint64_t idx) {
+    max_gap_ = std::max(max_gap_, idx - last_);
+    last_ = idx;
+    changed_.push_back(idx);
+  }
+
+  bool WithinBudget() const { return changed_.size() * (WidthFor(max_gap_) + E) < budget_; }
+
   bool Word(size_t off, uint64_t diff) {
     if (diff == 0) return true;
-    constexpr uint64_t kMask = E == 8 ? ~0ull : (1ull << (8 * E)) - 1;
+    constexpr uint64_t kMask = (1ull << (8 * E)) - 1;
     for (int k = 0; k < 8 / E; ++k) {
-      if ((diff >> (8 * E * k)) & kMask) changed_.push_back(off / E + k);
+      if ((diff >> (8 * E * k)) & kMask) Add(off / E + k);
     }
     std::memcpy(shadow_ + off, next_ + off, 8);
-    return changed_.size() <= limit_;
+    return WithinBudget();
   }
 
   uint8_t* shadow_;
   const uint8_t* next_;
   size_t bytes_;
-  uint64_t limit_;
+  uint64_t budget_;
   std::vector<uint64_t>& changed_;
+  uint64_t last_ = 0;
+  uint64_t max_gap_ = 0;
 };
-
-int WidthFor(uint64_t max_gap) {
-  if (max_gap <= 0xff) return 1;
-  if (max_gap <= 0xffff) return 2;
-  if (max_gap <= 0xffffffffull) return 4;
-  return 8;
-}
 
 template <typename G>
 void WriteGaps(const std::vector<uint64_t>& changed, uint8_t* out) {
@@ -166,22 +177,20 @@ absl::StatusOr<DeltaEncoding> EncodeDelta(absl::Span<uint8_t> shadow,
         "delta: ", next.size(), " bytes is not a whole number of ", elem_size, "-byte elements"));
   }
   const uint64_t dense = next.size();
-  // Smallest packed size for n records is header + n * (1 + elem_size): past `limit` records
-  // dense is certain and the scan stops.
-  const uint64_t limit =
-      dense > kDeltaHeaderBytes ? (dense - kDeltaHeaderBytes) / (1 + elem_size) : 0;
+  // Bytes the records may take for packed to beat dense.
+  const uint64_t budget = dense > kDeltaHeaderBytes ? dense - kDeltaHeaderBytes : 0;
   DeltaEncoding result;
   std::vector<uint64_t> changed;
   bool within = false;
   switch (elem_size) {
     case 1:
-      within = ChangeScanner<1>(shadow.data(), next.data(), dense, limit, changed).Run();
+      within = ChangeScanner<1>(shadow.data(), next.data(), dense, budget, changed).Run();
       break;
     case 2:
-      within = ChangeScanner<2>(shadow.data(), next.data(), dense, limit, changed).Run();
+      within = ChangeScanner<2>(shadow.data(), next.data(), dense, budget, changed).Run();
       break;
     default:
-      within = ChangeScanner<4>(shadow.data(), next.data(), dense, limit, changed).Run();
+      within = ChangeScanner<4>(shadow.data(), next.data(), dense, budget, changed).Run();
       break;
   }
   result.changed_elems = changed.size();

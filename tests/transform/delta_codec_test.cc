@@ -58,6 +58,16 @@ TEST_CASE("everything changed: dense is smaller, shadow still updated", "[delta]
   }
 }
 
+TEST_CASE("the scan stops once dense is certain, and the shadow is still complete", "[delta]") {
+  std::vector<uint8_t> old(200000, 0), next = old;
+  for (size_t i = 0; i < next.size(); i += 2) next[i] = (i / 2) % 4 != 0;  // 3 of 4 bf16
+  const DeltaEncoding enc = RoundTrip(old, next, 2);
+  CHECK(enc.kind == DeltaEncoding::Kind::kDense);
+  // 75000 of 100000 elements changed, 3 bytes per record (1-byte gaps): past 66659 records
+  // the 200000-byte dense form is certainly smaller and the scan stops.
+  CHECK(enc.changed_elems < 75000);
+}
+
 TEST_CASE("changes at both ends need 4-byte gaps", "[delta]") {
   const size_t elems = 1 << 20;
   std::vector<uint8_t> old = RandomBytes(elems * 2, 2), next = old;
