@@ -2,6 +2,7 @@
 // fallbacks below are never called.
 #include "daemon/transform/fp8_avx2.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "daemon/transform/float_bits.h"
@@ -12,12 +13,19 @@
 #endif
 
 namespace wb::transform {
+namespace {
+
+std::atomic<bool> avx2_allowed{true};
+
+}  // namespace
+
+void SetAvx2Allowed(bool allowed) { avx2_allowed.store(allowed); }
 
 #if defined(WB_HAVE_X86)
 
 bool HaveAvx2() {
   static const bool have = __builtin_cpu_supports("avx2");
-  return have;
+  return have && avx2_allowed.load(std::memory_order_relaxed);
 }
 
 __attribute__((target("avx2"))) uint16_t BlockAmaxBitsAvx2(const uint8_t* src, uint64_t stride,

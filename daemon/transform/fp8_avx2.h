@@ -8,7 +8,11 @@
 
 namespace wb::transform {
 
+// True when the CPU has AVX2 and it has not been switched off with SetAvx2Allowed(false).
 bool HaveAvx2();
+
+// Tests use this to run the scalar fallback on AVX2 machines.
+void SetAvx2Allowed(bool allowed);
 
 // Largest finite |x| of a bf16 block, as bf16 bits (NaN and Inf count as 0).
 uint16_t BlockAmaxBitsAvx2(const uint8_t* src, uint64_t stride, uint64_t rows, uint64_t cols);

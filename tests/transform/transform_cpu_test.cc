@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "daemon/transform/float_bits.h"
+#include "daemon/transform/fp8_avx2.h"
 #include "daemon/transform/transform.h"
 #include "tests/transform/golden_vectors.h"
 
@@ -193,6 +194,10 @@ std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
 }
 
 TEST_CASE("fp8 quantisation: threads do not change bytes, dequantisation is close", "[fp8]") {
+  // Once with the AVX2 loops (where the CPU has them), once with the scalar fallback.
+  const bool avx2 = GENERATE(true, false);
+  INFO("avx2 allowed: " << avx2);
+  SetAvx2Allowed(avx2);
   const uint64_t rows = 515, cols = 700;
   const std::vector<uint16_t> src = RandomBf16(rows * cols, 7);
   TransformDesc d{Kind::kFp8Block, DType::kBF16, DType::kF8E4M3, rows, cols};
@@ -220,6 +225,7 @@ TEST_CASE("fp8 quantisation: threads do not change bytes, dequantisation is clos
       CHECK(s1[br * 6 + bc] == (amax > 0 ? amax / 448.0f : 1.0f));
     }
   }
+  SetAvx2Allowed(true);
 
   TransformDesc back{Kind::kFp8BlockDequant, DType::kF8E4M3, DType::kF32, rows, cols};
   std::vector<float> deq(rows * cols);
