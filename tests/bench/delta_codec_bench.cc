@@ -2,7 +2,8 @@
 // elements changed at random positions. One JSON line per fraction: `encode_gbps` and
 // `apply_gbps` count the dense buffer bytes covered per second.
 //
-//   bazel run //tests/bench:delta_codec_bench -- [--elems N] [--iters N]
+//   bazel run -c opt //tests/bench:delta_codec_bench -- [--elems N] [--iters N] [--threads N]
+// (encode uses --threads, default all cores; apply is single-threaded)
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon/delta/delta_codec.h"
@@ -24,10 +26,12 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
 int Main(int argc, char** argv) {
   uint64_t elems = 7168ull * 18432;
   int iters = 3;
+  int threads = static_cast<int>(std::thread::hardware_concurrency());
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--elems") elems = std::strtoull(argv[i + 1], nullptr, 10);
     if (flag == "--iters") iters = std::atoi(argv[i + 1]);
+    if (flag == "--threads") threads = std::atoi(argv[i + 1]);
   }
   const uint64_t bytes = elems * 2;
   std::vector<uint8_t> old(bytes);
@@ -52,7 +56,7 @@ int Main(int argc, char** argv) {
     for (int i = 0; i < iters; ++i) {
       std::memcpy(shadow.data(), old.data(), bytes);
       auto t0 = std::chrono::steady_clock::now();
-      absl::StatusOr<DeltaEncoding> e = EncodeDelta(absl::MakeSpan(shadow), next, 2);
+      absl::StatusOr<DeltaEncoding> e = EncodeDelta(absl::MakeSpan(shadow), next, 2, threads);
       encode = std::min(encode, Seconds(t0));
       if (!e.ok() || e->kind != DeltaEncoding::Kind::kPacked) {
         std::fprintf(stderr, "encode failed or went dense at fraction %g\n", fraction);
@@ -69,10 +73,11 @@ int Main(int argc, char** argv) {
       return 1;
     }
     std::printf(
-        "{\"bench\":\"delta_codec\",\"elem_size\":2,\"elems\":%llu,\"changed_fraction\":%g,"
+        "{\"bench\":\"delta_codec\",\"elem_size\":2,\"threads\":%d,\"elems\":%llu,\"changed_"
+        "fraction\":%g,"
         "\"changed\":%llu,\"packed_bytes\":%zu,\"dense_bytes\":%llu,\"encode_seconds\":%.6f,"
         "\"encode_gbps\":%.3f,\"apply_seconds\":%.6f,\"apply_gbps\":%.3f}\n",
-        static_cast<unsigned long long>(elems), fraction,
+        threads, static_cast<unsigned long long>(elems), fraction,
         static_cast<unsigned long long>(enc.changed_elems), enc.packed.size(),
         static_cast<unsigned long long>(bytes), encode, bytes / encode / 1e9, apply,
         bytes / apply / 1e9);
