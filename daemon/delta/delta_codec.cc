@@ -96,9 +96,18 @@ class ChangeScanner {
   }
 
   bool WithinBudget(uint64_t added) {
-    const uint64_t all = found_.fetch_add(added, std::memory_order_relaxed) + added;
+    // Records are published to the shared count in batches, so sparse changes cost no
+    // cache-line traffic between threads; the early exit may come a batch per thread late.
+    unpublished_ += added;
+    if (unpublished_ >= kPublishBatch) {
+      found_.fetch_add(unpublished_, std::memory_order_relaxed);
+      unpublished_ = 0;
+    }
+    const uint64_t all = found_.load(std::memory_order_relaxed) + unpublished_;
     return all * (1 + E) < budget_ && changed_.size() * (WidthFor(max_gap_) + E) < budget_;
   }
+
+  static constexpr uint64_t kPublishBatch = 4096;
 
   bool Word(size_t off, uint64_t diff) {
     if (diff == 0) return true;
@@ -120,6 +129,7 @@ class ChangeScanner {
   std::vector<uint64_t>& changed_;
   uint64_t last_;
   uint64_t max_gap_ = 0;
+  uint64_t unpublished_ = 0;
 };
 
 // Scans the whole buffer on up to `threads` threads; `changed` gets the indices in order.
