@@ -3,13 +3,18 @@
 #include "daemon/delta/delta_codec.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
 namespace wb::delta {
 namespace {
+
+// Below this many bytes per thread the threads cost more than they save.
+constexpr size_t kMinBytesPerThread = 8 << 20;
 
 uint64_t Load64(const uint8_t* p) {
   uint64_t v;
@@ -29,18 +34,36 @@ T Get(const uint8_t* p) {
   return v;
 }
 
-// Collects the indices of changed elements and copies changed words into the shadow. Stops
-// (returns false) once more than `limit` elements changed.
+int WidthFor(uint64_t max_gap) {
+  if (max_gap <= 0xff) return 1;
+  if (max_gap <= 0xffff) return 2;
+  if (max_gap <= 0xffffffffull) return 4;
+  return 8;
+}
+
+// Scans bytes [begin, end) of the buffers (begin a multiple of 8): collects the indices of
+// changed elements and copies changed words into the shadow. Several scanners run on
+// consecutive ranges at once and share `found`, the number of records found by all of them.
+// A scanner stops (Run returns false) as soon as the records found make dense certain, which
+// keeps memory bounded: all records at 1-byte gaps, or its own records at the narrowest width
+// their gaps allow, fill `budget` bytes.
 template <int E>
 class ChangeScanner {
  public:
-  ChangeScanner(uint8_t* shadow, const uint8_t* next, size_t bytes, uint64_t limit,
-                std::vector<uint64_t>& changed)
-      : shadow_(shadow), next_(next), bytes_(bytes), limit_(limit), changed_(changed) {}
+  ChangeScanner(uint8_t* shadow, const uint8_t* next, size_t begin, size_t end, uint64_t budget,
+                std::atomic<uint64_t>& found, std::vector<uint64_t>& changed)
+      : shadow_(shadow),
+        next_(next),
+        begin_(begin),
+        end_(end),
+        budget_(budget),
+        found_(found),
+        changed_(changed),
+        last_(begin / E) {}
 
   bool Run() {
-    size_t off = 0;
-    for (; off + 32 <= bytes_; off += 32) {
+    size_t off = begin_;
+    for (; off + 32 <= end_; off += 32) {
       const uint64_t x0 = Load64(shadow_ + off) ^ Load64(next_ + off);
       const uint64_t x1 = Load64(shadow_ + off + 8) ^ Load64(next_ + off + 8);
       const uint64_t x2 = Load64(shadow_ + off + 16) ^ Load64(next_ + off + 16);
@@ -50,41 +73,94 @@ class ChangeScanner {
         return false;
       }
     }
-    for (; off + 8 <= bytes_; off += 8) {
+    for (; off + 8 <= end_; off += 8) {
       if (!Word(off, Load64(shadow_ + off) ^ Load64(next_ + off))) return false;
     }
-    for (; off < bytes_; off += E) {
+    const size_t before = changed_.size();
+    for (; off < end_; off += E) {
       if (std::memcmp(shadow_ + off, next_ + off, E) != 0) {
-        changed_.push_back(off / E);
+        Add(off / E);
         std::memcpy(shadow_ + off, next_ + off, E);
       }
     }
-    return changed_.size() <= limit_;
+    return WithinBudget(changed_.size() - before);
   }
 
  private:
+  void Add(uint64_t idx) {
+    // For the first record of a range the true gap (from the previous range's last record)
+    // is at least this large, so the width check below stays a lower bound.
+    max_gap_ = std::max(max_gap_, idx - last_);
+    last_ = idx;
+    changed_.push_back(idx);
+  }
+
+  bool WithinBudget(uint64_t added) {
+    // Records are published to the shared count in batches, so sparse changes cost no
+    // cache-line traffic between threads; the early exit may come a batch per thread late.
+    unpublished_ += added;
+    if (unpublished_ >= kPublishBatch) {
+      found_.fetch_add(unpublished_, std::memory_order_relaxed);
+      unpublished_ = 0;
+    }
+    const uint64_t all = found_.load(std::memory_order_relaxed) + unpublished_;
+    return all * (1 + E) < budget_ && changed_.size() * (WidthFor(max_gap_) + E) < budget_;
+  }
+
+  static constexpr uint64_t kPublishBatch = 4096;
+
   bool Word(size_t off, uint64_t diff) {
     if (diff == 0) return true;
-    constexpr uint64_t kMask = E == 8 ? ~0ull : (1ull << (8 * E)) - 1;
+    constexpr uint64_t kMask = (1ull << (8 * E)) - 1;
+    const size_t before = changed_.size();
     for (int k = 0; k < 8 / E; ++k) {
-      if ((diff >> (8 * E * k)) & kMask) changed_.push_back(off / E + k);
+      if ((diff >> (8 * E * k)) & kMask) Add(off / E + k);
     }
     std::memcpy(shadow_ + off, next_ + off, 8);
-    return changed_.size() <= limit_;
+    return WithinBudget(changed_.size() - before);
   }
 
   uint8_t* shadow_;
   const uint8_t* next_;
-  size_t bytes_;
-  uint64_t limit_;
+  size_t begin_;
+  size_t end_;
+  uint64_t budget_;
+  std::atomic<uint64_t>& found_;
   std::vector<uint64_t>& changed_;
+  uint64_t last_;
+  uint64_t max_gap_ = 0;
+  uint64_t unpublished_ = 0;
 };
 
-int WidthFor(uint64_t max_gap) {
-  if (max_gap <= 0xff) return 1;
-  if (max_gap <= 0xffff) return 2;
-  if (max_gap <= 0xffffffffull) return 4;
-  return 8;
+// Scans the whole buffer on up to `threads` threads; `changed` gets the indices in order.
+// Returns false when a scanner stopped early (dense is certain).
+template <int E>
+bool ScanChanges(uint8_t* shadow, const uint8_t* next, size_t bytes, uint64_t budget, int threads,
+                 std::vector<uint64_t>& changed) {
+  const size_t chunks = std::max<size_t>(
+      1, std::min<size_t>(static_cast<size_t>(threads), bytes / kMinBytesPerThread));
+  // Ranges start on 32-byte boundaries so each thread's word scan stays aligned to elements.
+  const size_t chunk = (bytes / chunks + 31) / 32 * 32;
+  std::atomic<uint64_t> found{0};
+  if (chunks == 1) {
+    return ChangeScanner<E>(shadow, next, 0, bytes, budget, found, changed).Run();
+  }
+  std::vector<std::vector<uint64_t>> parts(chunks);
+  std::vector<char> within(chunks, 0);
+  std::vector<std::thread> pool;
+  for (size_t i = 0; i < chunks; ++i) {
+    const size_t begin = std::min(bytes, i * chunk);
+    const size_t end = i + 1 == chunks ? bytes : std::min(bytes, (i + 1) * chunk);
+    pool.emplace_back([&, i, begin, end] {
+      within[i] = ChangeScanner<E>(shadow, next, begin, end, budget, found, parts[i]).Run();
+    });
+  }
+  for (auto& t : pool) t.join();
+  size_t total = 0;
+  for (const auto& part : parts) total += part.size();
+  changed.reserve(total);
+  for (const auto& part : parts) changed.insert(changed.end(), part.begin(), part.end());
+  return std::all_of(within.begin(), within.end(), [](char w) { return w != 0; });
 }
 
 template <typename G>
@@ -152,7 +228,8 @@ void ScatterFor(int elem_size, const uint8_t* gaps, const uint8_t* values, uint6
 }  // namespace
 
 absl::StatusOr<DeltaEncoding> EncodeDelta(absl::Span<uint8_t> shadow,
-                                          absl::Span<const uint8_t> next, int elem_size) {
+                                          absl::Span<const uint8_t> next, int elem_size,
+                                          int threads) {
   if (elem_size != 1 && elem_size != 2 && elem_size != 4) {
     return absl::InvalidArgumentError(
         absl::StrCat("delta: element size ", elem_size, " is not 1, 2 or 4 bytes"));
@@ -166,22 +243,21 @@ absl::StatusOr<DeltaEncoding> EncodeDelta(absl::Span<uint8_t> shadow,
         "delta: ", next.size(), " bytes is not a whole number of ", elem_size, "-byte elements"));
   }
   const uint64_t dense = next.size();
-  // Smallest packed size for n records is header + n * (1 + elem_size): past `limit` records
-  // dense is certain and the scan stops.
-  const uint64_t limit =
-      dense > kDeltaHeaderBytes ? (dense - kDeltaHeaderBytes) / (1 + elem_size) : 0;
+  // Bytes the records may take for packed to beat dense.
+  const uint64_t budget = dense > kDeltaHeaderBytes ? dense - kDeltaHeaderBytes : 0;
   DeltaEncoding result;
   std::vector<uint64_t> changed;
+  if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
   bool within = false;
   switch (elem_size) {
     case 1:
-      within = ChangeScanner<1>(shadow.data(), next.data(), dense, limit, changed).Run();
+      within = ScanChanges<1>(shadow.data(), next.data(), dense, budget, threads, changed);
       break;
     case 2:
-      within = ChangeScanner<2>(shadow.data(), next.data(), dense, limit, changed).Run();
+      within = ScanChanges<2>(shadow.data(), next.data(), dense, budget, threads, changed);
       break;
     default:
-      within = ChangeScanner<4>(shadow.data(), next.data(), dense, limit, changed).Run();
+      within = ScanChanges<4>(shadow.data(), next.data(), dense, budget, threads, changed);
       break;
   }
   result.changed_elems = changed.size();

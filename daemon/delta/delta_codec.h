@@ -45,8 +45,11 @@ struct DeltaEncoding {
 
 // Compares `shadow` (the previous version) with `next` element by element (elem_size 1, 2 or
 // 4), encodes the changed elements and updates `shadow` to equal `next` in both outcomes.
+// Buffers of several 8 MiB split across up to `threads` threads (0: hardware concurrency);
+// the result does not depend on the thread count.
 absl::StatusOr<DeltaEncoding> EncodeDelta(absl::Span<uint8_t> shadow,
-                                          absl::Span<const uint8_t> next, int elem_size);
+                                          absl::Span<const uint8_t> next, int elem_size,
+                                          int threads = 0);
 
 // Reads and checks the header, including that the record section has the size it announces.
 absl::StatusOr<DeltaHeader> ParseDeltaHeader(absl::Span<const uint8_t> packed);

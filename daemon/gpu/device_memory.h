@@ -14,6 +14,10 @@ namespace wb::gpu {
 // Ok when at least one CUDA device can be used; else why not.
 absl::Status CudaAvailable();
 
+// Theoretical peak memory bandwidth of `device` in GB/s (memory clock x bus width x 2 for DDR),
+// for reporting what fraction of it a kernel reaches.
+absl::StatusOr<double> PeakMemoryBandwidthGbps(int device = 0);
+
 // cudaMalloc'ed memory on one device, freed on destruction. Move-only.
 class DeviceBuffer {
  public:

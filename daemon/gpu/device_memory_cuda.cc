@@ -28,6 +28,23 @@ absl::Status CudaAvailable() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<double> PeakMemoryBandwidthGbps(int device) {
+  if (absl::Status s = CudaAvailable(); !s.ok()) return s;
+  int clock_khz = 0, bus_bits = 0;
+  if (cudaError_t err = cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device);
+      err != cudaSuccess) {
+    return CudaError(err, "cudaDevAttrMemoryClockRate");
+  }
+  if (cudaError_t err = cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
+      err != cudaSuccess) {
+    return CudaError(err, "cudaDevAttrGlobalMemoryBusWidth");
+  }
+  if (clock_khz <= 0 || bus_bits <= 0) {
+    return absl::UnavailableError(absl::StrCat("cuda:", device, " reports no memory clock"));
+  }
+  return 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+}
+
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes, int device) {
   if (absl::Status s = CudaAvailable(); !s.ok()) return s;
   if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {

@@ -10,6 +10,8 @@ absl::Status NoCuda() { return absl::FailedPreconditionError("built without CUDA
 
 absl::Status CudaAvailable() { return NoCuda(); }
 
+absl::StatusOr<double> PeakMemoryBandwidthGbps(int) { return NoCuda(); }
+
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t, int) { return NoCuda(); }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept {}

@@ -52,83 +52,73 @@ WB_HOST_DEVICE uint16_t F32ToBf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// Exact. Written without branches (selects only) so that CPU loops vectorise.
 WB_HOST_DEVICE float F16ToF32(uint16_t h) {
-  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1fu) return BitsToFloat(sign | 0x7f800000u | (mant << 13));  // Inf / NaN
-  if (exp != 0) return BitsToFloat(sign | ((exp + 112u) << 23) | (mant << 13));
-  if (mant == 0) return BitsToFloat(sign);
-  // Subnormal f16: normalise into an f32 normal.
-  uint32_t e = 113;
-  while ((mant & 0x400u) == 0) {
-    mant <<= 1;
-    --e;
-  }
-  return BitsToFloat(sign | (e << 23) | ((mant & 0x3ffu) << 13));
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t a = h & 0x7fffu;
+  const uint32_t normal = (a << 13) + (112u << 23);  // rebias the exponent
+  const uint32_t inf_nan = (a << 13) | 0x7f800000u;
+  // Subnormals (and zero): a * 2^-24, exact in f32.
+  const uint32_t sub =
+      FloatToBits(static_cast<float>(static_cast<int32_t>(a)) * 5.9604644775390625e-8f);
+  const uint32_t r = a >= 0x7c00u ? inf_nan : (a >= 0x0400u ? normal : sub);
+  return BitsToFloat(sign | r);
 }
 
-// Rounds sig >> shift to nearest even (shift in [1, 31]).
-WB_HOST_DEVICE uint32_t ShiftRoundEven(uint32_t sig, uint32_t shift) {
-  uint32_t q = sig >> shift;
-  uint32_t rem = sig & ((1u << shift) - 1u);
-  uint32_t half = 1u << (shift - 1u);
-  if (rem > half || (rem == half && (q & 1u))) ++q;
-  return q;
+// Adds two floats with round-to-nearest-even on both host and device (never contracted).
+WB_HOST_DEVICE float AddRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
 }
 
 // Round-to-nearest-even; overflow goes to +-Inf (IEEE: everything >= 65520 becomes Inf);
 // NaN stays a quiet NaN with its sign; results below the f16 normal range become subnormals.
+// Branch-free (selects only) so that CPU loops vectorise.
 WB_HOST_DEVICE uint16_t F32ToF16(float f) {
-  uint32_t u = FloatToBits(f);
-  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x1ffu));
-  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: Inf
-  if (a >= 0x38800000u) {                                              // f16 normal range
-    uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
-    return static_cast<uint16_t>(sign | ((r >> 13) - (112u << 10)));
-  }
-  // f16 subnormal: units of 2^-24. value = sig * 2^(e - 150), so units = sig >> (126 - e).
-  uint32_t e = a >> 23;
-  if (e < 102) return sign;  // below 2^-25: rounds to zero (2^-25 itself ties to even 0)
-  uint32_t sig = (a & 0x7fffffu) | 0x800000u;
-  return static_cast<uint16_t>(sign | ShiftRoundEven(sig, 126u - e));
+  const uint32_t u = FloatToBits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  // f16 normal range: drop 13 mantissa bits with round-to-nearest-even, rebias by 112.
+  const uint32_t normal = ((a + 0xfffu + ((a >> 13) & 1u)) >> 13) - (112u << 10);
+  // Below 2^-14: |f| + 0.5 has an ulp of 2^-24, so the float addition rounds |f| to the
+  // nearest even multiple of 2^-24 (the f16 subnormal step); 2^-14 itself comes out as 0x400.
+  const uint32_t sub = FloatToBits(AddRn(BitsToFloat(a), 0.5f)) - 0x3f000000u;
+  uint32_t r = a < 0x38800000u ? sub : normal;
+  r = a >= 0x477ff000u ? 0x7c00u : r;                          // >= 65520: Inf
+  r = a > 0x7f800000u ? (0x7e00u | ((a >> 13) & 0x1ffu)) : r;  // NaN
+  return static_cast<uint16_t>(sign | r);
 }
 
 // e4m3fn with saturation: round-to-nearest-even, |x| >= 448 (Inf included) -> +-448 (0x7e/0xfe),
-// NaN -> 0x7f with the sign bit of the input, -0 -> 0x80.
+// NaN -> 0x7f with the sign bit of the input, -0 -> 0x80. Branch-free so CPU loops vectorise.
 WB_HOST_DEVICE uint8_t F32ToFp8E4M3Sat(float f) {
-  uint32_t u = FloatToBits(f);
-  uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
-  uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint8_t>(sign | kFp8E4M3NanBits);
-  if (a >= 0x43e00000u) return static_cast<uint8_t>(sign | kFp8E4M3MaxBits);  // >= 448
-  if (a >= 0x3c800000u) {  // >= 2^-6: e4m3 normal range, keep 3 mantissa bits
-    uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
-    return static_cast<uint8_t>(sign | ((r >> 20) - (120u << 3)));
-  }
-  // Subnormal: units of 2^-9. value = sig * 2^(e - 150), units = sig >> (141 - e).
-  uint32_t e = a >> 23;
-  if (e < 116) return sign;  // below 2^-11: rounds to zero (2^-10 ties to even 0 below too)
-  uint32_t sig = (a & 0x7fffffu) | 0x800000u;
-  return static_cast<uint8_t>(sign | ShiftRoundEven(sig, 141u - e));
+  const uint32_t u = FloatToBits(f);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7fffffffu;
+  // e4m3 normal range (>= 2^-6): keep 3 mantissa bits, round to nearest even, rebias by 120.
+  const uint32_t normal = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+  // Below 2^-6: |f| + 2^14 has an ulp of 2^-9, so the float addition rounds |f| to the nearest
+  // even multiple of 2^-9 (the e4m3 subnormal step); 2^-6 itself comes out as 0x08.
+  const uint32_t sub = FloatToBits(AddRn(BitsToFloat(a), 16384.0f)) - 0x46800000u;
+  uint32_t r = a < 0x3c800000u ? sub : normal;
+  r = a >= 0x43e00000u ? kFp8E4M3MaxBits : r;  // >= 448 and Inf saturate
+  r = a > 0x7f800000u ? kFp8E4M3NanBits : r;
+  return static_cast<uint8_t>(sign | r);
 }
 
-// Exact: every e4m3fn value is an f32.
+// Exact: every e4m3fn value is an f32. Branch-free.
 WB_HOST_DEVICE float Fp8E4M3ToF32(uint8_t v) {
-  uint32_t sign = static_cast<uint32_t>(v & 0x80u) << 24;
-  uint32_t exp = (v >> 3) & 0xfu;
-  uint32_t mant = v & 0x7u;
-  if (exp == 0xfu && mant == 0x7u) return BitsToFloat(sign | 0x7fc00000u);
-  if (exp != 0) return BitsToFloat(sign | ((exp + 120u) << 23) | (mant << 20));
-  if (mant == 0) return BitsToFloat(sign);
-  uint32_t e = 121;  // subnormal: mant * 2^-9
-  while ((mant & 0x8u) == 0) {
-    mant <<= 1;
-    --e;
-  }
-  return BitsToFloat(sign | (e << 23) | ((mant & 0x7u) << 20));
+  const uint32_t sign = static_cast<uint32_t>(v & 0x80u) << 24;
+  const uint32_t a = v & 0x7fu;
+  const uint32_t normal = (a << 20) + (120u << 23);
+  // Subnormals (and zero): a * 2^-9, exact in f32.
+  const uint32_t sub = FloatToBits(static_cast<float>(static_cast<int32_t>(a)) * 0.001953125f);
+  uint32_t r = a >= 0x08u ? normal : sub;
+  r = a == 0x7fu ? 0x7fc00000u : r;
+  return BitsToFloat(sign | r);
 }
 
 // |x| for the block amax: NaN and +-Inf are ignored (they count as 0), so one non-finite value

@@ -34,10 +34,16 @@ uint64_t ScaleCols(const TransformDesc& desc);  // ceil(cols / 128)
 // - kFp8Block: amax = max |x| over the finite values of the block (NaN and +-Inf are ignored);
 //   scale = amax / 448 (float32 division), stored as float32 (DeepSeek-V3 / Kimi-K2
 //   `weight_scale_inv`: dequantised value = fp8 * scale). A block without a nonzero finite
-//   value gets scale 1.0 and its zeros quantise to 0x00 (0x80 for -0). Each element is
+//   value gets scale 1.0 (never 0: consumers that multiply by 1/scale stay finite; the
+//   dequantised zeros are exact either way) and its zeros quantise to 0x00 (0x80 for -0).
+//   Unlike DeepGEMM's per_block_cast_to_fp8 there is no amax floor of 1e-4: tiny blocks keep
+//   their full fp8 resolution. Each element is
 //   q = x / scale (float32 division, round-to-nearest-even), then rounded to nearest even
 //   e4m3fn and saturated to [-448, 448]: +-Inf -> +-448 (0x7e / 0xfe), NaN -> 0x7f / 0xff
-//   (sign kept). Denormal bf16 inputs take part like any other value.
+//   (sign kept). Denormal bf16 inputs take part like any other value: a block whose amax is
+//   denormal gets a denormal float32 scale, and the divisions keep denormals on both sides
+//   (nvcc -ftz=false; the host must not run with FTZ/DAZ set, i.e. no -ffast-math binary).
+// - kFp8BlockDequant: fp8 * scale as a float32 product, then rounded to bf16 if asked.
 absl::Status ApplyTransformCpu(const TransformDesc& desc, const void* src, void* dst,
                                float* scales = nullptr, int threads = 0);
 

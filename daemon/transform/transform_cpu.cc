@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/transform/float_bits.h"
+#include "daemon/transform/fp8_avx2.h"
 #include "daemon/transform/transform.h"
 
 namespace wb::transform {
@@ -135,7 +136,7 @@ void RunRows(const Plane& p, int threads, RowFn fn, uint64_t row_arg) {
 
 // Largest finite |x| of a bf16 block. For non-negative floats the integer order of the bit
 // patterns is the numeric order, so the max runs on integers (and vectorises).
-uint16_t BlockAmaxBits(const uint8_t* src, uint64_t stride, uint64_t rows, uint64_t cols) {
+uint16_t BlockAmaxBitsScalar(const uint8_t* src, uint64_t stride, uint64_t rows, uint64_t cols) {
   uint16_t amax = 0;
   for (uint64_t r = 0; r < rows; ++r) {
     const uint8_t* row = src + r * stride;
@@ -148,8 +149,29 @@ uint16_t BlockAmaxBits(const uint8_t* src, uint64_t stride, uint64_t rows, uint6
   return amax;
 }
 
-// Scale for a block amax; shared by the dequantiser's caller-visible contract.
+// The block scale (see ApplyTransformCpu in transform.h); the CUDA kernel computes the same.
 float ScaleForAmax(float amax) { return amax > 0.0f ? amax / bits::kFp8E4M3Max : 1.0f; }
+
+// Quantises n elements of one row with one block scale: x / scale in float32 (IEEE division,
+// as on the GPU), then round-to-nearest-even into e4m3fn with saturation.
+void QuantizeRowSegmentScalar(const uint8_t* src, uint8_t* dst, uint64_t n, float scale) {
+  for (uint64_t c = 0; c < n; ++c) {
+    dst[c] = bits::F32ToFp8E4M3Sat(bits::Bf16ToF32(Load<uint16_t>(src, c)) / scale);
+  }
+}
+
+uint16_t BlockAmaxBits(const uint8_t* src, uint64_t stride, uint64_t rows, uint64_t cols) {
+  return HaveAvx2() ? BlockAmaxBitsAvx2(src, stride, rows, cols)
+                    : BlockAmaxBitsScalar(src, stride, rows, cols);
+}
+
+void QuantizeRowSegment(const uint8_t* src, uint8_t* dst, uint64_t n, float scale) {
+  if (HaveAvx2()) {
+    QuantizeRowSegmentAvx2(src, dst, n, scale);
+  } else {
+    QuantizeRowSegmentScalar(src, dst, n, scale);
+  }
+}
 
 void QuantizeBlockRow(const Plane& p, float* scales, uint64_t block_row) {
   const TransformDesc& d = p.desc;
@@ -165,11 +187,19 @@ void QuantizeBlockRow(const Plane& p, float* scales, uint64_t block_row) {
         ScaleForAmax(bits::Bf16ToF32(BlockAmaxBits(src, d.src_stride, nrows, ncols)));
     scale_row[c0 / kFp8BlockSize] = scale;
     for (uint64_t r = 0; r < nrows; ++r) {
-      const uint8_t* s = src + r * d.src_stride;
-      uint8_t* o = dst + r * d.dst_stride;
-      for (uint64_t c = 0; c < ncols; ++c) {
-        o[c] = bits::F32ToFp8E4M3Sat(bits::Bf16ToF32(Load<uint16_t>(s, c)) / scale);
-      }
+      QuantizeRowSegment(src + r * d.src_stride, dst + r * d.dst_stride, ncols, scale);
+    }
+  }
+}
+
+template <typename Out>
+void DequantizeRowBlock(const uint8_t* src, uint8_t* dst, uint64_t n, float scale) {
+  for (uint64_t c = 0; c < n; ++c) {
+    const float v = bits::Fp8E4M3ToF32(src[c]) * scale;
+    if constexpr (sizeof(Out) == 4) {
+      Store<float>(dst, c, v);
+    } else {
+      Store<uint16_t>(dst, c, bits::F32ToBf16(v));
     }
   }
 }
@@ -180,16 +210,17 @@ void DequantizeBlockRow(const Plane& p, const float* scales, uint64_t block_row)
   const uint64_t nrows = std::min<uint64_t>(kFp8BlockSize, d.rows - r0);
   const float* scale_row = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(scales) +
                                                           block_row * d.scale_stride);
-  const bool to_f32 = d.dst_dtype == DType::kF32;
+  const size_t out_size = ElementSize(d.dst_dtype);
   for (uint64_t r = r0; r < r0 + nrows; ++r) {
     const uint8_t* s = p.src + r * d.src_stride;
     uint8_t* o = p.dst + r * d.dst_stride;
-    for (uint64_t c = 0; c < d.cols; ++c) {
-      const float v = bits::Fp8E4M3ToF32(s[c]) * scale_row[c / kFp8BlockSize];
-      if (to_f32) {
-        Store<float>(o, c, v);
+    for (uint64_t c0 = 0; c0 < d.cols; c0 += kFp8BlockSize) {
+      const uint64_t n = std::min<uint64_t>(kFp8BlockSize, d.cols - c0);
+      const float scale = scale_row[c0 / kFp8BlockSize];
+      if (out_size == 4) {
+        DequantizeRowBlock<float>(s + c0, o + c0 * 4, n, scale);
       } else {
-        Store<uint16_t>(o, c, bits::F32ToBf16(v));
+        DequantizeRowBlock<uint16_t>(s + c0, o + c0 * 2, n, scale);
       }
     }
   }

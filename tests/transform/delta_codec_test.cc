@@ -58,6 +58,37 @@ TEST_CASE("everything changed: dense is smaller, shadow still updated", "[delta]
   }
 }
 
+TEST_CASE("the scan stops once dense is certain, and the shadow is still complete", "[delta]") {
+  std::vector<uint8_t> old(200000, 0), next = old;
+  for (size_t i = 0; i < next.size(); i += 2) next[i] = (i / 2) % 4 != 0;  // 3 of 4 bf16
+  const DeltaEncoding enc = RoundTrip(old, next, 2);
+  CHECK(enc.kind == DeltaEncoding::Kind::kDense);
+  // 75000 of 100000 elements changed, 3 bytes per record (1-byte gaps): past 66659 records
+  // the 200000-byte dense form is certainly smaller and the scan stops.
+  CHECK(enc.changed_elems < 75000);
+}
+
+TEST_CASE("threads do not change the encoding", "[delta]") {
+  const size_t bytes = (40 << 20) + 6;  // several 8 MiB ranges and a ragged tail
+  const std::vector<uint8_t> old = RandomBytes(bytes, 9);
+  std::vector<uint8_t> sparse = old, busy = old;
+  std::mt19937 rng(10);
+  for (int i = 0; i < 20000; ++i) sparse[rng() % bytes] ^= 0x40;
+  sparse[bytes - 1] ^= 1;
+  for (size_t i = 0; i < bytes; i += 3) busy[i] ^= 1;  // dense: stops early in every thread
+  for (const auto* next : {&sparse, &busy}) {
+    std::vector<uint8_t> one = old, many = old;
+    absl::StatusOr<DeltaEncoding> a = EncodeDelta(absl::MakeSpan(one), *next, 2, 1);
+    absl::StatusOr<DeltaEncoding> b = EncodeDelta(absl::MakeSpan(many), *next, 2, 5);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->kind == b->kind);
+    CHECK(a->packed == b->packed);
+    CHECK(one == *next);
+    CHECK(many == *next);
+  }
+}
+
 TEST_CASE("changes at both ends need 4-byte gaps", "[delta]") {
   const size_t elems = 1 << 20;
   std::vector<uint8_t> old = RandomBytes(elems * 2, 2), next = old;

@@ -2,6 +2,7 @@
 // after the last lease (with fake open/close, so it runs everywhere), and on a GPU machine the
 // device memory round trip and IPC handle export work.
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,28 @@ TEST_CASE("device memory round trip and IPC export of an interior pointer", "[gp
   CHECK(ipc->device() == buf->device());
   CHECK(!GetIpcHandle(static_cast<uint8_t*>(buf->data()) + 4096, 1 << 20).ok());
   CHECK(!GetIpcHandle(in.data(), 16).ok());
+
+  // Another process opens the handle and sees the bytes at the offset.
+  std::string hex;
+  for (unsigned char c : ipc->ipc_handle()) {
+    char b[3];
+    std::snprintf(b, sizeof(b), "%02x", c);
+    hex += b;
+  }
+  const std::string cmd = "tests/transform/ipc_open_helper " + hex + " " +
+                          std::to_string(ipc->offset()) + " " + std::to_string(ipc->length()) +
+                          " " + std::to_string(ipc->device());
+  FILE* child = popen(cmd.c_str(), "r");
+  REQUIRE(child != nullptr);
+  unsigned long long hash = 0;
+  size_t open_allocations = 0;
+  const int fields = std::fscanf(child, "%llu %zu", &hash, &open_allocations);
+  CHECK(pclose(child) == 0);
+  REQUIRE(fields == 2);
+  uint64_t want = 1469598103934665603ull;
+  for (size_t i = 4096; i < 4096 + 1000; ++i) want = (want ^ in[i]) * 1099511628211ull;
+  CHECK(hash == want);
+  CHECK(open_allocations == 1);  // two leases, one open
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "daemon/transform/float_bits.h"
+#include "daemon/transform/fp8_avx2.h"
 #include "daemon/transform/transform.h"
 #include "tests/transform/golden_vectors.h"
 
@@ -15,6 +16,64 @@ namespace {
 
 using golden::F;
 using golden::U;
+
+// Independent reference conversions written with integer shifts (the library uses float-add
+// rounding for subnormals and selects instead of branches).
+uint32_t ShiftRoundEven(uint32_t sig, uint32_t shift) {
+  uint32_t q = sig >> shift;
+  const uint32_t rem = sig & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (q & 1u))) ++q;
+  return q;
+}
+
+uint8_t ReferenceFp8(float f) {
+  const uint32_t u = U(f);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7f;
+  if (a >= 0x43e00000u) return sign | 0x7e;
+  if (a >= 0x3c800000u) {
+    const uint32_t e = (a >> 23) - 120, m = ShiftRoundEven((a & 0x7fffffu) | 0x800000u, 20);
+    return static_cast<uint8_t>(sign | ((e << 3) + m - 8));  // m in [8, 16]: carry into e
+  }
+  const uint32_t e = a >> 23;
+  if (e < 116) return sign;
+  return static_cast<uint8_t>(sign | ShiftRoundEven((a & 0x7fffffu) | 0x800000u, 141u - e));
+}
+
+uint16_t ReferenceF16(float f) {
+  const uint32_t u = U(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00 | ((a >> 13) & 0x1ff);
+  if (a >= 0x477ff000u) return sign | 0x7c00;
+  if (a >= 0x38800000u) {
+    const uint32_t e = (a >> 23) - 112, m = ShiftRoundEven((a & 0x7fffffu) | 0x800000u, 13);
+    return static_cast<uint16_t>(sign | ((e << 10) + m - 1024));
+  }
+  const uint32_t e = a >> 23;
+  if (e < 102) return sign;
+  return static_cast<uint16_t>(sign | ShiftRoundEven((a & 0x7fffffu) | 0x800000u, 126u - e));
+}
+
+TEST_CASE("fp8 and f16 narrowing agree with shift-based references on a bit-pattern sweep",
+          "[fp8][cast]") {
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 251) {
+    const float f = F(static_cast<uint32_t>(u));
+    if (bits::F32ToFp8E4M3Sat(f) != ReferenceFp8(f)) FAIL("fp8 of f32 bits " << u);
+    if (bits::F32ToF16(f) != ReferenceF16(f)) FAIL("f16 of f32 bits " << u);
+  }
+  // Dense around the subnormal / normal boundaries, where rounding is most delicate.
+  for (uint32_t base : {0x3a000000u, 0x3b000000u, 0x3c000000u, 0x3c800000u, 0x33000000u,
+                        0x38000000u, 0x38800000u, 0x43d00000u, 0x477f0000u}) {
+    for (uint32_t d = 0; d < (1u << 20); d += 7) {
+      const float f = F(base + d);
+      if (bits::F32ToFp8E4M3Sat(f) != ReferenceFp8(f)) FAIL("fp8 of f32 bits " << base + d);
+      if (bits::F32ToF16(f) != ReferenceF16(f)) FAIL("f16 of f32 bits " << base + d);
+    }
+  }
+}
 
 TEST_CASE("f32 -> fp8 e4m3fn matches hand-derived bytes", "[fp8]") {
   for (const auto& g : golden::Fp8Scalars()) {
@@ -135,6 +194,10 @@ std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
 }
 
 TEST_CASE("fp8 quantisation: threads do not change bytes, dequantisation is close", "[fp8]") {
+  // Once with the AVX2 loops (where the CPU has them), once with the scalar fallback.
+  const bool avx2 = GENERATE(true, false);
+  INFO("avx2 allowed: " << avx2);
+  SetAvx2Allowed(avx2);
   const uint64_t rows = 515, cols = 700;
   const std::vector<uint16_t> src = RandomBf16(rows * cols, 7);
   TransformDesc d{Kind::kFp8Block, DType::kBF16, DType::kF8E4M3, rows, cols};
@@ -144,6 +207,25 @@ TEST_CASE("fp8 quantisation: threads do not change bytes, dequantisation is clos
   REQUIRE(ApplyTransformCpu(d, src.data(), many.data(), s4.data(), 4).ok());
   CHECK(one == many);
   CHECK(s1 == s4);
+
+  // Against the scalar definition, element by element (the library may run AVX2 loops).
+  for (uint64_t i = 0; i < rows * cols; ++i) {
+    const float scale = s1[(i / cols / 128) * 6 + (i % cols) / 128];
+    if (one[i] != bits::F32ToFp8E4M3Sat(bits::Bf16ToF32(src[i]) / scale)) FAIL("element " << i);
+  }
+  for (uint64_t br = 0; br < 5; ++br) {
+    for (uint64_t bc = 0; bc < 6; ++bc) {
+      float amax = 0;
+      for (uint64_t r = br * 128; r < std::min(rows, br * 128 + 128); ++r) {
+        for (uint64_t c = bc * 128; c < std::min(cols, bc * 128 + 128); ++c) {
+          const float x = std::fabs(bits::Bf16ToF32(src[r * cols + c]));
+          if (std::isfinite(x)) amax = std::max(amax, x);
+        }
+      }
+      CHECK(s1[br * 6 + bc] == (amax > 0 ? amax / 448.0f : 1.0f));
+    }
+  }
+  SetAvx2Allowed(true);
 
   TransformDesc back{Kind::kFp8BlockDequant, DType::kF8E4M3, DType::kF32, rows, cols};
   std::vector<float> deq(rows * cols);

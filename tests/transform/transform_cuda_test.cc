@@ -71,27 +71,33 @@ TEST_CASE("CUDA fp8 block quantisation matches golden blocks", "[cuda][fp8]") {
 TEST_CASE("CUDA fp8 quantisation of ragged blocks with padded strides", "[cuda][fp8]") {
   if (!HaveDevice()) return;
   const golden::RaggedCase c = golden::MakeRaggedCase();
-  const uint64_t src_stride = (c.cols + 6) * 2, dst_stride = c.cols + 4, scale_stride = 16;
-  std::vector<uint8_t> src(c.rows * src_stride, 0xff);
-  for (int r = 0; r < c.rows; ++r) {
-    std::memcpy(src.data() + r * src_stride, c.bf16.data() + r * c.cols, c.cols * 2);
-  }
-  gpu::DeviceBuffer d_src = Upload(src);
-  gpu::DeviceBuffer d_dst = Upload(std::vector<uint8_t>(c.rows * dst_stride, 0x5a));
-  gpu::DeviceBuffer d_scales = Upload(std::vector<float>(8, -7.0f));
-  TransformDesc d{Kind::kFp8Block, DType::kBF16, DType::kF8E4M3, 130, 260,
-                  src_stride,      dst_stride,   scale_stride};
-  REQUIRE(
-      ApplyTransformCuda(d, d_src.data(), d_dst.data(), static_cast<float*>(d_scales.data())).ok());
-  const std::vector<uint8_t> dst = Download<uint8_t>(d_dst, c.rows * dst_stride);
-  const std::vector<float> scales = Download<float>(d_scales, 8);
-  for (int r = 0; r < c.rows; ++r) {
-    REQUIRE(std::memcmp(dst.data() + r * dst_stride, c.expected.data() + r * c.cols, c.cols) == 0);
-    REQUIRE(dst[r * dst_stride + c.cols] == 0x5a);
-  }
-  for (int i = 0; i < 2; ++i) {
-    for (int j = 0; j < 3; ++j) CHECK(scales[i * 4 + j] == c.scales[i * 3 + j]);
-    CHECK(scales[i * 4 + 3] == -7.0f);
+  // Destination padding 4 keeps rows 2-byte aligned (paired stores), 3 does not.
+  for (uint64_t dst_pad : {4, 3}) {
+    INFO("destination row padding " << dst_pad);
+    const uint64_t src_stride = (c.cols + 6) * 2, dst_stride = c.cols + dst_pad;
+    const uint64_t scale_stride = 16;
+    std::vector<uint8_t> src(c.rows * src_stride, 0xff);
+    for (int r = 0; r < c.rows; ++r) {
+      std::memcpy(src.data() + r * src_stride, c.bf16.data() + r * c.cols, c.cols * 2);
+    }
+    gpu::DeviceBuffer d_src = Upload(src);
+    gpu::DeviceBuffer d_dst = Upload(std::vector<uint8_t>(c.rows * dst_stride, 0x5a));
+    gpu::DeviceBuffer d_scales = Upload(std::vector<float>(8, -7.0f));
+    TransformDesc d{Kind::kFp8Block, DType::kBF16, DType::kF8E4M3, 130, 260,
+                    src_stride,      dst_stride,   scale_stride};
+    REQUIRE(ApplyTransformCuda(d, d_src.data(), d_dst.data(), static_cast<float*>(d_scales.data()))
+                .ok());
+    const std::vector<uint8_t> dst = Download<uint8_t>(d_dst, c.rows * dst_stride);
+    const std::vector<float> scales = Download<float>(d_scales, 8);
+    for (int r = 0; r < c.rows; ++r) {
+      REQUIRE(std::memcmp(dst.data() + r * dst_stride, c.expected.data() + r * c.cols, c.cols) ==
+              0);
+      REQUIRE(dst[r * dst_stride + c.cols] == 0x5a);
+    }
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 3; ++j) CHECK(scales[i * 4 + j] == c.scales[i * 3 + j]);
+      CHECK(scales[i * 4 + 3] == -7.0f);
+    }
   }
 }
 
@@ -109,34 +115,38 @@ std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
 
 TEST_CASE("CUDA fp8 quantisation and dequantisation equal the CPU byte for byte", "[cuda][fp8]") {
   if (!HaveDevice()) return;
-  const uint64_t rows = 1000, cols = 1100;  // ragged in both directions
-  const std::vector<uint16_t> src = RandomBf16(rows * cols, 11);
-  const uint64_t srows = 8, scols = 9;
-  TransformDesc d{Kind::kFp8Block, DType::kBF16, DType::kF8E4M3, rows, cols};
-  std::vector<uint8_t> cpu(rows * cols);
-  std::vector<float> cpu_scales(srows * scols);
-  REQUIRE(ApplyTransformCpu(d, src.data(), cpu.data(), cpu_scales.data()).ok());
+  // Ragged in both directions; an even column count takes the paired path, an odd one not.
+  for (uint64_t cols : {1100, 1101}) {
+    const uint64_t rows = cols == 1100 ? 1000 : 333;
+    INFO(rows << " x " << cols);
+    const std::vector<uint16_t> src = RandomBf16(rows * cols, static_cast<uint32_t>(cols));
+    const uint64_t srows = (rows + 127) / 128, scols = (cols + 127) / 128;
+    TransformDesc d{Kind::kFp8Block, DType::kBF16, DType::kF8E4M3, rows, cols};
+    std::vector<uint8_t> cpu(rows * cols);
+    std::vector<float> cpu_scales(srows * scols);
+    REQUIRE(ApplyTransformCpu(d, src.data(), cpu.data(), cpu_scales.data()).ok());
 
-  gpu::DeviceBuffer d_src = Upload(src);
-  gpu::DeviceBuffer d_dst = Zeros(rows * cols);
-  gpu::DeviceBuffer d_scales = Zeros(srows * scols * 4);
-  REQUIRE(
-      ApplyTransformCuda(d, d_src.data(), d_dst.data(), static_cast<float*>(d_scales.data())).ok());
-  CHECK(Download<uint8_t>(d_dst, rows * cols) == cpu);
-  const std::vector<float> gpu_scales = Download<float>(d_scales, srows * scols);
-  CHECK(std::memcmp(gpu_scales.data(), cpu_scales.data(), srows * scols * 4) == 0);
+    gpu::DeviceBuffer d_src = Upload(src);
+    gpu::DeviceBuffer d_dst = Zeros(rows * cols);
+    gpu::DeviceBuffer d_scales = Zeros(srows * scols * 4);
+    REQUIRE(ApplyTransformCuda(d, d_src.data(), d_dst.data(), static_cast<float*>(d_scales.data()))
+                .ok());
+    CHECK(Download<uint8_t>(d_dst, rows * cols) == cpu);
+    const std::vector<float> gpu_scales = Download<float>(d_scales, srows * scols);
+    CHECK(std::memcmp(gpu_scales.data(), cpu_scales.data(), srows * scols * 4) == 0);
 
-  for (DType out : {DType::kBF16, DType::kF32}) {
-    INFO("dequantise to " << DTypeName(out));
-    TransformDesc back{Kind::kFp8BlockDequant, DType::kF8E4M3, out, rows, cols};
-    const size_t bytes = rows * cols * ElementSize(out);
-    std::vector<uint8_t> cpu_back(bytes);
-    REQUIRE(ApplyTransformCpu(back, cpu.data(), cpu_back.data(), cpu_scales.data()).ok());
-    gpu::DeviceBuffer d_back = Zeros(bytes);
-    REQUIRE(
-        ApplyTransformCuda(back, d_dst.data(), d_back.data(), static_cast<float*>(d_scales.data()))
-            .ok());
-    CHECK(Download<uint8_t>(d_back, bytes) == cpu_back);
+    for (DType out : {DType::kBF16, DType::kF32}) {
+      INFO("dequantise to " << DTypeName(out));
+      TransformDesc back{Kind::kFp8BlockDequant, DType::kF8E4M3, out, rows, cols};
+      const size_t bytes = rows * cols * ElementSize(out);
+      std::vector<uint8_t> cpu_back(bytes);
+      REQUIRE(ApplyTransformCpu(back, cpu.data(), cpu_back.data(), cpu_scales.data()).ok());
+      gpu::DeviceBuffer d_back = Zeros(bytes);
+      REQUIRE(ApplyTransformCuda(back, d_dst.data(), d_back.data(),
+                                 static_cast<float*>(d_scales.data()))
+                  .ok());
+      CHECK(Download<uint8_t>(d_back, bytes) == cpu_back);
+    }
   }
 }
 
