@@ -210,12 +210,14 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
     absl::Mutex* mu;
     ~Unlock() { mu->Unlock(); }
   } unlock{&plan_mu_};
+  uint64_t last_committed;
   {
     absl::MutexLock slock(&state_mu_);
-    if (version <= last_committed_) {
-      return fail(absl::StrCat("version ", version, " is not newer than the last committed ",
-                               "version ", last_committed_));
-    }
+    last_committed = last_committed_;
+  }
+  if (version <= last_committed) {
+    return fail(absl::StrCat("version ", version, " is not newer than the last committed ",
+                             "version ", last_committed));
   }
   membership_.Sweep();
   if (!has_plan_ || membership_.layout_version() != plan_layout_version_) {
