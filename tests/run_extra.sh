@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Suites that run outside `bazel test`: the end-to-end demo and the Soft-RoCE VM suite.
+# Called by ./wb test after the Bazel tests.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+failed=0
+log() { printf '\033[1m[wb]\033[0m %s\n' "$*" >&2; }
+
+log "end-to-end demo (./wb demo): Qwen3-0.6B shape over tcp, verified bit for bit"
+if tests/demo/demo.sh --steps 3; then log "demo: PASS"; else log "demo: FAIL"; failed=1; fi
+
+if [ -x tests/rxe/run_suite.sh ]; then
+  log "RDMA suite inside the Soft-RoCE VM"
+  if tests/rxe/run_suite.sh; then log "RDMA VM suite: PASS"; else log "RDMA VM suite: FAIL"; failed=1; fi
+fi
+exit $failed
