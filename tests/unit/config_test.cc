@@ -173,3 +173,16 @@ TEST_CASE("the example files in config/examples load") {
   INFO(c.status().message());
   REQUIRE(c.ok());
 }
+
+TEST_CASE("the deployment configs in deploy/etc load") {
+  for (const char* name : {"deploy/etc/agent-train-0.yaml", "deploy/etc/agent-infer-0.yaml"}) {
+    auto c = wb::config::LoadAgentConfig(name);
+    INFO(name << ": " << c.status().message());
+    REQUIRE(c.ok());
+    CHECK(c->rdma.enabled);
+  }
+  auto c = wb::config::LoadControllerConfig("deploy/etc/controller.yaml");
+  INFO(c.status().message());
+  REQUIRE(c.ok());
+  CHECK(c->world.inference_ranks_per_replica == 8);
+}
