@@ -119,6 +119,27 @@ TEST_CASE("steps commit verified bytes; a killed agent fails its step by name; i
                Catch::Contains("version 2 is not newer than the last committed version 3"));
   }
 
+  SECTION("the controller killed and restarted: agents re-register, same plan, next step works") {
+    cluster.RestartController(SIGKILL);
+    auto again = ControllerClient::Connect(cluster.controller_address());
+    REQUIRE(again.ok());
+    // Agents notice the new incarnation on their next heartbeat and register again.
+    absl::StatusOr<v1::PlanSummary> replanned = absl::UnknownError("not run");
+    for (int i = 0; i < 50 && !replanned.ok(); ++i) {
+      replanned = again->Plan(world, std::chrono::seconds(5));
+      if (!replanned.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    INFO((replanned.ok() ? "" : std::string(replanned.status().message())));
+    REQUIRE(replanned.ok());
+    CHECK(replanned->plan_hash() == plan->plan_hash());
+    trainer.Fill(10);
+    // The new controller starts with no committed version; any newer version works.
+    auto step = again->Step(10);
+    INFO((step.ok() ? "" : std::string(step.status().message())));
+    REQUIRE(step.ok());
+    CHECK(SameBytes(trainer, inference));
+  }
+
   SECTION("the sending agent killed mid-step fails that step, naming it; it rejoins") {
     trainer.Fill(4);
     // Kill the sender the moment the inference side hears the step begin.

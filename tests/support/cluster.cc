@@ -26,6 +26,20 @@ Cluster::Cluster(const std::string& bin_dir, ClusterOptions options)
   }
 }
 
+void Cluster::StartController() {
+  controller_ =
+      std::make_unique<Process>(std::vector<std::string>{bin_dir_ + "/controller/wb-controller",
+                                                         "--config", dir_ + "/controller.yaml"},
+                                dir_ + "/controller.log");
+}
+
+void Cluster::RestartController(int sig) {
+  controller_->Signal(sig);
+  controller_->Wait(std::chrono::seconds(5));
+  controller_.reset();
+  StartController();
+}
+
 Cluster::~Cluster() {
   agents_.clear();
   controller_.reset();

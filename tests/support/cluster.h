@@ -33,9 +33,13 @@ class Cluster {
   bool StartAgent(const std::string& agent);
   Process* agent(const std::string& name) { return agents_.at(name).get(); }
   void KillAgent(const std::string& name, int sig);
+  // Kills the controller with `sig` and starts a new one on the same port.
+  void RestartController(int sig);
   std::string Log(const std::string& name) const;
 
  private:
+  void StartController();
+
   std::string bin_dir_;
   ClusterOptions options_;
   std::string dir_;
