@@ -148,7 +148,10 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
   BlockingQueue<Job> to_write;
   ErrorSlot error;
   std::atomic<uint64_t> bytes_sent{0};
-  std::atomic<int64_t> prepare_ns{0}, write_ns{0}, complete_ns{0};
+  std::atomic<int64_t> prepare_ns{0}, complete_ns{0};
+  // The write stage's wall time: from the first post to the last completion of the phase.
+  std::atomic<int64_t> first_post_ns{0}, last_done_ns{0};
+  const auto phase_t0 = Clock::now();
 
   // Stage-in: resolve sources. On hosts without CUDA every transform runs on the CPU from the
   // mapped source, so there is no host->device copy to make here.
@@ -217,7 +220,6 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
       if (job->staging) staging_->Release(job->staging);
       continue;
     }
-    const auto t0 = Clock::now();
     std::vector<transport::WriteOp> writes;
     if (auto s = BuildWrites(*job, &writes); !s.ok()) {
       if (job->staging) staging_->Release(job->staging);
@@ -233,9 +235,13 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
     auto staging = job->staging;
     const v1::TransferOp* op = job->op;
     const auto posted = Clock::now();
-    job->route->peer->PostBatch(std::move(writes), [&, staging, op, bytes, posted](absl::Status s) {
+    if (first_post_ns.load() == 0)
+      first_post_ns = std::max<int64_t>(1, (posted - phase_t0).count());
+    job->route->peer->PostBatch(std::move(writes), [&, staging, op, bytes](absl::Status s) {
       const auto c0 = Clock::now();
-      write_ns += (c0 - posted).count();
+      int64_t done_ns = (c0 - phase_t0).count(), prev = last_done_ns.load();
+      while (done_ns > prev && !last_done_ns.compare_exchange_weak(prev, done_ns)) {
+      }
       if (staging) staging_->Release(staging);
       if (s.ok()) {
         bytes_sent += bytes;
@@ -246,7 +252,6 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
       absl::MutexLock lock(&done_mu);
       --outstanding;
     });
-    write_ns += (Clock::now() - t0).count();
   }
   for (auto& t : preparers) t.join();
 
@@ -274,7 +279,10 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
   }
   auto* st = report->mutable_stages();
   st->set_prepare_seconds(st->prepare_seconds() + prepare_ns.load() * 1e-9);
-  st->set_write_seconds(st->write_seconds() + write_ns.load() * 1e-9);
+  if (first_post_ns.load() > 0 && last_done_ns.load() > first_post_ns.load()) {
+    st->set_write_seconds(st->write_seconds() +
+                          (last_done_ns.load() - first_post_ns.load()) * 1e-9);
+  }
   st->set_complete_seconds(st->complete_seconds() + complete_ns.load() * 1e-9);
   report->set_bytes_sent(report->bytes_sent() + bytes_sent.load());
   if (cancelled_ && error.Get().ok()) {
