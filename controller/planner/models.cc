@@ -214,8 +214,8 @@ ModelSpec BuildDeepSeekV3(const std::string& name, const DeepSeekV3Config& c) {
         TpStyle::kReplicated, true);
     Add(&m, a + "kv_a_layernorm.weight", {c.kv_lora_rank}, TpStyle::kReplicated, false);
     Add(&m, a + "kv_b_proj.weight",
-        {int64_t{c.heads} * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},
-        TpStyle::kColumn, true);
+        {int64_t{c.heads} * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, TpStyle::kColumn,
+        true);
     Add(&m, a + "o_proj.weight", {h, int64_t{c.heads} * c.v_head_dim}, TpStyle::kRow, true);
     Add(&m, p + "post_attention_layernorm.weight", {h}, TpStyle::kReplicated, false);
     if (l < c.dense_layers) {
@@ -247,15 +247,13 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
                                                       const TrainerOptions& tr,
                                                       const InferenceOptions& inf) {
   if (tr.ranks <= 0 || tr.replicas <= 0 || tr.ranks % tr.replicas != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("trainer ranks ", tr.ranks,
-                                                   " must be a positive multiple of replicas ",
-                                                   tr.replicas));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer ranks ", tr.ranks, " must be a positive multiple of replicas ", tr.replicas));
   }
   const int per_replica = tr.ranks / tr.replicas;
   if (tr.ep <= 0 || per_replica % tr.ep != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("trainer ep ", tr.ep,
-                                                   " must divide the ranks per replica ",
-                                                   per_replica));
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer ep ", tr.ep, " must divide the ranks per replica ", per_replica));
   }
   if (inf.tp <= 0 || inf.gpus <= 0 || inf.gpus % inf.tp != 0) {
     return absl::InvalidArgumentError(

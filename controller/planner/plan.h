@@ -64,10 +64,10 @@ struct PlanStats {
   std::vector<uint64_t> sender_device_bytes, receiver_device_bytes;
   uint64_t total_bytes = 0;
   uint64_t total_ops = 0;
-  double sender_imbalance = 0;           // max / mean over sending agents
-  double receiver_imbalance = 0;         // max / mean over receiving agents
-  double sender_device_imbalance = 0;    // max / mean over sending devices
-  double predicted_step_seconds = 0;     // max over senders' and receivers' rails
+  double sender_imbalance = 0;         // max / mean over sending agents
+  double receiver_imbalance = 0;       // max / mean over receiving agents
+  double sender_device_imbalance = 0;  // max / mean over sending devices
+  double predicted_step_seconds = 0;   // max over senders' and receivers' rails
 };
 
 struct Plan {

@@ -12,8 +12,8 @@ namespace v1 = weightbeam::v1;
 absl::StatusOr<AgentLayout> LayoutFromProto(const v1::AgentInfo& info,
                                             const v1::AgentLayout& layout) {
   if (!info.name().empty() && info.name() != layout.agent()) {
-    return absl::InvalidArgumentError(absl::StrCat("agent info names ", info.name(),
-                                                   " but its layout names ", layout.agent()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("agent info names ", info.name(), " but its layout names ", layout.agent()));
   }
   AgentLayout out;
   out.name = layout.agent();
@@ -33,8 +33,8 @@ absl::StatusOr<AgentLayout> LayoutFromProto(const v1::AgentInfo& info,
         e.owner.role = Role::kInference;
         break;
       default:
-        return absl::InvalidArgumentError(absl::StrCat("agent ", layout.agent(), " tensor ",
-                                                       e.name, ": owner role is unspecified"));
+        return absl::InvalidArgumentError(absl::StrCat("agent ", layout.agent(), " tensor ", e.name,
+                                                       ": owner role is unspecified"));
     }
     e.owner.rank = t.owner().rank();
     e.owner.replica = t.owner().replica();

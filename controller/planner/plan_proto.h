@@ -28,7 +28,7 @@ weightbeam::v1::TransferOp OpToProto(const std::vector<AgentLayout>& agents, con
 std::vector<weightbeam::v1::AgentPlan> PlanToProto(const std::vector<AgentLayout>& agents,
                                                    const Plan& plan, uint64_t plan_id);
 
-weightbeam::v1::PlanSummary SummaryToProto(const std::vector<AgentLayout>& agents,
-                                           const Plan& plan, uint64_t plan_id);
+weightbeam::v1::PlanSummary SummaryToProto(const std::vector<AgentLayout>& agents, const Plan& plan,
+                                           uint64_t plan_id);
 
 }  // namespace wb::planner

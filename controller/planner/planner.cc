@@ -202,7 +202,8 @@ class Planner {
                                " dimensions"));
     }
     for (int64_t s : t.shape) {
-      if (s <= 0) return fail(absl::StrCat("shape ", FormatShape(t.shape), " has an empty dimension"));
+      if (s <= 0)
+        return fail(absl::StrCat("shape ", FormatShape(t.shape), " has an empty dimension"));
     }
     if (!t.shard.empty()) {
       if (t.shard.size() != t.shape.size()) {
@@ -231,10 +232,10 @@ class Planner {
     for (const EntryRef& r : refs) {
       const TensorEntry& t = E(r);
       if (t.dtype != first.dtype || t.shape != first.shape) {
-        problems_.Add(absl::StrCat("tensor ", Name(name), " is registered inconsistently: ",
-                                   DTypeName(first.dtype), " ", FormatShape(first.shape), " on ",
-                                   Who(refs[0]), " but ", DTypeName(t.dtype), " ",
-                                   FormatShape(t.shape), " on ", Who(r)));
+        problems_.Add(absl::StrCat("tensor ", Name(name),
+                                   " is registered inconsistently: ", DTypeName(first.dtype), " ",
+                                   FormatShape(first.shape), " on ", Who(refs[0]), " but ",
+                                   DTypeName(t.dtype), " ", FormatShape(t.shape), " on ", Who(r)));
         return false;
       }
     }
@@ -274,10 +275,12 @@ class Planner {
     if (dim0_only) {
       int64_t next = 0;
       for (const auto& [b, ref] : boxes) {
-        if (b.start[0] > next) absl::StrAppend(&where, where.empty() ? "" : ", ", "rows [", next, ", ", b.start[0], ")");
+        if (b.start[0] > next)
+          absl::StrAppend(&where, where.empty() ? "" : ", ", "rows [", next, ", ", b.start[0], ")");
         next = b.End(0);
       }
-      if (next < shape[0]) absl::StrAppend(&where, where.empty() ? "" : ", ", "rows [", next, ", ", shape[0], ")");
+      if (next < shape[0])
+        absl::StrAppend(&where, where.empty() ? "" : ", ", "rows [", next, ", ", shape[0], ")");
     } else {
       where = absl::StrCat(total - covered, " of ", total, " elements");
     }
@@ -356,7 +359,8 @@ class Planner {
       for (size_t k = 0; k < boxes.size(); ++k) {
         if (k == 0 || !(boxes[k].first == boxes[k - 1].first)) distinct.push_back(boxes[k]);
       }
-      if (!CheckTiling(name, absl::StrCat("inference replica ", replica), distinct)) info.bad = true;
+      if (!CheckTiling(name, absl::StrCat("inference replica ", replica), distinct))
+        info.bad = true;
       i = j;
     }
   }
@@ -440,7 +444,6 @@ class Planner {
                                    " (one scale per 128x128 block)"));
         info.bad = true;
       }
-      if (s.bad) info.bad = true;
     }
     for (int32_t n : dst_names_) {
       NameInfo& info = infos_[n];
@@ -524,9 +527,9 @@ class Planner {
       if (!ok || offset != d.shape[dim]) {
         std::string parts;
         for (int32_t id : ids) absl::StrAppend(&parts, "; ", SrcWho(id));
-        problems_.Add(absl::StrCat("fused destination ", name, " ", FormatShape(d.shape), " on ",
-                                   Who(info.dst[0]), ": parts are inconsistent with a concat along dim ",
-                                   dim, parts));
+        problems_.Add(absl::StrCat(
+            "fused destination ", name, " ", FormatShape(d.shape), " on ", Who(info.dst[0]),
+            ": parts are inconsistent with a concat along dim ", dim, parts));
         info.parts.clear();
         info.bad = true;
         return;
@@ -554,8 +557,8 @@ class Planner {
       }
     } else {
       problems_.Add(absl::StrCat("no transform from ", DTypeName(src), " to ", DTypeName(dst),
-                                 " for destination ", Name(n), " (", Who(info.dst[0]),
-                                 ", source ", SrcWho(info.parts[0].src_name), ")"));
+                                 " for destination ", Name(n), " (", Who(info.dst[0]), ", source ",
+                                 SrcWho(info.parts[0].src_name), ")"));
       info.bad = true;
     }
   }
@@ -582,18 +585,18 @@ class Planner {
     for (int d = 0; d < 2; ++d) {
       int64_t cut = SplitBoundary(dbox, d, w.shape[d]);
       if (cut >= 0) {
-        ReportFp8(n, absl::StrCat("FP8 destination ", Name(n), ": ", Who(ref), " holds ",
-                                  BoxString(dbox), " whose ", d == 0 ? "row" : "column",
-                                  " boundary ", cut,
-                                  " splits a 128x128 scale block; FP8 destination shards must be "
-                                  "cut at multiples of 128"));
+        ReportFp8(
+            n, absl::StrCat("FP8 destination ", Name(n), ": ", Who(ref), " holds ", BoxString(dbox),
+                            " whose ", d == 0 ? "row" : "column", " boundary ", cut,
+                            " splits a 128x128 scale block; FP8 destination shards must be "
+                            "cut at multiples of 128"));
         return false;
       }
     }
     *scale_tensor = FindScaleEntry(info.scale_name, ref);
     if (*scale_tensor < 0) {
-      ReportFp8(n, absl::StrCat("FP8 destination ", Name(n), " on ", Who(ref), " has no scale tensor ",
-                                Name(info.scale_name), " beside it"));
+      ReportFp8(n, absl::StrCat("FP8 destination ", Name(n), " on ", Who(ref),
+                                " has no scale tensor ", Name(info.scale_name), " beside it"));
       return false;
     }
     Box sbox = EntryBox(agents_[ref.agent].tensors[*scale_tensor]);
@@ -628,8 +631,9 @@ class Planner {
           const int64_t off0 = info.fusion_dim == 0 ? part.offset : 0;
           const Slice* first = slices_.data() + src.slice_begin;
           const Slice* last = first + src.slice_count;
-          const Slice* it = std::upper_bound(first, last, d0 - off0 - src.max_len0,
-                                             [](int64_t v, const Slice& s) { return v < s.start0; });
+          const Slice* it =
+              std::upper_bound(first, last, d0 - off0 - src.max_len0,
+                               [](int64_t v, const Slice& s) { return v < s.start0; });
           for (; it != last && it->start0 + off0 < d1; ++it) {
             if (it->start0 + off0 + it->size0 > d0 && it->holder_count == 1) {
               ++count[holders_[it->holder_begin].agent];
@@ -668,9 +672,8 @@ class Planner {
           const Slice* first = slices_.data() + src.slice_begin;
           const Slice* last = first + src.slice_count;
           const int64_t lo = dbox.start[0] - off0 - src.max_len0;
-          const Slice* it = std::upper_bound(first, last, lo, [](int64_t v, const Slice& s) {
-            return v < s.start0;
-          });
+          const Slice* it = std::upper_bound(
+              first, last, lo, [](int64_t v, const Slice& s) { return v < s.start0; });
           for (; it != last && it->start0 + off0 < dbox.End(0); ++it) {
             if (it->start0 + off0 + it->size0 <= dbox.start[0]) continue;
             const EntryRef holder = holders_[it->holder_begin];
@@ -682,20 +685,36 @@ class Planner {
               for (int d = 0; d < 2; ++d) {
                 int64_t cut = SplitBoundary(b, d, shape[d]);
                 if (cut < 0) continue;
-                ReportFp8(n, absl::StrCat(
-                                 "FP8 destination ", Name(n), " (", Who(dref), "): source ",
-                                 Name(part.src_name), " held by ", Who(holder), " as ",
-                                 BoxString(EntryBox(E(holder))), " gives ", d == 0 ? "rows" : "columns",
-                                 " [", b.start[d], ", ", b.End(d), ") of the destination, splitting the 128-",
-                                 d == 0 ? "row" : "column", " block at ", d == 0 ? "row " : "column ",
-                                 cut, "; FP8 block scaling needs each 128x128 block from one source, "
-                                 "so source shards must be cut at multiples of 128"));
+                ReportFp8(
+                    n, absl::StrCat("FP8 destination ", Name(n), " (", Who(dref), "): source ",
+                                    Name(part.src_name), " held by ", Who(holder), " as ",
+                                    BoxString(EntryBox(E(holder))), " gives ",
+                                    d == 0 ? "rows" : "columns", " [", b.start[d], ", ", b.End(d),
+                                    ") of the destination, splitting the 128-",
+                                    d == 0 ? "row" : "column", " block at ",
+                                    d == 0 ? "row " : "column ", cut,
+                                    "; FP8 block scaling needs each 128x128 block from one source, "
+                                    "so source shards must be cut at multiples of 128"));
                 break;
               }
               if (info.fp8_error_reported) break;
             }
             runs.clear();
-            BoxRuns(b, sb, dbox, &runs);
+            if (fp8) {
+              // Keep the 2-D shape (never fold rows into one run): the executor computes
+              // 128x128 block scales from rows x row_elems.
+              Run r;
+              r.rows = b.size[0];
+              r.row_elems = b.size[1];
+              r.src_offset = (b.start[0] - sb.start[0]) * sb.size[1] + (b.start[1] - sb.start[1]);
+              r.src_stride = sb.size[1];
+              r.dst_offset =
+                  (b.start[0] - dbox.start[0]) * dbox.size[1] + (b.start[1] - dbox.start[1]);
+              r.dst_stride = dbox.size[1];
+              runs.push_back(r);
+            } else {
+              BoxRuns(b, sb, dbox, &runs);
+            }
             for (const Run& r : runs) {
               PlannedOp op;
               op.src_offset = r.src_offset * se;
@@ -767,7 +786,8 @@ class Planner {
       for (int pos = 0; pos < g; ++pos) {
         const int32_t d = dev_base_[a] + gpus[pos] + 1;
         if (nics >= g) {
-          dev_rail_first_[d] = pos, dev_rail_step_[d] = g, dev_rail_count_[d] = (nics - pos + g - 1) / g;
+          dev_rail_first_[d] = pos, dev_rail_step_[d] = g,
+          dev_rail_count_[d] = (nics - pos + g - 1) / g;
         } else {
           dev_rail_first_[d] = pos % nics;
         }
@@ -905,7 +925,8 @@ class Planner {
         const int32_t dd = tensor_dev_[op.dst_agent][op.dst_tensor];
         const double share = static_cast<double>(b) / dev_rail_count_[dd];
         for (int k = 0; k < dev_rail_count_[dd]; ++k) {
-          recv_rail[rail_base_[op.dst_agent] + dev_rail_first_[dd] + k * dev_rail_step_[dd]] += share;
+          recv_rail[rail_base_[op.dst_agent] + dev_rail_first_[dd] + k * dev_rail_step_[dd]] +=
+              share;
         }
         s.send_bytes[a] += b;
         s.send_ops[a] += 1;

@@ -11,9 +11,11 @@ void Problems::Add(std::string line) {
 
 absl::Status Problems::ToStatus() const {
   if (count_ == 0) return absl::OkStatus();
-  std::string msg = absl::StrCat("plan rejected: ", count_, count_ == 1 ? " problem:" : " problems:");
+  std::string msg =
+      absl::StrCat("plan rejected: ", count_, count_ == 1 ? " problem:" : " problems:");
   for (const std::string& line : lines_) absl::StrAppend(&msg, "\n- ", line);
-  if (count_ > lines_.size()) absl::StrAppend(&msg, "\n- ... and ", count_ - lines_.size(), " more");
+  if (count_ > lines_.size())
+    absl::StrAppend(&msg, "\n- ... and ", count_ - lines_.size(), " more");
   return absl::InvalidArgumentError(msg);
 }
 

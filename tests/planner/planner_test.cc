@@ -127,10 +127,8 @@ TEST_CASE("fusion: q, k and v land at their offsets of qkv_proj, split across TP
 TEST_CASE("rename rules map source names onto destination names") {
   PlanOptions options;
   options.renames = {{R"(module\.(.*))", R"(\1)"}};
-  auto agents = LayoutBuilder()
-                    .Src("t0", 0, "module.W", {4, 4})
-                    .Dst("i0", 0, 0, "W", {4, 4})
-                    .Build();
+  auto agents =
+      LayoutBuilder().Src("t0", 0, "module.W", {4, 4}).Dst("i0", 0, 0, "W", {4, 4}).Build();
   Plan plan = MustPlan(agents, options);
   auto ops = AllOps(agents, plan.ops, plan.agent_order);
   REQUIRE(ops.size() == 1);
@@ -254,7 +252,8 @@ TEST_CASE("phases group layers and ops run phase by phase") {
     std::string n = "model.layers." + std::to_string(k) + ".W";
     b.Src("t0", 0, n, {4, 4}).Dst("i0", 0, 0, n, {4, 4});
   }
-  b.Src("t0", 0, "model.embed_tokens.weight", {4, 4}).Dst("i0", 0, 0, "model.embed_tokens.weight", {4, 4});
+  b.Src("t0", 0, "model.embed_tokens.weight", {4, 4})
+      .Dst("i0", 0, 0, "model.embed_tokens.weight", {4, 4});
   PlanOptions options;
   options.layers_per_phase = 2;
   auto agents = b.Build();
