@@ -36,6 +36,9 @@ struct EntryRef {
 struct Slice {
   int64_t start0;
   int64_t size0;
+  int64_t start1;  // dimension 1 when ndim == 2, so 1-D and 2-D slices need no entry lookup
+  int64_t size1;
+  int32_t ndim;
   int32_t holder_begin;
   int32_t holder_count;
 };
@@ -76,6 +79,8 @@ uint64_t Mix(uint64_t h, uint64_t v) {
   h ^= h >> 33;
   return h;
 }
+
+constexpr uint64_t kPrime = 0x100000001b3ULL * 0x9e3779b1ULL + 2;  // odd multiplier
 
 uint64_t HashString(std::string_view s) {
   uint64_t h = 1469598103934665603ULL;
@@ -323,7 +328,9 @@ class Planner {
     for (size_t i = 0; i < boxes.size(); ++i) {
       if (i == 0 || !(boxes[i].first == boxes[i - 1].first)) {
         distinct.push_back(boxes[i]);
-        slices_.push_back(Slice{boxes[i].first.start[0], boxes[i].first.size[0],
+        const Box& b = boxes[i].first;
+        slices_.push_back(Slice{b.start[0], b.size[0], b.ndim > 1 ? b.start[1] : 0,
+                                b.ndim > 1 ? b.size[1] : 0, b.ndim,
                                 static_cast<int32_t>(holders_.size()), 0});
         info.max_len0 = std::max(info.max_len0, boxes[i].first.size[0]);
       }
@@ -677,7 +684,14 @@ class Planner {
           for (; it != last && it->start0 + off0 < dbox.End(0); ++it) {
             if (it->start0 + off0 + it->size0 <= dbox.start[0]) continue;
             const EntryRef holder = holders_[it->holder_begin];
-            Box sb = EntryBox(E(holder));
+            Box sb;
+            if (it->ndim <= 2) {
+              sb.ndim = it->ndim;
+              sb.start[0] = it->start0, sb.size[0] = it->size0;
+              sb.start[1] = it->start1, sb.size[1] = it->size1;
+            } else {
+              sb = EntryBox(E(holder));
+            }
             sb.start[fdim] += part.offset;
             Box b;
             if (!Intersect(dbox, sb, &b)) continue;
@@ -858,10 +872,10 @@ class Planner {
       key_count.assign(static_cast<size_t>(phases) * na + 1, 0);
       for (const PlannedOp& op : ops) ++key_count[key(op) + 1];
       for (size_t k = 1; k < key_count.size(); ++k) key_count[k] += key_count[k - 1];
-      sorted.resize(ops.size());
+      // Sort through one scratch buffer reused by every sender (cache-warm, no page faults).
+      if (sorted.size() < ops.size()) sorted.resize(ops.size());
       for (const PlannedOp& op : ops) sorted[key_count[key(op)]++] = op;
-      ops.swap(sorted);
-      std::vector<PlannedOp>().swap(sorted);  // drop the unsorted copy and its spare capacity
+      std::copy(sorted.begin(), sorted.begin() + ops.size(), ops.begin());
     }
   }
 
@@ -937,20 +951,22 @@ class Planner {
         s.total_bytes += b;
         s.total_ops += 1;
 
-        h = Mix(h, tensor_hash[a][op.src_tensor]);
-        h = Mix(h, agent_hash[op.dst_agent]);
-        h = Mix(h, tensor_hash[op.dst_agent][op.dst_tensor]);
-        if (op.scale_tensor >= 0) h = Mix(h, tensor_hash[op.dst_agent][op.scale_tensor]);
-        h = Mix(h, op.src_offset);
-        h = Mix(h, op.src_stride);
-        h = Mix(h, op.dst_offset);
-        h = Mix(h, op.dst_stride);
-        h = Mix(h, op.rows);
-        h = Mix(h, op.row_elems);
-        h = Mix(h, op.scale_offset);
-        h = Mix(h, (uint64_t{op.scale_stride} << 32) ^ (uint64_t{op.src_dtype} << 24) ^
-                       (uint64_t{op.dst_dtype} << 16) ^ (uint64_t{op.transform} << 8));
-        h = Mix(h, (uint64_t(uint16_t(op.rail)) << 16) | uint64_t(uint16_t(op.phase)));
+        // Word-wise polynomial over the op's fields, mixed once per op.
+        uint64_t w = tensor_hash[a][op.src_tensor];
+        w = w * kPrime + agent_hash[op.dst_agent];
+        w = w * kPrime + tensor_hash[op.dst_agent][op.dst_tensor];
+        w = w * kPrime + (op.scale_tensor >= 0 ? tensor_hash[op.dst_agent][op.scale_tensor] : 0);
+        w = w * kPrime + op.src_offset;
+        w = w * kPrime + op.src_stride;
+        w = w * kPrime + op.dst_offset;
+        w = w * kPrime + op.dst_stride;
+        w = w * kPrime + op.rows;
+        w = w * kPrime + op.row_elems;
+        w = w * kPrime + op.scale_offset;
+        w = w * kPrime + ((uint64_t{op.scale_stride} << 32) ^ (uint64_t{op.src_dtype} << 24) ^
+                          (uint64_t{op.dst_dtype} << 16) ^ (uint64_t{op.transform} << 8));
+        w = w * kPrime + ((uint64_t(uint16_t(op.rail)) << 16) | uint64_t(uint16_t(op.phase)));
+        h = Mix(h, w);
       }
     }
     plan_.hash = h;
