@@ -56,6 +56,9 @@ struct PlannedOp {
   uint64_t DstBytes() const;
 };
 
+// One sender's ops, in execution order.
+using OpList = std::vector<PlannedOp>;
+
 // Bytes and ops per agent (as sender and as receiver), per device, and the cost model's view.
 struct PlanStats {
   std::vector<uint64_t> send_bytes, send_ops, recv_bytes, recv_ops;  // per input agent
@@ -73,7 +76,7 @@ struct PlanStats {
 struct Plan {
   // Per input agent, the ops it sends in execution order (phase by phase, each phase ending
   // with a barrier); empty for agents that send nothing.
-  std::vector<std::vector<PlannedOp>> ops;
+  std::vector<OpList> ops;
   std::vector<int32_t> agent_order;  // input agent indices sorted by name
   int32_t phases = 1;
   uint64_t hash = 0;

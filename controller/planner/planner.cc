@@ -861,9 +861,9 @@ class Planner {
     }
     plan_.phases = phases;
     std::vector<uint64_t> key_count;
-    std::vector<PlannedOp> sorted;
+    OpList sorted;
     for (int32_t a = 0; a < na; ++a) {
-      std::vector<PlannedOp>& ops = plan_.ops[a];
+      OpList& ops = plan_.ops[a];
       if (ops.empty()) continue;
       auto key = [&](const PlannedOp& op) {
         int32_t rot = (agent_rank_[op.dst_agent] - agent_rank_[a] + na) % na;
