@@ -165,3 +165,29 @@ TEST_CASE("every problem is reported at once, one per line") {
   CHECK(msg.find("fusion part(s) missing: l.k_proj.weight, l.v_proj.weight") != std::string::npos);
   CHECK(msg.find("has no scale tensor C_scale_inv") != std::string::npos);
 }
+
+TEST_CASE("two agents with the same name are rejected") {
+  auto agents = LayoutBuilder().Src("t0", 0, "A", {4}).Dst("i0", 0, 0, "A", {4}).Build();
+  agents[1].name = "t0";
+  CHECK(Rejection(agents) == "plan rejected: 1 problem:\n- agent name t0 appears more than once");
+}
+
+TEST_CASE("two sources renamed onto one destination name are rejected") {
+  PlanOptions options;
+  options.renames = {{R"((a|b)\.W)", "W"}};
+  auto agents = LayoutBuilder()
+                    .Src("t0", 0, "a.W", {4})
+                    .Src("t0", 0, "b.W", {4})
+                    .Dst("i0", 0, 0, "W", {4})
+                    .Build();
+  CHECK(Rejection(agents, options) ==
+        "plan rejected: 1 problem:\n- sources a.W and b.W both map to destination name W");
+}
+
+TEST_CASE("an invalid rename pattern is rejected") {
+  PlanOptions options;
+  options.renames = {{"(unclosed", "x"}};
+  auto agents = LayoutBuilder().Src("t0", 0, "A", {4}).Dst("i0", 0, 0, "A", {4}).Build();
+  CHECK(Rejection(agents, options) ==
+        "plan rejected: 1 problem:\n- rename rule (unclosed: invalid regular expression");
+}
