@@ -69,13 +69,15 @@ void Planner::ChooseSources() {
   for (const auto& ops : plan_.ops) {
     for (const PlannedOp& op : ops) load[tensor_dev_[op.src_agent][op.src_tensor]] += OpCost(op);
   }
-  std::stable_sort(pending_.begin(), pending_.end(),
-                   [&](const PendingChoice& a, const PendingChoice& b) {
-                     return a.op.DstBytes() > b.op.DstBytes();
-                   });
-  for (PendingChoice& p : pending_) {
-    PlannedOp& op = p.op;
-    const Slice& s = slices_[p.slice];
+  // Largest first; ties in generation order. Sorting (bytes, index) pairs keeps it cheap.
+  std::vector<std::pair<uint64_t, uint32_t>> order(pending_.size());
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    order[i] = {~pending_[i].op.DstBytes(), static_cast<uint32_t>(i)};
+  }
+  std::sort(order.begin(), order.end());
+  for (const auto& [key, i] : order) {
+    PlannedOp& op = pending_[i].op;
+    const Slice& s = slices_[pending_[i].slice];
     EntryRef best = holders_[s.holder_begin];
     double best_load = load[tensor_dev_[best.agent][best.tensor]];
     for (int32_t h = 1; h < s.holder_count; ++h) {
@@ -86,8 +88,12 @@ void Planner::ChooseSources() {
     op.src_agent = best.agent;
     op.src_tensor = best.tensor;
     load[tensor_dev_[best.agent][best.tensor]] += OpCost(op);
-    plan_.ops[best.agent].push_back(op);
   }
+  // Appended in generation order, so each sender's list stays in a canonical order.
+  std::vector<size_t> extra(agents_.size(), 0);
+  for (const PendingChoice& p : pending_) ++extra[p.op.src_agent];
+  for (size_t a = 0; a < agents_.size(); ++a) plan_.ops[a].reserve(plan_.ops[a].size() + extra[a]);
+  for (const PendingChoice& p : pending_) plan_.ops[p.op.src_agent].push_back(p.op);
   pending_.clear();
   pending_.shrink_to_fit();
 }
