@@ -86,6 +86,7 @@ struct Plan {
 
 // Plans the transfer of every destination (inference) tensor from the source (trainer)
 // tensors. On invalid input returns InvalidArgument listing every problem found, one per line.
+// The plan refers to `agents` by index: keep them to read names/regions (plan_proto.h).
 absl::StatusOr<Plan> BuildPlan(const std::vector<AgentLayout>& agents, const PlanOptions& options);
 
 }  // namespace wb::planner
