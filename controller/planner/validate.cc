@@ -28,9 +28,8 @@ bool Planner::CheckConsistent(int32_t name, const std::vector<EntryRef>& refs) {
 bool Planner::CheckTiling(int32_t name, const std::string& side,
                           const std::vector<std::pair<Box, EntryRef>>& boxes) {
   const std::vector<int64_t>& shape = E(boxes[0].second).shape;
-  bool ok = true;
-  int reported = 0;
-  for (size_t i = 0; i < boxes.size() && reported < 3; ++i) {
+  // The first partially overlapping pair is reported (one line per tensor, not per pair).
+  for (size_t i = 0; i < boxes.size(); ++i) {
     for (size_t j = i + 1; j < boxes.size() && boxes[j].first.start[0] < boxes[i].first.End(0);
          ++j) {
       Box tmp;
@@ -39,12 +38,10 @@ bool Planner::CheckTiling(int32_t name, const std::string& side,
                                    Who(boxes[i].second), " holds ", BoxString(boxes[i].first),
                                    " and ", Who(boxes[j].second), " holds ",
                                    BoxString(boxes[j].first)));
-        ok = false;
-        if (++reported >= 3) break;
+        return false;
       }
     }
   }
-  if (!ok) return false;
   int64_t total = 1, covered = 0;
   for (int64_t s : shape) total *= s;
   bool dim0_only = true;

@@ -191,3 +191,17 @@ TEST_CASE("an invalid rename pattern is rejected") {
   CHECK(Rejection(agents, options) ==
         "plan rejected: 1 problem:\n- rename rule (unclosed: invalid regular expression");
 }
+
+TEST_CASE("trainer replicas that shard a tensor differently are rejected (documented limit)") {
+  auto agents = LayoutBuilder()
+                    .Src("tA", 0, "W", {8, 4}, {{0, 4}, {0, 4}}, DTYPE_BF16, 0)
+                    .Src("tA", 1, "W", {8, 4}, {{4, 4}, {0, 4}}, DTYPE_BF16, 0)
+                    .Src("tB", 2, "W", {8, 4}, {{0, 6}, {0, 4}}, DTYPE_BF16, 1)
+                    .Src("tB", 3, "W", {8, 4}, {{6, 2}, {0, 4}}, DTYPE_BF16, 1)
+                    .Dst("i0", 0, 0, "W", {8, 4})
+                    .Build();
+  CHECK(Rejection(agents) ==
+        "plan rejected: 1 problem:\n"
+        "- shards of W overlap among the trainers: trainer rank 0 on agent tA holds [0:4, 0:4] "
+        "and trainer replica 1 rank 2 on agent tB holds [0:6, 0:4]");
+}
