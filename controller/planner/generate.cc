@@ -60,32 +60,83 @@ bool Planner::CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* s
   return true;
 }
 
+Box Planner::SliceBox(const Slice& slice, int fdim, int64_t offset) const {
+  Box sb;
+  if (slice.ndim <= 2) {
+    sb.ndim = slice.ndim;
+    sb.start[0] = slice.start0, sb.size[0] = slice.size0;
+    sb.start[1] = slice.start1, sb.size[1] = slice.size1;
+  } else {
+    sb = EntryBox(E(holders_[slice.holder_begin]));
+  }
+  sb.start[fdim] += offset;
+  return sb;
+}
+
+size_t Planner::OrderKey(int32_t src_agent, int32_t dst_agent, int32_t phase) const {
+  const int32_t na = static_cast<int32_t>(agents_.size());
+  const int32_t rot = (agent_rank_[dst_agent] - agent_rank_[src_agent] + na) % na;
+  return static_cast<size_t>(phase) * na + rot;
+}
+
+// Counts, per sender and order key (phase, rotated receiver), the ops Generate will emit for
+// single-holder slices, and sizes each sender's list so that Generate writes every op
+// straight into its final position: no reallocation and no sorting pass at Kimi-K2 scale.
 void Planner::ReserveOps() {
-  std::vector<uint64_t> count(agents_.size(), 0);
+  const size_t na = agents_.size();
+  phases_ = 1;
+  for (int32_t n : dst_names_) {
+    const NameInfo& info = infos_[n];
+    if (!info.bad && !info.derived_scale && !info.parts.empty()) {
+      phases_ = std::max(phases_, info.phase + 1);
+    }
+  }
+  const size_t nkeys = static_cast<size_t>(phases_) * na;
+  std::vector<std::vector<uint64_t>> count(na);
+  std::vector<Run> runs;
   for (int32_t n : dst_names_) {
     const NameInfo& info = infos_[n];
     if (info.bad || info.derived_scale || info.parts.empty()) continue;
+    const bool fp8 = info.transform == weightbeam::v1::TRANSFORM_FP8_BLOCK;
     for (const EntryRef& dref : info.dst) {
-      const TensorEntry& d = E(dref);
-      const int64_t d0 = d.shard.empty() ? 0 : d.shard[0].start;
-      const int64_t d1 = d.shard.empty() ? d.shape[0] : d0 + d.shard[0].size;
+      const Box dbox = EntryBox(E(dref));
       for (const Part& part : info.parts) {
         const NameInfo& src = infos_[part.src_name];
         const int64_t off0 = info.fusion_dim == 0 ? part.offset : 0;
         const Slice* first = slices_.data() + src.slice_begin;
         const Slice* last = first + src.slice_count;
-        const Slice* it = std::upper_bound(first, last, d0 - off0 - src.max_len0,
+        const Slice* it = std::upper_bound(first, last, dbox.start[0] - off0 - src.max_len0,
                                            [](int64_t v, const Slice& s) { return v < s.start0; });
-        for (; it != last && it->start0 + off0 < d1; ++it) {
-          if (it->start0 + off0 + it->size0 > d0 && it->holder_count == 1) {
-            ++count[holders_[it->holder_begin].agent];
+        for (; it != last && it->start0 + off0 < dbox.End(0); ++it) {
+          if (it->holder_count != 1 || it->start0 + off0 + it->size0 <= dbox.start[0]) continue;
+          const Box sb = SliceBox(*it, info.fusion_dim, part.offset);
+          Box b;
+          if (!Intersect(dbox, sb, &b)) continue;
+          uint64_t n_runs = 1;  // 1-D, 2-D and FP8 boxes are always a single op
+          if (!fp8 && dbox.ndim > 2) {
+            runs.clear();
+            BoxRuns(b, sb, dbox, &runs);
+            n_runs = runs.size();
           }
+          const int32_t sender = holders_[it->holder_begin].agent;
+          if (count[sender].empty()) count[sender].assign(nkeys, 0);
+          count[sender][OrderKey(sender, dref.agent, info.phase)] += n_runs;
         }
       }
     }
   }
-  plan_.ops.resize(agents_.size());
-  for (size_t a = 0; a < agents_.size(); ++a) plan_.ops[a].reserve(count[a]);
+  plan_.ops.resize(na);
+  slot_.assign(na, {});
+  for (size_t a = 0; a < na; ++a) {
+    if (count[a].empty()) continue;
+    uint64_t total = 0;
+    slot_[a].resize(nkeys);
+    for (size_t k = 0; k < nkeys; ++k) {
+      slot_[a][k] = total;
+      total += count[a][k];
+    }
+    plan_.ops[a].resize(total);
+  }
 }
 
 void Planner::Generate() {
@@ -119,15 +170,7 @@ void Planner::Generate() {
         for (; it != last && it->start0 + off0 < dbox.End(0); ++it) {
           if (it->start0 + off0 + it->size0 <= dbox.start[0]) continue;
           const EntryRef holder = holders_[it->holder_begin];
-          Box sb;
-          if (it->ndim <= 2) {
-            sb.ndim = it->ndim;
-            sb.start[0] = it->start0, sb.size[0] = it->size0;
-            sb.start[1] = it->start1, sb.size[1] = it->size1;
-          } else {
-            sb = EntryBox(E(holder));
-          }
-          sb.start[fdim] += part.offset;
+          const Box sb = SliceBox(*it, fdim, part.offset);
           Box b;
           if (!Intersect(dbox, sb, &b)) continue;
           if (fp8) {
@@ -188,7 +231,8 @@ void Planner::Generate() {
             if (it->holder_count == 1) {
               op.src_agent = holder.agent;
               op.src_tensor = holder.tensor;
-              plan_.ops[holder.agent].push_back(op);
+              plan_.ops[holder.agent]
+                       [slot_[holder.agent][OrderKey(holder.agent, dref.agent, info.phase)]++] = op;
             } else {
               pending_.push_back(PendingChoice{op, static_cast<int32_t>(it - slices_.data())});
             }

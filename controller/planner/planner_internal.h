@@ -192,6 +192,8 @@ class Planner {
 
   // Reserves each sender's op vector from a count of dim-0 overlaps (exact for the usual
   // 1-D/2-D cases), so that generation does not reallocate gigabytes at Kimi-K2 scale.
+  Box SliceBox(const Slice& slice, int fdim, int64_t offset) const;
+  size_t OrderKey(int32_t src_agent, int32_t dst_agent, int32_t phase) const;
   void ReserveOps();
 
   void Generate();
@@ -233,6 +235,9 @@ class Planner {
   std::unordered_map<std::string, int32_t> canonical_;
   std::vector<int32_t> dst_names_;
   std::vector<PendingChoice> pending_;
+  int32_t phases_ = 1;
+  std::vector<std::vector<uint64_t>> slot_;  // per sender, next position per order key
+  std::vector<char> needs_order_;            // senders that got ops appended when balancing
   std::vector<int32_t> dev_base_;
   std::vector<std::vector<int32_t>> tensor_dev_;
   std::vector<int32_t> dev_rail_first_, dev_rail_step_, dev_rail_count_;

@@ -93,23 +93,27 @@ void Planner::ChooseSources() {
   std::vector<size_t> extra(agents_.size(), 0);
   for (const PendingChoice& p : pending_) ++extra[p.op.src_agent];
   for (size_t a = 0; a < agents_.size(); ++a) plan_.ops[a].reserve(plan_.ops[a].size() + extra[a]);
-  for (const PendingChoice& p : pending_) plan_.ops[p.op.src_agent].push_back(p.op);
+  needs_order_.assign(agents_.size(), 0);
+  for (const PendingChoice& p : pending_) {
+    plan_.ops[p.op.src_agent].push_back(p.op);
+    needs_order_[p.op.src_agent] = 1;
+  }
   pending_.clear();
   pending_.shrink_to_fit();
 }
 
 void Planner::OrderOps() {
   const int32_t na = static_cast<int32_t>(agents_.size());
-  int32_t phases = 1;
-  for (const auto& ops : plan_.ops) {
-    for (const PlannedOp& op : ops) phases = std::max<int32_t>(phases, op.phase + 1);
-  }
+  const int32_t phases = phases_;
   plan_.phases = phases;
   std::vector<uint64_t> key_count;
   OpList sorted;
   for (int32_t a = 0; a < na; ++a) {
     OpList& ops = plan_.ops[a];
-    if (ops.empty()) continue;
+    // Directly placed ops are in order already; only balanced (appended) ones need sorting.
+    if (ops.empty() || a >= static_cast<int32_t>(needs_order_.size()) || !needs_order_[a]) {
+      continue;
+    }
     auto key = [&](const PlannedOp& op) {
       int32_t rot = (agent_rank_[op.dst_agent] - agent_rank_[a] + na) % na;
       return static_cast<size_t>(op.phase) * na + rot;
