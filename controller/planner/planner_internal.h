@@ -155,10 +155,12 @@ class Planner {
   bool CheckConsistent(int32_t name, const std::vector<EntryRef>& refs);
 
   // `boxes` sorted and distinct: report partial overlaps and holes. `side` says whose shards.
-  bool CheckTiling(int32_t name, const std::string& side,
+  // replica < 0: the trainers' shards; else those of that inference replica.
+  bool CheckTiling(int32_t name, int32_t replica,
                    const std::vector<std::pair<Box, EntryRef>>& boxes);
 
-  std::vector<std::pair<Box, EntryRef>> SortedBoxes(const std::vector<EntryRef>& refs);
+  void SortedBoxes(const EntryRef* begin, const EntryRef* end,
+                   std::vector<std::pair<Box, EntryRef>>* boxes);
 
   bool HolderLess(EntryRef a, EntryRef b) const;
 
@@ -236,6 +238,7 @@ class Planner {
   std::vector<int32_t> dst_names_;
   std::vector<PendingChoice> pending_;
   int32_t phases_ = 1;
+  std::vector<std::pair<Box, EntryRef>> scratch_boxes_, scratch_distinct_;
   std::vector<std::vector<uint64_t>> slot_;  // per sender, next position per order key
   std::vector<char> needs_order_;            // senders that got ops appended when balancing
   std::vector<int32_t> dev_base_;

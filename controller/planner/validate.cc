@@ -25,8 +25,11 @@ bool Planner::CheckConsistent(int32_t name, const std::vector<EntryRef>& refs) {
   return true;
 }
 
-bool Planner::CheckTiling(int32_t name, const std::string& side,
+bool Planner::CheckTiling(int32_t name, int32_t replica,
                           const std::vector<std::pair<Box, EntryRef>>& boxes) {
+  auto side = [&] {
+    return replica < 0 ? std::string("the trainers") : absl::StrCat("inference replica ", replica);
+  };
   const std::vector<int64_t>& shape = E(boxes[0].second).shape;
   // The first partially overlapping pair is reported (one line per tensor, not per pair).
   for (size_t i = 0; i < boxes.size(); ++i) {
@@ -34,7 +37,7 @@ bool Planner::CheckTiling(int32_t name, const std::string& side,
          ++j) {
       Box tmp;
       if (Intersect(boxes[i].first, boxes[j].first, &tmp)) {
-        problems_.Add(absl::StrCat("shards of ", Name(name), " overlap among ", side, ": ",
+        problems_.Add(absl::StrCat("shards of ", Name(name), " overlap among ", side(), ": ",
                                    Who(boxes[i].second), " holds ", BoxString(boxes[i].first),
                                    " and ", Who(boxes[j].second), " holds ",
                                    BoxString(boxes[j].first)));
@@ -63,20 +66,19 @@ bool Planner::CheckTiling(int32_t name, const std::string& side,
   } else {
     where = absl::StrCat(total - covered, " of ", total, " elements");
   }
-  problems_.Add(absl::StrCat("shards of ", Name(name), " ", FormatShape(shape), " among ", side,
+  problems_.Add(absl::StrCat("shards of ", Name(name), " ", FormatShape(shape), " among ", side(),
                              " leave holes: ", where, " held by no rank"));
   return false;
 }
 
-std::vector<std::pair<Box, EntryRef>> Planner::SortedBoxes(const std::vector<EntryRef>& refs) {
-  std::vector<std::pair<Box, EntryRef>> boxes;
-  boxes.reserve(refs.size());
-  for (const EntryRef& r : refs) boxes.emplace_back(EntryBox(E(r)), r);
-  std::sort(boxes.begin(), boxes.end(), [&](const auto& a, const auto& b) {
+void Planner::SortedBoxes(const EntryRef* begin, const EntryRef* end,
+                          std::vector<std::pair<Box, EntryRef>>* boxes) {
+  boxes->clear();
+  for (const EntryRef* r = begin; r != end; ++r) boxes->emplace_back(EntryBox(E(*r)), *r);
+  std::sort(boxes->begin(), boxes->end(), [&](const auto& a, const auto& b) {
     if (!(a.first == b.first)) return a.first < b.first;
     return HolderLess(a.second, b.second);
   });
-  return boxes;
 }
 
 bool Planner::HolderLess(EntryRef a, EntryRef b) const {
@@ -95,8 +97,10 @@ void Planner::CheckSources(int32_t name) {
     info.bad = true;
     return;
   }
-  auto boxes = SortedBoxes(info.src);
-  std::vector<std::pair<Box, EntryRef>> distinct;
+  std::vector<std::pair<Box, EntryRef>>& boxes = scratch_boxes_;
+  std::vector<std::pair<Box, EntryRef>>& distinct = scratch_distinct_;
+  SortedBoxes(info.src.data(), info.src.data() + info.src.size(), &boxes);
+  distinct.clear();
   info.slice_begin = static_cast<int32_t>(slices_.size());
   for (size_t i = 0; i < boxes.size(); ++i) {
     if (i == 0 || !(boxes[i].first == boxes[i - 1].first)) {
@@ -111,7 +115,7 @@ void Planner::CheckSources(int32_t name) {
     ++slices_.back().holder_count;
   }
   info.slice_count = static_cast<int32_t>(slices_.size()) - info.slice_begin;
-  if (!CheckTiling(name, "the trainers", distinct)) info.bad = true;
+  if (!CheckTiling(name, -1, distinct)) info.bad = true;
 }
 
 void Planner::CheckDestinations(int32_t name) {
@@ -131,13 +135,14 @@ void Planner::CheckDestinations(int32_t name) {
     size_t j = i;
     int32_t replica = E(info.dst[i]).owner.replica;
     while (j < info.dst.size() && E(info.dst[j]).owner.replica == replica) ++j;
-    std::vector<EntryRef> group(info.dst.begin() + i, info.dst.begin() + j);
-    auto boxes = SortedBoxes(group);
-    std::vector<std::pair<Box, EntryRef>> distinct;
+    std::vector<std::pair<Box, EntryRef>>& boxes = scratch_boxes_;
+    std::vector<std::pair<Box, EntryRef>>& distinct = scratch_distinct_;
+    SortedBoxes(info.dst.data() + i, info.dst.data() + j, &boxes);
+    distinct.clear();
     for (size_t k = 0; k < boxes.size(); ++k) {
       if (k == 0 || !(boxes[k].first == boxes[k - 1].first)) distinct.push_back(boxes[k]);
     }
-    if (!CheckTiling(name, absl::StrCat("inference replica ", replica), distinct)) info.bad = true;
+    if (!CheckTiling(name, replica, distinct)) info.bad = true;
     i = j;
   }
 }
