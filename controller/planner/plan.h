@@ -56,6 +56,9 @@ struct PlannedOp {
   uint64_t DstBytes() const;
 };
 
+// One sender's ops, in execution order.
+using OpList = std::vector<PlannedOp>;
+
 // Bytes and ops per agent (as sender and as receiver), per device, and the cost model's view.
 struct PlanStats {
   std::vector<uint64_t> send_bytes, send_ops, recv_bytes, recv_ops;  // per input agent
@@ -73,7 +76,7 @@ struct PlanStats {
 struct Plan {
   // Per input agent, the ops it sends in execution order (phase by phase, each phase ending
   // with a barrier); empty for agents that send nothing.
-  std::vector<std::vector<PlannedOp>> ops;
+  std::vector<OpList> ops;
   std::vector<int32_t> agent_order;  // input agent indices sorted by name
   int32_t phases = 1;
   uint64_t hash = 0;
@@ -83,6 +86,7 @@ struct Plan {
 
 // Plans the transfer of every destination (inference) tensor from the source (trainer)
 // tensors. On invalid input returns InvalidArgument listing every problem found, one per line.
+// The plan refers to `agents` by index: keep them to read names/regions (plan_proto.h).
 absl::StatusOr<Plan> BuildPlan(const std::vector<AgentLayout>& agents, const PlanOptions& options);
 
 }  // namespace wb::planner

@@ -114,7 +114,7 @@ std::vector<v1::AgentPlan> PlanToProto(const std::vector<AgentLayout>& agents, c
                                        uint64_t plan_id) {
   std::vector<v1::AgentPlan> out;
   for (int32_t a : plan.agent_order) {
-    const std::vector<PlannedOp>& ops = plan.ops[a];
+    const OpList& ops = plan.ops[a];
     if (ops.empty()) continue;
     v1::AgentPlan p;
     p.set_agent(agents[a].name);

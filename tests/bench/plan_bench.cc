@@ -47,8 +47,8 @@ int main(int argc, char** argv) {
   wb::planner::PlanOptions opt;
   tr.ranks = 256;
   inf.gpus = 128;
-  inf.tp = 16;
-  inf.ep = 16;
+  inf.tp = 8;
+  inf.ep = 1;
   bool bf16 = false;
   app.add_option("--model", model_name, "qwen3-0.6b | qwen3-235b | kimi-k2");
   app.add_option("--trainers", tr.ranks, "training GPUs");

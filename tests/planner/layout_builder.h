@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "controller/planner/layout.h"
+#include "controller/planner/plan.h"
 
 namespace wb::planner::testing {
 
@@ -75,9 +76,9 @@ class LayoutBuilder {
 };
 
 // All ops of a plan with their sending agent's name, in the plan's order (agents by name).
-inline std::vector<std::pair<std::string, PlannedOp>> AllOps(
-    const std::vector<AgentLayout>& agents, const std::vector<std::vector<PlannedOp>>& ops,
-    const std::vector<int32_t>& order) {
+inline std::vector<std::pair<std::string, PlannedOp>> AllOps(const std::vector<AgentLayout>& agents,
+                                                             const std::vector<OpList>& ops,
+                                                             const std::vector<int32_t>& order) {
   std::vector<std::pair<std::string, PlannedOp>> out;
   for (int32_t a : order) {
     for (const PlannedOp& op : ops[a]) out.emplace_back(agents[a].name, op);

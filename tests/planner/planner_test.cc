@@ -281,3 +281,27 @@ TEST_CASE("cost model: the step is the busiest rail, bytes over bandwidth plus o
   // Receiver: 2 MiB at 10 GB/s dominates 1 MiB / 50 GB/s + 10 us on each sender rail.
   CHECK(plan.stats.predicted_step_seconds == Approx(2.0 * 1048576 / 10e9));
 }
+
+TEST_CASE("rails: a GPU with two NICs alternates them; host memory may use every rail") {
+  // Agent t0: 4 NICs, GPUs 0 and 1 -> GPU 0 uses rails {0, 2}, GPU 1 rails {1, 3}.
+  LayoutBuilder b;
+  b.Nics("t0", 4);
+  for (int k = 0; k < 4; ++k) {
+    std::string n = "G" + std::to_string(k);
+    b.Src("t0", 0, n, {64, 64}, {}, DTYPE_BF16, 0, 0).Dst("i0", 0, 0, n, {64, 64});
+  }
+  b.Src("t0", 1, "H", {64, 64}, {}, DTYPE_BF16, 0, 1).Dst("i0", 0, 0, "H", {64, 64});
+  b.Src("t0", 2, "M", {64, 64}, {}, DTYPE_BF16, 0, -1).Dst("i0", 0, 0, "M", {64, 64});
+  auto agents = b.Build();
+  Plan plan = MustPlan(agents);
+  std::map<std::string, int> rail;
+  for (const PlannedOp& op : plan.ops[0]) {
+    rail[agents[0].tensors[op.src_tensor].name] = op.rail;
+  }
+  CHECK(rail["G0"] == 0);
+  CHECK(rail["G1"] == 2);
+  CHECK(rail["G2"] == 0);
+  CHECK(rail["G3"] == 2);
+  CHECK(rail["H"] == 1);
+  CHECK(rail["M"] == 3);  // host memory: the least loaded of all rails
+}
