@@ -196,7 +196,7 @@ TEST_CASE("a receiver that stops responding fails the batch after the write time
     ops.push_back(WriteOp{src->desc.region_id(), 0, receiver.region(), (i % 4) << 24, 16 << 20});
   }
   receiver.Signal(SIGSTOP);
-  // The WriteBatch limit is far above the configured 2 s write timeout: the transport itself
+  // The WriteBatch limit is far above the configured 3 s write timeout: the transport itself
   // has to notice that nothing moves.
   absl::Status st = receiver.peer()->WriteBatch(ops, std::chrono::seconds(60));
   CHECK(st.code() == absl::StatusCode::kDeadlineExceeded);
