@@ -101,7 +101,9 @@ class LocalPeer : public Peer {
   void PostBatch(std::vector<WriteOp> ops, BatchDone done) override {
     std::vector<std::pair<WriteOp, uint64_t>> checked;  // op, remote key
     absl::Status status = Check(ops, &checked);
-    engine_->Post([this_name = our_name_, peer = peer_name_, engine = engine_, status,
+    // A raw engine pointer: the engine drains its queue before it is destroyed, and a task
+    // holding the last reference would make the worker thread join itself.
+    engine_->Post([this_name = our_name_, peer = peer_name_, engine = engine_.get(), status,
                    checked = std::move(checked), done = std::move(done)]() mutable {
       if (!status.ok()) {
         done(status);
