@@ -3,6 +3,7 @@
 // request sends its region's bytes back. Tagged [remote]: backends without remote peers
 // (local) skip them with the filter "~[remote]".
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -55,6 +56,7 @@ class RemoteReceiver {
     pid_ = fork();
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that crashed
       ::close(fds[0]);
       ReceiverMain(fds[1], region_bytes, seed);
     }
