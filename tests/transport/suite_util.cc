@@ -23,7 +23,7 @@ wb::config::AgentConfig TestConfig() {
   config.tcp.listen = "127.0.0.1:0";
   config.tcp.connections_per_peer = 3;
   config.tcp.max_frame_bytes = 1 << 20;
-  config.executor.write_timeout_ms = 2000;
+  config.executor.write_timeout_ms = 3000;
   config.rdma.enabled = true;
   if (const char* device = std::getenv("WB_TEST_RDMA_DEVICE")) config.rdma.devices = {device};
   return config;

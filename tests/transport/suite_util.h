@@ -17,7 +17,7 @@ namespace wb::transport::testing {
 
 // The backend under test: $WB_TEST_TRANSPORT, default "tcp".
 std::string BackendUnderTest();
-// Loopback listeners, 3 connections, 1 MiB frames (so large writes are split), 2 s write
+// Loopback listeners, 3 connections, 1 MiB frames (so large writes are split), 3 s write
 // timeout. $WB_TEST_RDMA_DEVICE selects the rdma device.
 wb::config::AgentConfig TestConfig();
 std::unique_ptr<Transport> MakeBackend();

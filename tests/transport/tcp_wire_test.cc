@@ -199,5 +199,37 @@ TEST_CASE("hand-made frames from an introduced peer", "[tcp]") {
   }
 }
 
+TEST_CASE("forgetting a peer closes its connections and retires its token", "[tcp]") {
+  Receiver receiver;
+  const std::string token = TokenFor(receiver);
+  UniqueFd fd = Dial(receiver);
+  SendHello(fd.get(), token);
+  REQUIRE(ReadFrame(fd.get()).has_value());  // ACK
+
+  receiver.transport->ForgetPeer("raw-client");
+  CHECK_FALSE(ReadFrame(fd.get()).has_value());
+
+  UniqueFd again = Dial(receiver);
+  SendHello(again.get(), token);
+  CHECK_FALSE(ReadFrame(again.get()).has_value());
+}
+
+TEST_CASE("Connect fails clearly when the peer does not know our token", "[tcp]") {
+  Receiver receiver;
+  TcpOptions options;
+  options.listen = "127.0.0.1:0";
+  auto sender = TcpTransport::Create(options);
+  REQUIRE(sender.ok());
+  auto peer = (*sender)->Connect("sender", "receiver", [&](const std::string&) {
+    weightbeam::v1::TcpHello forged;
+    forged.set_token(std::string(16, 'f'));
+    forged.set_endpoint(receiver.transport->endpoint());
+    return absl::StatusOr<std::string>(forged.SerializeAsString());
+  });
+  CHECK(peer.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK_THAT(std::string(peer.status().message()),
+             Catch::Contains("receiver") && Catch::Contains("handshake refused"));
+}
+
 }  // namespace
 }  // namespace wb::transport::tcp

@@ -3,6 +3,7 @@
 // request sends its region's bytes back. Tagged [remote]: backends without remote peers
 // (local) skip them with the filter "~[remote]".
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -55,6 +56,7 @@ class RemoteReceiver {
     pid_ = fork();
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that crashed
       ::close(fds[0]);
       ReceiverMain(fds[1], region_bytes, seed);
     }
@@ -196,7 +198,7 @@ TEST_CASE("a receiver that stops responding fails the batch after the write time
     ops.push_back(WriteOp{src->desc.region_id(), 0, receiver.region(), (i % 4) << 24, 16 << 20});
   }
   receiver.Signal(SIGSTOP);
-  // The WriteBatch limit is far above the configured 2 s write timeout: the transport itself
+  // The WriteBatch limit is far above the configured 3 s write timeout: the transport itself
   // has to notice that nothing moves.
   absl::Status st = receiver.peer()->WriteBatch(ops, std::chrono::seconds(60));
   CHECK(st.code() == absl::StatusCode::kDeadlineExceeded);

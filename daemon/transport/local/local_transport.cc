@@ -101,7 +101,9 @@ class LocalPeer : public Peer {
   void PostBatch(std::vector<WriteOp> ops, BatchDone done) override {
     std::vector<std::pair<WriteOp, uint64_t>> checked;  // op, remote key
     absl::Status status = Check(ops, &checked);
-    engine_->Post([this_name = our_name_, peer = peer_name_, engine = engine_, status,
+    // A raw engine pointer: the engine drains its queue before it is destroyed, and a task
+    // holding the last reference would make the worker thread join itself.
+    engine_->Post([this_name = our_name_, peer = peer_name_, engine = engine_.get(), status,
                    checked = std::move(checked), done = std::move(done)]() mutable {
       if (!status.ok()) {
         done(status);
@@ -144,8 +146,7 @@ class LocalPeer : public Peer {
                      std::vector<std::pair<WriteOp, uint64_t>>* checked) {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < ops.size(); ++i) {
-      const WriteOp& op = ops[i];
-      if (op.length == 0) continue;
+      const WriteOp& op = ops[i];  // empty ops stay in, so that indices match the caller's
       auto it = remote_.find(op.remote_region);
       if (it == remote_.end()) {
         return absl::NotFoundError(absl::StrCat("local peer '", peer_name_, "': write ", i,

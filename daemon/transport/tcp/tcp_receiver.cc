@@ -30,6 +30,8 @@ std::string AddressText(const sockaddr_storage& addr) {
 }
 
 constexpr size_t kTokenBytes = 16;
+// Each connection costs a thread; unauthenticated ones wait up to the write timeout for HELLO.
+constexpr size_t kMaxConnections = 1024;
 
 }  // namespace
 
@@ -129,6 +131,11 @@ void TcpReceiver::AcceptLoop() {
     std::lock_guard<std::mutex> lock(conns_mu_);
     ReapFinished();
     if (stopping_) return;
+    if (conns_.size() >= kMaxConnections) {
+      spdlog::error("tcp transport: refusing connection from {}: {} connections open", conn->remote,
+                    conns_.size());
+      continue;
+    }
     Connection* raw = conn.get();
     conns_.push_back(std::move(conn));
     raw->thread = std::thread([this, raw] { Serve(raw); });
