@@ -4,7 +4,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 failed=0
-log() { printf '\033[1m[wb]\033[0m %s\n' "$*" >&2; }
+log() { printf '[wb] %s\n' "$*" >&2; }
 
 log "end-to-end demo (./wb demo): Qwen3-0.6B shape over tcp, verified bit for bit"
 if tests/demo/demo.sh --steps 3; then log "demo: PASS"; else log "demo: FAIL"; failed=1; fi
