@@ -1,6 +1,7 @@
-"""A Python trainer (two FSDP ranks) and a Python inference worker on two real agents: plan,
-step, and the worker's NumPy arrays hold the trainers' bytes (BF16 copy, BF16 -> F32 cast,
-BF16 -> FP8 e4m3 with 128x128 block scales checked against an independent NumPy quantiser)."""
+"""A Python trainer (two FSDP ranks) and a Python inference worker on real agents (two nodes
+over tcp, or one node): plan, step, and the worker's NumPy arrays hold the trainers' bytes (BF16
+copy, BF16 -> F32 cast, BF16 -> FP8 e4m3 with 128x128 block scales checked against an
+independent NumPy quantiser)."""
 
 import unittest
 
@@ -33,10 +34,26 @@ def align(n):
     return (n + 63) // 64 * 64
 
 
+class TensorLike:
+    """What the client sees of a host torch tensor built with torch.frombuffer on a SharedBuffer:
+    data_ptr(), nbytes, is_contiguous(), is_cuda (torch is not installed here)."""
+
+    def __init__(self, array):
+        self.array = array
+        self.nbytes = array.nbytes
+        self.is_cuda = False
+
+    def data_ptr(self):
+        return self.array.__array_interface__["data"][0]
+
+    def is_contiguous(self):
+        return self.array.flags["C_CONTIGUOUS"]
+
+
 class Trainer:
     """One trainer rank: dim-0 shard of every tensor, BF16, in one SharedBuffer."""
 
-    def __init__(self, socket, rank):
+    def __init__(self, socket, rank, wrap=lambda view: view):
         self.rank = rank
         self.session = weightbeam.LocalSession(socket, "trainer", rank=rank)
         self.shards = {}
@@ -50,7 +67,7 @@ class Trainer:
             rows = shape[0] // TRAINERS
             view = self.buffer.array(np.uint16, (rows, shape[1]), offset)
             self.session.register(name, "bf16", shape, shard=[(rank * rows, rows), (0, shape[1])],
-                                  buffer=view)
+                                  buffer=wrap(view))
             self.shards[name] = view
             offset += sizes[name]
 
@@ -84,13 +101,18 @@ class Worker:
         self.buffer.close()
 
 
-class EndToEndTest(unittest.TestCase):
+class TwoNodes(unittest.TestCase):
+    """Trainers on one agent, the worker on another: the bytes cross tcp."""
+    TRAINER_NODE, INFERENCE_NODE = "trainer-node", "inference-node"
+    WRAP = staticmethod(lambda view: view)  # trainers register NumPy views
 
     @classmethod
     def setUpClass(cls):
-        cls.cluster = Cluster(["trainer-node", "inference-node"], trainer_ranks=TRAINERS)
-        cls.trainers = [Trainer(cls.cluster.sockets["trainer-node"], r) for r in range(TRAINERS)]
-        cls.worker = Worker(cls.cluster.sockets["inference-node"])
+        cls.cluster = Cluster(sorted({cls.TRAINER_NODE, cls.INFERENCE_NODE}),
+                              trainer_ranks=TRAINERS)
+        cls.trainers = [Trainer(cls.cluster.sockets[cls.TRAINER_NODE], r, cls.WRAP)
+                        for r in range(TRAINERS)]
+        cls.worker = Worker(cls.cluster.sockets[cls.INFERENCE_NODE])
         cls.worker.session.watch()
         cls.ctl = weightbeam.ControllerClient(cls.cluster.controller_address)
         cls.rng = np.random.default_rng(7)
@@ -147,6 +169,13 @@ class EndToEndTest(unittest.TestCase):
                          "version 2 is not newer than the last committed version 2")
         self.assertFalse(caught.exception.result.ok)
         self.assertEqual(self.ctl.status().last_committed_version, 2)
+
+
+class OneNode(TwoNodes):
+    """Trainers and worker on the same agent (local copies); the trainers register tensor-like
+    objects (data_ptr/nbytes), as a PyTorch loop would."""
+    TRAINER_NODE = INFERENCE_NODE = "node"
+    WRAP = staticmethod(TensorLike)
 
 
 if __name__ == "__main__":

@@ -96,8 +96,10 @@ class LocalSession:
                     "weightbeam SharedBuffer, and the agent can only map shared memory; allocate "
                     "it with SharedBuffer and use buf.array(...) or "
                     "torch.frombuffer(buf.memoryview(...), dtype=...)", "INVALID_ARGUMENT")
-            offset = start + (0 if offset is None else int(offset))
-            length = nbytes if length is None else int(length)
+            if offset is not None or length is not None:
+                raise ValueError(f"tensor '{name}': offset and length go with a SharedBuffer; "
+                                 "an array or tensor registers all of its bytes")
+            offset, length = start, nbytes
         memory = types_pb2.MemoryHandle(host_shm=types_pb2.HostShm(
             shm_name=shm.shm_name, offset=offset, length=int(length)))
         return self._register(spec, memory)
