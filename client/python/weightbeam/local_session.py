@@ -130,7 +130,9 @@ class LocalSession:
     # ---- events -------------------------------------------------------------------------
 
     def watch(self):
-        """Subscribes to this node's events; call before the step you want to see."""
+        """Subscribes to this node's events. The agent sends nothing to confirm the
+        subscription, so call it early (after registering, before plan()): events published
+        before the agent has seen the call are not replayed."""
         if self._watcher is not None:
             return
         self._check_open()
