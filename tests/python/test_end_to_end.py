@@ -8,7 +8,7 @@ import unittest
 import numpy as np
 
 import weightbeam
-from cluster import Cluster
+from cluster import Cluster, wait_until
 from fp8_reference import quantize_fp8_blocks
 
 # name: (global shape, destination dtype)
@@ -150,7 +150,7 @@ class TwoNodes(unittest.TestCase):
             events.append((e.kind, e.version))
         return events
 
-    def test_steps_land_the_trainers_bytes_and_stale_versions_fail(self):
+    def test_steps_land_the_trainers_bytes_and_failed_steps_raise(self):
         summary = self.ctl.plan(TRAINERS, 1, 1, wait_s=30)
         self.assertGreater(summary.total_ops, 0)
 
@@ -169,6 +169,23 @@ class TwoNodes(unittest.TestCase):
                          "version 2 is not newer than the last committed version 2")
         self.assertFalse(caught.exception.result.ok)
         self.assertEqual(self.ctl.status().last_committed_version, 2)
+
+        # A trainer withdraws a shard; once the controller knows, the next step cannot be
+        # planned and the error says why.
+        self.trainers[1].session.unregister("layers.0.w")
+        wait_until(lambda: not self.held_by_trainer(1, "layers.0.w"), 10,
+                   "the controller to see the shard withdrawn")
+        with self.assertRaises(weightbeam.StepFailed) as caught:
+            self.ctl.step(3)
+        message = str(caught.exception)
+        self.assertTrue(message.startswith("cannot plan: "), message)
+        self.assertIn("layers.0.w [256, 384] among the trainers leave holes: rows [128, 256) held "
+                      "by no rank", message)
+
+    def held_by_trainer(self, rank, name):
+        trainer = weightbeam.local_session.types_pb2.ROLE_TRAINER
+        return any(t.spec.name == name and t.owner.role == trainer and t.owner.rank == rank
+                   for layout in self.ctl.list_tensors(self.TRAINER_NODE) for t in layout.tensors)
 
 
 class OneNode(TwoNodes):
