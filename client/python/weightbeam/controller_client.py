@@ -1,0 +1,76 @@
+"""The training loop's handle on the controller: plan once, then ``step(version)`` after every
+optimizer step; plus the status queries. Mirrors the C++ ``wb::client::ControllerClient``."""
+
+import grpc
+
+from weightbeam import _stubs
+from weightbeam.errors import StepFailed, from_rpc_error
+
+controller_pb2 = _stubs.controller_pb2
+controller_pb2_grpc = _stubs.controller_pb2_grpc
+
+
+class ControllerClient:
+    """``ControllerClient("host:port")``; nothing is sent until the first call."""
+
+    def __init__(self, address):
+        self._address = address
+        self._channel = grpc.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", 256 << 20)])
+        self._stub = controller_pb2_grpc.ControllerStub(self._channel)
+
+    def plan(self, trainer_ranks=0, inference_replicas=0, inference_ranks_per_replica=0,
+             wait_s=30.0):
+        """Waits (up to ``wait_s``) for the world to be complete, plans, loads the plan on the
+        senders; returns the PlanSummary. All zeros: the world from the controller's config."""
+        world = controller_pb2.ExpectedWorld(
+            trainer_ranks=trainer_ranks, inference_replicas=inference_replicas,
+            inference_ranks_per_replica=inference_ranks_per_replica)
+        request = controller_pb2.PlanRequest(world=world, wait_ms=int(wait_s * 1000))
+        return self._unary(self._stub.Plan, request, "Plan", wait_s + 60).summary
+
+    def step(self, version, timeout_s=0):
+        """Pushes ``version`` to the inference side and returns the StepResult once committed.
+        A failed step raises StepFailed with the controller's message (agent and cause) and the
+        result. ``timeout_s`` 0 uses the controller's configured step timeout."""
+        request = controller_pb2.StepRequest(version=int(version),
+                                             timeout_ms=int(timeout_s * 1000))
+        result = self._unary(self._stub.Step, request, "Step", None).result
+        if not result.ok:
+            raise StepFailed(result.error or f"step {version} failed", result)
+        return result
+
+    def status(self):
+        """The controller's StatusResponse: agents, plan, last committed version, recent steps."""
+        return self._unary(self._stub.Status, controller_pb2.StatusRequest(), "Status", 30)
+
+    def list_tensors(self, agent=""):
+        """Every agent's (or one agent's) registered tensors: a list of AgentLayout."""
+        request = controller_pb2.ListTensorsRequest(agent=agent)
+        return list(self._unary(self._stub.ListTensors, request, "ListTensors", 30).layouts)
+
+    def watch_steps(self):
+        """Iterates over StepResults as the controller finishes steps (cancel by closing)."""
+        try:
+            yield from self._stub.WatchSteps(controller_pb2.WatchStepsRequest())
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, f"WatchSteps on {self._address}") from None
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _unary(self, method, request, what, timeout):
+        try:
+            return method(request, timeout=timeout)
+        except grpc.RpcError as e:
+            error = from_rpc_error(e, f"{what} on controller {self._address}")
+            if what == "Step" and error.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                raise StepFailed(error.message, None, error.code) from None
+            raise error from None
+

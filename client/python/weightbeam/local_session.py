@@ -1,0 +1,275 @@
+"""A trainer rank's or inference worker's session with its node agent (Unix socket).
+
+Mirrors the C++ ``wb::client::LocalSession``: one bidirectional ``Local.Session`` stream carries
+hello / register / unregister, each answered before the next; the agent's error text comes back
+unchanged as a WeightbeamError. Closing the session (or the process ending) withdraws the
+tensors it registered. ``watch()`` subscribes to the node's begin/commit/abort events.
+"""
+
+import dataclasses
+import os
+import queue
+import threading
+
+import grpc
+
+from weightbeam import _stubs, cuda_ipc
+from weightbeam.dtypes import itemsize, to_dtype
+from weightbeam.errors import WeightbeamError, from_rpc_error
+from weightbeam.shared_buffer import SharedBuffer, find_buffer
+
+local_pb2 = _stubs.local_pb2
+local_pb2_grpc = _stubs.local_pb2_grpc
+types_pb2 = _stubs.types_pb2
+
+_ROLES = {"trainer": types_pb2.ROLE_TRAINER, "inference": types_pb2.ROLE_INFERENCE}
+_KINDS = {
+    types_pb2.Event.KIND_BEGIN: "begin",
+    types_pb2.Event.KIND_COMMIT: "commit",
+    types_pb2.Event.KIND_ABORT: "abort",
+}
+_END = object()  # ends the request stream
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """A step event on this node: kind "begin", "commit" or "abort", the version, and for an
+    abort the reason."""
+    kind: str
+    version: int
+    reason: str = ""
+
+
+class LocalSession:
+    """``LocalSession(socket, role, rank, replica)``: role "trainer" or "inference"."""
+
+    def __init__(self, socket, role, rank=0, replica=0, connect_timeout=5.0):
+        if role not in _ROLES:
+            raise ValueError(f"role {role!r}: expected 'trainer' or 'inference'")
+        self._socket = socket
+        self._channel = grpc.insecure_channel("unix:" + socket)
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
+        except grpc.FutureTimeoutError:
+            self._channel.close()
+            raise WeightbeamError(f"no wb-agent answers on {socket} (is it running?)",
+                                  "UNAVAILABLE") from None
+        self._stub = local_pb2_grpc.LocalStub(self._channel)
+        self._lock = threading.Lock()  # one request at a time on the stream
+        self._requests = queue.Queue()
+        self._responses = self._stub.Session(iter(self._requests.get, _END))
+        self._next_id = 1
+        self._closed = False
+        self._events = queue.Queue()
+        self._watch_call = None
+        self._watcher = None
+        self._call(local_pb2.SessionRequest(hello=types_pb2.Owner(
+            role=_ROLES[role], rank=rank, replica=replica, pid=os.getpid())))
+
+    # ---- registration -------------------------------------------------------------------
+
+    def register(self, name, dtype, global_shape, shard=None, buffer=None, offset=None,
+                 length=None):
+        """Registers a tensor held in shared memory; returns the agent's TensorLayout.
+
+        ``shard``: None for a full tensor, else one (start, size) per dimension; the memory holds
+        the shard densely in row-major order. ``buffer``: a SharedBuffer (``offset`` bytes in,
+        ``length`` defaulting to what the shape needs), a NumPy view of one, or a host torch
+        tensor made with ``torch.frombuffer`` on one; a CUDA tensor goes to register_cuda.
+        The agent's refusal (shape mismatch, duplicate name...) raises WeightbeamError.
+        """
+        if buffer is None:
+            raise ValueError(f"tensor '{name}': no buffer given")
+        if _is_cuda(buffer):
+            return self.register_cuda(name, dtype, global_shape, shard, tensor=buffer)
+        spec = _spec(name, dtype, global_shape, shard)
+        if isinstance(buffer, SharedBuffer):
+            shm, offset = buffer, 0 if offset is None else int(offset)
+            if length is None:
+                length = _spec_bytes(spec) or buffer.nbytes - offset
+        else:
+            address, nbytes = _host_memory(name, buffer)
+            shm, start = find_buffer(address, nbytes)
+            if shm is None:
+                raise WeightbeamError(
+                    f"tensor '{name}': its memory (0x{address:x}, {nbytes} bytes) is not in a "
+                    "weightbeam SharedBuffer, and the agent can only map shared memory; allocate "
+                    "it with SharedBuffer and use buf.array(...) or "
+                    "torch.frombuffer(buf.memoryview(...), dtype=...)", "INVALID_ARGUMENT")
+            if offset is not None or length is not None:
+                raise ValueError(f"tensor '{name}': offset and length go with a SharedBuffer; "
+                                 "an array or tensor registers all of its bytes")
+            offset, length = start, nbytes
+        memory = types_pb2.MemoryHandle(host_shm=types_pb2.HostShm(
+            shm_name=shm.shm_name, offset=offset, length=int(length)))
+        return self._register(spec, memory)
+
+    def register_cuda(self, name, dtype, global_shape, shard=None, tensor=None, device_ptr=None,
+                      length=None, device=None):
+        """Registers GPU memory through a CUDA IPC handle: a CUDA torch tensor, or a raw
+        ``device_ptr`` + ``length``. Needs libcudart here and an agent built with CUDA; without
+        CUDA it raises WeightbeamError("CUDA not available: ...")."""
+        if tensor is not None:
+            device_ptr, nbytes = _pointer_and_size(tensor)
+            length = nbytes if length is None else length
+        if device_ptr is None or length is None:
+            raise ValueError(f"tensor '{name}': give a CUDA tensor or device_ptr and length")
+        spec = _spec(name, dtype, global_shape, shard)
+        handle, offset, dev = cuda_ipc.get_ipc_handle(int(device_ptr), int(length))
+        if device is not None and int(device) != dev:
+            raise WeightbeamError(
+                f"tensor '{name}': pointer is on cuda:{dev}, not cuda:{device}", "INVALID_ARGUMENT")
+        memory = types_pb2.MemoryHandle(cuda_ipc=types_pb2.CudaIpc(
+            ipc_handle=handle, offset=offset, length=int(length), device=dev))
+        return self._register(spec, memory)
+
+    def unregister(self, name):
+        """Withdraws a tensor this session registered."""
+        self._call(local_pb2.SessionRequest(unregister=local_pb2.UnregisterTensors(names=[name])))
+
+    # ---- events -------------------------------------------------------------------------
+
+    def watch(self):
+        """Subscribes to this node's events. The agent sends nothing to confirm the
+        subscription, so call it early (after registering, before plan()): events published
+        before the agent has seen the call are not replayed."""
+        if self._watcher is not None:
+            return
+        self._check_open()
+        self._watch_call = self._stub.WatchEvents(local_pb2.WatchEventsRequest())
+        self._watcher = threading.Thread(target=self._pump_events, name="wb-events", daemon=True)
+        self._watcher.start()
+
+    def next_event(self, timeout=None):
+        """The next Event, or None after ``timeout`` seconds (None: wait for ever). Raises
+        WeightbeamError when the agent ended the stream. Starts watching if not yet."""
+        self.watch()
+        try:
+            item = self._events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(item, WeightbeamError):
+            self._events.put(item)  # stays ended for later calls
+            raise item
+        return item
+
+    def events(self):
+        """Iterates over events until the session closes or the agent ends the stream."""
+        while True:
+            try:
+                yield self.next_event()
+            except WeightbeamError:
+                return
+
+    # ---- lifetime -----------------------------------------------------------------------
+
+    def close(self):
+        """Ends the session: the agent withdraws this session's tensors."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._requests.put(_END)
+            try:
+                for _ in self._responses:  # drain until the agent finishes the stream
+                    pass
+            except grpc.RpcError:
+                pass
+        if self._watch_call is not None:
+            self._watch_call.cancel()
+            self._watcher.join()
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _register(self, spec, memory):
+        request = local_pb2.SessionRequest(register=local_pb2.RegisterTensors(
+            tensors=[local_pb2.TensorRegistration(spec=spec, memory=memory)]))
+        response = self._call(request)
+        return response.registered[0] if response.registered else None
+
+    def _call(self, request):
+        with self._lock:
+            self._check_open()
+            request.request_id = self._next_id
+            self._next_id += 1
+            self._requests.put(request)
+            try:
+                response = next(self._responses)
+            except StopIteration:
+                raise WeightbeamError(f"the agent at {self._socket} closed the session",
+                                      "UNAVAILABLE") from None
+            except grpc.RpcError as e:
+                raise from_rpc_error(e, f"the agent at {self._socket}") from None
+        if response.code != 0:
+            raise WeightbeamError(response.message, response.code)
+        return response
+
+    def _pump_events(self):
+        try:
+            for e in self._watch_call:
+                self._events.put(Event(_KINDS.get(e.kind, "unspecified"), e.version, e.reason))
+            end = WeightbeamError("the agent ended the event stream", "UNAVAILABLE")
+        except grpc.RpcError as e:
+            end = WeightbeamError(
+                "the event stream was closed" if e.code() == grpc.StatusCode.CANCELLED
+                else f"the agent ended the event stream: {e.details()}", e.code().name)
+        self._events.put(end)
+
+    def _check_open(self):
+        if self._closed:
+            raise WeightbeamError("the session is closed", "FAILED_PRECONDITION")
+
+
+def _spec(name, dtype, global_shape, shard):
+    spec = types_pb2.TensorSpec(name=name, dtype=to_dtype(dtype),
+                                global_shape=[int(d) for d in global_shape])
+    for start, size in shard or ():
+        spec.shard.add(start=int(start), size=int(size))
+    return spec
+
+
+def _spec_bytes(spec):
+    n = 1
+    for d in (s.size for s in spec.shard) if spec.shard else spec.global_shape:
+        n *= d
+    return n * itemsize(spec.dtype)
+
+
+def _is_cuda(obj):
+    return bool(getattr(obj, "is_cuda", False))
+
+
+def _pointer_and_size(obj):
+    """(address, bytes) of a NumPy array or an object with data_ptr() (a torch tensor)."""
+    if hasattr(obj, "__array_interface__"):
+        if not obj.flags["C_CONTIGUOUS"]:
+            raise ValueError("the array is not C-contiguous; register a contiguous view")
+        return obj.__array_interface__["data"][0], obj.nbytes
+    if hasattr(obj, "data_ptr"):
+        if hasattr(obj, "is_contiguous") and not obj.is_contiguous():
+            raise ValueError("the tensor is not contiguous; register a contiguous tensor")
+        nbytes = getattr(obj, "nbytes", None)
+        if nbytes is None:
+            nbytes = obj.numel() * obj.element_size()
+        return obj.data_ptr(), int(nbytes)
+    raise TypeError(f"{type(obj).__name__} is neither a SharedBuffer, an array nor a tensor")
+
+
+def _host_memory(name, obj):
+    try:
+        return _pointer_and_size(obj)
+    except (TypeError, ValueError) as e:
+        raise WeightbeamError(f"tensor '{name}': {e}", "INVALID_ARGUMENT") from None
