@@ -232,20 +232,25 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
     }
     auto staging = job->staging;
     const v1::TransferOp* op = job->op;
+    metrics::Counter* peer_bytes = job->route->bytes_sent;
     const auto posted = Clock::now();
-    job->route->peer->PostBatch(std::move(writes), [&, staging, op, bytes, posted](absl::Status s) {
-      const auto c0 = Clock::now();
-      write_ns += (c0 - posted).count();
-      if (staging) staging_->Release(staging);
-      if (s.ok()) {
-        bytes_sent += bytes;
-      } else {
-        error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
-      }
-      complete_ns += (Clock::now() - c0).count();
-      absl::MutexLock lock(&done_mu);
-      --outstanding;
-    });
+    ops_in_flight_.fetch_add(1, std::memory_order_relaxed);
+    job->route->peer->PostBatch(
+        std::move(writes), [&, staging, op, bytes, peer_bytes, posted](absl::Status s) {
+          const auto c0 = Clock::now();
+          write_ns += (c0 - posted).count();
+          ops_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+          if (staging) staging_->Release(staging);
+          if (s.ok()) {
+            bytes_sent += bytes;
+            if (peer_bytes) peer_bytes->Increment(bytes);
+          } else {
+            error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
+          }
+          complete_ns += (Clock::now() - c0).count();
+          absl::MutexLock lock(&done_mu);
+          --outstanding;
+        });
     write_ns += (Clock::now() - t0).count();
   }
   for (auto& t : preparers) t.join();
