@@ -108,11 +108,12 @@ TEST_CASE("Prometheus scrapes the controller and both agents through two real st
   CHECK(value("weightbeam_plan_ops") > 0);
   CHECK(value("weightbeam_plan_predicted_step_seconds") > 0);
 
-  // The sending agent: two steps of the plan's bytes, all over tcp to the inference node.
+  // The sending agent: exactly two steps of the plan's bytes, all over tcp to the inference node.
   const double sent = value(
       "weightbeam_bytes_sent_total{node=\"trainer-node\",transport=\"tcp\","
       "peer=\"inference-node\"}");
   CHECK(sent > 0);
+  CHECK(sent == 2 * plan_bytes);
   CHECK(value("sum(weightbeam_bytes_sent_total{node=\"trainer-node\"})") == sent);
   CHECK(value("weightbeam_agent_step_duration_seconds_count{node=\"trainer-node\"}") == 2);
   CHECK(value("weightbeam_agent_steps_total{node=\"trainer-node\",result=\"failed\"}") == 0);
