@@ -314,6 +314,11 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
   return result;
 }
 
+v1::PlanSummary ControllerCore::CurrentPlan() const {
+  absl::MutexLock lock(&state_mu_);
+  return summary_valid_ ? summary_ : v1::PlanSummary();
+}
+
 v1::StatusResponse ControllerCore::Status() const {
   v1::StatusResponse s;
   s.set_version("0.1.0");

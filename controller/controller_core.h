@@ -42,6 +42,8 @@ class ControllerCore {
   absl::StatusOr<weightbeam::v1::PlanSummary> Plan(const weightbeam::v1::PlanRequest& req);
   weightbeam::v1::StepResult Step(uint64_t version, std::chrono::milliseconds timeout);
   weightbeam::v1::StatusResponse Status() const;
+  // The summary of the current plan (all zero before the first plan).
+  weightbeam::v1::PlanSummary CurrentPlan() const;
   // Marks lost agents; run periodically.
   void Sweep();
 

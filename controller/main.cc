@@ -10,16 +10,20 @@
 #include "config/config.h"
 #include "config/logging.h"
 #include "controller/controller_core.h"
+#include "controller/controller_metrics.h"
 #include "controller/controller_service.h"
 #include "controller/plan_builder.h"
+#include "daemon/metrics/http_exporter.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"wb-controller: plans and coordinates weight transfers"};
-  std::string config_path, log_level, listen;
+  std::string config_path, log_level, listen, metrics_listen;
   bool version = false;
   app.add_option("--config", config_path, "YAML configuration file");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (overrides config)");
   app.add_option("--listen", listen, "host:port of the Controller service (overrides config)");
+  app.add_option("--metrics-listen", metrics_listen,
+                 "host:port to serve Prometheus /metrics on (overrides config)");
   app.add_flag("--version", version, "print the version and exit");
   CLI11_PARSE(app, argc, argv);
   if (version) {
@@ -39,6 +43,7 @@ int main(int argc, char** argv) {
   }
   if (!log_level.empty()) config.log_level = log_level;
   if (!listen.empty()) config.listen = listen;
+  if (!metrics_listen.empty()) config.metrics_listen = metrics_listen;
   if (auto s = wb::InitLogging("wb-controller", config.log_level); !s.ok()) {
     std::fprintf(stderr, "wb-controller: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -62,6 +67,19 @@ int main(int argc, char** argv) {
   if (!server || port == 0) {
     spdlog::error("cannot listen on {}", config.listen);
     return 1;
+  }
+  wb::metrics::Registry metrics_registry;
+  wb::controller::ControllerMetrics metrics(&core, &metrics_registry);
+  std::unique_ptr<wb::metrics::HttpExporter> metrics_exporter;
+  if (!config.metrics_listen.empty()) {
+    auto exporter = wb::metrics::HttpExporter::Start(config.metrics_listen, &metrics_registry);
+    if (!exporter.ok()) {
+      spdlog::error("cannot start: {}", std::string(exporter.status().message()));
+      server->Shutdown();
+      return 1;
+    }
+    metrics_exporter = std::move(*exporter);
+    spdlog::info("metrics on port {} (GET /metrics)", metrics_exporter->port());
   }
   spdlog::info("wb-controller serving on port {} (epoch {:x})", port, epoch);
   if (!config.tls.enabled) {

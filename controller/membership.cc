@@ -77,6 +77,13 @@ std::vector<AgentRecord> Membership::Snapshot() const {
   return out;
 }
 
+int Membership::CountAgents(bool lost) const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& [name, r] : agents_) n += r.lost == lost ? 1 : 0;
+  return n;
+}
+
 uint64_t Membership::layout_version() const {
   absl::MutexLock lock(&mu_);
   return layout_version_;

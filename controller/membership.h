@@ -33,6 +33,8 @@ class Membership {
   std::vector<std::string> Sweep();
 
   std::vector<AgentRecord> Snapshot() const;
+  // How many known agents are alive and how many are lost (without copying their layouts).
+  int CountAgents(bool lost) const;
   // Bumps on every change that can invalidate a plan (layout, membership, loss).
   uint64_t layout_version() const;
   // The name of the first lost agent among `names`, or "" when all are alive.

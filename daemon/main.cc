@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   CLI::App app{"wb-agent: moves model weights between training and inference GPUs"};
   std::string config_path;
   std::string log_level;
-  std::string name, socket, listen, controller, tcp_listen;
+  std::string name, socket, listen, controller, tcp_listen, metrics_listen;
   bool version = false;
   app.add_option("--config", config_path, "YAML configuration file");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (overrides config)");
@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen, "host:port of the Agent service (overrides config)");
   app.add_option("--controller", controller, "controller host:port (overrides config)");
   app.add_option("--tcp-listen", tcp_listen, "host:port of the tcp data plane (overrides config)");
+  app.add_option("--metrics-listen", metrics_listen,
+                 "host:port to serve Prometheus /metrics on (overrides config)");
   app.add_flag("--version", version, "print the version and exit");
   CLI11_PARSE(app, argc, argv);
   if (version) {
@@ -45,6 +47,7 @@ int main(int argc, char** argv) {
   if (!listen.empty()) config.listen = listen;
   if (!controller.empty()) config.controller = controller;
   if (!tcp_listen.empty()) config.tcp.listen = tcp_listen;
+  if (!metrics_listen.empty()) config.metrics_listen = metrics_listen;
   if (auto s = wb::InitLogging("wb-agent", config.log_level); !s.ok()) {
     std::fprintf(stderr, "wb-agent: %s\n", std::string(s.message()).c_str());
     return 2;

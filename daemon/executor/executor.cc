@@ -234,24 +234,30 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
     }
     auto staging = job->staging;
     const v1::TransferOp* op = job->op;
+    metrics::Counter* peer_bytes = job->route->bytes_sent;
     const auto posted = Clock::now();
-    if (first_post_ns.load() == 0)
+    if (first_post_ns.load() == 0) {
       first_post_ns = std::max<int64_t>(1, (posted - phase_t0).count());
-    job->route->peer->PostBatch(std::move(writes), [&, staging, op, bytes](absl::Status s) {
-      const auto c0 = Clock::now();
-      int64_t done_ns = (c0 - phase_t0).count(), prev = last_done_ns.load();
-      while (done_ns > prev && !last_done_ns.compare_exchange_weak(prev, done_ns)) {
-      }
-      if (staging) staging_->Release(staging);
-      if (s.ok()) {
-        bytes_sent += bytes;
-      } else {
-        error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
-      }
-      complete_ns += (Clock::now() - c0).count();
-      absl::MutexLock lock(&done_mu);
-      --outstanding;
-    });
+    }
+    ops_in_flight_.fetch_add(1, std::memory_order_relaxed);
+    job->route->peer->PostBatch(
+        std::move(writes), [&, staging, op, bytes, peer_bytes](absl::Status s) {
+          const auto c0 = Clock::now();
+          int64_t done_ns = (c0 - phase_t0).count(), prev = last_done_ns.load();
+          while (done_ns > prev && !last_done_ns.compare_exchange_weak(prev, done_ns)) {
+          }
+          ops_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+          if (staging) staging_->Release(staging);
+          if (s.ok()) {
+            bytes_sent += bytes;
+            if (peer_bytes) peer_bytes->Increment(bytes);
+          } else {
+            error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
+          }
+          complete_ns += (Clock::now() - c0).count();
+          absl::MutexLock lock(&done_mu);
+          --outstanding;
+        });
   }
   for (auto& t : preparers) t.join();
 

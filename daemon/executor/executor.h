@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/executor/staging_pool.h"
+#include "daemon/metrics/registry.h"
 #include "daemon/registry/region_registry.h"
 #include "daemon/transport/transport.h"
 #include "weightbeam/v1/types.pb.h"
@@ -42,6 +43,7 @@ struct Route {
   std::shared_ptr<transport::Peer> peer;
   transport::Transport* transport = nullptr;
   std::map<uint64_t, uint64_t> remote_regions;
+  metrics::Counter* bytes_sent = nullptr;  // optional: counts bytes acknowledged by this peer
 };
 
 struct ExecutorOptions {
@@ -64,6 +66,8 @@ class Executor {
   weightbeam::v1::AgentStepReport Execute(uint64_t version, std::chrono::milliseconds timeout);
   // Makes a running Execute fail promptly with `reason`.
   void Cancel(const std::string& reason);
+  // Operations whose writes are posted and not yet acknowledged (all steps together).
+  int64_t ops_in_flight() const { return ops_in_flight_.load(std::memory_order_relaxed); }
 
  private:
   struct Job;
@@ -82,6 +86,7 @@ class Executor {
   std::map<std::string, Route> routes_ ABSL_GUARDED_BY(mu_);
   bool loaded_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> cancelled_{false};  // read by waiting stages
+  std::atomic<int64_t> ops_in_flight_{0};
   std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -78,6 +78,9 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
             response_.clear_registered();
             spdlog::warn("session {}: registration refused: {}", id_,
                          std::string(layout.status().message()));
+            if (service_->on_refused_) {
+              service_->on_refused_(std::string(layout.status().message()));
+            }
             return Fail(layout.status().code(), std::string(layout.status().message()));
           }
           done.push_back(reg.spec().name());

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
+#include <string>
 
 #include "daemon/local/event_bus.h"
 #include "daemon/registry/region_registry.h"
@@ -13,8 +15,10 @@ namespace wb::local {
 
 class LocalService final : public weightbeam::v1::Local::CallbackService {
  public:
-  LocalService(registry::RegionRegistry* registry, EventBus* events)
-      : registry_(registry), events_(events) {}
+  // `on_refused` (optional) hears every refused registration request, e.g. to count it.
+  LocalService(registry::RegionRegistry* registry, EventBus* events,
+               std::function<void(const std::string& why)> on_refused = nullptr)
+      : registry_(registry), events_(events), on_refused_(std::move(on_refused)) {}
 
   grpc::ServerBidiReactor<weightbeam::v1::SessionRequest, weightbeam::v1::SessionResponse>* Session(
       grpc::CallbackServerContext* ctx) override;
@@ -28,6 +32,7 @@ class LocalService final : public weightbeam::v1::Local::CallbackService {
   friend class SessionReactor;
   registry::RegionRegistry* registry_;
   EventBus* events_;
+  const std::function<void(const std::string& why)> on_refused_;
   std::atomic<uint64_t> next_session_{1};
   std::atomic<int> active_sessions_{0};
 };

@@ -106,6 +106,30 @@ absl::Status AgentNode::BindLocalSocket() {
   return absl::OkStatus();
 }
 
+absl::Status AgentNode::StartMetrics() {
+  for (auto& t : transports_) {
+    t->SetArrivalCallback([this, name = t->Name()](const std::string& peer, uint64_t bytes) {
+      metrics_.BytesReceived(name, peer)->Increment(bytes);
+    });
+  }
+  metrics_.AddGauges({
+      [this] { return static_cast<double>(executor_->ops_in_flight()); },
+      [this] { return static_cast<double>(staging_->in_flight()); },
+      [this] { return static_cast<double>(registry_->size()); },
+      [this] {
+        absl::MutexLock lock(&mu_);
+        return static_cast<double>(committed_version_);
+      },
+  });
+  if (config_.metrics_listen.empty()) return absl::OkStatus();
+  auto exporter = metrics::HttpExporter::Start(config_.metrics_listen, &metrics_registry_);
+  if (!exporter.ok()) return exporter.status();
+  metrics_exporter_ = std::move(*exporter);
+  spdlog::info("metrics on http://{}:{}/metrics", HostOf(config_.metrics_listen),
+               metrics_exporter_->port());
+  return absl::OkStatus();
+}
+
 absl::Status AgentNode::Start() {
   if (auto s = CreateTransports(); !s.ok()) return s;
   std::vector<transport::Transport*> raw;
@@ -119,8 +143,11 @@ absl::Status AgentNode::Start() {
   executor_ =
       std::make_unique<executor::Executor>(registry_.get(), staging_.get(), preparer_.get(), eopts);
   connector_ = std::make_unique<PeerConnector>(config_.name, by_name_);
-  local_service_ = std::make_unique<local::LocalService>(registry_.get(), &events_);
+  local_service_ = std::make_unique<local::LocalService>(
+      registry_.get(), &events_,
+      [this](const std::string&) { metrics_.Error(AgentMetrics::kRegistrationRefused); });
   agent_service_ = std::make_unique<AgentService>(this);
+  if (auto s = StartMetrics(); !s.ok()) return s;
 
   if (auto s = BindLocalSocket(); !s.ok()) return s;
   grpc::ServerBuilder builder;
@@ -149,6 +176,7 @@ absl::Status AgentNode::Start() {
 
 void AgentNode::Shutdown() {
   if (shutting_down_.exchange(true)) return;
+  metrics_exporter_.reset();  // its scrapes read the executor and registry torn down below
   if (executor_) executor_->Cancel("agent shutting down");
   if (link_) link_->Stop();
   auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
@@ -186,7 +214,13 @@ v1::AgentLayout AgentNode::Layout() const { return registry_->Layout(config_.nam
 absl::Status AgentNode::LoadPlan(const v1::AgentPlan& plan) {
   std::vector<v1::PeerIntro> peers(plan.peers().begin(), plan.peers().end());
   auto routes = connector_->Connect(peers);
-  if (!routes.ok()) return routes.status();
+  if (!routes.ok()) {
+    metrics_.Error(AgentMetrics::kPlanLoadFailed);
+    return routes.status();
+  }
+  for (auto& [agent, route] : *routes) {
+    route.bytes_sent = metrics_.BytesSent(route.transport->Name(), agent);
+  }
   executor_->Load(std::vector<v1::TransferOp>(plan.ops().begin(), plan.ops().end()),
                   std::move(*routes));
   absl::MutexLock lock(&mu_);
@@ -204,6 +238,7 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
       r.set_agent(config_.name);
       r.set_error(
           absl::StrCat("plan ", req.plan_id(), " is not loaded (agent has plan ", plan_id_, ")"));
+      metrics_.Error(AgentMetrics::kStepFailed);
       return r;
     }
     state_ = "executing";
@@ -211,6 +246,7 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
   auto timeout = std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 60000);
   v1::AgentStepReport report = executor_->Execute(req.version(), timeout);
   report.set_agent(config_.name);
+  metrics_.StepFinished(report.seconds(), report.ok());
   absl::MutexLock lock(&mu_);
   state_ = "idle";
   return report;
@@ -220,6 +256,7 @@ absl::Status AgentNode::Begin(uint64_t version) {
   {
     absl::MutexLock lock(&mu_);
     if (version <= committed_version_) {
+      metrics_.Error(AgentMetrics::kCommitRefused);
       return absl::FailedPreconditionError(absl::StrCat(
           "version ", version, " is not newer than the committed version ", committed_version_));
     }
@@ -236,6 +273,7 @@ absl::Status AgentNode::Commit(uint64_t version) {
   {
     absl::MutexLock lock(&mu_);
     if (version <= committed_version_) {
+      metrics_.Error(AgentMetrics::kCommitRefused);
       return absl::FailedPreconditionError(absl::StrCat(
           "version ", version, " is not newer than the committed version ", committed_version_));
     }

@@ -18,7 +18,10 @@
 #include "daemon/executor/staging_pool.h"
 #include "daemon/local/event_bus.h"
 #include "daemon/local/local_service.h"
+#include "daemon/metrics/http_exporter.h"
+#include "daemon/metrics/registry.h"
 #include "daemon/registry/region_registry.h"
+#include "daemon/service/agent_metrics.h"
 #include "daemon/service/peer_connector.h"
 #include "daemon/transport/transport.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
@@ -52,12 +55,18 @@ class AgentNode {
 
   const config::AgentConfig& config() const { return config_; }
   int agent_port() const { return agent_port_; }
+  // The port /metrics is served on (0 when metrics_listen is empty).
+  int metrics_port() const { return metrics_exporter_ ? metrics_exporter_->port() : 0; }
 
  private:
   absl::Status CreateTransports();
   absl::Status BindLocalSocket();
+  absl::Status StartMetrics();
 
   config::AgentConfig config_;
+  metrics::Registry metrics_registry_;
+  AgentMetrics metrics_{&metrics_registry_};
+  std::unique_ptr<metrics::HttpExporter> metrics_exporter_;
   std::vector<std::unique_ptr<transport::Transport>> transports_;
   std::map<std::string, transport::Transport*> by_name_;
   std::unique_ptr<registry::RegionRegistry> registry_;

@@ -89,13 +89,19 @@ std::string SelfPath() {
 
 void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
+// `metrics_port` 0: no /metrics.
+std::string MetricsYaml(int metrics_port) {
+  return metrics_port ? absl::StrCat("metrics_listen: 127.0.0.1:", metrics_port, "\n") : "";
+}
+
 std::string AgentYaml(const std::string& name, const std::string& dir, int port, int ctl_port,
-                      const std::string& transport, const std::string& rdma_device) {
+                      const std::string& transport, const std::string& rdma_device,
+                      int metrics_port) {
   std::string y =
       absl::StrCat("name: ", name, "\nlog_level: warn\nlocal_socket: ", dir, "/", name,
                    ".sock\nlisten: 127.0.0.1:", port, "\ncontroller: 127.0.0.1:", ctl_port,
-                   "\nheartbeat_interval_ms: 200\ntransports:\n  tcp:\n    listen: "
-                   "127.0.0.1:0\n");
+                   "\nheartbeat_interval_ms: 200\n", MetricsYaml(metrics_port),
+                   "transports:\n  tcp:\n    listen: 127.0.0.1:0\n");
   if (transport == "rdma") {
     y += absl::StrCat("  rdma:\n    enabled: true\n    devices: [", rdma_device, "]\n");
   }
@@ -109,7 +115,8 @@ int main(int argc, char** argv) {
   CLI::App app{"wb-demo: weightbeam end to end on one machine"};
   std::string role = "driver", socket, transport = "tcp", rdma_device = "rxe0", bin_dir;
   wb::demo::DemoShape shape;
-  int rank = 0, steps = 3;
+  int rank = 0, steps = 3, hold_seconds = 0;
+  std::vector<int> metrics_ports;
   app.add_option("--role", role, "driver | trainer | inference (internal)");
   app.add_option("--rank", rank, "rank of a trainer or inference worker (internal)");
   app.add_option("--socket", socket, "agent socket of a trainer or inference worker (internal)");
@@ -120,6 +127,13 @@ int main(int argc, char** argv) {
   app.add_option("--tp", shape.tp, "tensor-parallel ranks of the inference replica");
   app.add_option("--steps", steps, "training steps to push");
   app.add_option("--bin-dir", bin_dir, "where wb-agent and wb-controller are (default bazel-bin)");
+  app.add_option("--metrics-ports", metrics_ports,
+                 "serve /metrics on 127.0.0.1: controller,trainer-node,inference-node ports")
+      ->delimiter(',')
+      ->expected(3);
+  app.add_option("--hold-seconds", hold_seconds,
+                 "after the steps, keep every process up this long (or until SIGTERM/SIGINT), "
+                 "e.g. for a metrics scraper");
   CLI11_PARSE(app, argc, argv);
   if (role == "trainer") return wb::demo::RunTrainer(shape, rank, socket);
   if (role == "inference") return wb::demo::RunInference(shape, rank, socket);
@@ -135,19 +149,20 @@ int main(int argc, char** argv) {
       shape.layers, shape.trainers, shape.tp, transport.c_str(), dir.c_str());
   std::fflush(stdout);
 
-  WriteFile(
-      dir + "/controller.yaml",
-      absl::StrCat("listen: 127.0.0.1:", ctl_port,
-                   "\nlog_level: warn\nheartbeat_timeout_ms: 3000\nworld:\n  trainer_ranks: ",
-                   shape.trainers,
-                   "\n  inference_replicas: 1\n  inference_ranks_per_replica: ", shape.tp, "\n"));
+  WriteFile(dir + "/controller.yaml",
+            absl::StrCat("listen: 127.0.0.1:", ctl_port,
+                         "\nlog_level: warn\nheartbeat_timeout_ms: 3000\nworld:\n  trainer_ranks: ",
+                         shape.trainers,
+                         "\n  inference_replicas: 1\n  inference_ranks_per_replica: ", shape.tp,
+                         "\n", MetricsYaml(metrics_ports.empty() ? 0 : metrics_ports[0])));
   Process controller({bin_dir + "/controller/wb-controller", "--config", dir + "/controller.yaml"},
                      dir + "/controller.log");
   std::vector<std::unique_ptr<Process>> agents;
   for (const char* name : {"trainer-node", "inference-node"}) {
     int port = wb::testing::FreePort();
+    int metrics_port = metrics_ports.empty() ? 0 : metrics_ports[agents.size() + 1];
     WriteFile(dir + "/" + name + ".yaml",
-              AgentYaml(name, dir, port, ctl_port, transport, rdma_device));
+              AgentYaml(name, dir, port, ctl_port, transport, rdma_device, metrics_port));
     agents.push_back(
         std::make_unique<Process>(std::vector<std::string>{bin_dir + "/daemon/wb-agent", "--config",
                                                            dir + "/" + name + ".yaml"},
@@ -249,6 +264,18 @@ int main(int argc, char** argv) {
     std::printf("\nlast step, per sending agent:\n%s", wb::client::FormatStep(last).c_str());
   }
   std::printf("\n");
+  if (hold_seconds > 0) {
+    // Signals are blocked only now, so the children started above still take SIGTERM.
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    sigprocmask(SIG_BLOCK, &stop, nullptr);
+    std::printf("holding every process for %d s (SIGTERM or SIGINT ends it)\n", hold_seconds);
+    std::fflush(stdout);
+    timespec limit{hold_seconds, 0};
+    sigtimedwait(&stop, nullptr, &limit);
+  }
   trainers.clear();
   workers.clear();
   if (pass) {

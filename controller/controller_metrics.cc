@@ -1,0 +1,38 @@
+#include "controller/controller_metrics.h"
+
+namespace wb::controller {
+
+ControllerMetrics::ControllerMetrics(ControllerCore* core, metrics::Registry* registry)
+    : core_(core) {
+  step_seconds_ = registry
+                      ->AddHistogram("weightbeam_controller_step_duration_seconds",
+                                     "Wall time of Controller.Step, begin to commit or abort.",
+                                     metrics::DurationBuckets())
+                      .Get();
+  auto& steps = registry->AddCounter("weightbeam_steps_total",
+                                     "Steps run by the controller, by outcome.", {"result"});
+  committed_ = steps.WithLabels({"committed"});
+  failed_ = steps.WithLabels({"failed"});
+  registry->AddCallbackGauge("weightbeam_agents_alive", "Registered agents sending heartbeats.",
+                             [core] { return core->membership().CountAgents(false); });
+  registry->AddCallbackGauge("weightbeam_agents_lost",
+                             "Registered agents that missed their heartbeats.",
+                             [core] { return core->membership().CountAgents(true); });
+  registry->AddCallbackGauge("weightbeam_plan_ops", "Operations in the current plan.", [core] {
+    return static_cast<double>(core->CurrentPlan().total_ops());
+  });
+  registry->AddCallbackGauge(
+      "weightbeam_plan_bytes", "Bytes one step of the current plan moves.",
+      [core] { return static_cast<double>(core->CurrentPlan().total_bytes()); });
+  registry->AddCallbackGauge("weightbeam_plan_predicted_step_seconds",
+                             "The cost model's prediction for one step of the current plan.",
+                             [core] { return core->CurrentPlan().predicted_step_seconds(); });
+  subscription_ = core->steps().Subscribe([this](const weightbeam::v1::StepResult& r) {
+    step_seconds_->Observe(r.seconds());
+    (r.ok() ? committed_ : failed_)->Increment();
+  });
+}
+
+ControllerMetrics::~ControllerMetrics() { core_->steps().Unsubscribe(subscription_); }
+
+}  // namespace wb::controller

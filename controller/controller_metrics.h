@@ -1,0 +1,29 @@
+// The controller's Prometheus series (names prefixed weightbeam_): step durations and outcomes,
+// heard from the core's step broadcaster, and agents alive/lost and the current plan's size,
+// read from the core when scraped.
+#pragma once
+
+#include <cstdint>
+
+#include "controller/controller_core.h"
+#include "daemon/metrics/registry.h"
+
+namespace wb::controller {
+
+class ControllerMetrics {
+ public:
+  // `core` and `registry` must outlive this object.
+  ControllerMetrics(ControllerCore* core, metrics::Registry* registry);
+  ~ControllerMetrics();
+  ControllerMetrics(const ControllerMetrics&) = delete;
+  ControllerMetrics& operator=(const ControllerMetrics&) = delete;
+
+ private:
+  ControllerCore* core_;
+  metrics::Histogram* step_seconds_;
+  metrics::Counter* committed_;
+  metrics::Counter* failed_;
+  uint64_t subscription_ = 0;
+};
+
+}  // namespace wb::controller
