@@ -1,18 +1,36 @@
 #include "daemon/transport/transport.h"
 
-#include <future>
+#include <condition_variable>
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace wb::transport {
 
 absl::Status Peer::WriteBatch(std::vector<WriteOp> ops, std::chrono::milliseconds timeout) {
-  auto promise = std::make_shared<std::promise<absl::Status>>();
-  std::future<absl::Status> result = promise->get_future();
-  PostBatch(std::move(ops), [promise](absl::Status status) { promise->set_value(status); });
-  if (result.wait_for(timeout) != std::future_status::ready) {
-    return absl::DeadlineExceededError("write batch to peer '" + name() + "' did not finish in " +
-                                       std::to_string(timeout.count()) + " ms");
+  // Shared with the callback: it may still run after a timeout made us return.
+  struct Waiter {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    absl::Status status;
+  };
+  auto waiter = std::make_shared<Waiter>();
+  const size_t num_ops = ops.size();
+  PostBatch(std::move(ops), [waiter](absl::Status status) {
+    std::lock_guard<std::mutex> lock(waiter->mu);
+    waiter->done = true;
+    waiter->status = std::move(status);
+    waiter->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(waiter->mu);
+  if (!waiter->cv.wait_for(lock, timeout, [&] { return waiter->done; })) {
+    return absl::DeadlineExceededError(absl::StrCat("peer '", name(), "': batch of ", num_ops,
+                                                    " writes did not complete within ",
+                                                    timeout.count(), " ms"));
   }
-  return result.get();
+  return waiter->status;
 }
 
 }  // namespace wb::transport

@@ -1,0 +1,47 @@
+// The local transport: writes between regions registered in the same agent process (memcpy).
+// It applies the same checks as a remote backend (key, bounds, withdrawn regions) and
+// connects only to itself. GPU memory is refused with UNIMPLEMENTED in this build.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "config/config.h"
+#include "daemon/transport/transport.h"
+
+namespace wb::transport::local {
+
+class LocalEngine;  // region table + copy thread, shared with the peers
+
+class LocalTransport : public Transport {
+ public:
+  LocalTransport();
+  ~LocalTransport() override;
+
+  std::string Name() const override { return "local"; }
+  Capabilities caps() const override;
+  std::vector<weightbeam::v1::NicInfo> Nics() const override;
+
+  absl::StatusOr<weightbeam::v1::RegionDescriptor> Register(const MemoryRef& mem,
+                                                            Access access) override;
+  absl::Status Deregister(uint64_t region_id) override;
+
+  absl::StatusOr<std::shared_ptr<Peer>> Connect(const std::string& our_name,
+                                                const std::string& peer_name,
+                                                const HandshakeExchange& exchange) override;
+  absl::StatusOr<std::string> Accept(const std::string& peer_name,
+                                     const std::string& their_record) override;
+  void ForgetPeer(const std::string& peer_name) override {}
+  void SetArrivalCallback(ArrivalCallback cb) override;
+
+ private:
+  std::shared_ptr<LocalEngine> engine_;
+  std::string instance_;  // "local:<pid>:<random>": the handshake record
+};
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeLocalTransport(
+    const wb::config::AgentConfig& config);
+
+}  // namespace wb::transport::local

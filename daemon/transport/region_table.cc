@@ -1,0 +1,148 @@
+#include "daemon/transport/region_table.h"
+
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace wb::transport {
+
+uint64_t RandomU64() {
+  // libstdc++'s random_device reads getrandom()/dev/urandom; it is not a PRNG.
+  static thread_local std::random_device device;
+  uint64_t value = 0;
+  while (value == 0) {  // 0 never serves as a key
+    value = (static_cast<uint64_t>(device()) << 32) | device();
+  }
+  return value;
+}
+
+RegionTable::Pin::Pin(Pin&& other) noexcept
+    : table_(std::exchange(other.table_, nullptr)),
+      slot_(std::exchange(other.slot_, nullptr)),
+      data_(std::exchange(other.data_, nullptr)) {}
+
+RegionTable::Pin& RegionTable::Pin::operator=(Pin&& other) noexcept {
+  if (this != &other) {
+    Release();
+    table_ = std::exchange(other.table_, nullptr);
+    slot_ = std::exchange(other.slot_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+  }
+  return *this;
+}
+
+RegionTable::Pin::~Pin() { Release(); }
+
+void RegionTable::Pin::Release() {
+  if (table_ != nullptr) table_->Unpin(slot_);
+  table_ = nullptr;
+  slot_ = nullptr;
+  data_ = nullptr;
+}
+
+RegionTable::RegionTable(std::string transport) : transport_(std::move(transport)) {}
+
+RegionTable::~RegionTable() {
+  std::unique_lock<std::mutex> lock(mu_);
+  unpinned_.wait(lock, [&] {
+    for (const auto& [id, slot] : slots_) {
+      if (slot->in_flight > 0) return false;
+    }
+    return true;
+  });
+}
+
+absl::StatusOr<RegionInfo> RegionTable::Add(const MemoryRef& mem, Access access) {
+  if (mem.addr == nullptr || mem.length == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(transport_, ": cannot register an empty region (addr ",
+                     reinterpret_cast<uintptr_t>(mem.addr), ", length ", mem.length, ")"));
+  }
+  auto slot = std::make_unique<Slot>();
+  slot->info.addr = static_cast<uint8_t*>(mem.addr);
+  slot->info.length = mem.length;
+  slot->info.access = access;
+  slot->info.kind = mem.kind;
+  slot->info.key = RandomU64();
+  std::lock_guard<std::mutex> lock(mu_);
+  slot->info.id = next_id_++;
+  RegionInfo info = slot->info;
+  slots_.emplace(info.id, std::move(slot));
+  return info;
+}
+
+absl::Status RegionTable::Remove(uint64_t id) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = slots_.find(id);
+  if (it == slots_.end()) {
+    return absl::NotFoundError(absl::StrCat(transport_, ": region ", id, " is not registered"));
+  }
+  // Taking it out of the map first stops new pins; then wait for the ones in progress.
+  std::unique_ptr<Slot> slot = std::move(it->second);
+  slots_.erase(it);
+  unpinned_.wait(lock, [&] { return slot->in_flight == 0; });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegionTable::Pin> RegionTable::PinLocked(uint64_t id, uint64_t offset,
+                                                        uint64_t length, const char* what) {
+  auto it = slots_.find(id);
+  if (it == slots_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(transport_, ": ", what, " region ", id, " is not registered (or withdrawn)"));
+  }
+  Slot* slot = it->second.get();
+  if (offset > slot->info.length || length > slot->info.length - offset) {
+    return absl::OutOfRangeError(absl::StrCat(transport_, ": ", what, " [", offset, ", +", length,
+                                              ") is out of bounds of region ", id, " (length ",
+                                              slot->info.length, ")"));
+  }
+  ++slot->in_flight;
+  return Pin(this, slot, slot->info.addr + offset);
+}
+
+absl::StatusOr<RegionTable::Pin> RegionTable::PinRemoteWrite(uint64_t id, uint64_t key,
+                                                             uint64_t offset, uint64_t length) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = slots_.find(id);
+  if (it != slots_.end()) {
+    const RegionInfo& info = it->second->info;
+    if (info.access != Access::kDestination) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          transport_, ": region ", id, " is not registered as a destination; remote writes refused"));
+    }
+    if (info.key != key) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(transport_, ": wrong key for region ", id, "; remote write refused"));
+    }
+  }
+  return PinLocked(id, offset, length, "remote write into");
+}
+
+absl::StatusOr<RegionTable::Pin> RegionTable::PinLocal(uint64_t id, uint64_t offset,
+                                                       uint64_t length) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return PinLocked(id, offset, length, "local");
+}
+
+absl::StatusOr<RegionInfo> RegionTable::Find(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = slots_.find(id);
+  if (it == slots_.end()) {
+    return absl::NotFoundError(absl::StrCat(transport_, ": region ", id, " is not registered"));
+  }
+  return it->second->info;
+}
+
+size_t RegionTable::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return slots_.size();
+}
+
+void RegionTable::Unpin(Slot* slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--slot->in_flight == 0) unpinned_.notify_all();
+}
+
+}  // namespace wb::transport

@@ -1,0 +1,95 @@
+// The registered-memory table a software backend (tcp, local) checks remote writes against:
+// region id -> (address, length, access, random key). Lookups pin a region so that
+// Remove() waits for writes in progress and nothing lands in a region after it is withdrawn.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/transport/transport.h"
+
+namespace wb::transport {
+
+// 64 unguessable bits from the kernel's random source (getrandom through std::random_device).
+uint64_t RandomU64();
+
+struct RegionInfo {
+  uint64_t id = 0;
+  uint8_t* addr = nullptr;
+  uint64_t length = 0;
+  Access access = Access::kSource;
+  MemoryKind kind = MemoryKind::kHost;
+  uint64_t key = 0;
+};
+
+class RegionTable {
+ private:
+  struct Slot;
+
+ public:
+  // Keeps a region from being withdrawn while its bytes are read or written.
+  class Pin {
+   public:
+    Pin() = default;
+    Pin(Pin&& other) noexcept;
+    Pin& operator=(Pin&& other) noexcept;
+    Pin(const Pin&) = delete;
+    Pin& operator=(const Pin&) = delete;
+    ~Pin();
+
+    // The first byte of the pinned range (region base + offset).
+    uint8_t* data() const { return data_; }
+
+   private:
+    friend class RegionTable;
+    Pin(RegionTable* table, Slot* slot, uint8_t* data) : table_(table), slot_(slot), data_(data) {}
+    void Release();
+
+    RegionTable* table_ = nullptr;
+    Slot* slot_ = nullptr;
+    uint8_t* data_ = nullptr;
+  };
+
+  // `transport` names the owner in error messages ("tcp", "local").
+  explicit RegionTable(std::string transport);
+  ~RegionTable();
+
+  // Adds a region with a fresh id and a fresh random key.
+  absl::StatusOr<RegionInfo> Add(const MemoryRef& mem, Access access);
+  // Withdraws a region: waits until no pinned write is in progress; afterwards every lookup
+  // of the id fails.
+  absl::Status Remove(uint64_t id);
+
+  // For a write arriving from a peer: the region must exist, be a destination, carry `key`,
+  // and contain [offset, offset + length).
+  absl::StatusOr<Pin> PinRemoteWrite(uint64_t id, uint64_t key, uint64_t offset, uint64_t length);
+  // For a local read (the source of a write): the region must exist and contain the range.
+  absl::StatusOr<Pin> PinLocal(uint64_t id, uint64_t offset, uint64_t length);
+
+  absl::StatusOr<RegionInfo> Find(uint64_t id) const;
+  size_t size() const;
+
+ private:
+  struct Slot {
+    RegionInfo info;
+    int in_flight = 0;
+  };
+
+  absl::StatusOr<Pin> PinLocked(uint64_t id, uint64_t offset, uint64_t length, const char* what)
+      /* requires mu_ */;
+  void Unpin(Slot* slot);
+
+  const std::string transport_;
+  mutable std::mutex mu_;
+  std::condition_variable unpinned_;
+  uint64_t next_id_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<Slot>> slots_;
+};
+
+}  // namespace wb::transport

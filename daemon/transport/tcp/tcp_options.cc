@@ -1,0 +1,36 @@
+#include "daemon/transport/tcp/tcp_options.h"
+
+#include "absl/strings/str_cat.h"
+#include "daemon/transport/tcp/socket_util.h"
+
+namespace wb::transport::tcp {
+
+absl::StatusOr<TcpOptions> TcpOptionsFromConfig(const wb::config::AgentConfig& config) {
+  TcpOptions options;
+  options.listen = config.tcp.listen;
+  options.advertise_host =
+      !config.tcp.advertise_host.empty() ? config.tcp.advertise_host : config.advertise_host;
+  options.connections_per_peer = config.tcp.connections_per_peer;
+  options.max_frame_bytes = config.tcp.max_frame_bytes;
+  options.write_timeout = std::chrono::milliseconds(config.executor.write_timeout_ms);
+  const std::string where = config.source.empty() ? "agent config" : config.source;
+  if (auto parsed = ParseHostPort(options.listen); !parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": tcp.listen: ", parsed.status().message()));
+  }
+  if (options.connections_per_peer < 1 || options.connections_per_peer > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": tcp.connections_per_peer must be in [1, 64], got ",
+                                                   options.connections_per_peer));
+  }
+  if (options.max_frame_bytes < 4096 || options.max_frame_bytes > (uint64_t{1} << 31)) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": tcp.max_frame_bytes must be in [4096, 2^31], got ",
+                                                   options.max_frame_bytes));
+  }
+  if (options.write_timeout.count() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": executor.write_timeout_ms must be positive"));
+  }
+  return options;
+}
+
+}  // namespace wb::transport::tcp

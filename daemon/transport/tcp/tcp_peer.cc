@@ -1,0 +1,469 @@
+#include "daemon/transport/tcp/tcp_peer.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/transport/tcp/frame.h"
+#include "weightbeam/v1/transport.pb.h"
+
+namespace wb::transport::tcp {
+namespace {
+
+constexpr uint64_t kMinShareBytes = 256 << 10;  // below this a batch uses fewer connections
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+absl::Status WithContext(const absl::Status& status, const std::string& context) {
+  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
+}  // namespace
+
+struct TcpPeer::Batch {
+  uint64_t id = 0;
+  BatchDone done;
+  std::atomic<int> remaining{0};
+  std::atomic<bool> finished{false};
+};
+
+TcpPeer::TcpPeer(std::string our_name, std::string peer_name, std::string endpoint,
+                 uint64_t max_frame_bytes, std::shared_ptr<RegionTable> regions,
+                 const TcpOptions& options)
+    : our_name_(std::move(our_name)),
+      peer_name_(std::move(peer_name)),
+      endpoint_(std::move(endpoint)),
+      max_frame_bytes_(max_frame_bytes),
+      regions_(std::move(regions)),
+      options_(options) {}
+
+absl::StatusOr<std::shared_ptr<TcpPeer>> TcpPeer::Connect(
+    std::string our_name, std::string peer_name, const std::string& endpoint,
+    const std::string& token, uint64_t max_frame_bytes, std::shared_ptr<RegionTable> regions,
+    const TcpOptions& options) {
+  std::shared_ptr<TcpPeer> peer(new TcpPeer(std::move(our_name), std::move(peer_name), endpoint,
+                                            std::min(max_frame_bytes, options.max_frame_bytes),
+                                            std::move(regions), options));
+  if (auto st = peer->OpenConnections(token); !st.ok()) return st;
+  peer->Start();
+  return peer;
+}
+
+std::string TcpPeer::Where() const {
+  return absl::StrCat("tcp peer '", peer_name_, "' (", endpoint_, ")");
+}
+
+absl::Status TcpPeer::OpenConnections(const std::string& token) {
+  auto where = ParseHostPort(endpoint_);
+  if (!where.ok()) return WithContext(where.status(), Where());
+  weightbeam::v1::TcpHello hello;
+  hello.set_from_agent(our_name_);
+  hello.set_token(token);
+  const std::string payload = hello.SerializeAsString();
+  for (int i = 0; i < options_.connections_per_peer; ++i) {
+    const std::string context = absl::StrCat(Where(), ": connection ", i);
+    auto fd = ConnectTcp(*where, options_.connect_timeout);
+    if (!fd.ok()) return WithContext(fd.status(), context);
+    // Bounded wait for the HELLO's ACK; afterwards the ack reader blocks without limit.
+    if (auto st = TuneSocket(fd->get(), options_.socket_buffer_bytes, options_.write_timeout,
+                             options_.connect_timeout);
+        !st.ok()) {
+      return WithContext(st, context);
+    }
+    FrameHeader header;
+    header.type = FrameType::kHello;
+    header.length = payload.size();
+    uint8_t raw[kFrameHeaderBytes];
+    EncodeFrameHeader(header, raw);
+    iovec iov[2] = {{raw, sizeof(raw)}, {const_cast<char*>(payload.data()), payload.size()}};
+    if (auto st = SendAll(fd->get(), iov, 2); !st.ok()) return WithContext(st, context);
+    size_t got = 0;
+    if (RecvExact(fd->get(), raw, sizeof(raw), &got, nullptr) != RecvOutcome::kOk) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          context, ": handshake refused (connection closed before ACK; token unknown to the peer?)"));
+    }
+    auto ack = ParseFrameHeader(raw, sizeof(raw));
+    if (!ack.ok() || ack->type != FrameType::kAck || ack->batch_id != 0) {
+      return absl::PermissionDeniedError(absl::StrCat(context, ": bad handshake reply"));
+    }
+    if (auto st = TuneSocket(fd->get(), options_.socket_buffer_bytes, options_.write_timeout,
+                             std::chrono::milliseconds(0));
+        !st.ok()) {
+      return WithContext(st, context);
+    }
+    auto conn = std::make_unique<Connection>();
+    conn->index = i;
+    conn->fd = std::move(*fd);
+    conns_.push_back(std::move(conn));
+  }
+  return absl::OkStatus();
+}
+
+void TcpPeer::Start() {
+  last_progress_ns_ = NowNs();
+  for (auto& conn : conns_) {
+    Connection* raw = conn.get();
+    raw->sender = std::thread([this, raw] { SendLoop(raw); });
+    raw->acker = std::thread([this, raw] { AckLoop(raw); });
+  }
+  monitor_ = std::thread([this] { MonitorLoop(); });
+}
+
+TcpPeer::~TcpPeer() {
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    stopping_ = true;
+  }
+  Close(absl::StrCat(Where(), ": peer closed"));
+  state_cv_.notify_all();
+  if (monitor_.joinable()) monitor_.join();
+  for (auto& conn : conns_) {
+    if (conn->sender.joinable()) conn->sender.join();
+    if (conn->acker.joinable()) conn->acker.join();
+  }
+}
+
+absl::Status TcpPeer::AddRemoteRegion(const weightbeam::v1::RegionDescriptor& region) {
+  for (const auto& key : region.keys()) {
+    if (key.transport() != "tcp") continue;
+    std::lock_guard<std::mutex> lock(remote_mu_);
+    remote_regions_[region.region_id()] = RemoteRegion{key.key(), region.length()};
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(Where(), ": region ", region.region_id(),
+                                                 " has no tcp key (registered elsewhere?)"));
+}
+
+void TcpPeer::RemoveRemoteRegion(uint64_t region_id) {
+  std::lock_guard<std::mutex> lock(remote_mu_);
+  remote_regions_.erase(region_id);
+}
+
+absl::Status TcpPeer::Validate(const std::vector<WriteOp>& ops, std::vector<Chunk>* chunks,
+                               uint64_t* total) {
+  chunks->reserve(ops.size());
+  *total = 0;
+  std::lock_guard<std::mutex> lock(remote_mu_);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const WriteOp& op = ops[i];
+    if (op.length == 0) continue;
+    const std::string context = absl::StrCat(Where(), ": write ", i);
+    auto local = regions_->Find(op.local_region);
+    if (!local.ok()) return WithContext(local.status(), context);
+    if (op.local_offset > local->length || op.length > local->length - op.local_offset) {
+      return absl::OutOfRangeError(absl::StrCat(context, ": local [", op.local_offset, ", +",
+                                                op.length, ") is out of bounds of region ",
+                                                op.local_region, " (length ", local->length, ")"));
+    }
+    auto remote = remote_regions_.find(op.remote_region);
+    if (remote == remote_regions_.end()) {
+      return absl::NotFoundError(absl::StrCat(context, ": remote region ", op.remote_region,
+                                              " is unknown (AddRemoteRegion first)"));
+    }
+    if (op.remote_offset > remote->second.length ||
+        op.length > remote->second.length - op.remote_offset) {
+      return absl::OutOfRangeError(absl::StrCat(
+          context, ": remote [", op.remote_offset, ", +", op.length,
+          ") is out of bounds of region ", op.remote_region, " (length ", remote->second.length,
+          ")"));
+    }
+    chunks->push_back(Chunk{op.local_region, op.local_offset, op.remote_region,
+                            remote->second.key, op.remote_offset, op.length});
+    *total += op.length;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<TcpPeer::Job> TcpPeer::Split(const std::shared_ptr<Batch>& batch,
+                                         const std::vector<Chunk>& chunks, uint64_t total) const {
+  const uint64_t num_conns = conns_.size();
+  const uint64_t shares = std::clamp<uint64_t>(total / kMinShareBytes, 1, num_conns);
+  const uint64_t share = (total + shares - 1) / shares;
+  std::vector<Job> jobs(shares);
+  uint64_t current = 0;
+  uint64_t fill = 0;
+  for (const Chunk& chunk : chunks) {
+    uint64_t done = 0;
+    while (done < chunk.length) {
+      if (fill >= share && current + 1 < shares) {
+        ++current;
+        fill = 0;
+      }
+      uint64_t take = chunk.length - done;
+      if (current + 1 < shares) take = std::min(take, share - fill);
+      take = std::min(take, max_frame_bytes_);
+      Chunk piece = chunk;
+      piece.local_offset += done;
+      piece.remote_offset += done;
+      piece.length = take;
+      jobs[current].chunks.push_back(piece);
+      jobs[current].bytes += take;
+      fill += take;
+      done += take;
+    }
+  }
+  jobs.erase(std::remove_if(jobs.begin(), jobs.end(), [](const Job& j) { return j.bytes == 0; }),
+             jobs.end());
+  // Rotate the starting connection so that small batches do not all queue on connection 0.
+  const uint64_t first = batch->id % num_conns;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    jobs[i].batch = batch;
+    jobs[i].conn = static_cast<int>((first + i) % num_conns);
+    jobs[i].parts = static_cast<uint32_t>(jobs.size());
+  }
+  return jobs;
+}
+
+void TcpPeer::PostBatch(std::vector<WriteOp> ops, BatchDone done) {
+  auto batch = std::make_shared<Batch>();
+  batch->done = std::move(done);
+  std::vector<Chunk> chunks;
+  uint64_t total = 0;
+  if (auto st = Validate(ops, &chunks, &total); !st.ok()) {
+    Defer([this, batch, st] { Finish(batch, st); });
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (!broken_.ok()) {
+      absl::Status st = broken_;
+      Defer([this, batch, st] { Finish(batch, st); });
+      return;
+    }
+    batch->id = next_batch_id_++;
+    if (active_.empty()) last_progress_ns_ = NowNs();
+    active_[batch->id] = batch;
+  }
+  std::vector<Job> jobs = Split(batch, chunks, total);
+  if (jobs.empty()) {
+    Defer([this, batch] { Finish(batch, absl::OkStatus()); });
+    return;
+  }
+  batch->remaining = static_cast<int>(jobs.size());
+  for (Job& job : jobs) {
+    Connection* conn = conns_[job.conn].get();
+    std::unique_lock<std::mutex> lock(conn->mu);
+    if (conn->closed) {
+      const absl::Status st = absl::UnavailableError(
+          absl::StrCat(Where(), ": connection ", conn->index, " is closed"));
+      Defer([this, batch, st] { Finish(batch, st); });
+      break;
+    }
+    conn->jobs.push_back(std::move(job));
+    conn->cv.notify_one();
+  }
+}
+
+void TcpPeer::SendLoop(Connection* conn) {
+  while (true) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(conn->mu);
+      conn->cv.wait(lock, [&] { return conn->closed || !conn->jobs.empty(); });
+      if (conn->closed) return;  // FailConnection fails what is queued
+      job = std::move(conn->jobs.front());
+      conn->jobs.pop_front();
+    }
+    if (auto st = SendJob(conn, job); !st.ok()) {
+      Finish(job.batch, st);
+      FailConnection(conn, st);
+      return;
+    }
+  }
+}
+
+absl::Status TcpPeer::SendJob(Connection* conn, Job& job) {
+  uint8_t raw[kFrameHeaderBytes];
+  FrameHeader header;
+  header.batch_id = job.batch->id;
+  for (const Chunk& chunk : job.chunks) {
+    if (job.batch->finished) break;  // failed elsewhere: stop spending bandwidth on it
+    auto pin = regions_->PinLocal(chunk.local_region, chunk.local_offset, chunk.length);
+    if (!pin.ok()) {
+      Finish(job.batch, WithContext(pin.status(), Where()));
+      break;
+    }
+    header.type = FrameType::kWrite;
+    header.region_id = chunk.remote_region;
+    header.key = chunk.remote_key;
+    header.offset = chunk.remote_offset;
+    header.length = chunk.length;
+    EncodeFrameHeader(header, raw);
+    iovec iov[2] = {{raw, sizeof(raw)}, {pin->data(), chunk.length}};
+    if (auto st = SendAll(conn->fd.get(), iov, 2); !st.ok()) {
+      return WithContext(st, absl::StrCat(Where(), ": connection ", conn->index));
+    }
+    last_progress_ns_ = NowNs();
+  }
+  // Always close the share, so the receiver's bookkeeping of the batch completes.
+  header = FrameHeader{};
+  header.type = FrameType::kFlush;
+  header.batch_id = job.batch->id;
+  header.aux = job.parts;
+  header.offset = job.bytes;
+  EncodeFrameHeader(header, raw);
+  {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    if (conn->closed) return absl::UnavailableError(absl::StrCat(Where(), ": connection closed"));
+    conn->awaiting_ack.push_back(job.batch);
+  }
+  if (auto st = SendAll(conn->fd.get(), raw, sizeof(raw)); !st.ok()) {
+    return WithContext(st, absl::StrCat(Where(), ": connection ", conn->index));
+  }
+  return absl::OkStatus();
+}
+
+void TcpPeer::AckLoop(Connection* conn) {
+  const std::string context = absl::StrCat(Where(), ": connection ", conn->index);
+  uint8_t raw[kFrameHeaderBytes];
+  while (true) {
+    size_t got = 0;
+    int err = 0;
+    RecvOutcome outcome = RecvExact(conn->fd.get(), raw, sizeof(raw), &got, &err);
+    if (outcome != RecvOutcome::kOk) {
+      FailConnection(conn, absl::UnavailableError(absl::StrCat(
+                               context, ": ",
+                               outcome == RecvOutcome::kClosed
+                                   ? "connection closed by the peer"
+                                   : absl::StrCat("connection lost: ", std::strerror(err)))));
+      return;
+    }
+    auto header = ParseFrameHeader(raw, sizeof(raw));
+    if (!header.ok()) {
+      FailConnection(conn, WithContext(header.status(), absl::StrCat(context, ": bad reply")));
+      return;
+    }
+    if (header->type == FrameType::kAck) {
+      std::shared_ptr<Batch> batch;
+      {
+        std::lock_guard<std::mutex> lock(conn->mu);
+        if (!conn->awaiting_ack.empty() && conn->awaiting_ack.front()->id == header->batch_id) {
+          batch = std::move(conn->awaiting_ack.front());
+          conn->awaiting_ack.pop_front();
+        }
+      }
+      if (!batch) {
+        FailConnection(conn, absl::InternalError(absl::StrCat(
+                                 context, ": unexpected ACK for batch ", header->batch_id)));
+        return;
+      }
+      last_progress_ns_ = NowNs();
+      if (--batch->remaining == 0) Finish(batch, absl::OkStatus());
+    } else if (header->type == FrameType::kNack) {
+      std::string reason(header->length, '\0');
+      if (RecvExact(conn->fd.get(), reason.data(), reason.size(), &got, &err) !=
+          RecvOutcome::kOk) {
+        FailConnection(conn, absl::UnavailableError(absl::StrCat(context, ": connection lost")));
+        return;
+      }
+      std::shared_ptr<Batch> batch;
+      {
+        std::lock_guard<std::mutex> lock(state_mu_);
+        if (auto it = active_.find(header->batch_id); it != active_.end()) batch = it->second;
+      }
+      if (batch) {
+        Finish(batch, absl::FailedPreconditionError(
+                          absl::StrCat(Where(), ": write refused: ", reason)));
+      }
+    } else {
+      FailConnection(conn, absl::InternalError(absl::StrCat(
+                               context, ": unexpected ", FrameTypeName(header->type), " frame")));
+      return;
+    }
+  }
+}
+
+void TcpPeer::FailConnection(Connection* conn, const absl::Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (broken_.ok()) {
+      broken_ = status;
+      if (!stopping_) spdlog::warn("{}", std::string(status.message()));
+    }
+  }
+  std::deque<Job> jobs;
+  std::deque<std::shared_ptr<Batch>> awaiting;
+  {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    conn->closed = true;
+    jobs.swap(conn->jobs);
+    awaiting.swap(conn->awaiting_ack);
+  }
+  conn->cv.notify_all();
+  ::shutdown(conn->fd.get(), SHUT_RDWR);  // wakes the other thread of this connection
+  for (Job& job : jobs) Finish(job.batch, status);
+  for (auto& batch : awaiting) Finish(batch, status);
+}
+
+void TcpPeer::Close(const std::string& reason) {
+  const absl::Status status = absl::CancelledError(reason);
+  for (auto& conn : conns_) FailConnection(conn.get(), status);
+  std::vector<std::shared_ptr<Batch>> active;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    for (auto& [id, batch] : active_) active.push_back(batch);
+  }
+  for (auto& batch : active) Finish(batch, status);
+}
+
+void TcpPeer::Finish(const std::shared_ptr<Batch>& batch, absl::Status status) {
+  if (batch->finished.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    active_.erase(batch->id);
+  }
+  if (batch->done) batch->done(std::move(status));
+}
+
+void TcpPeer::Defer(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    deferred_.push_back(std::move(fn));
+  }
+  state_cv_.notify_all();
+}
+
+void TcpPeer::MonitorLoop() {
+  const auto tick = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(100),
+                                                        options_.write_timeout / 4 + std::chrono::milliseconds(1));
+  std::unique_lock<std::mutex> lock(state_mu_);
+  while (true) {
+    state_cv_.wait_for(lock, tick, [&] { return stopping_ || !deferred_.empty(); });
+    while (!deferred_.empty()) {
+      auto fn = std::move(deferred_.front());
+      deferred_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+    if (stopping_) return;
+    const int64_t idle_ns = NowNs() - last_progress_ns_;
+    if (!active_.empty() &&
+        idle_ns > std::chrono::duration_cast<std::chrono::nanoseconds>(options_.write_timeout)
+                      .count()) {
+      const size_t in_flight = active_.size();
+      lock.unlock();
+      const absl::Status status = absl::DeadlineExceededError(absl::StrCat(
+          Where(), ": no progress for ", options_.write_timeout.count(), " ms with ", in_flight,
+          " batch(es) in flight; peer stalled or gone"));
+      for (auto& conn : conns_) FailConnection(conn.get(), status);
+      std::vector<std::shared_ptr<Batch>> active;
+      {
+        std::lock_guard<std::mutex> state_lock(state_mu_);
+        for (auto& [id, batch] : active_) active.push_back(batch);
+      }
+      for (auto& batch : active) Finish(batch, status);
+      lock.lock();
+    }
+  }
+}
+
+}  // namespace wb::transport::tcp

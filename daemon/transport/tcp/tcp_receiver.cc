@@ -1,0 +1,316 @@
+#include "daemon/transport/tcp/tcp_receiver.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <cstring>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "weightbeam/v1/transport.pb.h"
+
+namespace wb::transport::tcp {
+namespace {
+
+std::string AddressText(const sockaddr_storage& addr) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (addr.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    port = ntohs(in->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    port = ntohs(in6->sin6_port);
+  }
+  return FormatHostPort(host, port);
+}
+
+constexpr size_t kTokenBytes = 16;
+
+}  // namespace
+
+TcpReceiver::TcpReceiver(std::shared_ptr<RegionTable> regions, TcpOptions options)
+    : regions_(std::move(regions)), options_(std::move(options)) {}
+
+TcpReceiver::~TcpReceiver() {
+  stopping_ = true;
+  if (listen_fd_.valid()) ::shutdown(listen_fd_.get(), SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  for (auto& conn : conns_) ::shutdown(conn->fd.get(), SHUT_RDWR);
+  for (auto& conn : conns_) {
+    if (conn->thread.joinable()) conn->thread.join();
+  }
+}
+
+absl::Status TcpReceiver::Start() {
+  auto where = ParseHostPort(options_.listen);
+  if (!where.ok()) return where.status();
+  auto fd = ListenTcp(*where, &port_);
+  if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("tcp transport: ", fd.status().message()));
+  listen_fd_ = std::move(*fd);
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+  return absl::OkStatus();
+}
+
+std::string TcpReceiver::IssueToken(const std::string& peer) {
+  std::string token(kTokenBytes, '\0');
+  for (size_t i = 0; i < kTokenBytes; i += 8) {
+    uint64_t r = RandomU64();
+    std::memcpy(&token[i], &r, 8);
+  }
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  if (auto old = peer_to_token_.find(peer); old != peer_to_token_.end()) {
+    token_to_peer_.erase(old->second);
+  }
+  peer_to_token_[peer] = token;
+  token_to_peer_[token] = peer;
+  return token;
+}
+
+void TcpReceiver::ForgetPeer(const std::string& peer) {
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    if (auto it = peer_to_token_.find(peer); it != peer_to_token_.end()) {
+      token_to_peer_.erase(it->second);
+      peer_to_token_.erase(it);
+    }
+    for (auto it = batches_.begin(); it != batches_.end();) {
+      it = it->first.first == peer ? batches_.erase(it) : std::next(it);
+    }
+  }
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  for (auto& conn : conns_) {
+    if (conn->peer == peer) ::shutdown(conn->fd.get(), SHUT_RDWR);
+  }
+}
+
+void TcpReceiver::SetArrivalCallback(ArrivalCallback cb) {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  arrival_ = std::move(cb);
+}
+
+void TcpReceiver::ReapFinished() {
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    if ((*it)->finished) {
+      (*it)->thread.join();
+      it = conns_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void TcpReceiver::AcceptLoop() {
+  while (!stopping_) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    int fd = ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (!stopping_) spdlog::error("tcp transport: accept failed: {}", std::strerror(errno));
+      return;
+    }
+    auto conn = std::make_unique<Connection>();
+    conn->fd = UniqueFd(fd);
+    conn->remote = AddressText(addr);
+    if (auto st = TuneSocket(fd, options_.socket_buffer_bytes, options_.write_timeout,
+                             options_.write_timeout);
+        !st.ok()) {
+      spdlog::error("tcp transport: connection from {}: {}", conn->remote, std::string(st.message()));
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    ReapFinished();
+    if (stopping_) return;
+    Connection* raw = conn.get();
+    conns_.push_back(std::move(conn));
+    raw->thread = std::thread([this, raw] { Serve(raw); });
+  }
+}
+
+absl::Status TcpReceiver::ReadHeader(Connection* conn, FrameHeader* header, bool* closed) {
+  uint8_t raw[kFrameHeaderBytes];
+  size_t have = 0;
+  *closed = false;
+  while (have < kFrameHeaderBytes) {
+    size_t got = 0;
+    int err = 0;
+    RecvOutcome outcome = RecvExact(conn->fd.get(), raw + have, sizeof(raw) - have, &got, &err);
+    have += got;
+    if (outcome == RecvOutcome::kOk) break;
+    if (outcome == RecvOutcome::kTimedOut) {
+      // Idle between frames is fine once the peer is known; a stall inside a header is not.
+      if (have == 0 && !conn->peer.empty() && !stopping_) continue;
+      return absl::DeadlineExceededError(absl::StrCat("no frame header within ",
+                                                      options_.write_timeout.count(), " ms"));
+    }
+    if (outcome == RecvOutcome::kClosed && have == 0) {
+      *closed = true;
+      return absl::OkStatus();
+    }
+    return absl::UnavailableError(
+        outcome == RecvOutcome::kClosed
+            ? absl::StrCat("connection closed inside a frame header (", have, " bytes)")
+            : absl::StrCat("receive failed: ", std::strerror(err)));
+  }
+  auto parsed = ParseFrameHeader(raw, sizeof(raw));
+  if (!parsed.ok()) return parsed.status();
+  *header = *parsed;
+  return absl::OkStatus();
+}
+
+absl::Status TcpReceiver::SendControl(Connection* conn, FrameType type, uint64_t batch_id,
+                                      const std::string& payload) {
+  FrameHeader header;
+  header.type = type;
+  header.batch_id = batch_id;
+  header.length = std::min<uint64_t>(payload.size(), kMaxControlPayload);
+  uint8_t raw[kFrameHeaderBytes];
+  EncodeFrameHeader(header, raw);
+  iovec iov[2] = {{raw, sizeof(raw)}, {const_cast<char*>(payload.data()), header.length}};
+  return SendAll(conn->fd.get(), iov, header.length > 0 ? 2 : 1);
+}
+
+absl::Status TcpReceiver::Handshake(Connection* conn) {
+  FrameHeader header;
+  bool closed = false;
+  if (auto st = ReadHeader(conn, &header, &closed); !st.ok()) return st;
+  if (closed) return absl::UnavailableError("closed before HELLO");
+  if (header.type != FrameType::kHello) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first frame is ", FrameTypeName(header.type), ", expected HELLO"));
+  }
+  std::string payload(header.length, '\0');
+  size_t got = 0;
+  if (RecvExact(conn->fd.get(), payload.data(), payload.size(), &got, nullptr) !=
+      RecvOutcome::kOk) {
+    return absl::UnavailableError("HELLO payload truncated");
+  }
+  weightbeam::v1::TcpHello hello;
+  if (!hello.ParseFromString(payload)) return absl::InvalidArgumentError("HELLO is not a TcpHello");
+  std::string peer;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    auto it = token_to_peer_.find(hello.token());
+    if (it == token_to_peer_.end()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "unknown token from '", hello.from_agent(), "' (not introduced by Accept)"));
+    }
+    peer = it->second;
+  }
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    conn->peer = peer;
+  }
+  return SendControl(conn, FrameType::kAck, 0, "");
+}
+
+absl::Status TcpReceiver::DiscardPayload(Connection* conn, uint64_t length) {
+  std::vector<uint8_t> sink(std::min<uint64_t>(length, 256 << 10));
+  while (length > 0) {
+    size_t want = std::min<uint64_t>(length, sink.size());
+    size_t got = 0;
+    if (RecvExact(conn->fd.get(), sink.data(), want, &got, nullptr) != RecvOutcome::kOk) {
+      return absl::UnavailableError("connection lost while discarding a refused payload");
+    }
+    length -= want;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TcpReceiver::HandleWrite(Connection* conn, const FrameHeader& header) {
+  if (header.length > options_.max_frame_bytes) {
+    std::string reason = absl::StrCat("WRITE frame of ", header.length,
+                                      " bytes exceeds max_frame_bytes ", options_.max_frame_bytes);
+    SendControl(conn, FrameType::kNack, header.batch_id, reason).IgnoreError();
+    return absl::InvalidArgumentError(reason);
+  }
+  auto pin = regions_->PinRemoteWrite(header.region_id, header.key, header.offset, header.length);
+  if (!pin.ok()) {
+    // Refused before touching memory: drop the bytes, tell the sender why, keep serving.
+    spdlog::warn("tcp transport: refused write from '{}' ({}): {}", conn->peer, conn->remote,
+                 std::string(pin.status().message()));
+    {
+      std::lock_guard<std::mutex> lock(peers_mu_);
+      batches_[{conn->peer, header.batch_id}].rejected = true;
+    }
+    if (auto st = SendControl(conn, FrameType::kNack, header.batch_id,
+                              std::string(pin.status().message()));
+        !st.ok()) {
+      return st;
+    }
+    return DiscardPayload(conn, header.length);
+  }
+  size_t got = 0;
+  int err = 0;
+  RecvOutcome outcome = RecvExact(conn->fd.get(), pin->data(), header.length, &got, &err);
+  if (outcome != RecvOutcome::kOk) {
+    return absl::UnavailableError(absl::StrCat(
+        "payload of region ", header.region_id, " [", header.offset, ", +", header.length,
+        ") cut off after ", got, " bytes: ",
+        outcome == RecvOutcome::kClosed     ? "connection closed"
+        : outcome == RecvOutcome::kTimedOut ? "stalled past the write timeout"
+                                            : std::strerror(err)));
+  }
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  batches_[{conn->peer, header.batch_id}].bytes += header.length;
+  return absl::OkStatus();
+}
+
+absl::Status TcpReceiver::HandleFlush(Connection* conn, const FrameHeader& header) {
+  ArrivalCallback arrival;
+  uint64_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    auto key = std::make_pair(conn->peer, header.batch_id);
+    BatchProgress& progress = batches_[key];
+    if (++progress.parts_seen >= header.aux) {
+      if (!progress.rejected) {
+        arrival = arrival_;
+        bytes = progress.bytes;
+      }
+      batches_.erase(key);
+    }
+  }
+  // Acknowledge first: the sender's batch completes without waiting for our callback.
+  if (auto st = SendControl(conn, FrameType::kAck, header.batch_id, ""); !st.ok()) return st;
+  if (arrival) arrival(conn->peer, bytes);
+  return absl::OkStatus();
+}
+
+void TcpReceiver::Serve(Connection* conn) {
+  absl::Status status = Handshake(conn);
+  if (!status.ok()) {
+    spdlog::warn("tcp transport: closing connection from {}: {}", conn->remote, std::string(status.message()));
+  }
+  while (status.ok()) {
+    FrameHeader header;
+    bool closed = false;
+    status = ReadHeader(conn, &header, &closed);
+    if (!status.ok() || closed) break;
+    switch (header.type) {
+      case FrameType::kWrite:
+        status = HandleWrite(conn, header);
+        break;
+      case FrameType::kFlush:
+        status = HandleFlush(conn, header);
+        break;
+      default:
+        status = absl::InvalidArgumentError(
+            absl::StrCat("unexpected ", FrameTypeName(header.type), " frame"));
+    }
+  }
+  if (!status.ok() && !conn->peer.empty() && !stopping_) {
+    spdlog::error("tcp transport: closing connection from '{}' ({}): {}", conn->peer,
+                  conn->remote, std::string(status.message()));
+  }
+  ::shutdown(conn->fd.get(), SHUT_RDWR);
+  conn->finished = true;
+}
+
+}  // namespace wb::transport::tcp

@@ -1,0 +1,85 @@
+// The receiving half of the tcp transport: a listener thread, one thread per incoming
+// connection. Only connections presenting a token issued by Accept() are served; each WRITE is
+// validated against the RegionTable before its payload is received straight into place.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "daemon/transport/region_table.h"
+#include "daemon/transport/tcp/frame.h"
+#include "daemon/transport/tcp/socket_util.h"
+#include "daemon/transport/tcp/tcp_options.h"
+#include "daemon/transport/transport.h"
+
+namespace wb::transport::tcp {
+
+class TcpReceiver {
+ public:
+  TcpReceiver(std::shared_ptr<RegionTable> regions, TcpOptions options);
+  ~TcpReceiver();  // stops listening, closes every connection, joins the threads
+
+  // Binds the listener and starts accepting.
+  absl::Status Start();
+  uint16_t port() const { return port_; }
+
+  // Issues a fresh random token for `peer` (replacing an older one).
+  std::string IssueToken(const std::string& peer);
+  // Drops the peer's token and closes its connections.
+  void ForgetPeer(const std::string& peer);
+  void SetArrivalCallback(ArrivalCallback cb);
+
+ private:
+  struct Connection {
+    UniqueFd fd;
+    std::string remote;  // host:port, for logs
+    std::string peer;    // set after HELLO
+    std::thread thread;
+    std::atomic<bool> finished{false};
+  };
+  struct BatchProgress {
+    uint32_t parts_seen = 0;
+    uint64_t bytes = 0;
+    bool rejected = false;
+  };
+
+  void AcceptLoop();
+  void Serve(Connection* conn);
+  // Reads the HELLO frame and checks its token; on success sets conn->peer and sends ACK.
+  absl::Status Handshake(Connection* conn);
+  // Handles one frame; an error closes the connection.
+  absl::Status HandleWrite(Connection* conn, const FrameHeader& header);
+  absl::Status HandleFlush(Connection* conn, const FrameHeader& header);
+  absl::Status ReadHeader(Connection* conn, FrameHeader* header, bool* closed);
+  absl::Status SendControl(Connection* conn, FrameType type, uint64_t batch_id,
+                           const std::string& payload);
+  absl::Status DiscardPayload(Connection* conn, uint64_t length);
+  void ReapFinished();  // requires conns_mu_
+
+  const std::shared_ptr<RegionTable> regions_;
+  const TcpOptions options_;
+  UniqueFd listen_fd_;
+  uint16_t port_ = 0;
+  std::thread acceptor_;
+  std::atomic<bool> stopping_{false};
+
+  std::mutex conns_mu_;
+  std::list<std::unique_ptr<Connection>> conns_;
+
+  std::mutex peers_mu_;
+  std::map<std::string, std::string> token_to_peer_;
+  std::map<std::string, std::string> peer_to_token_;
+  std::map<std::pair<std::string, uint64_t>, BatchProgress> batches_;
+  ArrivalCallback arrival_;
+};
+
+}  // namespace wb::transport::tcp
