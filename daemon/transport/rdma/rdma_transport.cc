@@ -316,4 +316,15 @@ void RdmaTransport::SetArrivalCallback(ArrivalCallback cb) {
   state_->engine->SetArrivalCallback(std::move(cb));
 }
 
+absl::StatusOr<std::unique_ptr<Transport>> MakeRdmaTransport(const config::AgentConfig& config) {
+  RdmaTuning tuning;
+  if (config.executor.write_timeout_ms > 0) {
+    tuning.batch_timeout = std::chrono::milliseconds(config.executor.write_timeout_ms);
+  }
+  absl::StatusOr<std::unique_ptr<RdmaTransport>> transport =
+      RdmaTransport::Create(config.rdma, tuning);
+  if (!transport.ok()) return transport.status();
+  return std::unique_ptr<Transport>(std::move(*transport));
+}
+
 }  // namespace wb::transport::rdma

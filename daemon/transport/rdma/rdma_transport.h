@@ -92,4 +92,8 @@ class RdmaTransport : public Transport {
   std::shared_ptr<RdmaState> state_;
 };
 
+// The factory's entry (daemon/transport/factory.cc): config.rdma, with
+// config.executor.write_timeout_ms as the batch timeout.
+absl::StatusOr<std::unique_ptr<Transport>> MakeRdmaTransport(const config::AgentConfig& config);
+
 }  // namespace wb::transport::rdma
