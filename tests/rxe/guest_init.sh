@@ -10,7 +10,7 @@ mount -t devtmpfs dev /dev
 
 OUT=/dev/ttyS1
 finish() {
-  echo "WB_VM_EXIT=$1" >"$OUT"
+  printf '\nWB_VM_EXIT=%s\n' "$1" >"$OUT"
   sync
   poweroff -f
 }
