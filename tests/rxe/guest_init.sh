@@ -29,6 +29,7 @@ mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 hostroot "$R" ||
   { echo "mounting the host root over 9p failed" >"$OUT"; finish 125; }
 mount --bind /proc "$R/proc"
 mount --bind /sys "$R/sys"
+mkdir -p /dev/shm
 mount --bind /dev "$R/dev"
 mount -t tmpfs tmpfs "$R/dev/shm"
 mount -t tmpfs tmpfs "$R/tmp"

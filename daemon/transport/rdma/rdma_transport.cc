@@ -163,6 +163,7 @@ absl::StatusOr<std::unique_ptr<RdmaTransport>> RdmaTransport::Create(
   options.ack_timeout = tuning.ack_timeout;
   options.retry_cnt = tuning.retry_cnt;
   options.batch_timeout = tuning.batch_timeout;
+  options.busy_poll = tuning.busy_poll;
   std::vector<Rail> rails;
   for (const std::string& name : devices) {
     absl::StatusOr<Rail> rail = OpenRail(name, config, tuning, 16384);

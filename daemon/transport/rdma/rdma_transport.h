@@ -24,6 +24,7 @@ struct RdmaTuning {
   std::chrono::milliseconds batch_timeout{30000};
   uint8_t ack_timeout = 14;
   uint8_t retry_cnt = 7;
+  std::chrono::microseconds busy_poll{100};  // see EngineOptions::busy_poll
   std::string sysfs_root = "/sys/class/infiniband";
 };
 

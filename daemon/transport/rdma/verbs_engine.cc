@@ -215,20 +215,21 @@ bool VerbsEngine::Busy() const { return !inflight_.empty() || queued_wrs_ > 0; }
 void VerbsEngine::Loop() {
   while (true) {
     if (!RunCommands()) break;
+    size_t queued_before = queued_wrs_;
     PostPending();
     int completions = PollCompletions();
     auto now = std::chrono::steady_clock::now();
+    if (completions > 0 || queued_wrs_ != queued_before) last_progress_ = now;
     if (now >= next_deadline_check_) {
       CheckDeadlines();
       next_deadline_check_ = now + std::chrono::milliseconds(5);
     }
+    if (completions > 0 || queued_wrs_ > 0) continue;  // queued work waits for credits
     // Only posted sends are worth spinning for; posted receives may wait for hours.
     bool sends_in_flight = false;
     for (const auto& [id, batch] : batches_) sends_in_flight |= batch.in_flight > 0;
-    if (completions == 0 && !sends_in_flight && queued_wrs_ == 0) {
-      WaitForEvents(batches_.empty() ? std::chrono::milliseconds(200)
-                                     : std::chrono::milliseconds(5));
-    }
+    if (sends_in_flight && now - last_progress_ < options_.busy_poll) continue;
+    WaitForEvents(batches_.empty() ? std::chrono::milliseconds(200) : std::chrono::milliseconds(5));
   }
 }
 
@@ -240,6 +241,7 @@ bool VerbsEngine::RunCommands() {
     commands.swap(commands_);
   }
   for (auto& fn : commands) fn();
+  if (!commands.empty()) last_progress_ = std::chrono::steady_clock::now();
   return true;
 }
 

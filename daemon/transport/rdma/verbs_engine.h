@@ -48,6 +48,10 @@ struct EngineOptions {
   uint8_t ack_timeout = 14;  // 4.096 us * 2^14 = 67 ms per try
   uint8_t retry_cnt = 7;
   std::chrono::milliseconds batch_timeout{30000};
+  // While writes are in flight, spin on the completion queues for up to this long after the
+  // last progress before sleeping on the completion channels: a fast NIC completes within the
+  // spin (no wake-up latency), a slow link (or an oversubscribed host) does not burn a core.
+  std::chrono::microseconds busy_poll{100};
 };
 
 // A fully resolved work request: addresses and keys already checked against the regions.
@@ -174,6 +178,7 @@ class VerbsEngine {
   size_t queued_wrs_ = 0;
   ArrivalCallback arrival_;
   std::chrono::steady_clock::time_point next_deadline_check_;
+  std::chrono::steady_clock::time_point last_progress_;
 
   // Command queue (any thread -> poller).
   std::mutex mu_;
