@@ -36,8 +36,8 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& name
   for (const Backend& backend : kBackends) {
     if (name == backend.name) return backend.make(config);
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown transport '", name,
-                                                 "'; known: ", absl::StrJoin(KnownTransports(), ", ")));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown transport '", name, "'; known: ", absl::StrJoin(KnownTransports(), ", ")));
 }
 
 }  // namespace wb::transport

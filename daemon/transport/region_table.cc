@@ -109,8 +109,9 @@ absl::StatusOr<RegionTable::Pin> RegionTable::PinRemoteWrite(uint64_t id, uint64
   if (it != slots_.end()) {
     const RegionInfo& info = it->second->info;
     if (info.access != Access::kDestination) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          transport_, ": region ", id, " is not registered as a destination; remote writes refused"));
+      return absl::PermissionDeniedError(
+          absl::StrCat(transport_, ": region ", id,
+                       " is not registered as a destination; remote writes refused"));
     }
     if (info.key != key) {
       return absl::PermissionDeniedError(

@@ -101,7 +101,9 @@ class LocalPeer : public Peer {
   void PostBatch(std::vector<WriteOp> ops, BatchDone done) override {
     std::vector<std::pair<WriteOp, uint64_t>> checked;  // op, remote key
     absl::Status status = Check(ops, &checked);
-    engine_->Post([this_name = our_name_, peer = peer_name_, engine = engine_, status,
+    // A raw engine pointer: the engine drains its queue before it is destroyed, and a task
+    // holding the last reference would make the worker thread join itself.
+    engine_->Post([this_name = our_name_, peer = peer_name_, engine = engine_.get(), status,
                    checked = std::move(checked), done = std::move(done)]() mutable {
       if (!status.ok()) {
         done(status);
@@ -154,10 +156,10 @@ class LocalPeer : public Peer {
       }
       if (op.remote_offset > it->second.length ||
           op.length > it->second.length - op.remote_offset) {
-        return absl::OutOfRangeError(absl::StrCat(
-            "local peer '", peer_name_, "': write ", i, ": remote [", op.remote_offset, ", +",
-            op.length, ") is out of bounds of region ", op.remote_region, " (length ",
-            it->second.length, ")"));
+        return absl::OutOfRangeError(absl::StrCat("local peer '", peer_name_, "': write ", i,
+                                                  ": remote [", op.remote_offset, ", +", op.length,
+                                                  ") is out of bounds of region ", op.remote_region,
+                                                  " (length ", it->second.length, ")"));
       }
       checked->emplace_back(op, it->second.key);
     }
@@ -197,9 +199,9 @@ std::vector<weightbeam::v1::NicInfo> LocalTransport::Nics() const {
 absl::StatusOr<weightbeam::v1::RegionDescriptor> LocalTransport::Register(const MemoryRef& mem,
                                                                           Access access) {
   if (mem.kind != MemoryKind::kHost) {
-    return absl::UnimplementedError(absl::StrCat(
-        "local transport: GPU memory (cuda:", mem.device,
-        ") is not supported in this build (no cudaMemcpy path yet)"));
+    return absl::UnimplementedError(
+        absl::StrCat("local transport: GPU memory (cuda:", mem.device,
+                     ") is not supported in this build (no cudaMemcpy path yet)"));
   }
   auto info = engine_->regions().Add(mem, access);
   if (!info.ok()) return info.status();
@@ -227,9 +229,9 @@ absl::StatusOr<std::shared_ptr<Peer>> LocalTransport::Connect(const std::string&
                                      "': handshake exchange failed: ", reply.status().message()));
   }
   if (*reply != instance_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "local transport: peer '", peer_name,
-        "' is another process or agent; the local transport only connects to itself"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("local transport: peer '", peer_name,
+                     "' is another process or agent; the local transport only connects to itself"));
   }
   return std::shared_ptr<Peer>(std::make_shared<LocalPeer>(our_name, peer_name, engine_));
 }
@@ -237,9 +239,9 @@ absl::StatusOr<std::shared_ptr<Peer>> LocalTransport::Connect(const std::string&
 absl::StatusOr<std::string> LocalTransport::Accept(const std::string& peer_name,
                                                    const std::string& their_record) {
   if (their_record != instance_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "local transport: peer '", peer_name,
-        "' is another process or agent; the local transport only connects to itself"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("local transport: peer '", peer_name,
+                     "' is another process or agent; the local transport only connects to itself"));
   }
   return instance_;
 }

@@ -49,8 +49,9 @@ absl::StatusOr<FrameHeader> ParseFrameHeader(const uint8_t* data, size_t size) {
     return absl::InvalidArgumentError(absl::StrFormat("bad frame magic 0x%08x", magic));
   }
   if (data[4] != kFrameVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported frame version ", static_cast<int>(data[4]),
-                                                   " (this build speaks ", static_cast<int>(kFrameVersion), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported frame version ", static_cast<int>(data[4]),
+                     " (this build speaks ", static_cast<int>(kFrameVersion), ")"));
   }
   const uint8_t type = data[5];
   if (type < static_cast<uint8_t>(FrameType::kHello) ||
@@ -81,8 +82,8 @@ absl::StatusOr<FrameHeader> ParseFrameHeader(const uint8_t* data, size_t size) {
     case FrameType::kWrite:
       if (header.length == 0) return absl::InvalidArgumentError("WRITE frame with no payload");
       if (header.offset + header.length < header.offset) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "WRITE frame offset ", header.offset, " + length ", header.length, " overflows"));
+        return absl::InvalidArgumentError(absl::StrCat("WRITE frame offset ", header.offset,
+                                                       " + length ", header.length, " overflows"));
       }
       break;
     case FrameType::kFlush:

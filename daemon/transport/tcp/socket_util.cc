@@ -34,9 +34,8 @@ absl::StatusOr<std::unique_ptr<addrinfo, AddrInfoDeleter>> Resolve(const HostPor
   const char* host = where.host.empty() ? nullptr : where.host.c_str();
   int rc = getaddrinfo(host, port.c_str(), &hints, &result);
   if (rc != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve ",
-                                               FormatHostPort(where.host, where.port), ": ",
-                                               gai_strerror(rc)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot resolve ", FormatHostPort(where.host, where.port), ": ", gai_strerror(rc)));
   }
   return std::unique_ptr<addrinfo, AddrInfoDeleter>(result);
 }
@@ -106,14 +105,13 @@ absl::StatusOr<UniqueFd> ListenTcp(const HostPort& where, uint16_t* bound_port) 
     sockaddr_storage addr{};
     socklen_t len = sizeof(addr);
     getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
-    *bound_port = ntohs(addr.ss_family == AF_INET6
-                            ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
-                            : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    *bound_port =
+        ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                         : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
     return fd;
   }
-  return absl::UnavailableError(absl::StrCat("cannot listen on ",
-                                             FormatHostPort(where.host, where.port), ": ",
-                                             ErrnoText(last_error)));
+  return absl::UnavailableError(absl::StrCat(
+      "cannot listen on ", FormatHostPort(where.host, where.port), ": ", ErrnoText(last_error)));
 }
 
 absl::StatusOr<UniqueFd> ConnectTcp(const HostPort& where, std::chrono::milliseconds timeout) {
@@ -150,8 +148,8 @@ absl::StatusOr<UniqueFd> ConnectTcp(const HostPort& where, std::chrono::millisec
     fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
     return fd;
   }
-  return absl::UnavailableError(absl::StrCat(
-      "cannot connect to ", FormatHostPort(where.host, where.port), ": ", last_error));
+  return absl::UnavailableError(
+      absl::StrCat("cannot connect to ", FormatHostPort(where.host, where.port), ": ", last_error));
 }
 
 absl::Status TuneSocket(int fd, int buffer_bytes, std::chrono::milliseconds send_timeout,

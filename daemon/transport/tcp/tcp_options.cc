@@ -19,12 +19,13 @@ absl::StatusOr<TcpOptions> TcpOptionsFromConfig(const wb::config::AgentConfig& c
         absl::StrCat(where, ": tcp.listen: ", parsed.status().message()));
   }
   if (options.connections_per_peer < 1 || options.connections_per_peer > 64) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": tcp.connections_per_peer must be in [1, 64], got ",
-                                                   options.connections_per_peer));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": tcp.connections_per_peer must be in [1, 64], got ",
+                     options.connections_per_peer));
   }
   if (options.max_frame_bytes < 4096 || options.max_frame_bytes > (uint64_t{1} << 31)) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": tcp.max_frame_bytes must be in [4096, 2^31], got ",
-                                                   options.max_frame_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": tcp.max_frame_bytes must be in [4096, 2^31], got ", options.max_frame_bytes));
   }
   if (options.write_timeout.count() <= 0) {
     return absl::InvalidArgumentError(

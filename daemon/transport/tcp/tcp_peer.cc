@@ -15,6 +15,7 @@ namespace wb::transport::tcp {
 namespace {
 
 constexpr uint64_t kMinShareBytes = 256 << 10;  // below this a batch uses fewer connections
+constexpr uint64_t kSendSliceBytes = 4 << 20;   // payload bytes per send call
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -73,7 +74,8 @@ absl::Status TcpPeer::OpenConnections(const std::string& token) {
     auto fd = ConnectTcp(*where, options_.connect_timeout);
     if (!fd.ok()) return WithContext(fd.status(), context);
     // Bounded wait for the HELLO's ACK; afterwards the ack reader blocks without limit.
-    if (auto st = TuneSocket(fd->get(), options_.socket_buffer_bytes, options_.write_timeout,
+    // No send timeout: the monitor thread detects stalls and shuts the sockets down.
+    if (auto st = TuneSocket(fd->get(), options_.socket_buffer_bytes, std::chrono::milliseconds(0),
                              options_.connect_timeout);
         !st.ok()) {
       return WithContext(st, context);
@@ -88,13 +90,14 @@ absl::Status TcpPeer::OpenConnections(const std::string& token) {
     size_t got = 0;
     if (RecvExact(fd->get(), raw, sizeof(raw), &got, nullptr) != RecvOutcome::kOk) {
       return absl::PermissionDeniedError(absl::StrCat(
-          context, ": handshake refused (connection closed before ACK; token unknown to the peer?)"));
+          context,
+          ": handshake refused (connection closed before ACK; token unknown to the peer?)"));
     }
     auto ack = ParseFrameHeader(raw, sizeof(raw));
     if (!ack.ok() || ack->type != FrameType::kAck || ack->batch_id != 0) {
       return absl::PermissionDeniedError(absl::StrCat(context, ": bad handshake reply"));
     }
-    if (auto st = TuneSocket(fd->get(), options_.socket_buffer_bytes, options_.write_timeout,
+    if (auto st = TuneSocket(fd->get(), options_.socket_buffer_bytes, std::chrono::milliseconds(0),
                              std::chrono::milliseconds(0));
         !st.ok()) {
       return WithContext(st, context);
@@ -170,13 +173,13 @@ absl::Status TcpPeer::Validate(const std::vector<WriteOp>& ops, std::vector<Chun
     }
     if (op.remote_offset > remote->second.length ||
         op.length > remote->second.length - op.remote_offset) {
-      return absl::OutOfRangeError(absl::StrCat(
-          context, ": remote [", op.remote_offset, ", +", op.length,
-          ") is out of bounds of region ", op.remote_region, " (length ", remote->second.length,
-          ")"));
+      return absl::OutOfRangeError(absl::StrCat(context, ": remote [", op.remote_offset, ", +",
+                                                op.length, ") is out of bounds of region ",
+                                                op.remote_region, " (length ",
+                                                remote->second.length, ")"));
     }
-    chunks->push_back(Chunk{op.local_region, op.local_offset, op.remote_region,
-                            remote->second.key, op.remote_offset, op.length});
+    chunks->push_back(Chunk{op.local_region, op.local_offset, op.remote_region, remote->second.key,
+                            op.remote_offset, op.length});
     *total += op.length;
   }
   return absl::OkStatus();
@@ -231,16 +234,19 @@ void TcpPeer::PostBatch(std::vector<WriteOp> ops, BatchDone done) {
     Defer([this, batch, st] { Finish(batch, st); });
     return;
   }
+  absl::Status broken;
   {
     std::lock_guard<std::mutex> lock(state_mu_);
-    if (!broken_.ok()) {
-      absl::Status st = broken_;
-      Defer([this, batch, st] { Finish(batch, st); });
-      return;
+    broken = broken_;
+    if (broken.ok()) {
+      batch->id = next_batch_id_++;
+      if (active_.empty()) last_progress_ns_ = NowNs();
+      active_[batch->id] = batch;
     }
-    batch->id = next_batch_id_++;
-    if (active_.empty()) last_progress_ns_ = NowNs();
-    active_[batch->id] = batch;
+  }
+  if (!broken.ok()) {
+    Defer([this, batch, broken] { Finish(batch, broken); });
+    return;
   }
   std::vector<Job> jobs = Split(batch, chunks, total);
   if (jobs.empty()) {
@@ -252,8 +258,8 @@ void TcpPeer::PostBatch(std::vector<WriteOp> ops, BatchDone done) {
     Connection* conn = conns_[job.conn].get();
     std::unique_lock<std::mutex> lock(conn->mu);
     if (conn->closed) {
-      const absl::Status st = absl::UnavailableError(
-          absl::StrCat(Where(), ": connection ", conn->index, " is closed"));
+      const absl::Status st =
+          absl::UnavailableError(absl::StrCat(Where(), ": connection ", conn->index, " is closed"));
       Defer([this, batch, st] { Finish(batch, st); });
       break;
     }
@@ -272,7 +278,12 @@ void TcpPeer::SendLoop(Connection* conn) {
       job = std::move(conn->jobs.front());
       conn->jobs.pop_front();
     }
-    if (auto st = SendJob(conn, job); !st.ok()) {
+    if (absl::Status st = SendJob(conn, job); !st.ok()) {
+      {
+        // Closed under us (stall detected, peer forgotten): that reason is the real one.
+        std::lock_guard<std::mutex> lock(state_mu_);
+        if (!broken_.ok()) st = broken_;
+      }
       Finish(job.batch, st);
       FailConnection(conn, st);
       return;
@@ -297,11 +308,18 @@ absl::Status TcpPeer::SendJob(Connection* conn, Job& job) {
     header.offset = chunk.remote_offset;
     header.length = chunk.length;
     EncodeFrameHeader(header, raw);
-    iovec iov[2] = {{raw, sizeof(raw)}, {pin->data(), chunk.length}};
-    if (auto st = SendAll(conn->fd.get(), iov, 2); !st.ok()) {
-      return WithContext(st, absl::StrCat(Where(), ": connection ", conn->index));
+    // Large payloads go out in slices so that the stall detector sees progress as it happens.
+    uint64_t sent = std::min<uint64_t>(chunk.length, kSendSliceBytes);
+    iovec iov[2] = {{raw, sizeof(raw)}, {pin->data(), sent}};
+    absl::Status st = SendAll(conn->fd.get(), iov, 2);
+    while (st.ok()) {
+      last_progress_ns_ = NowNs();
+      if (sent == chunk.length) break;
+      const uint64_t slice = std::min<uint64_t>(chunk.length - sent, kSendSliceBytes);
+      st = SendAll(conn->fd.get(), pin->data() + sent, slice);
+      sent += slice;
     }
-    last_progress_ns_ = NowNs();
+    if (!st.ok()) return WithContext(st, absl::StrCat(Where(), ": connection ", conn->index));
   }
   // Always close the share, so the receiver's bookkeeping of the batch completes.
   header = FrameHeader{};
@@ -359,8 +377,7 @@ void TcpPeer::AckLoop(Connection* conn) {
       if (--batch->remaining == 0) Finish(batch, absl::OkStatus());
     } else if (header->type == FrameType::kNack) {
       std::string reason(header->length, '\0');
-      if (RecvExact(conn->fd.get(), reason.data(), reason.size(), &got, &err) !=
-          RecvOutcome::kOk) {
+      if (RecvExact(conn->fd.get(), reason.data(), reason.size(), &got, &err) != RecvOutcome::kOk) {
         FailConnection(conn, absl::UnavailableError(absl::StrCat(context, ": connection lost")));
         return;
       }
@@ -370,8 +387,8 @@ void TcpPeer::AckLoop(Connection* conn) {
         if (auto it = active_.find(header->batch_id); it != active_.end()) batch = it->second;
       }
       if (batch) {
-        Finish(batch, absl::FailedPreconditionError(
-                          absl::StrCat(Where(), ": write refused: ", reason)));
+        Finish(batch,
+               absl::FailedPreconditionError(absl::StrCat(Where(), ": write refused: ", reason)));
       }
     } else {
       FailConnection(conn, absl::InternalError(absl::StrCat(
@@ -432,8 +449,8 @@ void TcpPeer::Defer(std::function<void()> fn) {
 }
 
 void TcpPeer::MonitorLoop() {
-  const auto tick = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(100),
-                                                        options_.write_timeout / 4 + std::chrono::milliseconds(1));
+  const auto tick = std::min<std::chrono::milliseconds>(
+      std::chrono::milliseconds(100), options_.write_timeout / 4 + std::chrono::milliseconds(1));
   std::unique_lock<std::mutex> lock(state_mu_);
   while (true) {
     state_cv_.wait_for(lock, tick, [&] { return stopping_ || !deferred_.empty(); });
@@ -447,20 +464,25 @@ void TcpPeer::MonitorLoop() {
     if (stopping_) return;
     const int64_t idle_ns = NowNs() - last_progress_ns_;
     if (!active_.empty() &&
-        idle_ns > std::chrono::duration_cast<std::chrono::nanoseconds>(options_.write_timeout)
-                      .count()) {
+        idle_ns >
+            std::chrono::duration_cast<std::chrono::nanoseconds>(options_.write_timeout).count()) {
       const size_t in_flight = active_.size();
       lock.unlock();
-      const absl::Status status = absl::DeadlineExceededError(absl::StrCat(
-          Where(), ": no progress for ", options_.write_timeout.count(), " ms with ", in_flight,
-          " batch(es) in flight; peer stalled or gone"));
-      for (auto& conn : conns_) FailConnection(conn.get(), status);
+      const absl::Status status = absl::DeadlineExceededError(
+          absl::StrCat(Where(), ": no progress for ", options_.write_timeout.count(), " ms with ",
+                       in_flight, " batch(es) in flight; peer stalled or gone"));
+      {
+        std::lock_guard<std::mutex> state_lock(state_mu_);
+        if (broken_.ok()) broken_ = status;
+      }
+      spdlog::warn("{}", std::string(status.message()));
       std::vector<std::shared_ptr<Batch>> active;
       {
         std::lock_guard<std::mutex> state_lock(state_mu_);
         for (auto& [id, batch] : active_) active.push_back(batch);
       }
       for (auto& batch : active) Finish(batch, status);
+      for (auto& conn : conns_) FailConnection(conn.get(), status);
       lock.lock();
     }
   }

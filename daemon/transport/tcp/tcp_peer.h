@@ -70,7 +70,7 @@ class TcpPeer : public Peer {
     std::thread acker;
     std::mutex mu;
     std::condition_variable cv;
-    std::deque<Job> jobs;                               // waiting to be sent
+    std::deque<Job> jobs;                             // waiting to be sent
     std::deque<std::shared_ptr<Batch>> awaiting_ack;  // FLUSH sent, in order
     bool closed = false;
   };

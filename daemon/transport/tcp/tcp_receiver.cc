@@ -30,6 +30,8 @@ std::string AddressText(const sockaddr_storage& addr) {
 }
 
 constexpr size_t kTokenBytes = 16;
+// Each connection costs a thread; unauthenticated ones wait up to the write timeout for HELLO.
+constexpr size_t kMaxConnections = 1024;
 
 }  // namespace
 
@@ -51,7 +53,8 @@ absl::Status TcpReceiver::Start() {
   auto where = ParseHostPort(options_.listen);
   if (!where.ok()) return where.status();
   auto fd = ListenTcp(*where, &port_);
-  if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("tcp transport: ", fd.status().message()));
+  if (!fd.ok())
+    return absl::Status(fd.status().code(), absl::StrCat("tcp transport: ", fd.status().message()));
   listen_fd_ = std::move(*fd);
   acceptor_ = std::thread([this] { AcceptLoop(); });
   return absl::OkStatus();
@@ -121,12 +124,18 @@ void TcpReceiver::AcceptLoop() {
     if (auto st = TuneSocket(fd, options_.socket_buffer_bytes, options_.write_timeout,
                              options_.write_timeout);
         !st.ok()) {
-      spdlog::error("tcp transport: connection from {}: {}", conn->remote, std::string(st.message()));
+      spdlog::error("tcp transport: connection from {}: {}", conn->remote,
+                    std::string(st.message()));
       continue;
     }
     std::lock_guard<std::mutex> lock(conns_mu_);
     ReapFinished();
     if (stopping_) return;
+    if (conns_.size() >= kMaxConnections) {
+      spdlog::error("tcp transport: refusing connection from {}: {} connections open", conn->remote,
+                    conns_.size());
+      continue;
+    }
     Connection* raw = conn.get();
     conns_.push_back(std::move(conn));
     raw->thread = std::thread([this, raw] { Serve(raw); });
@@ -146,8 +155,8 @@ absl::Status TcpReceiver::ReadHeader(Connection* conn, FrameHeader* header, bool
     if (outcome == RecvOutcome::kTimedOut) {
       // Idle between frames is fine once the peer is known; a stall inside a header is not.
       if (have == 0 && !conn->peer.empty() && !stopping_) continue;
-      return absl::DeadlineExceededError(absl::StrCat("no frame header within ",
-                                                      options_.write_timeout.count(), " ms"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no frame header within ", options_.write_timeout.count(), " ms"));
     }
     if (outcome == RecvOutcome::kClosed && have == 0) {
       *closed = true;
@@ -198,8 +207,8 @@ absl::Status TcpReceiver::Handshake(Connection* conn) {
     std::lock_guard<std::mutex> lock(peers_mu_);
     auto it = token_to_peer_.find(hello.token());
     if (it == token_to_peer_.end()) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "unknown token from '", hello.from_agent(), "' (not introduced by Accept)"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("unknown token from '", hello.from_agent(), "' (not introduced by Accept)"));
     }
     peer = it->second;
   }
@@ -250,12 +259,12 @@ absl::Status TcpReceiver::HandleWrite(Connection* conn, const FrameHeader& heade
   int err = 0;
   RecvOutcome outcome = RecvExact(conn->fd.get(), pin->data(), header.length, &got, &err);
   if (outcome != RecvOutcome::kOk) {
-    return absl::UnavailableError(absl::StrCat(
-        "payload of region ", header.region_id, " [", header.offset, ", +", header.length,
-        ") cut off after ", got, " bytes: ",
-        outcome == RecvOutcome::kClosed     ? "connection closed"
-        : outcome == RecvOutcome::kTimedOut ? "stalled past the write timeout"
-                                            : std::strerror(err)));
+    return absl::UnavailableError(
+        absl::StrCat("payload of region ", header.region_id, " [", header.offset, ", +",
+                     header.length, ") cut off after ", got, " bytes: ",
+                     outcome == RecvOutcome::kClosed     ? "connection closed"
+                     : outcome == RecvOutcome::kTimedOut ? "stalled past the write timeout"
+                                                         : std::strerror(err)));
   }
   std::lock_guard<std::mutex> lock(peers_mu_);
   batches_[{conn->peer, header.batch_id}].bytes += header.length;
@@ -286,7 +295,8 @@ absl::Status TcpReceiver::HandleFlush(Connection* conn, const FrameHeader& heade
 void TcpReceiver::Serve(Connection* conn) {
   absl::Status status = Handshake(conn);
   if (!status.ok()) {
-    spdlog::warn("tcp transport: closing connection from {}: {}", conn->remote, std::string(status.message()));
+    spdlog::warn("tcp transport: closing connection from {}: {}", conn->remote,
+                 std::string(status.message()));
   }
   while (status.ok()) {
     FrameHeader header;
@@ -306,8 +316,8 @@ void TcpReceiver::Serve(Connection* conn) {
     }
   }
   if (!status.ok() && !conn->peer.empty() && !stopping_) {
-    spdlog::error("tcp transport: closing connection from '{}' ({}): {}", conn->peer,
-                  conn->remote, std::string(status.message()));
+    spdlog::error("tcp transport: closing connection from '{}' ({}): {}", conn->peer, conn->remote,
+                  std::string(status.message()));
   }
   ::shutdown(conn->fd.get(), SHUT_RDWR);
   conn->finished = true;

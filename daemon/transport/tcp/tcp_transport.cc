@@ -22,9 +22,10 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(const TcpOpti
   std::string host = options.advertise_host;
   if (host.empty()) host = listen->host;
   if (host.empty() || host == "0.0.0.0" || host == "::") {
-    spdlog::warn("tcp transport: listening on {} without an advertise host; peers are told "
-                 "127.0.0.1",
-                 options.listen);
+    spdlog::warn(
+        "tcp transport: listening on {} without an advertise host; peers are told "
+        "127.0.0.1",
+        options.listen);
     host = "127.0.0.1";
   }
   transport->endpoint_ = FormatHostPort(host, transport->receiver_->port());
@@ -61,8 +62,8 @@ std::vector<weightbeam::v1::NicInfo> TcpTransport::Nics() const {
 absl::StatusOr<weightbeam::v1::RegionDescriptor> TcpTransport::Register(const MemoryRef& mem,
                                                                         Access access) {
   if (mem.kind != MemoryKind::kHost) {
-    return absl::UnimplementedError(absl::StrCat(
-        "tcp transport: GPU memory (cuda:", mem.device, ") is not supported; stage it in host memory"));
+    return absl::UnimplementedError(absl::StrCat("tcp transport: GPU memory (cuda:", mem.device,
+                                                 ") is not supported; stage it in host memory"));
   }
   auto info = regions_->Add(mem, access);
   if (!info.ok()) return info.status();
@@ -97,10 +98,10 @@ absl::StatusOr<std::shared_ptr<Peer>> TcpTransport::Connect(const std::string& o
     return absl::InvalidArgumentError(
         absl::StrCat("tcp peer '", peer_name, "': handshake reply is not a TcpHello with a token"));
   }
-  auto peer = TcpPeer::Connect(our_name, peer_name, theirs.endpoint(), theirs.token(),
-                               theirs.max_frame_bytes() > 0 ? theirs.max_frame_bytes()
-                                                            : options_.max_frame_bytes,
-                               regions_, options_);
+  auto peer = TcpPeer::Connect(
+      our_name, peer_name, theirs.endpoint(), theirs.token(),
+      theirs.max_frame_bytes() > 0 ? theirs.max_frame_bytes() : options_.max_frame_bytes, regions_,
+      options_);
   if (!peer.ok()) return peer.status();
   std::shared_ptr<TcpPeer> old;
   {
@@ -143,8 +144,7 @@ void TcpTransport::SetArrivalCallback(ArrivalCallback cb) {
   receiver_->SetArrivalCallback(std::move(cb));
 }
 
-absl::StatusOr<std::unique_ptr<Transport>> MakeTcpTransport(
-    const wb::config::AgentConfig& config) {
+absl::StatusOr<std::unique_ptr<Transport>> MakeTcpTransport(const wb::config::AgentConfig& config) {
   auto options = TcpOptionsFromConfig(config);
   if (!options.ok()) return options.status();
   auto transport = TcpTransport::Create(*options);

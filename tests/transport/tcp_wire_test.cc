@@ -1,0 +1,235 @@
+// The tcp transport's receiving side against hand-made frames: only introduced peers are
+// served, and malformed, oversized or refused frames never touch registered memory.
+#include <sys/socket.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/transport/tcp/frame.h"
+#include "daemon/transport/tcp/socket_util.h"
+#include "daemon/transport/tcp/tcp_transport.h"
+#include "weightbeam/v1/transport.pb.h"
+
+namespace wb::transport::tcp {
+namespace {
+
+struct Receiver {
+  std::unique_ptr<TcpTransport> transport;
+  std::vector<uint8_t> memory = std::vector<uint8_t>(1 << 16, 0xAB);
+  weightbeam::v1::RegionDescriptor desc;
+
+  Receiver() {
+    TcpOptions options;
+    options.listen = "127.0.0.1:0";
+    options.max_frame_bytes = 8192;
+    options.write_timeout = std::chrono::milliseconds(2000);
+    auto created = TcpTransport::Create(options);
+    REQUIRE(created.ok());
+    transport = std::move(*created);
+    auto registered =
+        transport->Register(MemoryRef{memory.data(), memory.size()}, Access::kDestination);
+    REQUIRE(registered.ok());
+    desc = *registered;
+  }
+  uint64_t key() const { return desc.keys(0).key(); }
+  bool Untouched() const {
+    for (uint8_t b : memory) {
+      if (b != 0xAB) return false;
+    }
+    return true;
+  }
+};
+
+UniqueFd Dial(const Receiver& receiver) {
+  auto where = ParseHostPort(receiver.transport->endpoint());
+  REQUIRE(where.ok());
+  auto fd = ConnectTcp(*where, std::chrono::milliseconds(2000));
+  REQUIRE(fd.ok());
+  REQUIRE(TuneSocket(fd->get(), 0, std::chrono::milliseconds(5000), std::chrono::milliseconds(5000))
+              .ok());
+  return std::move(*fd);
+}
+
+void SendFrame(int fd, const FrameHeader& header, const std::string& payload = "") {
+  uint8_t raw[kFrameHeaderBytes];
+  EncodeFrameHeader(header, raw);
+  REQUIRE(SendAll(fd, raw, sizeof(raw)).ok());
+  if (!payload.empty()) REQUIRE(SendAll(fd, payload.data(), payload.size()).ok());
+}
+
+void SendHello(int fd, const std::string& token) {
+  weightbeam::v1::TcpHello hello;
+  hello.set_from_agent("raw-client");
+  hello.set_token(token);
+  FrameHeader header;
+  header.type = FrameType::kHello;
+  const std::string payload = hello.SerializeAsString();
+  header.length = payload.size();
+  SendFrame(fd, header, payload);
+}
+
+// The next frame from the receiver, or nullopt when it closed the connection.
+std::optional<std::pair<FrameHeader, std::string>> ReadFrame(int fd) {
+  uint8_t raw[kFrameHeaderBytes];
+  size_t got = 0;
+  if (RecvExact(fd, raw, sizeof(raw), &got, nullptr) != RecvOutcome::kOk) return std::nullopt;
+  auto header = ParseFrameHeader(raw, sizeof(raw));
+  REQUIRE(header.ok());
+  std::string payload(header->length, '\0');
+  if (RecvExact(fd, payload.data(), payload.size(), &got, nullptr) != RecvOutcome::kOk) {
+    return std::nullopt;
+  }
+  return std::make_pair(*header, payload);
+}
+
+std::string TokenFor(Receiver& receiver) {
+  weightbeam::v1::TcpHello initiator;
+  initiator.set_from_agent("raw-client");
+  auto reply = receiver.transport->Accept("raw-client", initiator.SerializeAsString());
+  REQUIRE(reply.ok());
+  weightbeam::v1::TcpHello hello;
+  REQUIRE(hello.ParseFromString(*reply));
+  CHECK(hello.token().size() == 16);
+  return hello.token();
+}
+
+TEST_CASE("a connection with an unknown token is closed without an answer", "[tcp]") {
+  Receiver receiver;
+  TokenFor(receiver);  // some other token exists
+  UniqueFd fd = Dial(receiver);
+  SendHello(fd.get(), std::string(16, 'x'));
+  CHECK_FALSE(ReadFrame(fd.get()).has_value());
+}
+
+TEST_CASE("a write before HELLO closes the connection and lands nowhere", "[tcp]") {
+  Receiver receiver;
+  UniqueFd fd = Dial(receiver);
+  FrameHeader write;
+  write.type = FrameType::kWrite;
+  write.region_id = receiver.desc.region_id();
+  write.key = receiver.key();
+  write.length = 16;
+  SendFrame(fd.get(), write, std::string(16, 'z'));
+  CHECK_FALSE(ReadFrame(fd.get()).has_value());
+  CHECK(receiver.Untouched());
+}
+
+TEST_CASE("hand-made frames from an introduced peer", "[tcp]") {
+  Receiver receiver;
+  const std::string token = TokenFor(receiver);
+  UniqueFd fd = Dial(receiver);
+  SendHello(fd.get(), token);
+  auto ack = ReadFrame(fd.get());
+  REQUIRE(ack.has_value());
+  CHECK(ack->first.type == FrameType::kAck);
+
+  SECTION("a valid write lands and its FLUSH is acknowledged") {
+    FrameHeader write;
+    write.type = FrameType::kWrite;
+    write.region_id = receiver.desc.region_id();
+    write.key = receiver.key();
+    write.offset = 10;
+    write.length = 5;
+    write.batch_id = 1;
+    SendFrame(fd.get(), write, "hello");
+    FrameHeader flush;
+    flush.type = FrameType::kFlush;
+    flush.aux = 1;
+    flush.batch_id = 1;
+    SendFrame(fd.get(), flush);
+    auto reply = ReadFrame(fd.get());
+    REQUIRE(reply.has_value());
+    CHECK(reply->first.type == FrameType::kAck);
+    CHECK(reply->first.batch_id == 1);
+    CHECK(std::memcmp(receiver.memory.data() + 10, "hello", 5) == 0);
+    CHECK(receiver.memory[9] == 0xAB);
+    CHECK(receiver.memory[15] == 0xAB);
+  }
+
+  SECTION("a refused write is NACKed with the reason and the connection keeps serving") {
+    FrameHeader write;
+    write.type = FrameType::kWrite;
+    write.region_id = receiver.desc.region_id();
+    write.key = receiver.key();
+    write.offset = receiver.memory.size() - 4;
+    write.length = 8;  // 4 bytes past the end
+    write.batch_id = 2;
+    SendFrame(fd.get(), write, "12345678");
+    auto nack = ReadFrame(fd.get());
+    REQUIRE(nack.has_value());
+    CHECK(nack->first.type == FrameType::kNack);
+    CHECK(nack->first.batch_id == 2);
+    CHECK_THAT(nack->second, Catch::Contains("out of bounds"));
+    CHECK(receiver.Untouched());
+
+    FrameHeader flush;
+    flush.type = FrameType::kFlush;
+    flush.aux = 1;
+    flush.batch_id = 2;
+    SendFrame(fd.get(), flush);
+    auto reply = ReadFrame(fd.get());
+    REQUIRE(reply.has_value());
+    CHECK(reply->first.type == FrameType::kAck);
+  }
+
+  SECTION("an oversized frame is NACKed and the connection closed") {
+    FrameHeader write;
+    write.type = FrameType::kWrite;
+    write.region_id = receiver.desc.region_id();
+    write.key = receiver.key();
+    write.length = 8193;  // max_frame_bytes is 8192
+    write.batch_id = 3;
+    SendFrame(fd.get(), write);
+    auto nack = ReadFrame(fd.get());
+    REQUIRE(nack.has_value());
+    CHECK(nack->first.type == FrameType::kNack);
+    CHECK_THAT(nack->second, Catch::Contains("max_frame_bytes"));
+    CHECK_FALSE(ReadFrame(fd.get()).has_value());
+    CHECK(receiver.Untouched());
+  }
+
+  SECTION("a garbage header closes the connection") {
+    const std::string junk(kFrameHeaderBytes, '\x7f');
+    REQUIRE(SendAll(fd.get(), junk.data(), junk.size()).ok());
+    CHECK_FALSE(ReadFrame(fd.get()).has_value());
+    CHECK(receiver.Untouched());
+  }
+}
+
+TEST_CASE("forgetting a peer closes its connections and retires its token", "[tcp]") {
+  Receiver receiver;
+  const std::string token = TokenFor(receiver);
+  UniqueFd fd = Dial(receiver);
+  SendHello(fd.get(), token);
+  REQUIRE(ReadFrame(fd.get()).has_value());  // ACK
+
+  receiver.transport->ForgetPeer("raw-client");
+  CHECK_FALSE(ReadFrame(fd.get()).has_value());
+
+  UniqueFd again = Dial(receiver);
+  SendHello(again.get(), token);
+  CHECK_FALSE(ReadFrame(again.get()).has_value());
+}
+
+TEST_CASE("Connect fails clearly when the peer does not know our token", "[tcp]") {
+  Receiver receiver;
+  TcpOptions options;
+  options.listen = "127.0.0.1:0";
+  auto sender = TcpTransport::Create(options);
+  REQUIRE(sender.ok());
+  auto peer = (*sender)->Connect("sender", "receiver", [&](const std::string&) {
+    weightbeam::v1::TcpHello forged;
+    forged.set_token(std::string(16, 'f'));
+    forged.set_endpoint(receiver.transport->endpoint());
+    return absl::StatusOr<std::string>(forged.SerializeAsString());
+  });
+  CHECK(peer.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK_THAT(std::string(peer.status().message()),
+             Catch::Contains("receiver") && Catch::Contains("handshake refused"));
+}
+
+}  // namespace
+}  // namespace wb::transport::tcp

@@ -1,0 +1,267 @@
+// The transport suite, in one process: every case runs against the backend named by
+// $WB_TEST_TRANSPORT (tcp, local, rdma). Remote-only cases live in transport_remote_test.cc.
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "daemon/transport/factory.h"
+#include "tests/transport/suite_util.h"
+
+namespace wb::transport::testing {
+namespace {
+
+using std::chrono::milliseconds;
+constexpr milliseconds kWait{20000};
+
+bool Same(const uint8_t* a, const uint8_t* b, size_t n) { return std::memcmp(a, b, n) == 0; }
+
+TEST_CASE("a small write lands at the destination", "[transport]") {
+  auto pair = MakePair();
+  auto src = RegisterBuffer(pair->sender, 4096, Access::kSource, 1);
+  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 2);
+  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  const auto before = dst->bytes;
+
+  absl::Status st = pair->peer->WriteBatch(
+      {WriteOp{src->desc.region_id(), 100, dst->desc.region_id(), 200, 64}}, kWait);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  CHECK(Same(dst->bytes.data() + 200, src->bytes.data() + 100, 64));
+  CHECK(Same(dst->bytes.data(), before.data(), 200));
+  CHECK(Same(dst->bytes.data() + 264, before.data() + 264, 4096 - 264));
+}
+
+TEST_CASE("a write of several MB lands intact", "[transport]") {
+  auto pair = MakePair();
+  const size_t size = 12 << 20;  // more than one frame and one share per connection
+  auto src = RegisterBuffer(pair->sender, size, Access::kSource, 3);
+  auto dst = RegisterBuffer(pair->receiver, size, Access::kDestination, 4);
+  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+
+  absl::Status st = pair->peer->WriteBatch(
+      {WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 0, size}}, kWait);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  CHECK(dst->bytes == src->bytes);
+}
+
+TEST_CASE("many writes in one batch land at their offsets", "[transport]") {
+  auto pair = MakePair();
+  const size_t size = 2 << 20;
+  auto src = RegisterBuffer(pair->sender, size, Access::kSource, 5);
+  auto dst = RegisterBuffer(pair->receiver, size, Access::kDestination, 6);
+  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+
+  // 1000 writes of varied lengths, scattered, leaving gaps that must stay untouched.
+  std::vector<uint8_t> expected = dst->bytes;
+  std::vector<WriteOp> ops;
+  uint64_t dst_offset = 0;
+  for (int i = 0; i < 1000; ++i) {
+    const uint64_t length = 1 + (i * 37) % 1500;
+    const uint64_t src_offset = (i * 7919) % (size - length);
+    ops.push_back(
+        WriteOp{src->desc.region_id(), src_offset, dst->desc.region_id(), dst_offset, length});
+    std::memcpy(expected.data() + dst_offset, src->bytes.data() + src_offset, length);
+    dst_offset += length + 13;  // gap
+  }
+  REQUIRE(dst_offset < size);
+
+  absl::Status st = pair->peer->WriteBatch(ops, kWait);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  CHECK(dst->bytes == expected);
+}
+
+TEST_CASE("consecutive and concurrent batches all complete exactly once", "[transport]") {
+  auto pair = MakePair();
+  const size_t size = 1 << 20;
+  auto src = RegisterBuffer(pair->sender, size, Access::kSource, 7);
+  auto dst = RegisterBuffer(pair->receiver, size * 8, Access::kDestination, 8);
+  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  int ok = 0;
+  for (int i = 0; i < 8; ++i) {
+    pair->peer->PostBatch(
+        {WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), i * size, size}},
+        [&](absl::Status st) {
+          std::lock_guard<std::mutex> lock(mu);
+          ++calls;
+          ok += st.ok();
+          cv.notify_all();
+        });
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  REQUIRE(cv.wait_for(lock, kWait, [&] { return calls == 8; }));
+  lock.unlock();
+  std::this_thread::sleep_for(milliseconds(50));  // a second call would show up here
+  lock.lock();
+  CHECK(calls == 8);
+  CHECK(ok == 8);
+  for (int i = 0; i < 8; ++i) CHECK(Same(dst->bytes.data() + i * size, src->bytes.data(), size));
+}
+
+TEST_CASE("an empty batch completes with OK", "[transport]") {
+  auto pair = MakePair();
+  CHECK(pair->peer->WriteBatch({}, kWait).ok());
+}
+
+TEST_CASE("the receiver's arrival callback reports the batch's bytes", "[transport]") {
+  auto pair = MakePair();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<std::string, uint64_t>> arrivals;
+  pair->receiver->SetArrivalCallback([&](const std::string& peer, uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    arrivals.emplace_back(peer, bytes);
+    cv.notify_all();
+  });
+  auto src = RegisterBuffer(pair->sender, 3 << 20, Access::kSource, 9);
+  auto dst = RegisterBuffer(pair->receiver, 3 << 20, Access::kDestination, 10);
+  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  REQUIRE(pair->peer
+              ->WriteBatch({WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 0, 3 << 20},
+                            WriteOp{src->desc.region_id(), 5, dst->desc.region_id(), 7, 100}},
+                           kWait)
+              .ok());
+  std::unique_lock<std::mutex> lock(mu);
+  REQUIRE(cv.wait_for(lock, kWait, [&] { return !arrivals.empty(); }));
+  CHECK(arrivals.size() == 1);
+  CHECK(arrivals[0].first == "sender");
+  CHECK(arrivals[0].second == (3u << 20) + 100);
+}
+
+TEST_CASE("an out-of-bounds write is refused before anything is sent", "[transport]") {
+  auto pair = MakePair();
+  auto src = RegisterBuffer(pair->sender, 8192, Access::kSource, 11);
+  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 12);
+  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  const auto before = dst->bytes;
+
+  absl::Status st =
+      pair->peer->WriteBatch({WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 0, 1024},
+                              WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 4000, 200}},
+                             kWait);
+  CHECK(st.code() == absl::StatusCode::kOutOfRange);
+  CHECK_THAT(std::string(st.message()), Catch::Contains("receiver") && Catch::Contains("write 1") &&
+                                            Catch::Contains("out of bounds"));
+  CHECK(dst->bytes == before);  // not even the valid first write landed
+}
+
+TEST_CASE("a write beyond the source region is refused", "[transport]") {
+  auto pair = MakePair();
+  auto src = RegisterBuffer(pair->sender, 1024, Access::kSource, 13);
+  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 14);
+  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  const auto before = dst->bytes;
+  absl::Status st = pair->peer->WriteBatch(
+      {WriteOp{src->desc.region_id(), 1000, dst->desc.region_id(), 0, 100}}, kWait);
+  CHECK_FALSE(st.ok());
+  CHECK_THAT(std::string(st.message()), Catch::Contains("out of bounds"));
+  CHECK(dst->bytes == before);
+}
+
+TEST_CASE("a write to an unknown remote region is refused", "[transport]") {
+  auto pair = MakePair();
+  auto src = RegisterBuffer(pair->sender, 1024, Access::kSource, 15);
+  absl::Status st =
+      pair->peer->WriteBatch({WriteOp{src->desc.region_id(), 0, 424242, 0, 100}}, kWait);
+  CHECK(st.code() == absl::StatusCode::kNotFound);
+  CHECK_THAT(std::string(st.message()), Catch::Contains("424242"));
+}
+
+// The next cases lie to the sender about the destination (as a stale or forged descriptor
+// would), so the refusal has to come from the receiving side.
+TEST_CASE("the receiver refuses a write with the wrong key and keeps its bytes", "[transport]") {
+  auto pair = MakePair();
+  auto src = RegisterBuffer(pair->sender, 8192, Access::kSource, 16);
+  auto dst = RegisterBuffer(pair->receiver, 8192, Access::kDestination, 17);
+  const uint64_t real_key = dst->desc.keys(0).key();
+  REQUIRE(pair->peer->AddRemoteRegion(WithKey(dst->desc, real_key ^ 0x5a5a)).ok());
+  const auto before = dst->bytes;
+
+  absl::Status st = pair->peer->WriteBatch(
+      {WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 0, 8192}}, kWait);
+  CHECK_FALSE(st.ok());
+  CHECK_THAT(std::string(st.message()),
+             Catch::Contains("receiver") && Catch::Contains("wrong key"));
+  CHECK(dst->bytes == before);
+
+  SECTION("and the next, valid batch still lands") {
+    REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+    absl::Status again = pair->peer->WriteBatch(
+        {WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 0, 8192}}, kWait);
+    INFO(again.ToString());
+    CHECK(again.ok());
+    CHECK(dst->bytes == src->bytes);
+  }
+}
+
+TEST_CASE("the receiver refuses a write past the end of its region", "[transport]") {
+  auto pair = MakePair();
+  auto src = RegisterBuffer(pair->sender, 8192, Access::kSource, 18);
+  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 19);
+  REQUIRE(pair->peer->AddRemoteRegion(WithLength(dst->desc, 8192)).ok());
+  const auto before = dst->bytes;
+
+  absl::Status st = pair->peer->WriteBatch(
+      {WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 2048, 4096}}, kWait);
+  CHECK_FALSE(st.ok());
+  CHECK_THAT(std::string(st.message()), Catch::Contains("out of bounds"));
+  CHECK(dst->bytes == before);
+}
+
+TEST_CASE("nothing lands in a withdrawn region", "[transport]") {
+  auto pair = MakePair();
+  auto src = RegisterBuffer(pair->sender, 4096, Access::kSource, 20);
+  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 21);
+  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  REQUIRE(pair->receiver->Deregister(dst->desc.region_id()).ok());
+  const auto before = dst->bytes;
+
+  absl::Status st = pair->peer->WriteBatch(
+      {WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 0, 4096}}, kWait);
+  CHECK_FALSE(st.ok());
+  CHECK_THAT(std::string(st.message()), Catch::Contains("not registered"));
+  CHECK(dst->bytes == before);
+}
+
+TEST_CASE("a source region does not accept remote writes", "[transport]") {
+  auto pair = MakePair();
+  auto src = RegisterBuffer(pair->sender, 4096, Access::kSource, 22);
+  auto other = RegisterBuffer(pair->receiver, 4096, Access::kSource, 23);
+  // Forge a tcp/local/rdma key for a region that was registered as a source.
+  REQUIRE(pair->peer->AddRemoteRegion(WithKey(other->desc, 12345)).ok());
+  const auto before = other->bytes;
+  absl::Status st = pair->peer->WriteBatch(
+      {WriteOp{src->desc.region_id(), 0, other->desc.region_id(), 0, 4096}}, kWait);
+  CHECK_FALSE(st.ok());
+  CHECK(other->bytes == before);
+}
+
+TEST_CASE("registering GPU memory without CUDA support says so", "[transport]") {
+  auto transport = MakeBackend();
+  if (transport->caps().gpu_memory) return;  // a CUDA build: covered by the GPU tests
+  static uint8_t fake[64];
+  MemoryRef mem{fake, sizeof(fake), MemoryKind::kCuda, 0};
+  auto desc = transport->Register(mem, Access::kDestination);
+  CHECK(desc.status().code() == absl::StatusCode::kUnimplemented);
+}
+
+TEST_CASE("an unknown transport name lists the known ones", "[transport][factory]") {
+  auto transport = MakeTransport("carrier-pigeon", TestConfig());
+  CHECK(transport.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(transport.status().message()), Catch::Contains("carrier-pigeon") &&
+                                                            Catch::Contains("tcp") &&
+                                                            Catch::Contains("local"));
+}
+
+}  // namespace
+}  // namespace wb::transport::testing
