@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/transport/rdma/gid.h"
+#include "daemon/transport/rdma/handshake.h"
 #include "daemon/transport/rdma/memory_registration.h"
 #include "daemon/transport/rdma/rdma_peer.h"
-#include "weightbeam/v1/transport.pb.h"
 
 namespace wb::transport::rdma {
 namespace {
@@ -104,37 +104,6 @@ absl::StatusOr<Rail> OpenRail(const std::string& name, const config::RdmaTranspo
   rail.cq = std::move(*cq);
   rail.cq_capacity = rail.cq->cqe;
   return rail;
-}
-
-absl::StatusOr<std::vector<QpEndpoint>> ParseRecord(const std::string& peer,
-                                                    const std::string& record) {
-  weightbeam::v1::RdmaHandshake handshake;
-  if (!handshake.ParseFromString(record)) {
-    return absl::InvalidArgumentError("peer '" + peer + "' sent an unreadable rdma handshake");
-  }
-  std::vector<QpEndpoint> out;
-  for (const auto& qp : handshake.qps()) {
-    if (qp.gid().size() != 16) {
-      return absl::InvalidArgumentError(absl::StrCat("peer '", peer, "' sent a ", qp.gid().size(),
-                                                     "-byte GID for ", qp.device()));
-    }
-    QpEndpoint ep;
-    ep.device = qp.device();
-    std::copy(qp.gid().begin(), qp.gid().end(), ep.gid.raw);
-    ep.gid_index = static_cast<int>(qp.gid_index());
-    ep.lid = qp.lid();
-    ep.qpn = qp.qpn();
-    ep.psn = qp.psn();
-    ep.mtu = static_cast<ibv_mtu>(qp.mtu());
-    out.push_back(ep);
-  }
-  return out;
-}
-
-std::vector<std::string> RemoteDevices(const std::vector<QpEndpoint>& remote) {
-  std::vector<std::string> devices;
-  for (const auto& ep : remote) devices.push_back(ep.device);
-  return devices;
 }
 
 }  // namespace
@@ -254,58 +223,19 @@ absl::Status RdmaTransport::Deregister(uint64_t region_id) {
   return absl::OkStatus();
 }
 
-std::string RdmaTransport::OurRecord(const std::string& our_name,
-                                     const std::vector<QpEndpoint>& ours) const {
-  weightbeam::v1::RdmaHandshake handshake;
-  handshake.set_from_agent(our_name);
-  for (const QpEndpoint& ep : ours) {
-    auto* qp = handshake.add_qps();
-    qp->set_device(ep.device);
-    qp->set_gid(std::string(reinterpret_cast<const char*>(ep.gid.raw), 16));
-    qp->set_gid_index(ep.gid_index < 0 ? 0 : ep.gid_index);
-    qp->set_lid(ep.lid);
-    qp->set_qpn(ep.qpn);
-    qp->set_psn(ep.psn);
-    qp->set_mtu(ep.mtu);
-  }
-  return handshake.SerializeAsString();
-}
-
 absl::StatusOr<std::shared_ptr<Peer>> RdmaTransport::Connect(const std::string& our_name,
                                                              const std::string& peer_name,
                                                              const HandshakeExchange& exchange) {
-  VerbsEngine& engine = *state_->engine;
-  auto created = engine.CreateConnection(peer_name, /*accepted=*/false);
-  if (!created.ok()) return created.status();
-  const uint64_t id = created->first;
-  auto fail = [&](const absl::Status& s) {
-    engine.DestroyConnection(id, "connect failed");
-    return absl::Status(s.code(),
-                        absl::StrCat("rdma connect to peer '", peer_name, "': ", s.message()));
-  };
-  absl::StatusOr<std::string> theirs = exchange(OurRecord(our_name, created->second));
-  if (!theirs.ok()) return fail(theirs.status());
-  absl::StatusOr<std::vector<QpEndpoint>> remote = ParseRecord(peer_name, *theirs);
-  if (!remote.ok()) return fail(remote.status());
-  if (absl::Status s = engine.ConnectQps(id, *remote); !s.ok()) return fail(s);
+  absl::StatusOr<Handshaken> connected =
+      ConnectToPeer(*state_->engine, our_name, peer_name, exchange);
+  if (!connected.ok()) return connected.status();
   return std::shared_ptr<Peer>(
-      std::make_shared<RdmaPeer>(state_, peer_name, id, RemoteDevices(*remote)));
+      std::make_shared<RdmaPeer>(state_, our_name, peer_name, exchange, std::move(*connected)));
 }
 
 absl::StatusOr<std::string> RdmaTransport::Accept(const std::string& peer_name,
                                                   const std::string& their_record) {
-  VerbsEngine& engine = *state_->engine;
-  absl::StatusOr<std::vector<QpEndpoint>> remote = ParseRecord(peer_name, their_record);
-  if (!remote.ok()) return remote.status();
-  // A peer that reconnects replaces its previous connection to us.
-  engine.DestroyConnections(peer_name, /*accepted_only=*/true, "peer reconnected");
-  auto created = engine.CreateConnection(peer_name, /*accepted=*/true);
-  if (!created.ok()) return created.status();
-  if (absl::Status s = engine.ConnectQps(created->first, *remote); !s.ok()) {
-    engine.DestroyConnection(created->first, "accept failed");
-    return s;
-  }
-  return OurRecord(/*our_name=*/"", created->second);
+  return AcceptPeer(*state_->engine, peer_name, their_record);
 }
 
 void RdmaTransport::ForgetPeer(const std::string& peer_name) {

@@ -88,8 +88,6 @@ class RdmaTransport : public Transport {
  private:
   explicit RdmaTransport(std::shared_ptr<RdmaState> state) : state_(std::move(state)) {}
 
-  std::string OurRecord(const std::string& our_name, const std::vector<QpEndpoint>& ours) const;
-
   std::shared_ptr<RdmaState> state_;
 };
 

@@ -66,9 +66,9 @@ void VerbsEngine::RunSync(std::function<void()> fn) {
   done.get_future().wait();
 }
 
-absl::StatusOr<std::pair<uint64_t, std::vector<QpEndpoint>>> VerbsEngine::CreateConnection(
-    const std::string& peer, bool accepted) {
-  absl::StatusOr<std::pair<uint64_t, std::vector<QpEndpoint>>> result;
+absl::StatusOr<VerbsEngine::NewConnection> VerbsEngine::CreateConnection(const std::string& peer,
+                                                                         bool accepted) {
+  absl::StatusOr<NewConnection> result;
   RunSync([&] {
     auto conn = std::make_unique<Connection>();
     conn->id = next_connection_++;
@@ -104,9 +104,9 @@ absl::StatusOr<std::pair<uint64_t, std::vector<QpEndpoint>>> VerbsEngine::Create
         conn->qps.push_back(std::move(pair));
       }
     }
-    uint64_t id = conn->id;
-    connections_[id] = std::move(conn);
-    result = std::make_pair(id, std::move(ours));
+    NewConnection created{conn->id, std::move(ours), conn->broken_flag};
+    connections_[conn->id] = std::move(conn);
+    result = std::move(created);
   });
   return result;
 }
@@ -376,7 +376,10 @@ void VerbsEngine::HandleCompletion(const ibv_wc& wc) {
       error = absl::UnavailableError(absl::StrCat(
           "rdma write to peer '", peer, "' on ", device, " failed: ", OpcodeName(info.opcode), ": ",
           ibv_wc_status_str(wc.status), " (status ", static_cast<int>(wc.status), ", vendor error ",
-          wc.vendor_err, ")"));
+          wc.vendor_err, ")",
+          wc.status == IBV_WC_REM_ACCESS_ERR
+              ? ": the receiver refused the write (wrong key, out of bounds or not registered)"
+              : ""));
     }
     if (conn != nullptr) BreakConnection(*conn, error);
     FinishBatch(batch, error);
@@ -409,6 +412,7 @@ void VerbsEngine::ReapBatch(uint64_t batch_id) {
 
 void VerbsEngine::BreakConnection(Connection& conn, absl::Status status) {
   if (conn.broken.ok()) conn.broken = status;
+  conn.broken_flag->store(true);
   for (QueuePair& qp : conn.qps) {
     for (const PendingWr& p : qp.pending) {
       auto it = batches_.find(p.batch);

@@ -5,6 +5,7 @@
 // Other threads hand it work through a command queue.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -85,10 +86,14 @@ class VerbsEngine {
   const std::vector<Rail>& rails() const { return rails_; }  // names and addresses: immutable
   const EngineOptions& options() const { return options_; }
 
-  // Creates qps_per_rail queue pairs per rail in INIT state for `peer`; returns the connection
-  // id and our endpoints (rail-major).
-  absl::StatusOr<std::pair<uint64_t, std::vector<QpEndpoint>>> CreateConnection(
-      const std::string& peer, bool accepted);
+  struct NewConnection {
+    uint64_t id = 0;
+    std::vector<QpEndpoint> endpoints;  // ours, rail-major
+    // Set (on the poller thread) once the connection failed; its owner may then reconnect.
+    std::shared_ptr<const std::atomic<bool>> broken;
+  };
+  // Creates qps_per_rail queue pairs per rail in INIT state for `peer`.
+  absl::StatusOr<NewConnection> CreateConnection(const std::string& peer, bool accepted);
   // Connects our queue pairs to the peer's (same count, pairwise) and posts receives.
   absl::Status ConnectQps(uint64_t connection, const std::vector<QpEndpoint>& remote);
   // Fails its queued batches, flushes and destroys its queue pairs.
@@ -127,6 +132,7 @@ class VerbsEngine {
     bool connected = false;
     bool closing = false;
     absl::Status broken;  // first fatal error; later batches fail with it
+    std::shared_ptr<std::atomic<bool>> broken_flag = std::make_shared<std::atomic<bool>>(false);
     std::vector<QueuePair> qps;
   };
   struct Batch {
