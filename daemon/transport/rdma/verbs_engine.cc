@@ -59,6 +59,10 @@ void VerbsEngine::Post(std::function<void()> fn) {
 
 void VerbsEngine::RunSync(std::function<void()> fn) {
   std::promise<void> done;
+  if (std::this_thread::get_id() == thread_.get_id()) {
+    fn();  // a callback (batch done, arrival) called back into us: we already own the state
+    return;
+  }
   Post([&] {
     fn();
     done.set_value();
@@ -147,8 +151,18 @@ absl::Status VerbsEngine::ConnectQps(uint64_t connection, const std::vector<QpEn
   return result;
 }
 
+void VerbsEngine::RunOrDefer(std::function<void()> fn) {
+  // From a callback on the poller thread, state it is iterating over must not change under it:
+  // run at the top of the next loop instead.
+  if (std::this_thread::get_id() == thread_.get_id()) {
+    Post(std::move(fn));
+  } else {
+    RunSync(std::move(fn));
+  }
+}
+
 void VerbsEngine::DestroyConnection(uint64_t connection, const std::string& reason) {
-  RunSync([&] {
+  RunOrDefer([this, connection, reason] {
     auto it = connections_.find(connection);
     if (it == connections_.end()) return;
     BreakConnection(*it->second, absl::CancelledError(reason));
@@ -159,7 +173,7 @@ void VerbsEngine::DestroyConnection(uint64_t connection, const std::string& reas
 
 void VerbsEngine::DestroyConnections(const std::string& peer, bool accepted_only,
                                      const std::string& reason) {
-  RunSync([&] {
+  RunOrDefer([this, peer, accepted_only, reason] {
     std::vector<uint64_t> ids;
     for (auto& [id, conn] : connections_) {
       if ((peer.empty() || conn->peer == peer) && (conn->accepted || !accepted_only))
@@ -174,7 +188,7 @@ void VerbsEngine::DestroyConnections(const std::string& peer, bool accepted_only
 }
 
 void VerbsEngine::SetArrivalCallback(ArrivalCallback cb) {
-  RunSync([&] { arrival_ = std::move(cb); });
+  RunOrDefer([this, cb = std::move(cb)]() mutable { arrival_ = std::move(cb); });
 }
 
 void VerbsEngine::Submit(uint64_t connection, std::vector<WorkRequest> wrs, WorkRequest last,

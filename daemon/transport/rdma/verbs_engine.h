@@ -106,6 +106,8 @@ class VerbsEngine {
   void Submit(uint64_t connection, std::vector<WorkRequest> wrs, WorkRequest last, uint64_t bytes,
               BatchDone done);
 
+  // Runs on the poller thread. Callbacks (this one and BatchDone) may destroy peers and
+  // connections and post batches; they must not Connect or Accept (those wait for the poller).
   void SetArrivalCallback(ArrivalCallback cb);
 
  private:
@@ -155,7 +157,11 @@ class VerbsEngine {
     bool recv = false;
   };
 
+  // Runs `fn` on the poller thread and waits (inline when already on it).
   void RunSync(std::function<void()> fn);
+  // Like RunSync from other threads; from the poller thread (a callback), deferred to the next
+  // loop iteration so nothing the poller is iterating over changes under it.
+  void RunOrDefer(std::function<void()> fn);
   void Post(std::function<void()> fn);
   void Loop();
   bool RunCommands();
