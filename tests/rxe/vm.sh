@@ -42,6 +42,9 @@ kernel_package() {
 }
 
 mkdir -p "$CACHE"
+# Several runs at once (CI, two engineers) must not build the cache twice at the same time.
+exec 9>"$CACHE/.lock"
+flock 9
 KDIR=$(ls -d "$CACHE"/kernel-linux-image-* 2>/dev/null | head -n1 || true)
 if [ -z "$KDIR" ] || [ ! -f "$KDIR/.done" ]; then
   PKG=$(kernel_package)
@@ -82,6 +85,8 @@ if [ ! -f "$INITRD" ] || [ "$INIT_SRC" -nt "$INITRD" ] || [ "$0" -nt "$INITRD" ]
   mv "$INITRD.tmp" "$INITRD"
   rm -rf "$STAGE"
 fi
+
+flock -u 9
 
 # --- the job: a script on the host file system, which the guest sees through 9p -----------------
 mkdir -p "$CACHE/jobs"
