@@ -224,8 +224,6 @@ void VerbsEngine::Submit(uint64_t connection, std::vector<WorkRequest> wrs, Work
   });
 }
 
-bool VerbsEngine::Busy() const { return !inflight_.empty() || queued_wrs_ > 0; }
-
 void VerbsEngine::Loop() {
   while (true) {
     if (!RunCommands()) break;

@@ -175,7 +175,6 @@ class VerbsEngine {
   void BreakConnection(Connection& conn, absl::Status status);
   void ReapBatch(uint64_t batch_id);
   void ReapConnection(uint64_t connection_id);
-  bool Busy() const;
 
   std::vector<Rail> rails_;
   const EngineOptions options_;
