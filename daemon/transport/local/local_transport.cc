@@ -146,8 +146,7 @@ class LocalPeer : public Peer {
                      std::vector<std::pair<WriteOp, uint64_t>>* checked) {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < ops.size(); ++i) {
-      const WriteOp& op = ops[i];
-      if (op.length == 0) continue;
+      const WriteOp& op = ops[i];  // empty ops stay in, so that indices match the caller's
       auto it = remote_.find(op.remote_region);
       if (it == remote_.end()) {
         return absl::NotFoundError(absl::StrCat("local peer '", peer_name_, "': write ", i,
