@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/transport/local/local_transport.h"
+#include "daemon/transport/rdma/rdma_transport.h"
 #include "daemon/transport/tcp/tcp_transport.h"
 
 namespace wb::transport {
@@ -19,6 +20,7 @@ struct Backend {
 constexpr Backend kBackends[] = {
     {"tcp", &tcp::MakeTcpTransport},
     {"local", &local::MakeLocalTransport},
+    {"rdma", &rdma::MakeRdmaTransport},
 };
 
 }  // namespace

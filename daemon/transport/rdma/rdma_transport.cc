@@ -1,0 +1,261 @@
+#include "daemon/transport/rdma/rdma_transport.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/transport/rdma/gid.h"
+#include "daemon/transport/rdma/handshake.h"
+#include "daemon/transport/rdma/memory_registration.h"
+#include "daemon/transport/rdma/rdma_peer.h"
+
+namespace wb::transport::rdma {
+namespace {
+
+constexpr uint8_t kPort = 1;
+
+std::string GidString(const ibv_gid& gid) {
+  std::string out;
+  for (int i = 0; i < 16; i += 2) {
+    absl::StrAppend(&out, i ? ":" : "",
+                    absl::Hex(gid.raw[i] << 8 | gid.raw[i + 1], absl::kZeroPad4));
+  }
+  return out;
+}
+
+// GB/s of one direction of the port, from its speed and width codes (ibv_query_port).
+double PortGbps(const ibv_port_attr& port) {
+  double lane_gbit = 2.5;
+  switch (port.active_speed) {
+    case 2:
+      lane_gbit = 5.0;
+      break;
+    case 4:
+    case 8:
+      lane_gbit = 10.0;
+      break;
+    case 16:
+      lane_gbit = 14.0;
+      break;
+    case 32:
+      lane_gbit = 25.0;
+      break;
+    case 64:
+      lane_gbit = 50.0;
+      break;
+    case 128:
+      lane_gbit = 100.0;
+      break;
+  }
+  int lanes = port.active_width == 2    ? 4
+              : port.active_width == 4  ? 8
+              : port.active_width == 8  ? 12
+              : port.active_width == 16 ? 2
+                                        : 1;
+  return lane_gbit * lanes / 8.0;
+}
+
+absl::StatusOr<Rail> OpenRail(const std::string& name, const config::RdmaTransportConfig& config,
+                              const RdmaTuning& tuning, int cq_entries) {
+  auto error = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("rdma device ", name, ": ", s.message()));
+  };
+  Rail rail;
+  rail.name = name;
+  rail.port = kPort;
+  absl::StatusOr<ContextPtr> ctx = OpenDevice(name);
+  if (!ctx.ok()) return error(ctx.status());
+  rail.ctx = std::move(*ctx);
+  ibv_port_attr port{};
+  if (ibv_query_port(rail.ctx.get(), kPort, &port) != 0) {
+    return error(absl::InternalError("ibv_query_port(1) failed"));
+  }
+  if (port.state != IBV_PORT_ACTIVE) {
+    return error(absl::UnavailableError(
+        absl::StrCat("port 1 is not active (state ", ibv_port_state_str(port.state), ")")));
+  }
+  rail.lid = port.lid;
+  rail.mtu = std::min(MtuFromBytes(config.mtu), port.active_mtu);
+  if (port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+    rail.gid_index = config.gid_index;
+    if (rail.gid_index < 0) {
+      absl::StatusOr<GidChoice> gid = FindRoceV2Ipv4Gid(tuning.sysfs_root, name, kPort);
+      if (!gid.ok()) return error(gid.status());
+      rail.gid_index = gid->index;
+    }
+  } else {
+    rail.gid_index = config.gid_index;  // InfiniBand: LID routing unless a GID is asked for
+  }
+  if (rail.gid_index >= 0 && ibv_query_gid(rail.ctx.get(), kPort, rail.gid_index, &rail.gid) != 0) {
+    return error(
+        absl::InvalidArgumentError(absl::StrCat("cannot read GID index ", rail.gid_index)));
+  }
+  ibv_device_attr attr{};
+  if (ibv_query_device(rail.ctx.get(), &attr) == 0 && attr.max_cqe > 0) {
+    cq_entries = std::min(cq_entries, attr.max_cqe);
+  }
+  absl::StatusOr<PdPtr> pd = CreatePd(rail.ctx.get());
+  if (!pd.ok()) return error(pd.status());
+  rail.pd = std::move(*pd);
+  absl::StatusOr<CompChannelPtr> channel = CreateCompChannel(rail.ctx.get());
+  if (!channel.ok()) return error(channel.status());
+  rail.channel = std::move(*channel);
+  absl::StatusOr<CqPtr> cq = CreateCq(rail.ctx.get(), cq_entries, rail.channel.get());
+  if (!cq.ok()) return error(cq.status());
+  rail.cq = std::move(*cq);
+  rail.cq_capacity = rail.cq->cqe;
+  return rail;
+}
+
+}  // namespace
+
+absl::StatusOr<RdmaState::LocalView> RdmaState::LookupLocal(uint64_t region_id) const {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = regions.find(region_id);
+  if (it == regions.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown local region ", region_id));
+  }
+  LocalView view;
+  view.addr = reinterpret_cast<uint64_t>(it->second.mem.addr);
+  view.length = it->second.mem.length;
+  for (const auto& mr : it->second.mrs) view.lkeys.push_back(mr->lkey);
+  return view;
+}
+
+absl::StatusOr<std::unique_ptr<RdmaTransport>> RdmaTransport::Create(
+    const config::RdmaTransportConfig& config, const RdmaTuning& tuning) {
+  std::vector<std::string> devices = config.devices;
+  if (devices.empty()) devices = ListDevices();
+  if (devices.empty()) return absl::UnavailableError("not available: no RDMA device found");
+  EngineOptions options;
+  options.qps_per_rail = std::max(1, config.qps_per_peer);
+  options.send_queue_depth = std::max(1, config.send_queue_depth);
+  options.ack_timeout = tuning.ack_timeout;
+  options.retry_cnt = tuning.retry_cnt;
+  options.batch_timeout = tuning.batch_timeout;
+  options.busy_poll = tuning.busy_poll;
+  std::vector<Rail> rails;
+  for (const std::string& name : devices) {
+    absl::StatusOr<Rail> rail = OpenRail(name, config, tuning, 16384);
+    if (!rail.ok()) {
+      return absl::UnavailableError(absl::StrCat("not available: ", rail.status().message()));
+    }
+    rails.push_back(std::move(*rail));
+  }
+  auto engine = std::make_unique<VerbsEngine>(std::move(rails), options);
+  auto state = std::make_shared<RdmaState>(config, std::move(engine));
+  return std::unique_ptr<RdmaTransport>(new RdmaTransport(std::move(state)));
+}
+
+RdmaTransport::~RdmaTransport() {
+  state_->engine->SetArrivalCallback(nullptr);
+  state_->engine->DestroyConnections("", /*accepted_only=*/true, "rdma transport closed");
+}
+
+Capabilities RdmaTransport::caps() const {
+  Capabilities caps;
+  caps.gpu_memory = CudaRegistrationCompiled();
+  caps.remote = true;
+  caps.max_write_bytes = 0;
+  return caps;
+}
+
+std::vector<weightbeam::v1::NicInfo> RdmaTransport::Nics() const {
+  std::vector<weightbeam::v1::NicInfo> nics;
+  for (const Rail& rail : state_->engine->rails()) {
+    weightbeam::v1::NicInfo nic;
+    nic.set_name(rail.name);
+    nic.set_transport("rdma");
+    nic.set_endpoint(GidString(rail.gid));
+    ibv_port_attr port{};
+    if (ibv_query_port(rail.ctx.get(), rail.port, &port) == 0) nic.set_gbps(PortGbps(port));
+    int numa = -1;
+    std::ifstream in("/sys/class/infiniband/" + rail.name + "/device/numa_node");
+    if (in >> numa) nic.set_numa_node(numa);
+    nics.push_back(nic);
+  }
+  return nics;
+}
+
+absl::StatusOr<weightbeam::v1::RegionDescriptor> RdmaTransport::Register(const MemoryRef& mem,
+                                                                         Access access) {
+  if (mem.addr == nullptr || mem.length == 0) {
+    return absl::InvalidArgumentError("rdma: cannot register an empty memory range");
+  }
+  int flags = IBV_ACCESS_LOCAL_WRITE;
+  if (access == Access::kDestination) flags |= IBV_ACCESS_REMOTE_WRITE;
+  RdmaState::LocalRegion region;
+  region.mem = mem;
+  region.access = access;
+  weightbeam::v1::RegionDescriptor desc;
+  for (const Rail& rail : state_->engine->rails()) {
+    absl::StatusOr<MrPtr> mr = RegisterMemory(rail.pd.get(), mem, flags);
+    if (!mr.ok()) {
+      return absl::Status(mr.status().code(), absl::StrCat("registering ", mem.length, " bytes on ",
+                                                           rail.name, ": ", mr.status().message()));
+    }
+    auto* key = desc.add_keys();
+    key->set_transport("rdma");
+    key->set_device(rail.name);
+    key->set_address(reinterpret_cast<uint64_t>(mem.addr));
+    key->set_key(access == Access::kDestination ? (*mr)->rkey : 0);
+    region.mrs.push_back(std::move(*mr));
+  }
+  std::lock_guard<std::mutex> lock(state_->mu);
+  uint64_t id = state_->next_region++;
+  desc.set_region_id(id);
+  desc.set_length(mem.length);
+  state_->regions[id] = std::move(region);
+  return desc;
+}
+
+absl::Status RdmaTransport::Deregister(uint64_t region_id) {
+  RdmaState::LocalRegion region;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    auto it = state_->regions.find(region_id);
+    if (it == state_->regions.end()) {
+      return absl::NotFoundError(absl::StrCat("rdma: unknown region ", region_id));
+    }
+    region = std::move(it->second);
+    state_->regions.erase(it);
+  }
+  region.mrs.clear();  // ibv_dereg_mr: the rkeys are invalid from here on
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Peer>> RdmaTransport::Connect(const std::string& our_name,
+                                                             const std::string& peer_name,
+                                                             const HandshakeExchange& exchange) {
+  absl::StatusOr<Handshaken> connected =
+      ConnectToPeer(*state_->engine, our_name, peer_name, exchange);
+  if (!connected.ok()) return connected.status();
+  return std::shared_ptr<Peer>(
+      std::make_shared<RdmaPeer>(state_, our_name, peer_name, exchange, std::move(*connected)));
+}
+
+absl::StatusOr<std::string> RdmaTransport::Accept(const std::string& peer_name,
+                                                  const std::string& their_record) {
+  return AcceptPeer(*state_->engine, peer_name, their_record);
+}
+
+void RdmaTransport::ForgetPeer(const std::string& peer_name) {
+  state_->engine->DestroyConnections(peer_name, /*accepted_only=*/false,
+                                     "peer '" + peer_name + "' forgotten");
+}
+
+void RdmaTransport::SetArrivalCallback(ArrivalCallback cb) {
+  state_->engine->SetArrivalCallback(std::move(cb));
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeRdmaTransport(const config::AgentConfig& config) {
+  RdmaTuning tuning;
+  if (config.executor.write_timeout_ms > 0) {
+    tuning.batch_timeout = std::chrono::milliseconds(config.executor.write_timeout_ms);
+  }
+  absl::StatusOr<std::unique_ptr<RdmaTransport>> transport =
+      RdmaTransport::Create(config.rdma, tuning);
+  if (!transport.ok()) return transport.status();
+  return std::unique_ptr<Transport>(std::move(*transport));
+}
+
+}  // namespace wb::transport::rdma

@@ -1,0 +1,98 @@
+// The "rdma" transport: one-sided RDMA WRITEs over RC queue pairs (rdma-core verbs), several
+// queue pairs per peer on several NICs (rails). Queue-pair setup records travel through the
+// caller's handshake exchange; a single poller thread (VerbsEngine) owns all verbs state.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "config/config.h"
+#include "daemon/transport/rdma/verbs_engine.h"
+#include "daemon/transport/transport.h"
+
+namespace wb::transport::rdma {
+
+// Knobs that are not part of the user-facing configuration.
+struct RdmaTuning {
+  // A batch that has not completed by then fails (a vanished peer also fails it earlier, through
+  // the queue pair's ack timeout and retries: about 0.5 s with the defaults).
+  std::chrono::milliseconds batch_timeout{30000};
+  uint8_t ack_timeout = 14;
+  uint8_t retry_cnt = 7;
+  std::chrono::microseconds busy_poll{100};  // see EngineOptions::busy_poll
+  std::string sysfs_root = "/sys/class/infiniband";
+};
+
+// What the transport and its peers share: the poller (with the rails' verbs objects) and the
+// local regions. Peers keep it alive, so a peer may outlive the transport object.
+class RdmaState {
+ public:
+  RdmaState(config::RdmaTransportConfig config, std::unique_ptr<VerbsEngine> engine)
+      : config(std::move(config)), engine(std::move(engine)) {}
+  ~RdmaState() {
+    regions.clear();  // memory regions before the protection domains in the engine's rails
+    engine.reset();
+  }
+
+  // A local region's address and per-rail lkeys, for building work requests.
+  struct LocalView {
+    uint64_t addr = 0;
+    uint64_t length = 0;
+    std::vector<uint32_t> lkeys;  // per rail
+  };
+  absl::StatusOr<LocalView> LookupLocal(uint64_t region_id) const;
+
+  struct LocalRegion {
+    MemoryRef mem;
+    Access access = Access::kSource;
+    std::vector<MrPtr> mrs;  // per rail
+  };
+
+  const config::RdmaTransportConfig config;
+  std::unique_ptr<VerbsEngine> engine;
+  mutable std::mutex mu;
+  std::map<uint64_t, LocalRegion> regions;
+  uint64_t next_region = 1;
+};
+
+class RdmaTransport : public Transport {
+ public:
+  // Fails with UNAVAILABLE "not available: no RDMA device found" on hosts without RDMA devices,
+  // and names the device when a configured one is missing or unusable.
+  static absl::StatusOr<std::unique_ptr<RdmaTransport>> Create(
+      const config::RdmaTransportConfig& config, const RdmaTuning& tuning = {});
+  ~RdmaTransport() override;
+
+  std::string Name() const override { return "rdma"; }
+  Capabilities caps() const override;
+  std::vector<weightbeam::v1::NicInfo> Nics() const override;
+
+  absl::StatusOr<weightbeam::v1::RegionDescriptor> Register(const MemoryRef& mem,
+                                                            Access access) override;
+  absl::Status Deregister(uint64_t region_id) override;
+
+  absl::StatusOr<std::shared_ptr<Peer>> Connect(const std::string& our_name,
+                                                const std::string& peer_name,
+                                                const HandshakeExchange& exchange) override;
+  absl::StatusOr<std::string> Accept(const std::string& peer_name,
+                                     const std::string& their_record) override;
+  void ForgetPeer(const std::string& peer_name) override;
+  // Runs on the poller thread: it must not call back into the transport synchronously.
+  void SetArrivalCallback(ArrivalCallback cb) override;
+
+ private:
+  explicit RdmaTransport(std::shared_ptr<RdmaState> state) : state_(std::move(state)) {}
+
+  std::shared_ptr<RdmaState> state_;
+};
+
+// The factory's entry (daemon/transport/factory.cc): config.rdma, with
+// config.executor.write_timeout_ms as the batch timeout.
+absl::StatusOr<std::unique_ptr<Transport>> MakeRdmaTransport(const config::AgentConfig& config);
+
+}  // namespace wb::transport::rdma

@@ -1,0 +1,151 @@
+// Device-free tests of the rdma backend: GID selection from a fake sysfs tree, chunk planning
+// across rails and queue pairs, the batch-size immediate, and probing without devices.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "daemon/transport/rdma/chunk_plan.h"
+#include "daemon/transport/rdma/gid.h"
+#include "daemon/transport/rdma/rdma_transport.h"
+#include "daemon/transport/rdma/verbs.h"
+
+namespace fs = std::filesystem;
+using namespace wb::transport;
+using namespace wb::transport::rdma;
+
+namespace {
+
+void WriteFile(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path) << text << "\n";
+}
+
+// A fake /sys/class/infiniband with one device whose GID table is given as (type, gid) rows.
+fs::path FakeSysfs(const std::vector<std::pair<std::string, std::string>>& table) {
+  fs::path root = fs::temp_directory_path() /
+                  ("wb_sysfs_" + std::to_string(getpid()) + "_" + std::to_string(rand()));
+  fs::path port = root / "mlx5_0" / "ports" / "1";
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (!table[i].first.empty())
+      WriteFile(port / "gid_attrs" / "types" / std::to_string(i), table[i].first);
+    WriteFile(port / "gids" / std::to_string(i), table[i].second);
+  }
+  return root;
+}
+
+}  // namespace
+
+TEST_CASE("GID selection picks the first RoCE v2 entry with an IPv4-mapped GID") {
+  fs::path root = FakeSysfs({
+      {"IB/RoCE v1", "fe80:0000:0000:0000:d868:66ff:fe44:cd4c"},
+      {"RoCE v2", "fe80:0000:0000:0000:d868:66ff:fe44:cd4c"},
+      {"IB/RoCE v1", "0000:0000:0000:0000:0000:ffff:0a4d:0001"},
+      {"RoCE v2", "0000:0000:0000:0000:0000:ffff:0a4d:0001"},
+      {"RoCE v2", "0000:0000:0000:0000:0000:ffff:c0a8:0102"},
+  });
+  absl::StatusOr<GidChoice> gid = FindRoceV2Ipv4Gid(root.string(), "mlx5_0", 1);
+  REQUIRE(gid.ok());
+  CHECK(gid->index == 3);
+  CHECK(gid->ipv4 == "10.77.0.1");
+  fs::remove_all(root);
+}
+
+TEST_CASE("GID selection names the device when no entry qualifies") {
+  fs::path root = FakeSysfs({
+      {"RoCE v2", "fe80:0000:0000:0000:d868:66ff:fe44:cd4c"},
+      {"", "0000:0000:0000:0000:0000:0000:0000:0000"},  // unused entry: no type file
+  });
+  absl::StatusOr<GidChoice> gid = FindRoceV2Ipv4Gid(root.string(), "mlx5_0", 1);
+  REQUIRE_FALSE(gid.ok());
+  CHECK(gid.status().message() ==
+        "no RoCE v2 GID with an IPv4 address on mlx5_0 port 1 (is the netdev up with an IPv4 "
+        "address?)");
+  CHECK_FALSE(FindRoceV2Ipv4Gid(root.string(), "mlx5_9", 1).ok());
+  fs::remove_all(root);
+}
+
+TEST_CASE("IPv4-mapped GIDs are recognised") {
+  CHECK(Ipv4FromGid("0000:0000:0000:0000:0000:ffff:c0a8:0102") == "192.168.1.2");
+  CHECK(Ipv4FromGid("fe80:0000:0000:0000:d868:66ff:fe44:cd4c").empty());
+  CHECK(Ipv4FromGid("garbage").empty());
+}
+
+TEST_CASE("a large write is split across every rail, in chunks no longer than chunk_bytes") {
+  ChunkPlanOptions options;
+  options.rails = 2;
+  options.qps_per_rail = 2;
+  options.chunk_bytes = 1 << 20;
+  std::vector<WriteOp> ops = {{1, 100, 2, 5000, (uint64_t{5} << 20) + 123}};
+  std::vector<Chunk> chunks = PlanChunks(ops, options);
+  std::map<int, uint64_t> per_rail;
+  std::map<std::pair<int, int>, int> per_qp;
+  uint64_t next_local = 100, next_remote = 5000, total = 0;
+  for (const Chunk& c : chunks) {
+    CHECK(c.length <= options.chunk_bytes);
+    CHECK(c.local_offset == next_local);  // contiguous, in order, nothing lost or doubled
+    CHECK(c.remote_offset == next_remote);
+    CHECK(c.local_region == 1);
+    CHECK(c.remote_region == 2);
+    next_local += c.length;
+    next_remote += c.length;
+    total += c.length;
+    per_rail[c.rail] += c.length;
+    per_qp[{c.rail, c.qp}]++;
+  }
+  CHECK(total == ops[0].length);
+  REQUIRE(per_rail.size() == 2);
+  CHECK(per_rail[0] > (uint64_t{2} << 20));
+  CHECK(per_rail[1] > (uint64_t{2} << 20));
+  CHECK(per_qp.size() == 4);  // both queue pairs of both rails carry work
+}
+
+TEST_CASE("small writes go whole to one rail, alternating, and empty writes vanish") {
+  ChunkPlanOptions options;
+  options.rails = 2;
+  std::vector<WriteOp> ops = {{1, 0, 2, 0, 4096}, {1, 4096, 2, 4096, 0}, {1, 8192, 2, 8192, 100}};
+  std::vector<Chunk> chunks = PlanChunks(ops, options);
+  REQUIRE(chunks.size() == 2);
+  CHECK(chunks[0].rail == 0);
+  CHECK(chunks[0].length == 4096);
+  CHECK(chunks[1].rail == 1);
+  CHECK(chunks[1].local_offset == 8192);
+}
+
+TEST_CASE("chunk lengths stay below 2^32 even when chunk_bytes is huge") {
+  ChunkPlanOptions options;
+  options.chunk_bytes = uint64_t{1} << 40;
+  std::vector<Chunk> chunks = PlanChunks({{1, 0, 2, 0, uint64_t{5} << 30}}, options);
+  for (const Chunk& c : chunks) CHECK(c.length <= (uint64_t{1} << 30));
+  CHECK(chunks.size() == 5);
+}
+
+TEST_CASE("the batch-size immediate is exact below 2 GiB and KiB-rounded above") {
+  CHECK(DecodeBatchBytes(EncodeBatchBytes(0)) == 0);
+  CHECK(DecodeBatchBytes(EncodeBatchBytes(12345)) == 12345);
+  CHECK(DecodeBatchBytes(EncodeBatchBytes((uint64_t{1} << 31) - 1)) == (uint64_t{1} << 31) - 1);
+  CHECK(DecodeBatchBytes(EncodeBatchBytes(uint64_t{3} << 30)) == uint64_t{3} << 30);
+  CHECK(DecodeBatchBytes(EncodeBatchBytes((uint64_t{3} << 30) + 1)) == (uint64_t{3} << 30) + 1024);
+}
+
+TEST_CASE("a configured device that does not exist makes the transport unavailable") {
+  wb::config::RdmaTransportConfig config;
+  config.devices = {"wb_no_such_nic"};
+  auto transport = RdmaTransport::Create(config);
+  REQUIRE_FALSE(transport.ok());
+  CHECK(transport.status().code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(transport.status().message()),
+             Catch::StartsWith("not available: rdma device wb_no_such_nic: RDMA device "
+                               "'wb_no_such_nic' not found"));
+}
+
+TEST_CASE("without RDMA devices the transport says so instead of crashing") {
+  if (!ListDevices().empty()) {
+    WARN("this host has RDMA devices; the no-device message is checked on hosts without");
+    return;
+  }
+  auto transport = RdmaTransport::Create(wb::config::RdmaTransportConfig{});
+  REQUIRE_FALSE(transport.ok());
+  CHECK(transport.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(transport.status().message() == "not available: no RDMA device found");
+}

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Runs inside the Soft-RoCE VM (started by tests/rxe/run_suite.sh): the RDMA tests, then the
+# ib_write_bw / transport_bench comparison on rxe0.
+set -uo pipefail
+BIN=bazel-bin
+failed=0
+
+section() { printf '\n=== %s ===\n' "$*"; }
+
+section "shared transport suite, WB_TEST_TRANSPORT=rdma on rxe0"
+WB_TEST_TRANSPORT=rdma WB_TEST_RDMA_DEVICE=rxe0 timeout 600 \
+  "$BIN/tests/transport/transport_suite" --use-colour no || failed=1
+
+section "rdma device tests (rxe0, rxe0+rxe1 rails)"
+timeout 600 "$BIN/tests/rxe/rdma_device_test" --use-colour no || failed=1
+
+# ib_write_bw: the server waits for one client; the client retries until the server listens.
+ib_write_bw_once() {
+  local args=(-d rxe0 -x 1 -s 1048576 -n "$1" -F)
+  timeout 120 ib_write_bw "${args[@]}" >/dev/null 2>&1 &
+  local server=$!
+  local out=""
+  for _ in $(seq 1 20); do
+    sleep 1
+    if out=$(timeout 120 ib_write_bw "${args[@]}" 127.0.0.1 2>&1); then break; fi
+    out=""
+  done
+  wait "$server" 2>/dev/null
+  # "#bytes #iterations BW-peak BW-average MsgRate": the average, MB/s (10^6 bytes).
+  awk '/^ *1048576 /{print $4}' <<<"$out" | tail -n1
+}
+
+if [ "${WB_RXE_BENCH:-1}" = "1" ]; then
+  section "ib_write_bw vs transport_bench --transport=rdma, 1 MiB messages on rxe0"
+  MIB=100
+  for round in 1 2; do
+    ibw=$(ib_write_bw_once "$MIB")
+    echo "ib_write_bw -d rxe0 -x 1 -s 1048576 -n $MIB -F: ${ibw:-failed} MB/s"
+    tb=$(timeout 300 "$BIN/tests/bench/transport_bench" --transport=rdma --device=rxe0 \
+      --msg=1048576 --bytes=$((MIB << 20)) 2>&1 | tail -n1)
+    echo "transport_bench --transport=rdma --device=rxe0 --msg=1048576 --bytes=$((MIB << 20)): $tb"
+    mbs=$(sed -n 's/.*"gbps":\([0-9.e+-]*\).*/\1/p' <<<"$tb")
+    if [ -n "$ibw" ] && [ -n "$mbs" ]; then
+      awk -v ibw="$ibw" -v g="$mbs" -v r="$round" 'BEGIN {
+        printf "{\"bench\":\"rxe0_1MiB\",\"round\":%d,\"ib_write_bw_MBps\":%.2f,\"transport_bench_MBps\":%.2f,\"ratio\":%.3f}\n",
+          r, ibw, g * 1000, g * 1000 / ibw }'
+    fi
+  done
+fi
+
+section "result"
+if [ $failed -ne 0 ]; then echo "RDMA tests FAILED"; else echo "RDMA tests passed"; fi
+exit $failed
