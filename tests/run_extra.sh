@@ -11,6 +11,7 @@ if tests/demo/demo.sh --steps 3; then log "demo: PASS"; else log "demo: FAIL"; f
 
 if [ -x tests/rxe/run_suite.sh ]; then
   log "RDMA suite inside the Soft-RoCE VM"
-  if tests/rxe/run_suite.sh; then log "RDMA VM suite: PASS"; else log "RDMA VM suite: FAIL"; failed=1; fi
+  # The rdma-vs-ib_write_bw benchmark is left to `tests/rxe/run_suite.sh` (see README).
+  if tests/rxe/run_suite.sh --no-bench; then log "RDMA VM suite: PASS"; else log "RDMA VM suite: FAIL"; failed=1; fi
 fi
 exit $failed

@@ -14,6 +14,12 @@ WB_TEST_TRANSPORT=rdma WB_TEST_RDMA_DEVICE=rxe0 timeout 600 \
 section "rdma device tests (rxe0, rxe0+rxe1 rails)"
 timeout 600 "$BIN/tests/rxe/rdma_device_test" --use-colour no || failed=1
 
+section "end-to-end demo over rdma (rxe0): ./wb demo --transport=rdma, 1 layer, 2 steps"
+if [ "${WB_RXE_DEMO:-1}" = "1" ]; then
+  timeout 900 "$BIN/tests/demo/wb-demo" --bin-dir "$BIN" --transport=rdma --rdma-device rxe0 \
+    --layers 1 --steps 2 || failed=1
+fi
+
 # ib_write_bw: the server waits for one client; the client retries until the server listens.
 ib_write_bw_once() {
   local args=(-d rxe0 -x 1 -s 1048576 -n "$1" -F)
