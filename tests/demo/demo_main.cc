@@ -33,7 +33,8 @@ class Child {
  public:
   Child(std::vector<std::string> argv, const std::string& log) {
     int in[2], out[2];
-    if (pipe(in) != 0 || pipe(out) != 0) return;
+    // Close-on-exec, so later children do not inherit (and hold open) this child's pipes.
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return;
     pid_ = fork();
     if (pid_ == 0) {
       dup2(in[0], 0);
