@@ -1,6 +1,5 @@
 // wb-controller: membership, planning and step coordination for a weightbeam cluster.
 #include <signal.h>
-#include <systemd/sd-daemon.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -8,6 +7,7 @@
 #include <thread>
 
 #include "config/config.h"
+#include "config/daemon_lifecycle.h"
 #include "config/logging.h"
 #include "controller/controller_core.h"
 #include "controller/controller_metrics.h"
@@ -48,12 +48,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "wb-controller: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  // Signals are taken by one thread with sigwait; block them before any thread starts.
+  wb::TerminationSignals signals;
 
   // A random epoch tells agents that this is a new incarnation: they register again.
   const uint64_t epoch = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
@@ -82,10 +78,8 @@ int main(int argc, char** argv) {
     spdlog::info("metrics on port {} (GET /metrics)", metrics_exporter->port());
   }
   spdlog::info("wb-controller serving on port {} (epoch {:x})", port, epoch);
-  if (!config.tls.enabled) {
-    spdlog::warn("control plane is insecure (no TLS): fine on one machine, not on a cluster");
-  }
-  sd_notify(0, "READY=1");
+  wb::WarnIfInsecure(config.tls.enabled);
+  wb::NotifyReady();
   std::atomic<bool> stop{false};
   std::thread sweeper([&] {
     while (!stop) {
@@ -94,10 +88,9 @@ int main(int argc, char** argv) {
     }
   });
   std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+    int sig = signals.Wait();
     spdlog::info("signal {}: shutting down", sig);
-    sd_notify(0, "STOPPING=1");
+    wb::NotifyStopping();
     stop = true;
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });

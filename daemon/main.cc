@@ -1,12 +1,12 @@
 // wb-agent: the per-node weightbeam daemon (run by systemd on every GPU node).
 #include <signal.h>
-#include <systemd/sd-daemon.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <thread>
 
 #include "config/config.h"
+#include "config/daemon_lifecycle.h"
 #include "config/logging.h"
 #include "daemon/service/agent_node.h"
 
@@ -54,27 +54,19 @@ int main(int argc, char** argv) {
   }
 
   // Signals are taken by one thread with sigwait; block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  wb::TerminationSignals signals;
 
   wb::service::AgentNode node(config);
   if (auto s = node.Start(); !s.ok()) {
     spdlog::error("cannot start: {}", std::string(s.message()));
     return 1;
   }
-  if (!config.tls.enabled) {
-    spdlog::warn("control plane is insecure (no TLS): fine on one machine, not on a cluster");
-  }
-  sd_notify(0, "READY=1");
+  wb::WarnIfInsecure(config.tls.enabled);
+  wb::NotifyReady();
   std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+    int sig = signals.Wait();
     spdlog::info("signal {}: shutting down", sig);
-    sd_notify(0, "STOPPING=1");
+    wb::NotifyStopping();
     node.Shutdown();
   });
   node.Wait();

@@ -1,0 +1,28 @@
+// Start-up and shutdown manners shared by wb-agent and wb-controller: termination signals
+// taken by one thread, systemd notifications, and the insecure-mode warning.
+#pragma once
+
+#include <signal.h>
+
+namespace wb {
+
+// Blocks SIGTERM and SIGINT in the calling thread (and so in every thread started after it)
+// and ignores SIGPIPE. Create it first thing in main, before any thread starts.
+class TerminationSignals {
+ public:
+  TerminationSignals();
+  // Waits for SIGTERM or SIGINT; returns the signal number.
+  int Wait();
+
+ private:
+  sigset_t set_;
+};
+
+// sd_notify wrappers; no-ops when not run by systemd.
+void NotifyReady();
+void NotifyStopping();
+
+// Says at startup that the control plane runs without TLS.
+void WarnIfInsecure(bool tls_enabled);
+
+}  // namespace wb
