@@ -157,7 +157,8 @@ void YamlReader::ReadDouble(const std::string& key, double min, double max, doub
   if (!v.IsScalar()) return Error(key, expected, Describe(v));
   char* end = nullptr;
   double value = std::strtod(v.Scalar().c_str(), &end);
-  if (v.Scalar().empty() || *end != '\0' || value < min || value > max) {
+  // Written as "not inside" so that NaN (which strtod accepts) is refused too.
+  if (v.Scalar().empty() || *end != '\0' || !(value >= min && value <= max)) {
     return Error(key, expected, Describe(v));
   }
   *out = value;

@@ -33,19 +33,20 @@ if [ ! -x "$CXX" ]; then
   exit 1
 fi
 
-out=.cache/fuzz
+out="${FUZZ_OUT:-.cache/fuzz}"  # FUZZ_OUT: e.g. a scratch folder for a mutated build
 mkdir -p "$out/obj" "$out/artifacts"
 
 # Project sources are instrumented for coverage too; the system libraries are not.
-CXXFLAGS=(-std=c++17 -O1 -g -I. -fno-omit-frame-pointer
-  -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined)
+CXXFLAGS=(-std=c++17 -O1 -g -I. -I"$out/gen" -fno-omit-frame-pointer
+  -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+  -fsanitize-ignorelist=tests/fuzz/ubsan_ignore.txt)
 LINKFLAGS=(-fsanitize=fuzzer,address,undefined)
 ABSL_LIBS=(-labsl_statusor -labsl_status -labsl_cord -labsl_cordz_info -labsl_cordz_handle
   -labsl_cordz_functions -labsl_cord_internal -labsl_str_format_internal -labsl_strings
   -labsl_strings_internal -labsl_int128 -labsl_throw_delegate -labsl_raw_logging_internal)
 
 declare -A SOURCES=(
-  [frame]="tests/fuzz/frame_fuzz.cc daemon/transport/tcp/frame.cc"
+  [frame]="tests/fuzz/frame_fuzz.cc daemon/transport/tcp/frame.cc daemon/transport/region_table.cc"
   [config]="tests/fuzz/config_fuzz.cc config/config.cc config/yaml_reader.cc"
 )
 declare -A LIBS=(
@@ -54,11 +55,12 @@ declare -A LIBS=(
 )
 declare -A MAX_LEN=([frame]=128 [config]=4096)
 
-# Recompiles a source when it or any project header is newer than its object.
+# Recompiles a source when it, a project header, this script or the ignorelist is newer.
 compile() {
   local src="$1" obj="$out/obj/${1//\//_}.o"
-  if [ -f "$obj" ] && [ -z "$(find "$src" config daemon/transport/tcp -newer "$obj" \
-    \( -name '*.h' -o -path "$src" \) -print -quit)" ]; then
+  if [ -f "$obj" ] && [ -z "$(find "$src" config daemon/transport tests/fuzz -newer "$obj" \
+    \( -name '*.h' -o -path "$src" -o -name run.sh -o -name ubsan_ignore.txt \) -print -quit)" ]
+  then
     echo "$obj"
     return 0
   fi
@@ -77,6 +79,17 @@ build() {
   # shellcheck disable=SC2086  # LIBS entries are word lists
   "$CXX" "${LINKFLAGS[@]}" "${objs[@]}" ${LIBS[$target]} -o "$bin" || return 1
 }
+
+# daemon/transport/transport.h includes the generated types.pb.h; only the header is needed
+# (region_table.cc uses no proto symbol), so nothing protobuf is compiled or linked.
+gen_header="$out/gen/weightbeam/v1/types.pb.h"
+if [ ! -f "$gen_header" ] || [ proto/weightbeam/v1/types.proto -nt "$gen_header" ]; then
+  mkdir -p "$out/gen"
+  protoc -Iproto --cpp_out="$out/gen" proto/weightbeam/v1/types.proto || {
+    log "protoc failed (Debian's protobuf-compiler)"
+    exit 1
+  }
+fi
 
 failed=0
 for target in "${targets[@]}"; do
