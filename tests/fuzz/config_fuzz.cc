@@ -2,6 +2,7 @@
 // both ParseAgentConfig and ParseControllerConfig; asserts that nothing throws, that an accepted
 // configuration lies inside the ranges the loader promises, and that every refusal names the
 // source and a key (or says the text is not valid YAML).
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <exception>
 #include <regex>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -124,10 +126,80 @@ void CheckController(const ControllerConfig& c) {
   CheckTls(c.tls);
 }
 
+// Focused mode: an input starting with kFocusedMarker is [marker, template index, value...]
+// and becomes one template below with '@' replaced by the value (one line). This puts fuzzed
+// values straight into each key, so range checks get probed without first finding the nesting.
+constexpr uint8_t kFocusedMarker = 0xFF;
+constexpr const char* kTemplates[] = {
+    // agent
+    "name: @\n",
+    "log_level: @\n",
+    "socket_mode: @\n",
+    "listen: @\n",
+    "controller: @\n",
+    "heartbeat_interval_ms: @\n",
+    "metrics_listen: @\n",
+    "transports:\n  tcp:\n    listen: @\n",
+    "transports:\n  tcp:\n    connections_per_peer: @\n",
+    "transports:\n  tcp:\n    max_frame_bytes: @\n",
+    "transports:\n  tcp:\n    enabled: @\n",
+    "transports:\n  rdma:\n    devices: @\n",
+    "transports:\n  rdma:\n    gid_index: @\n",
+    "transports:\n  rdma:\n    qps_per_peer: @\n",
+    "transports:\n  rdma:\n    mtu: @\n",
+    "transports:\n  rdma:\n    send_queue_depth: @\n",
+    "transports:\n  rdma:\n    chunk_bytes: @\n",
+    "executor:\n  staging_watermark_bytes: @\n",
+    "executor:\n  write_timeout_ms: @\n",
+    "executor:\n  prepare_threads: @\n",
+    "tls:\n  enabled: true\n  cert_file: c\n  key_file: @\n",
+    "tls:\n  require_client_cert: true\n  ca_file: @\n",
+    // controller
+    "heartbeat_timeout_ms: @\n",
+    "step_timeout_ms: @\n",
+    "plan_wait_ms: @\n",
+    "world:\n  trainer_ranks: @\n",
+    "world:\n  inference_replicas: @\n",
+    "world:\n  inference_ranks_per_replica: @\n",
+    "renames:\n  - pattern: @\n    replacement: x\n",
+    "fusions:\n  - fused: f\n    parts: @\n",
+    "fusions:\n  - fused: f\n    parts: [a, b]\n    dim: @\n",
+    "cost_model:\n  nic_gbps: @\n",
+    "cost_model:\n  op_overhead_us: @\n",
+};
+constexpr size_t kTemplateCount = sizeof(kTemplates) / sizeof(kTemplates[0]);
+
+// One instrumented function per template: coverage alone cannot tell which key a value went
+// to (every integer key runs the same ReadInt), so without this libFuzzer keeps one focused
+// input for all integer keys together and rarely probes the edges of each key's range.
+template <size_t N>
+__attribute__((noinline)) void MarkTemplate() {
+  asm volatile("" ::: "memory");
+}
+template <size_t... N>
+constexpr std::array<void (*)(), sizeof...(N)> MakeMarks(std::index_sequence<N...>) {
+  return {&MarkTemplate<N>...};
+}
+constexpr auto kMarks = MakeMarks(std::make_index_sequence<kTemplateCount>());
+
+std::string InputToYaml(const uint8_t* data, size_t size) {
+  if (size < 2 || data[0] != kFocusedMarker) {
+    return std::string(reinterpret_cast<const char*>(data), size);
+  }
+  std::string value;
+  for (size_t i = 2; i < size && data[i] != '\n' && data[i] != '\r'; ++i) {
+    value.push_back(static_cast<char>(data[i]));
+  }
+  kMarks[data[1] % kTemplateCount]();
+  std::string yaml = kTemplates[data[1] % kTemplateCount];
+  yaml.replace(yaml.find('@'), 1, value);
+  return yaml;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string yaml(reinterpret_cast<const char*>(data), size);
+  const std::string yaml = InputToYaml(data, size);
   try {
     absl::StatusOr<AgentConfig> agent = wb::config::ParseAgentConfig(yaml, kSource);
     if (agent.ok()) {

@@ -114,7 +114,7 @@ for target in "${targets[@]}"; do
   if ASAN_OPTIONS="detect_leaks=1:abort_on_error=0" \
     "$out/${target}_fuzz" "$work" "$seeds" "${dict[@]}" \
     -max_total_time="$seconds" -max_len="${MAX_LEN[$target]}" -timeout=10 \
-    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$out/artifacts/$target-" \
+    -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$out/artifacts/$target-" \
     </dev/null >"$out/$target.log" 2>&1; then
     log "$target: PASS ($(grep -E '^#[0-9]+.*DONE' "$out/$target.log" | tail -1))"
   else
