@@ -3,6 +3,7 @@
 # outside Bazel with Debian's clang + libFuzzer (ASan + UBSan) against Debian's absl/yaml-cpp.
 #
 #   tests/fuzz/run.sh [--seconds N] [--target frame|config] [--build-only]
+#   (--seconds 0: only replay the seeds, a quick regression check)
 #
 # Each target first replays its checked-in corpus (tests/fuzz/corpus/<target>, regressions
 # included), then fuzzes for N seconds (default 20). New inputs go to .cache/fuzz/corpus/<target>,
@@ -20,10 +21,18 @@ while [ $# -gt 0 ]; do
     --target) targets=("$2"); shift 2 ;;
     --target=*) targets=("${1#*=}"); shift ;;
     --build-only) build_only=1; shift ;;
-    -h | --help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
+
+if ! [[ "$seconds" =~ ^[0-9]+$ ]]; then
+  echo "run.sh: --seconds wants a whole number, got '$seconds'" >&2
+  exit 2
+fi
+# libFuzzer reads -max_total_time=0 as "no limit"; here 0 means: replay the seeds only.
+time_flags=(-max_total_time="$seconds")
+[ "$seconds" = 0 ] && time_flags=(-runs=0)
 
 log() { printf '\033[1m[fuzz]\033[0m %s\n' "$*" >&2; }
 
@@ -109,11 +118,11 @@ for target in "${targets[@]}"; do
   mkdir -p "$work"
   dict=()
   [ -f "tests/fuzz/$target.dict" ] && dict=("-dict=tests/fuzz/$target.dict")
-  log "$target: replaying $(find "$seeds" -type f | wc -l) seeds, then fuzzing ${seconds}s"
+  log "$target: replaying $(find "$seeds" -type f | wc -l) seeds$([ "$seconds" = 0 ] || echo ", then fuzzing ${seconds}s")"
   # The first corpus directory receives new inputs; the checked-in seeds stay untouched.
   if ASAN_OPTIONS="detect_leaks=1:abort_on_error=0" \
     "$out/${target}_fuzz" "$work" "$seeds" "${dict[@]}" \
-    -max_total_time="$seconds" -max_len="${MAX_LEN[$target]}" -timeout=10 \
+    "${time_flags[@]}" -max_len="${MAX_LEN[$target]}" -timeout=10 \
     -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$out/artifacts/$target-" \
     </dev/null >"$out/$target.log" 2>&1; then
     log "$target: PASS ($(grep -E '^#[0-9]+.*DONE' "$out/$target.log" | tail -1))"
