@@ -33,10 +33,14 @@ void ReadTls(YamlReader r, TlsConfig* tls) {
 bool ValidHostPort(const std::string& s) {
   auto colon = s.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) return false;
+  // Accumulate by hand: std::stoul throws on a port with 20+ digits.
+  uint32_t port = 0;
   for (size_t i = colon + 1; i < s.size(); ++i) {
     if (!std::isdigit(static_cast<unsigned char>(s[i]))) return false;
+    port = port * 10 + static_cast<uint32_t>(s[i] - '0');
+    if (port > 65535) return false;
   }
-  return std::stoul(s.substr(colon + 1)) <= 65535;
+  return true;
 }
 
 void CheckHostPort(YamlReader& r, const std::string& key, const std::string& value) {

@@ -25,7 +25,7 @@ bool ParseInt(const std::string& text, int64_t* out) {
   if (text.empty()) return false;
   char* end = nullptr;
   errno = 0;
-  long long v = std::strtoll(text.c_str(), &end, 0);
+  long long v = std::strtoll(text.c_str(), &end, 10);  // base 10: "010" is ten, not 8
   if (errno != 0 || *end != '\0') return false;
   *out = v;
   return true;
@@ -157,7 +157,8 @@ void YamlReader::ReadDouble(const std::string& key, double min, double max, doub
   if (!v.IsScalar()) return Error(key, expected, Describe(v));
   char* end = nullptr;
   double value = std::strtod(v.Scalar().c_str(), &end);
-  if (v.Scalar().empty() || *end != '\0' || value < min || value > max) {
+  // Written as "not inside" so that NaN (which strtod accepts) is refused too.
+  if (v.Scalar().empty() || *end != '\0' || !(value >= min && value <= max)) {
     return Error(key, expected, Describe(v));
   }
   *out = value;

@@ -9,6 +9,11 @@ log() { printf '[wb] %s\n' "$*" >&2; }
 log "end-to-end demo (./wb demo): Qwen3-0.6B shape over tcp, verified bit for bit"
 if tests/demo/demo.sh --steps 3; then log "demo: PASS"; else log "demo: FAIL"; failed=1; fi
 
+if [ -x tests/fuzz/run.sh ]; then
+  log "fuzzing (bounded): tcp frame parser and config loader, 15 s each"
+  if tests/fuzz/run.sh --seconds 15; then log "fuzz: PASS"; else log "fuzz: FAIL"; failed=1; fi
+fi
+
 if [ -x tests/rxe/run_suite.sh ]; then
   log "RDMA suite inside the Soft-RoCE VM"
   # The rdma-vs-ib_write_bw benchmark is left to `tests/rxe/run_suite.sh` (see README).

@@ -103,6 +103,15 @@ TEST_CASE("out-of-range values are rejected with the allowed range") {
   CHECK_THAT(ErrorOf("controller: nohost\n"), Catch::Contains("expected host:port"));
 }
 
+TEST_CASE("inputs found by fuzzing are refused with a message, not a crash") {
+  // std::stoul used to throw out_of_range on a 20+ digit port.
+  CHECK_THAT(ErrorOf("listen: a:99999999999999999999999\n"),
+             Catch::Contains("'listen': expected host:port, got 'a:99999999999999999999999'"));
+  // strtod accepts "nan", which compares false to both ends of the range.
+  CHECK_THAT(ControllerErrorOf("cost_model: {nic_gbps: nan}\n"),
+             Catch::Contains("'cost_model.nic_gbps': expected a number from"));
+}
+
 TEST_CASE("every error in a file is reported at once") {
   std::string e = ErrorOf("bogus: 1\nheartbeat_interval_ms: -5\nlog_level: loud\n");
   CHECK_THAT(e, Catch::Contains("unknown key 'bogus'"));
@@ -185,4 +194,10 @@ TEST_CASE("the deployment configs in deploy/etc load") {
   INFO(c.status().message());
   REQUIRE(c.ok());
   CHECK(c->world.inference_ranks_per_replica == 8);
+}
+
+TEST_CASE("integers are decimal even with a leading zero") {
+  auto c = ParseAgentConfig("executor:\n  write_timeout_ms: 0100\n", "agent.yaml");
+  REQUIRE(c.ok());
+  CHECK(c->executor.write_timeout_ms == 100);
 }
