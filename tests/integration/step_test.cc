@@ -25,23 +25,25 @@ TensorInfo Weight(const std::string& name, v1::DType dtype) {
   return TensorInfo{name, dtype, {kRows, kCols}, {}};
 }
 
+// One side's two BF16 tensors, a.weight and b.weight, in one shared buffer.
+std::pair<SharedBuffer, LocalSession> OpenSide(const std::string& socket, v1::Role role) {
+  auto b = SharedBuffer::Create(2 * kRows * kCols * 2, "side");
+  REQUIRE(b.ok());
+  auto s = LocalSession::Connect(socket, Identity{role, 0, 0});
+  REQUIRE(s.ok());
+  const uint64_t bytes = kRows * kCols * 2;
+  REQUIRE(s->Register(Weight("a.weight", v1::DTYPE_BF16), *b, 0, bytes).ok());
+  REQUIRE(s->Register(Weight("b.weight", v1::DTYPE_BF16), *b, bytes, bytes).ok());
+  return {std::move(*b), std::move(*s)};
+}
+
 // The trainer side: two BF16 tensors in one shared buffer, values derived from `version`.
 struct Trainer {
   SharedBuffer buffer;
   LocalSession session;
   static Trainer Open(const std::string& socket) {
-    auto b = SharedBuffer::Create(2 * kRows * kCols * 2, "trainer");
-    REQUIRE(b.ok());
-    auto s = LocalSession::Connect(socket, Identity{v1::ROLE_TRAINER, 0, 0});
-    REQUIRE(s.ok());
-    Trainer t{std::move(*b), std::move(*s)};
-    REQUIRE(t.session.Register(Weight("a.weight", v1::DTYPE_BF16), t.buffer, 0, kRows * kCols * 2)
-                .ok());
-    REQUIRE(t.session
-                .Register(Weight("b.weight", v1::DTYPE_BF16), t.buffer, kRows * kCols * 2,
-                          kRows * kCols * 2)
-                .ok());
-    return t;
+    auto [buffer, session] = OpenSide(socket, v1::ROLE_TRAINER);
+    return Trainer{std::move(buffer), std::move(session)};
   }
   void Fill(uint32_t version) {
     auto* p = static_cast<uint16_t*>(buffer.data());
@@ -56,19 +58,9 @@ struct Inference {
   SharedBuffer buffer;
   LocalSession session;
   static Inference Open(const std::string& socket) {
-    auto b = SharedBuffer::Create(2 * kRows * kCols * 2, "inference");
-    REQUIRE(b.ok());
-    auto s = LocalSession::Connect(socket, Identity{v1::ROLE_INFERENCE, 0, 0});
-    REQUIRE(s.ok());
-    Inference t{std::move(*b), std::move(*s)};
-    REQUIRE(t.session.Register(Weight("a.weight", v1::DTYPE_BF16), t.buffer, 0, kRows * kCols * 2)
-                .ok());
-    REQUIRE(t.session
-                .Register(Weight("b.weight", v1::DTYPE_BF16), t.buffer, kRows * kCols * 2,
-                          kRows * kCols * 2)
-                .ok());
-    REQUIRE(t.session.Watch().ok());
-    return t;
+    auto [buffer, session] = OpenSide(socket, v1::ROLE_INFERENCE);
+    REQUIRE(session.Watch().ok());
+    return Inference{std::move(buffer), std::move(session)};
   }
 };
 
