@@ -37,6 +37,13 @@ kernel_package() {
   local pkg
   pkg=$(apt-cache depends linux-image-amd64 2>/dev/null |
     awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+  if [ -z "$pkg" ]; then
+    # A fresh machine may have no package lists yet.
+    log "apt-cache knows no linux-image-amd64: running apt-get update"
+    apt-get update -qq >/dev/null 2>&1 || true
+    pkg=$(apt-cache depends linux-image-amd64 2>/dev/null |
+      awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+  fi
   [ -n "$pkg" ] || die "apt-cache knows no linux-image-amd64 (run apt-get update)"
   echo "$pkg"
 }
@@ -53,6 +60,8 @@ if [ -z "$KDIR" ] || [ ! -f "$KDIR/.done" ]; then
   rm -rf "$KDIR" "$CACHE/dl"
   mkdir -p "$CACHE/dl" "$KDIR"
   (cd "$CACHE/dl" && apt-get download -q "$PKG" >/dev/null 2>&1) ||
+    { apt-get update -qq >/dev/null 2>&1 || true
+      (cd "$CACHE/dl" && apt-get download -q "$PKG" >/dev/null 2>&1); } ||
     die "apt-get download $PKG failed"
   dpkg -x "$CACHE"/dl/"$PKG"_*.deb "$KDIR"
   KVER=$(ls "$KDIR/lib/modules")
