@@ -252,7 +252,7 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
   return report;
 }
 
-absl::Status AgentNode::Begin(uint64_t version) {
+absl::Status AgentNode::Advance(v1::Event::Kind kind, uint64_t version) {
   {
     absl::MutexLock lock(&mu_);
     if (version <= committed_version_) {
@@ -260,39 +260,29 @@ absl::Status AgentNode::Begin(uint64_t version) {
       return absl::FailedPreconditionError(absl::StrCat(
           "version ", version, " is not newer than the committed version ", committed_version_));
     }
-    begun_version_ = version;
+    if (kind == v1::Event::KIND_COMMIT) committed_version_ = version;
   }
-  v1::Event e;
-  e.set_kind(v1::Event::KIND_BEGIN);
-  e.set_version(version);
-  events_.Publish(e);
+  Publish(kind, version, "");
   return absl::OkStatus();
 }
 
-absl::Status AgentNode::Commit(uint64_t version) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (version <= committed_version_) {
-      metrics_.Error(AgentMetrics::kCommitRefused);
-      return absl::FailedPreconditionError(absl::StrCat(
-          "version ", version, " is not newer than the committed version ", committed_version_));
-    }
-    committed_version_ = version;
-  }
+void AgentNode::Publish(v1::Event::Kind kind, uint64_t version, const std::string& reason) {
   v1::Event e;
-  e.set_kind(v1::Event::KIND_COMMIT);
+  e.set_kind(kind);
   e.set_version(version);
+  e.set_reason(reason);
   events_.Publish(e);
-  return absl::OkStatus();
+}
+
+absl::Status AgentNode::Begin(uint64_t version) { return Advance(v1::Event::KIND_BEGIN, version); }
+
+absl::Status AgentNode::Commit(uint64_t version) {
+  return Advance(v1::Event::KIND_COMMIT, version);
 }
 
 absl::Status AgentNode::Abort(uint64_t version, const std::string& reason) {
   executor_->Cancel(reason);
-  v1::Event e;
-  e.set_kind(v1::Event::KIND_ABORT);
-  e.set_version(version);
-  e.set_reason(reason);
-  events_.Publish(e);
+  Publish(v1::Event::KIND_ABORT, version, reason);
   return absl::OkStatus();
 }
 

@@ -61,6 +61,9 @@ class AgentNode {
  private:
   absl::Status CreateTransports();
   absl::Status BindLocalSocket();
+  // Begin and Commit: refuse versions not newer than the committed one, then tell watchers.
+  absl::Status Advance(weightbeam::v1::Event::Kind kind, uint64_t version);
+  void Publish(weightbeam::v1::Event::Kind kind, uint64_t version, const std::string& reason);
   absl::Status StartMetrics();
 
   config::AgentConfig config_;
@@ -85,7 +88,6 @@ class AgentNode {
   mutable absl::Mutex mu_;
   uint64_t plan_id_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t committed_version_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t begun_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::string state_ ABSL_GUARDED_BY(mu_) = "idle";
   std::atomic<bool> shutting_down_{false};
 };
