@@ -19,7 +19,9 @@ using wb::testing::Cluster;
 
 namespace {
 
-constexpr int64_t kRows = 512, kCols = 1024;  // 1 MiB of BF16 per tensor
+// 32 MiB of BF16 per tensor: more than loopback socket buffers hold, so a frozen receiver
+// stalls the sender mid-transfer.
+constexpr int64_t kRows = 16384, kCols = 1024;
 
 TensorInfo Weight(const std::string& name, v1::DType dtype) {
   return TensorInfo{name, dtype, {kRows, kCols}, {}};
@@ -134,11 +136,15 @@ TEST_CASE("steps commit verified bytes; a killed agent fails its step by name; i
 
   SECTION("the sending agent killed mid-step fails that step, naming it; it rejoins") {
     trainer.Fill(4);
-    // Kill the sender the moment the inference side hears the step begin.
+    // When the step begins, freeze the receiving agent so the sender is stuck mid-transfer,
+    // kill the sender, then let the receiver go on.
     std::thread killer([&] {
       auto e = inference.session.NextEvent(std::chrono::seconds(20));
       if (e.ok() && e->kind() == v1::Event::KIND_BEGIN) {
+        cluster.KillAgent("inference-node", SIGSTOP);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
         cluster.KillAgent("trainer-node", SIGKILL);
+        cluster.KillAgent("inference-node", SIGCONT);
       }
     });
     const auto t0 = std::chrono::steady_clock::now();

@@ -18,6 +18,7 @@ finish() {
 for arg in $(cat /proc/cmdline); do
   case "$arg" in
     wb_job=*) JOB=${arg#wb_job=} ;;
+    wb_repo=*) REPO=${arg#wb_repo=} ;;
   esac
 done
 
@@ -25,8 +26,11 @@ for m in $(cat /modules/order); do
   insmod "/modules/$m.ko" || { echo "insmod $m failed" >"$OUT"; finish 125; }
 done
 R=/mnt/root
-mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 hostroot "$R" ||
+H=/mnt/host
+mkdir -p "$R" "$H"
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 hostroot "$H" ||
   { echo "mounting the host root over 9p failed" >"$OUT"; finish 125; }
+mount --bind "$H" "$R"
 mount --bind /proc "$R/proc"
 mount --bind /sys "$R/sys"
 mkdir -p /dev/shm
@@ -34,6 +38,13 @@ mount --bind /dev "$R/dev"
 mount -t tmpfs tmpfs "$R/dev/shm"
 mount -t tmpfs tmpfs "$R/tmp"
 mount -t tmpfs tmpfs "$R/run"
+# A repository under /tmp (a CI clone, say) would be hidden by that tmpfs: bind it back.
+case "${REPO:-}" in
+  /tmp/* | /run/*)
+    mkdir -p "$R$REPO"
+    mount --bind "$H$REPO" "$R$REPO" || { echo "binding $REPO failed" >"$OUT"; finish 125; }
+    ;;
+esac
 
 chroot "$R" /bin/sh "$JOB/cmd.sh" >"$OUT" 2>&1 </dev/null
 finish $?

@@ -129,7 +129,7 @@ log "booting $KVER (TCG, $CPUS cpus, $MEM); timeout ${TIMEOUT}s"
 timeout --kill-after=10 "$TIMEOUT" qemu-system-x86_64 \
   -accel tcg,thread=multi -cpu max -smp "$CPUS" -m "$MEM" \
   -kernel "$VMLINUZ" -initrd "$INITRD" \
-  -append "console=ttyS0 loglevel=4 panic=-1 wb_job=$JOB" \
+  -append "console=ttyS0 loglevel=4 panic=-1 wb_job=$JOB wb_repo=$ROOT" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
   -display none -monitor none -nic none -no-reboot \
   -serial "file:$JOB/console.log" -serial "file:$JOB/out.log" </dev/null &
