@@ -137,6 +137,8 @@ v1::ExpectedWorld OneByOne() {
 ControllerClient ConnectAndPlan(const Cluster& cluster) {
   auto ctl = ControllerClient::Connect(cluster.controller_address());
   REQUIRE(ctl.ok());
+  // The controller may still be starting: wait until it answers.
+  REQUIRE(wb::testing::WaitUntil([&] { return ctl->Status().ok(); }, std::chrono::seconds(15)));
   auto plan = ctl->Plan(OneByOne(), std::chrono::seconds(20));
   INFO((plan.ok() ? "" : Message(plan.status())));
   REQUIRE(plan.ok());

@@ -139,6 +139,8 @@ TEST_CASE("a link cut mid-transfer fails the step naming the peer; link up, the 
   world.set_trainer_ranks(1);
   world.set_inference_replicas(1);
   world.set_inference_ranks_per_replica(1);
+  // The controller may still be starting: wait until it answers.
+  REQUIRE(wb::testing::WaitUntil([&] { return ctl->Status().ok(); }, std::chrono::seconds(15)));
   auto plan = ctl->Plan(world, std::chrono::seconds(20));
   INFO((plan.ok() ? "" : Message(plan.status())));
   REQUIRE(plan.ok());
