@@ -284,8 +284,11 @@ TEST_CASE("malformed registrations and steps are refused by name; the daemons ke
   }
   SECTION("a name that is not UTF-8") {
     auto s = reg("w\xff\xfe", {2}, 4);
-    INFO(Message(s));
     REQUIRE_FALSE(s.ok());
+    CHECK_THAT(Message(s), Catch::Contains("tensor name is not valid UTF-8 (bytes 77fffe)"));
+    // The session is still usable: the agent never saw the bad request.
+    CHECK(reg("w", {2}, 4).ok());
+    CHECK(reg("w\xc3\xa9.\xe6\x9d\x83\xf0\x9f\x98\x80", {2}, 4).ok());  // é, 权, 😀 are fine
   }
   SECTION("a path-like name is only a name") {
     // Tensor names are keys, never paths: "../../etc" registers like any other name and
