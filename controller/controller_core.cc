@@ -16,8 +16,12 @@ bool WorldComplete(const std::vector<AgentRecord>& agents, const v1::ExpectedWor
                    std::string* missing) {
   std::set<int> trainers;
   std::set<std::pair<int, int>> inference;
+  std::vector<std::string> lost;
   for (const auto& a : agents) {
-    if (a.lost) continue;
+    if (a.lost) {
+      lost.push_back(a.info.name());
+      continue;
+    }
     for (const auto& t : a.layout.tensors()) {
       if (t.owner().role() == v1::ROLE_TRAINER) trainers.insert(t.owner().rank());
       if (t.owner().role() == v1::ROLE_INFERENCE) {
@@ -48,6 +52,10 @@ bool WorldComplete(const std::vector<AgentRecord>& agents, const v1::ExpectedWor
     gaps.push_back(absl::StrCat("and ", more, " more"));
   }
   *missing = absl::StrJoin(gaps, ", ");
+  // A gap is most often explained by an agent that stopped heartbeating: name it.
+  if (!gaps.empty() && !lost.empty()) {
+    absl::StrAppend(missing, " (agents lost, no heartbeat: ", absl::StrJoin(lost, ", "), ")");
+  }
   return gaps.empty();
 }
 

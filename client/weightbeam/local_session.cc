@@ -94,6 +94,35 @@ absl::StatusOr<LocalSession> LocalSession::Connect(const std::string& socket_pat
 }
 
 namespace {
+// Names travel as protobuf strings, which must be UTF-8: the agent cannot even parse a request
+// that breaks this, so it would only close the session. Checked here to say what is wrong.
+bool ValidUtf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    int more = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xe ? 2 : (c >> 3) == 0x1e ? 3 : -1;
+    if (more < 0 || (more > 0 && i + more >= s.size())) return false;
+    uint32_t cp = more == 0 ? c : c & (0x3f >> more);
+    for (int k = 1; k <= more; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 0x2) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[more] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += more + 1;
+  }
+  return true;
+}
+
+absl::Status CheckName(const std::string& name) {
+  if (ValidUtf8(name)) return absl::OkStatus();
+  std::string hex;
+  for (unsigned char c : name.substr(0, 64)) absl::StrAppend(&hex, absl::Hex(c, absl::kZeroPad2));
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor name is not valid UTF-8 (bytes ", hex, ")"));
+}
+
 void FillSpec(const TensorInfo& t, v1::TensorSpec* spec) {
   spec->set_name(t.name);
   spec->set_dtype(t.dtype);
@@ -108,6 +137,7 @@ void FillSpec(const TensorInfo& t, v1::TensorSpec* spec) {
 
 absl::Status LocalSession::Register(const TensorInfo& tensor, const SharedBuffer& buffer,
                                     uint64_t offset, uint64_t length) {
+  if (auto s = CheckName(tensor.name); !s.ok()) return s;
   v1::SessionRequest req;
   auto* reg = req.mutable_register_()->add_tensors();
   FillSpec(tensor, reg->mutable_spec());
@@ -124,6 +154,7 @@ absl::Status LocalSession::RegisterCuda(const TensorInfo& tensor, void*, uint64_
 }
 
 absl::Status LocalSession::Unregister(const std::string& name) {
+  if (auto s = CheckName(name); !s.ok()) return s;
   v1::SessionRequest req;
   req.mutable_unregister()->add_names(name);
   return impl_->Call(req).status();
