@@ -212,6 +212,17 @@ v1::AgentInfo AgentNode::Info() const {
 v1::AgentLayout AgentNode::Layout() const { return registry_->Layout(config_.name); }
 
 absl::Status AgentNode::LoadPlan(const v1::AgentPlan& plan) {
+  if (auto s = ConnectAndLoad(plan); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  plan_ = plan;
+  plan_id_ = plan.plan_id();
+  reconnect_ = false;
+  spdlog::info("loaded plan {}: {} ops to {} peer(s)", plan.plan_id(), plan.ops_size(),
+               plan.peers_size());
+  return absl::OkStatus();
+}
+
+absl::Status AgentNode::ConnectAndLoad(const v1::AgentPlan& plan) {
   std::vector<v1::PeerIntro> peers(plan.peers().begin(), plan.peers().end());
   auto routes = connector_->Connect(peers);
   if (!routes.ok()) {
@@ -223,31 +234,43 @@ absl::Status AgentNode::LoadPlan(const v1::AgentPlan& plan) {
   }
   executor_->Load(std::vector<v1::TransferOp>(plan.ops().begin(), plan.ops().end()),
                   std::move(*routes));
-  absl::MutexLock lock(&mu_);
-  plan_id_ = plan.plan_id();
-  spdlog::info("loaded plan {}: {} ops to {} peer(s)", plan.plan_id(), plan.ops_size(),
-               plan.peers_size());
   return absl::OkStatus();
 }
 
 v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
+  v1::AgentStepReport failed;
+  failed.set_agent(config_.name);
+  bool reconnect = false;
+  v1::AgentPlan plan;
   {
     absl::MutexLock lock(&mu_);
     if (req.plan_id() != plan_id_) {
-      v1::AgentStepReport r;
-      r.set_agent(config_.name);
-      r.set_error(
+      failed.set_error(
           absl::StrCat("plan ", req.plan_id(), " is not loaded (agent has plan ", plan_id_, ")"));
       metrics_.Error(AgentMetrics::kStepFailed);
-      return r;
+      return failed;
     }
     state_ = "executing";
+    reconnect = reconnect_;
+    if (reconnect) plan = plan_;
+  }
+  // A failed step may have left connections broken (a peer restarted, a link went down):
+  // connect afresh before trying again, so the step can succeed once the cause is gone.
+  if (reconnect) {
+    if (auto s = ConnectAndLoad(plan); !s.ok()) {
+      failed.set_error(absl::StrCat("reconnecting to peers: ", s.message()));
+      metrics_.Error(AgentMetrics::kStepFailed);
+      absl::MutexLock lock(&mu_);
+      state_ = "idle";
+      return failed;
+    }
   }
   auto timeout = std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 60000);
   v1::AgentStepReport report = executor_->Execute(req.version(), timeout);
   report.set_agent(config_.name);
   metrics_.StepFinished(report.seconds(), report.ok());
   absl::MutexLock lock(&mu_);
+  reconnect_ = !report.ok();
   state_ = "idle";
   return report;
 }

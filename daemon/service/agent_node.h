@@ -61,6 +61,8 @@ class AgentNode {
  private:
   absl::Status CreateTransports();
   absl::Status BindLocalSocket();
+  // Connects to the plan's peers and hands its operations to the executor.
+  absl::Status ConnectAndLoad(const weightbeam::v1::AgentPlan& plan);
   // Begin and Commit: refuse versions not newer than the committed one, then tell watchers.
   absl::Status Advance(weightbeam::v1::Event::Kind kind, uint64_t version);
   void Publish(weightbeam::v1::Event::Kind kind, uint64_t version, const std::string& reason);
@@ -87,6 +89,8 @@ class AgentNode {
 
   mutable absl::Mutex mu_;
   uint64_t plan_id_ ABSL_GUARDED_BY(mu_) = 0;
+  weightbeam::v1::AgentPlan plan_ ABSL_GUARDED_BY(mu_);  // kept to reconnect after a failure
+  bool reconnect_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t committed_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::string state_ ABSL_GUARDED_BY(mu_) = "idle";
   std::atomic<bool> shutting_down_{false};

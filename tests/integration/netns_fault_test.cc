@@ -176,9 +176,9 @@ TEST_CASE("a link cut mid-transfer fails the step naming the peer; link up, the 
   CHECK(seconds < 10);  // the 2 s write timeout, not the 15 s step timeout
 
   REQUIRE(ns.SetLink(true));
-  // Observed: the sender's tcp peer stays failed after the link is back (steps fail at once with
-  // the same "no progress" error) until the plan is reloaded; here that happens when
-  // inference-node registers again, its heartbeats having failed during the cut (~3 s).
+  // After a failed step the sending agent connects to its peers afresh before the next one, so
+  // a step commits as soon as the link (and inference-node's registration, whose heartbeats
+  // failed during the cut) is back.
   Fill(src, 3);
   absl::StatusOr<v1::StepResult> next = absl::UnknownError("not run");
   for (uint64_t v = 3; v < 60 && !next.ok(); ++v) {

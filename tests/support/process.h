@@ -32,6 +32,8 @@ class Process {
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int FreePort();
+// True when something accepts TCP connections on 127.0.0.1:port.
+bool PortAccepts(int port);
 // Polls `cond` every 20 ms until it holds or `timeout` passes.
 bool WaitUntil(const std::function<bool()>& cond, std::chrono::milliseconds timeout);
 // A fresh directory under /tmp (short enough for Unix socket paths).
