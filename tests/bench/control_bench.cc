@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -229,5 +230,7 @@ int main(int argc, char** argv) {
   nodes.clear();
   processes.clear();
   controller.reset();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);  // configs, sockets and logs
   return 0;
 }
