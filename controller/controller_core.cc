@@ -67,11 +67,10 @@ ControllerCore::ControllerCore(config::ControllerConfig config, uint64_t epoch,
 
 void ControllerCore::Sweep() { membership_.Sweep(); }
 
-std::string ControllerCore::Endpoint(const std::string& agent) const {
-  for (const auto& a : membership_.Snapshot()) {
-    if (a.info.name() == agent) return a.info.control_endpoint();
-  }
-  return "";
+std::string ControllerCore::Endpoint(const std::map<std::string, std::string>& endpoints,
+                                     const std::string& agent) {
+  auto it = endpoints.find(agent);
+  return it == endpoints.end() ? "" : it->second;
 }
 
 absl::StatusOr<v1::PlanSummary> ControllerCore::Plan(const v1::PlanRequest& req) {
@@ -107,11 +106,12 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
   if (!built.ok()) return built.status();
 
   std::set<std::string> receivers;
+  const auto endpoints = membership_.Endpoints();
   std::vector<CallTarget<v1::LoadPlanRequest>> targets;
   for (const auto& [agent, plan] : built->agent_plans) {
     CallTarget<v1::LoadPlanRequest> t;
     t.agent = agent;
-    t.endpoint = Endpoint(agent);
+    t.endpoint = Endpoint(endpoints, agent);
     *t.request.mutable_plan() = plan;
     targets.push_back(std::move(t));
     for (const auto& op : plan.ops()) receivers.insert(op.dst_agent());
@@ -171,11 +171,12 @@ absl::Status ControllerCore::RefreshLayouts() {
 
 void ControllerCore::AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
                                      const std::string& reason) {
+  const auto endpoints = membership_.Endpoints();
   std::vector<CallTarget<v1::AbortRequest>> targets;
   for (const auto& a : agents) {
     CallTarget<v1::AbortRequest> t;
     t.agent = a;
-    t.endpoint = Endpoint(a);
+    t.endpoint = Endpoint(endpoints, a);
     if (t.endpoint.empty()) continue;
     t.request.set_version(version);
     t.request.set_reason(reason);
@@ -246,10 +247,13 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
     return fail(absl::StrCat("agent ", lost, " is lost (no heartbeat)"));
   }
 
+  // Endpoints come from one name -> endpoint table per phase (a copy of the membership with its
+  // layouts per agent per call made a step O(agents^2)).
   // 1. begin on receivers
+  auto endpoints = membership_.Endpoints();
   std::vector<CallTarget<v1::BeginRequest>> begins;
   for (const auto& a : receivers_) {
-    CallTarget<v1::BeginRequest> t{a, Endpoint(a), {}};
+    CallTarget<v1::BeginRequest> t{a, Endpoint(endpoints, a), {}};
     t.request.set_version(version);
     t.request.set_plan_id(plan_.summary.plan_id());
     begins.push_back(std::move(t));
@@ -266,9 +270,10 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
   }
 
   // 2. execute on senders; 3. wait for all (the barrier)
+  endpoints = membership_.Endpoints();
   std::vector<CallTarget<v1::ExecuteRequest>> execs;
   for (const auto& a : senders_) {
-    CallTarget<v1::ExecuteRequest> t{a, Endpoint(a), {}};
+    CallTarget<v1::ExecuteRequest> t{a, Endpoint(endpoints, a), {}};
     t.request.set_version(version);
     t.request.set_plan_id(plan_.summary.plan_id());
     t.request.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
@@ -299,9 +304,10 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
   }
 
   // 4. commit on receivers
+  endpoints = membership_.Endpoints();
   std::vector<CallTarget<v1::CommitRequest>> commits;
   for (const auto& a : receivers_) {
-    CallTarget<v1::CommitRequest> t{a, Endpoint(a), {}};
+    CallTarget<v1::CommitRequest> t{a, Endpoint(endpoints, a), {}};
     t.request.set_version(version);
     commits.push_back(std::move(t));
   }

@@ -51,7 +51,9 @@ class ControllerCore {
   absl::StatusOr<weightbeam::v1::PlanSummary> PlanLocked(const weightbeam::v1::ExpectedWorld& w,
                                                          std::chrono::milliseconds wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
-  std::string Endpoint(const std::string& agent) const;
+  // `agent`'s control endpoint in `endpoints` (from Membership::Endpoints), or "".
+  static std::string Endpoint(const std::map<std::string, std::string>& endpoints,
+                              const std::string& agent);
   // Asks every alive agent for its current layout (Describe) and records changes.
   absl::Status RefreshLayouts();
   void AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,

@@ -77,6 +77,13 @@ std::vector<AgentRecord> Membership::Snapshot() const {
   return out;
 }
 
+std::map<std::string, std::string> Membership::Endpoints() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, std::string> out;
+  for (const auto& [name, r] : agents_) out.emplace(name, r.info.control_endpoint());
+  return out;
+}
+
 int Membership::CountAgents(bool lost) const {
   absl::MutexLock lock(&mu_);
   int n = 0;

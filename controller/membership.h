@@ -33,6 +33,8 @@ class Membership {
   std::vector<std::string> Sweep();
 
   std::vector<AgentRecord> Snapshot() const;
+  // Every known agent's control endpoint by name (lost ones too), without copying layouts.
+  std::map<std::string, std::string> Endpoints() const;
   // How many known agents are alive and how many are lost (without copying their layouts).
   int CountAgents(bool lost) const;
   // Bumps on every change that can invalidate a plan (layout, membership, loss).
