@@ -26,30 +26,33 @@ namespace {
 
 uint64_t Align64(uint64_t n) { return (n + 63) / 64 * 64; }
 
+// An entry's shard as a rectangle of its tensor viewed as 2-D (a 1-D tensor is one row).
+struct Rect {
+  int64_t r0, nr, c0, nc, cols;
+};
+
+Rect ShardRect(const TensorEntry& e) {
+  if (e.shape.size() < 2) {
+    const int64_t n = e.shape.empty() ? 1 : e.shape[0];
+    if (e.shard.empty()) return {0, 1, 0, n, n};
+    return {0, 1, e.shard[0].start, e.shard[0].size, n};
+  }
+  const int64_t cols = e.shape[1];
+  if (e.shard.empty()) return {0, e.shape[0], 0, cols, cols};
+  return {e.shard[0].start, e.shard[0].size, e.shard[1].start, e.shard[1].size, cols};
+}
+
 // Calls fn(global_begin, count, local_offset) for each row-major run of an entry's shard.
 template <typename Fn>
 void ForEachRun(const TensorEntry& e, Fn fn) {
-  if (e.shape.size() == 1 || e.shape.empty()) {
-    int64_t start = e.shard.empty() ? 0 : e.shard[0].start;
-    int64_t size = e.shard.empty() ? (e.shape.empty() ? 1 : e.shape[0]) : e.shard[0].size;
-    fn(static_cast<uint64_t>(start), static_cast<uint64_t>(size), uint64_t{0});
+  const Rect r = ShardRect(e);
+  if (r.nc == r.cols) {
+    fn(static_cast<uint64_t>(r.r0 * r.cols), static_cast<uint64_t>(r.nr * r.cols), uint64_t{0});
     return;
   }
-  const int64_t cols = e.shape[1];
-  int64_t r0 = 0, nr = e.shape[0], c0 = 0, nc = cols;
-  if (!e.shard.empty()) {
-    r0 = e.shard[0].start;
-    nr = e.shard[0].size;
-    c0 = e.shard[1].start;
-    nc = e.shard[1].size;
-  }
-  if (nc == cols) {
-    fn(static_cast<uint64_t>(r0 * cols), static_cast<uint64_t>(nr * cols), uint64_t{0});
-    return;
-  }
-  for (int64_t i = 0; i < nr; ++i) {
-    fn(static_cast<uint64_t>((r0 + i) * cols + c0), static_cast<uint64_t>(nc),
-       static_cast<uint64_t>(i * nc));
+  for (int64_t i = 0; i < r.nr; ++i) {
+    fn(static_cast<uint64_t>((r.r0 + i) * r.cols + r.c0), static_cast<uint64_t>(r.nc),
+       static_cast<uint64_t>(i * r.nc));
   }
 }
 
@@ -197,23 +200,8 @@ std::vector<uint16_t> ExpectedBf16(const TensorEntry& e, Mirror& mirror, uint64_
     }
   }
   std::vector<uint16_t> out;
-  if (e.shape.size() == 1) {
-    const auto& src = mirror.Get(parts[0]);
-    int64_t start = e.shard.empty() ? 0 : e.shard[0].start;
-    int64_t size = e.shard.empty() ? e.shape[0] : e.shard[0].size;
-    out.assign(src.begin() + start, src.begin() + start + size);
-    *rows = 1;
-    *cols = static_cast<uint64_t>(size);
-    return out;
-  }
-  const int64_t C = e.shape[1];
-  int64_t r0 = 0, nr = e.shape[0], c0 = 0, nc = C;
-  if (!e.shard.empty()) {
-    r0 = e.shard[0].start;
-    nr = e.shard[0].size;
-    c0 = e.shard[1].start;
-    nc = e.shard[1].size;
-  }
+  const Rect rect = ShardRect(e);
+  const int64_t C = rect.cols, r0 = rect.r0, nr = rect.nr, c0 = rect.c0, nc = rect.nc;
   out.resize(static_cast<size_t>(nr * nc));
   for (int64_t i = 0; i < nr; ++i) {
     int64_t g = r0 + i, part_start = 0;
