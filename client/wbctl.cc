@@ -46,6 +46,17 @@ int main(int argc, char** argv) {
   app.add_option("--controller", controller,
                  "controller host:port (default: $WB_CONTROLLER or 127.0.0.1:7100)");
   app.add_flag("--json", json, "print JSON instead of tables");
+  auto security = wb::client::ControllerClient::Security::FromEnvironment();
+  app.add_option("--ca", security.ca_file,
+                 "CA file that signed the controller's certificate: TLS (default: $WB_TLS_CA)");
+  app.add_option("--cert", security.cert_file,
+                 "our certificate, for mutual TLS (default: $WB_TLS_CERT)");
+  app.add_option("--key", security.key_file, "our certificate's key (default: $WB_TLS_KEY)");
+  app.add_option("--token-file", security.token_file,
+                 "file holding the controller's call token (default: $WB_TOKEN_FILE)");
+  app.add_option("--server-name", security.server_name,
+                 "name expected in the controller's certificate (default: $WB_TLS_SERVER_NAME "
+                 "or the host)");
 
   auto* status = app.add_subcommand("status", "controller, agents, plan and recent steps");
   auto* agents = app.add_subcommand("agents", "the agents and their state");
@@ -65,7 +76,7 @@ int main(int argc, char** argv) {
   watch->add_option("--count", count, "stop after this many steps (0: forever)");
   CLI11_PARSE(app, argc, argv);
 
-  auto client = wb::client::ControllerClient::Connect(controller);
+  auto client = wb::client::ControllerClient::Connect(controller, security);
   if (!client.ok()) return Fail(client.status());
 
   if (*status || *agents) {

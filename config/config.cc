@@ -21,6 +21,8 @@ void ReadTls(YamlReader r, TlsConfig* tls) {
   r.ReadString("ca_file", &tls->ca_file);
   r.ReadBool("require_client_cert", &tls->require_client_cert);
   r.ReadString("token_file", &tls->token_file);
+  r.ReadString("server_name", &tls->server_name);
+  r.ReadString("controller_identity", &tls->controller_identity);
   if (tls->enabled && (tls->cert_file.empty() || tls->key_file.empty())) {
     r.Error("cert_file", "cert_file and key_file when tls.enabled is true", "none");
   }
@@ -144,7 +146,19 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std:
   ex.ReadInt("prepare_threads", 1, 64, &c.executor.prepare_threads);
   ex.RejectUnknownKeys();
 
-  ReadTls(r.Child("tls"), &c.tls);
+  {
+    YamlReader tls = r.Child("tls");
+    ReadTls(tls, &c.tls);
+    // Without the controller's name an agent cannot tell the controller from any other holder
+    // of a certificate signed by the same CA.
+    if (c.tls.enabled && c.tls.require_client_cert && c.tls.controller_identity.empty()) {
+      tls.Error("controller_identity",
+                "the controller certificate's CN or SAN when require_client_cert is true", "none");
+    }
+    if (!c.tls.controller_identity.empty() && c.tls.ca_file.empty()) {
+      tls.Error("ca_file", "a CA file to verify the controller's certificate against", "none");
+    }
+  }
   r.RejectUnknownKeys();
   return Finish(ctx, std::move(c));
 }

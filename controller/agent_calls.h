@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "config/credentials.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
 namespace wb::controller {
@@ -26,18 +27,23 @@ struct CallResult {
 // Channels to agents, by control endpoint, reused across calls.
 class AgentChannels {
  public:
+  // TLS and token for channels made from now on (default: insecure, no token).
+  void SetFactory(security::ChannelFactory factory) {
+    absl::MutexLock lock(&mu_);
+    factory_ = std::move(factory);
+    stubs_.clear();
+  }
+
   weightbeam::v1::Agent::Stub* Get(const std::string& endpoint) {
     absl::MutexLock lock(&mu_);
     auto& stub = stubs_[endpoint];
-    if (!stub) {
-      stub = weightbeam::v1::Agent::NewStub(
-          grpc::CreateChannel(endpoint, grpc::InsecureChannelCredentials()));
-    }
+    if (!stub) stub = weightbeam::v1::Agent::NewStub(factory_.Create(endpoint));
     return stub.get();
   }
 
  private:
   absl::Mutex mu_;
+  security::ChannelFactory factory_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<weightbeam::v1::Agent::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -116,6 +116,11 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
     targets.push_back(std::move(t));
     for (const auto& op : plan.ops()) receivers.insert(op.dst_agent());
   }
+  // Receivers accept handshakes only from the senders introduced here, so this goes first.
+  if (auto s = IntroduceSenders(*built, agents, plan_id, endpoints); !s.ok()) {
+    has_plan_ = false;
+    return s;
+  }
   auto results = CallAll<v1::LoadPlanRequest, v1::LoadPlanResponse>(
       &channels_, targets, std::chrono::milliseconds(30000),
       [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->LoadPlan(c, q, r, d); });
@@ -147,6 +152,36 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
                plan_.summary.total_bytes(), senders_.size(), receivers_.size(),
                plan_.summary.predicted_step_seconds());
   return plan_.summary;
+}
+
+absl::Status ControllerCore::IntroduceSenders(const BuiltPlan& built,
+                                              const std::vector<AgentRecord>& agents,
+                                              uint64_t plan_id,
+                                              const std::map<std::string, std::string>& endpoints) {
+  std::map<std::string, std::set<std::string>> senders_of;  // receiver -> senders
+  for (const auto& [agent, plan] : built.agent_plans) {
+    for (const auto& op : plan.ops()) senders_of[op.dst_agent()].insert(agent);
+  }
+  // Every agent hears it, so one that stopped receiving drops its old senders.
+  std::vector<CallTarget<v1::IntroduceRequest>> targets;
+  for (const auto& a : agents) {
+    CallTarget<v1::IntroduceRequest> t{a.info.name(), Endpoint(endpoints, a.info.name()), {}};
+    if (t.endpoint.empty()) continue;
+    t.request.set_plan_id(plan_id);
+    for (const auto& s : senders_of[a.info.name()]) t.request.add_senders(s);
+    targets.push_back(std::move(t));
+  }
+  std::vector<std::string> errors;
+  for (const auto& r : CallAll<v1::IntroduceRequest, v1::IntroduceResponse>(
+           &channels_, targets, std::chrono::milliseconds(10000),
+           [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Introduce(c, q, r, d); })) {
+    if (!r.status.ok()) {
+      errors.push_back(absl::StrCat("agent ", r.agent, ": ", r.status.error_message()));
+    }
+  }
+  if (errors.empty()) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("introducing senders to receivers failed: ", absl::StrJoin(errors, "; ")));
 }
 
 absl::Status ControllerCore::RefreshLayouts() {

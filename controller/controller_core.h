@@ -38,6 +38,8 @@ class ControllerCore {
 
   Membership& membership() { return membership_; }
   Broadcaster<weightbeam::v1::StepResult>& steps() { return steps_; }
+  // Channels to agents (main sets their TLS credentials and token).
+  AgentChannels& agent_channels() { return channels_; }
 
   absl::StatusOr<weightbeam::v1::PlanSummary> Plan(const weightbeam::v1::PlanRequest& req);
   weightbeam::v1::StepResult Step(uint64_t version, std::chrono::milliseconds timeout);
@@ -54,6 +56,10 @@ class ControllerCore {
   // `agent`'s control endpoint in `endpoints` (from Membership::Endpoints), or "".
   static std::string Endpoint(const std::map<std::string, std::string>& endpoints,
                               const std::string& agent);
+  // Tells every agent in `agents` which senders of `built` will connect to it (Agent.Introduce).
+  absl::Status IntroduceSenders(const BuiltPlan& built, const std::vector<AgentRecord>& agents,
+                                uint64_t plan_id,
+                                const std::map<std::string, std::string>& endpoints);
   // Asks every alive agent for its current layout (Describe) and records changes.
   absl::Status RefreshLayouts();
   void AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,

@@ -20,6 +20,11 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const grpc::Sta
 grpc::ServerUnaryReactor* ControllerService::RegisterAgent(grpc::CallbackServerContext* ctx,
                                                            const v1::RegisterAgentRequest* req,
                                                            v1::RegisterAgentResponse* resp) {
+  // With client certificates, an agent registers under the name its certificate carries.
+  if (auto s = guard_.AdmitIdentity(*ctx, req->agent().name(), "Controller.RegisterAgent");
+      !s.ok()) {
+    return Done(ctx, s);
+  }
   if (req->agent().name().empty() || req->agent().control_endpoint().empty()) {
     return Done(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                   "an agent must give its name and control endpoint"));
@@ -33,6 +38,9 @@ grpc::ServerUnaryReactor* ControllerService::RegisterAgent(grpc::CallbackServerC
 grpc::ServerUnaryReactor* ControllerService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                        const v1::HeartbeatRequest* req,
                                                        v1::HeartbeatResponse* resp) {
+  if (auto s = guard_.AdmitIdentity(*ctx, req->agent(), "Controller.Heartbeat"); !s.ok()) {
+    return Done(ctx, s);
+  }
   *resp = core_->membership().Heartbeat(*req);
   return Done(ctx, grpc::Status::OK);
 }
@@ -40,6 +48,10 @@ grpc::ServerUnaryReactor* ControllerService::Heartbeat(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* ControllerService::ReportLayout(grpc::CallbackServerContext* ctx,
                                                           const v1::ReportLayoutRequest* req,
                                                           v1::ReportLayoutResponse*) {
+  if (auto s = guard_.AdmitIdentity(*ctx, req->layout().agent(), "Controller.ReportLayout");
+      !s.ok()) {
+    return Done(ctx, s);
+  }
   if (!core_->membership().ReportLayout(req->layout())) {
     return Done(ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                   absl::StrCat("agent ", req->layout().agent(),
@@ -51,6 +63,7 @@ grpc::ServerUnaryReactor* ControllerService::ReportLayout(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* ControllerService::Plan(grpc::CallbackServerContext* ctx,
                                                   const v1::PlanRequest* req,
                                                   v1::PlanResponse* resp) {
+  if (auto s = guard_.Admit(*ctx); !s.ok()) return Done(ctx, s);
   auto* reactor = ctx->DefaultReactor();
   std::thread([this, reactor, req, resp] {
     auto summary = core_->Plan(*req);
@@ -63,6 +76,7 @@ grpc::ServerUnaryReactor* ControllerService::Plan(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* ControllerService::Step(grpc::CallbackServerContext* ctx,
                                                   const v1::StepRequest* req,
                                                   v1::StepResponse* resp) {
+  if (auto s = guard_.Admit(*ctx); !s.ok()) return Done(ctx, s);
   auto* reactor = ctx->DefaultReactor();
   std::thread([this, reactor, req, resp] {
     auto timeout =
@@ -74,13 +88,17 @@ grpc::ServerUnaryReactor* ControllerService::Step(grpc::CallbackServerContext* c
 }
 
 grpc::ServerWriteReactor<v1::StepResult>* ControllerService::WatchSteps(
-    grpc::CallbackServerContext*, const v1::WatchStepsRequest*) {
+    grpc::CallbackServerContext* ctx, const v1::WatchStepsRequest*) {
+  if (auto s = guard_.Admit(*ctx); !s.ok()) {
+    return new security::RefusedWriter<v1::StepResult>(s);
+  }
   return new BroadcastWriter<v1::StepResult>(&core_->steps());
 }
 
 grpc::ServerUnaryReactor* ControllerService::Status(grpc::CallbackServerContext* ctx,
                                                     const v1::StatusRequest*,
                                                     v1::StatusResponse* resp) {
+  if (auto s = guard_.Admit(*ctx); !s.ok()) return Done(ctx, s);
   *resp = core_->Status();
   return Done(ctx, grpc::Status::OK);
 }
@@ -88,6 +106,7 @@ grpc::ServerUnaryReactor* ControllerService::Status(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* ControllerService::ListTensors(grpc::CallbackServerContext* ctx,
                                                          const v1::ListTensorsRequest* req,
                                                          v1::ListTensorsResponse* resp) {
+  if (auto s = guard_.Admit(*ctx); !s.ok()) return Done(ctx, s);
   bool found = req->agent().empty();
   for (const auto& a : core_->membership().Snapshot()) {
     if (!req->agent().empty() && a.info.name() != req->agent()) continue;

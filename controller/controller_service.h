@@ -2,6 +2,7 @@
 // their own threads so gRPC's callback threads never block.
 #pragma once
 
+#include "config/call_guard.h"
 #include "controller/controller_core.h"
 #include "weightbeam/v1/controller.grpc.pb.h"
 
@@ -13,6 +14,8 @@ class ControllerService final : public weightbeam::v1::Controller::CallbackServi
       : core_(core),
         heartbeat_interval_ms_(heartbeat_interval_ms),
         step_timeout_ms_(step_timeout_ms) {}
+  // Token and certificate checks for every call (default: admit everything).
+  void SetGuard(security::CallGuard guard) { guard_ = std::move(guard); }
 
   grpc::ServerUnaryReactor* RegisterAgent(grpc::CallbackServerContext* ctx,
                                           const weightbeam::v1::RegisterAgentRequest* req,
@@ -42,6 +45,7 @@ class ControllerService final : public weightbeam::v1::Controller::CallbackServi
   ControllerCore* core_;
   uint32_t heartbeat_interval_ms_;
   uint32_t step_timeout_ms_;
+  security::CallGuard guard_;
 };
 
 }  // namespace wb::controller

@@ -6,7 +6,9 @@
 #include <random>
 #include <thread>
 
+#include "config/call_guard.h"
 #include "config/config.h"
+#include "config/credentials.h"
 #include "config/daemon_lifecycle.h"
 #include "config/logging.h"
 #include "controller/controller_core.h"
@@ -53,11 +55,23 @@ int main(int argc, char** argv) {
 
   // A random epoch tells agents that this is a new incarnation: they register again.
   const uint64_t epoch = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  auto server_credentials = wb::security::MakeServerCredentials(config.tls);
+  auto agent_channels = wb::security::ChannelFactory::FromConfig(config.tls);
+  auto guard = wb::security::CallGuard::FromConfig(config.tls, "wb-controller");
+  for (const absl::Status& s :
+       {server_credentials.status(), agent_channels.status(), guard.status()}) {
+    if (!s.ok()) {
+      spdlog::error("cannot start: {}", std::string(s.message()));
+      return 2;
+    }
+  }
   wb::controller::ControllerCore core(config, epoch, wb::controller::BuildPlan);
+  core.agent_channels().SetFactory(*agent_channels);
   wb::controller::ControllerService service(&core, 1000, config.step_timeout_ms);
+  service.SetGuard(*guard);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config.listen, *server_credentials, &port);
   builder.RegisterService(&service);
   auto server = builder.BuildAndStart();
   if (!server || port == 0) {
@@ -77,7 +91,10 @@ int main(int argc, char** argv) {
     metrics_exporter = std::move(*exporter);
     spdlog::info("metrics on port {} (GET /metrics)", metrics_exporter->port());
   }
-  spdlog::info("wb-controller serving on port {} (epoch {:x})", port, epoch);
+  spdlog::info(
+      "wb-controller serving on port {} (epoch {:x}; {}{})", port, epoch,
+      config.tls.enabled ? (config.tls.require_client_cert ? "mutual TLS" : "TLS") : "no TLS",
+      config.tls.token_file.empty() ? "" : ", call token required");
   wb::WarnIfInsecure(config.tls.enabled);
   wb::NotifyReady();
   std::atomic<bool> stop{false};

@@ -2,7 +2,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
+#include "config/credentials.h"
 #include "proto/status_util.h"
 #include "weightbeam/v1/controller.grpc.pb.h"
 
@@ -12,17 +15,39 @@ namespace v1 = weightbeam::v1;
 
 struct ControllerClient::Impl {
   std::string address;
+  bool tls = false;
   std::unique_ptr<v1::Controller::Stub> stub;
 
   // gRPC's own text for a dead server is noisy; say it plainly.
   absl::Status Convert(const grpc::Status& s) const {
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      return absl::UnavailableError(
-          absl::StrCat("controller at ", address, " is unreachable (", s.error_message(), ")"));
+      // A TLS mismatch looks like a dead server from here: say what to check.
+      return absl::UnavailableError(absl::StrCat(
+          "controller at ", address, " is unreachable (", s.error_message(), ")",
+          tls ? "; if it is up, check that its certificate is signed by the CA given (--ca / "
+                "WB_TLS_CA) and names the host, and that our certificate is accepted"
+              : "; if it is up and uses TLS, give --ca (and --cert/--key) or WB_TLS_CA"));
     }
     return FromGrpc(s);
   }
 };
+
+namespace {
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+}  // namespace
+
+ControllerClient::Security ControllerClient::Security::FromEnvironment() {
+  Security s;
+  s.ca_file = Env("WB_TLS_CA");
+  s.cert_file = Env("WB_TLS_CERT");
+  s.key_file = Env("WB_TLS_KEY");
+  s.token_file = Env("WB_TOKEN_FILE");
+  s.server_name = Env("WB_TLS_SERVER_NAME");
+  return s;
+}
 
 ControllerClient::ControllerClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ControllerClient::ControllerClient(ControllerClient&&) noexcept = default;
@@ -30,11 +55,29 @@ ControllerClient& ControllerClient::operator=(ControllerClient&&) noexcept = def
 ControllerClient::~ControllerClient() = default;
 
 absl::StatusOr<ControllerClient> ControllerClient::Connect(const std::string& address) {
+  return Connect(address, Security::FromEnvironment());
+}
+
+absl::StatusOr<ControllerClient> ControllerClient::Connect(const std::string& address,
+                                                           const Security& security) {
   if (address.empty()) return absl::InvalidArgumentError("no controller address given");
+  if (security.cert_file.empty() != security.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "a client certificate needs both a certificate and a key file (--cert and --key)");
+  }
+  config::TlsConfig tls;
+  tls.enabled = !security.ca_file.empty() || !security.cert_file.empty();
+  tls.ca_file = security.ca_file;
+  tls.cert_file = security.cert_file;
+  tls.key_file = security.key_file;
+  tls.token_file = security.token_file;
+  tls.server_name = security.server_name;
+  auto channels = wb::security::ChannelFactory::FromConfig(tls);
+  if (!channels.ok()) return channels.status();
   auto impl = std::make_unique<Impl>();
   impl->address = address;
-  impl->stub =
-      v1::Controller::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  impl->tls = tls.enabled;
+  impl->stub = v1::Controller::NewStub(channels->Create(address));
   return ControllerClient(std::move(impl));
 }
 

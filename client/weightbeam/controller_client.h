@@ -14,8 +14,23 @@ namespace wb::client {
 
 class ControllerClient {
  public:
-  // `address` is host:port; nothing is sent until the first call.
+  // How to reach a controller that uses TLS and/or a call token. Empty: plain, no token.
+  struct Security {
+    std::string ca_file;      // verifies the controller's certificate (TLS when set)
+    std::string cert_file;    // our certificate, for a controller that requires one
+    std::string key_file;     // its private key
+    std::string token_file;   // the shared token, sent as `authorization: Bearer <token>`
+    std::string server_name;  // expected name in the controller's certificate (default: host)
+    // From $WB_TLS_CA, $WB_TLS_CERT, $WB_TLS_KEY, $WB_TOKEN_FILE, $WB_TLS_SERVER_NAME.
+    static Security FromEnvironment();
+  };
+
+  // `address` is host:port; nothing is sent until the first call. Security comes from the
+  // environment (see Security::FromEnvironment).
   static absl::StatusOr<ControllerClient> Connect(const std::string& address);
+  // Fails when a file in `security` cannot be read (the message names the file).
+  static absl::StatusOr<ControllerClient> Connect(const std::string& address,
+                                                  const Security& security);
   ControllerClient(ControllerClient&&) noexcept;
   ControllerClient& operator=(ControllerClient&&) noexcept;
   ~ControllerClient();

@@ -11,6 +11,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "config/call_guard.h"
+#include "config/credentials.h"
 #include "daemon/executor/op_preparer.h"
 #include "daemon/gpu/cuda_probe.h"
 #include "daemon/service/agent_service.h"
@@ -142,16 +144,22 @@ absl::Status AgentNode::Start() {
   eopts.write_timeout = std::chrono::milliseconds(config_.executor.write_timeout_ms);
   executor_ =
       std::make_unique<executor::Executor>(registry_.get(), staging_.get(), preparer_.get(), eopts);
-  connector_ = std::make_unique<PeerConnector>(config_.name, by_name_);
+  auto server_credentials = security::MakeServerCredentials(config_.tls);
+  if (!server_credentials.ok()) return server_credentials.status();
+  auto channels = security::ChannelFactory::FromConfig(config_.tls);
+  if (!channels.ok()) return channels.status();
+  auto guard = security::CallGuard::FromConfig(config_.tls, "agent " + config_.name);
+  if (!guard.ok()) return guard.status();
+  connector_ = std::make_unique<PeerConnector>(config_.name, by_name_, *channels);
   local_service_ = std::make_unique<local::LocalService>(
       registry_.get(), &events_,
       [this](const std::string&) { metrics_.Error(AgentMetrics::kRegistrationRefused); });
-  agent_service_ = std::make_unique<AgentService>(this);
+  agent_service_ = std::make_unique<AgentService>(this, *guard);
   if (auto s = StartMetrics(); !s.ok()) return s;
 
   if (auto s = BindLocalSocket(); !s.ok()) return s;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &agent_port_);
+  builder.AddListeningPort(config_.listen, *server_credentials, &agent_port_);
   builder.RegisterService(agent_service_.get());
   agent_server_ = builder.BuildAndStart();
   if (!agent_server_ || agent_port_ == 0) {
@@ -160,7 +168,7 @@ absl::Status AgentNode::Start() {
   }
   link_ = std::make_unique<ControllerLink>(
       config_.controller, config_.heartbeat_interval_ms, [this] { return Info(); },
-      [this] { return Layout(); });
+      [this] { return Layout(); }, *channels);
   registry_->SetChangeCallback([this] {
     if (link_) link_->LayoutChanged();
   });
@@ -325,7 +333,34 @@ absl::StatusOr<std::string> AgentNode::Handshake(const v1::HandshakeRequest& req
     return absl::FailedPreconditionError(
         absl::StrCat("transport ", req.transport(), " is not enabled on agent ", config_.name));
   }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!introduced_.count(req.from_agent())) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "agent '", req.from_agent(), "' was not introduced by the controller (agent ",
+          config_.name, " expects handshakes only from the current plan's senders)"));
+    }
+  }
   return it->second->Accept(req.from_agent(), req.record());
+}
+
+absl::Status AgentNode::Introduce(uint64_t plan_id, const std::vector<std::string>& senders) {
+  std::vector<std::string> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    std::set<std::string> now(senders.begin(), senders.end());
+    for (const auto& old : introduced_) {
+      if (!now.count(old)) dropped.push_back(old);
+    }
+    introduced_ = std::move(now);
+  }
+  // A sender left out of the new plan must not keep writing with what it was given before.
+  for (const auto& peer : dropped) {
+    for (auto& t : transports_) t->ForgetPeer(peer);
+  }
+  spdlog::info("plan {}: {} sender(s) introduced{}", plan_id, senders.size(),
+               dropped.empty() ? "" : absl::StrCat(", ", dropped.size(), " disconnected"));
+  return absl::OkStatus();
 }
 
 }  // namespace wb::service

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,6 +53,9 @@ class AgentNode {
   absl::Status Abort(uint64_t version, const std::string& reason);
   weightbeam::v1::HealthResponse Health() const;
   absl::StatusOr<std::string> Handshake(const weightbeam::v1::HandshakeRequest& req);
+  // The senders the controller's plan `plan_id` has connect to us; handshakes from others are
+  // refused and senders no longer listed are disconnected (their transport tokens revoked).
+  absl::Status Introduce(uint64_t plan_id, const std::vector<std::string>& senders);
 
   const config::AgentConfig& config() const { return config_; }
   int agent_port() const { return agent_port_; }
@@ -93,6 +97,7 @@ class AgentNode {
   bool reconnect_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t committed_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::string state_ ABSL_GUARDED_BY(mu_) = "idle";
+  std::set<std::string> introduced_ ABSL_GUARDED_BY(mu_);  // senders allowed to handshake
   std::atomic<bool> shutting_down_{false};
 };
 

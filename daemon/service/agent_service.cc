@@ -14,11 +14,18 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Sta
   r->Finish(ToGrpc(s));
   return r;
 }
+
+grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const grpc::Status& s) {
+  auto* r = ctx->DefaultReactor();
+  r->Finish(s);
+  return r;
+}
 }  // namespace
 
 grpc::ServerUnaryReactor* AgentService::Describe(grpc::CallbackServerContext* ctx,
                                                  const v1::DescribeRequest*,
                                                  v1::DescribeResponse* resp) {
+  if (auto a = guard_.AdmitController(*ctx, "Agent.Describe"); !a.ok()) return Refuse(ctx, a);
   *resp->mutable_agent() = node_->Info();
   *resp->mutable_layout() = node_->Layout();
   return Done(ctx, absl::OkStatus());
@@ -27,6 +34,7 @@ grpc::ServerUnaryReactor* AgentService::Describe(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* AgentService::LoadPlan(grpc::CallbackServerContext* ctx,
                                                  const v1::LoadPlanRequest* req,
                                                  v1::LoadPlanResponse*) {
+  if (auto a = guard_.AdmitController(*ctx, "Agent.LoadPlan"); !a.ok()) return Refuse(ctx, a);
   // Connecting to peers runs handshakes over gRPC: do it off the callback thread.
   auto* reactor = ctx->DefaultReactor();
   std::thread([this, reactor, req] {
@@ -38,6 +46,7 @@ grpc::ServerUnaryReactor* AgentService::LoadPlan(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* AgentService::Execute(grpc::CallbackServerContext* ctx,
                                                 const v1::ExecuteRequest* req,
                                                 v1::ExecuteResponse* resp) {
+  if (auto a = guard_.AdmitController(*ctx, "Agent.Execute"); !a.ok()) return Refuse(ctx, a);
   auto* reactor = ctx->DefaultReactor();
   std::thread([this, reactor, req, resp] {
     *resp->mutable_report() = node_->Execute(*req);
@@ -48,21 +57,25 @@ grpc::ServerUnaryReactor* AgentService::Execute(grpc::CallbackServerContext* ctx
 
 grpc::ServerUnaryReactor* AgentService::Begin(grpc::CallbackServerContext* ctx,
                                               const v1::BeginRequest* req, v1::BeginResponse*) {
+  if (auto a = guard_.AdmitController(*ctx, "Agent.Begin"); !a.ok()) return Refuse(ctx, a);
   return Done(ctx, node_->Begin(req->version()));
 }
 
 grpc::ServerUnaryReactor* AgentService::Commit(grpc::CallbackServerContext* ctx,
                                                const v1::CommitRequest* req, v1::CommitResponse*) {
+  if (auto a = guard_.AdmitController(*ctx, "Agent.Commit"); !a.ok()) return Refuse(ctx, a);
   return Done(ctx, node_->Commit(req->version()));
 }
 
 grpc::ServerUnaryReactor* AgentService::Abort(grpc::CallbackServerContext* ctx,
                                               const v1::AbortRequest* req, v1::AbortResponse*) {
+  if (auto a = guard_.AdmitController(*ctx, "Agent.Abort"); !a.ok()) return Refuse(ctx, a);
   return Done(ctx, node_->Abort(req->version(), req->reason()));
 }
 
 grpc::ServerUnaryReactor* AgentService::Health(grpc::CallbackServerContext* ctx,
                                                const v1::HealthRequest*, v1::HealthResponse* resp) {
+  if (grpc::Status admitted = guard_.Admit(*ctx); !admitted.ok()) return Refuse(ctx, admitted);
   *resp = node_->Health();
   return Done(ctx, absl::OkStatus());
 }
@@ -70,9 +83,22 @@ grpc::ServerUnaryReactor* AgentService::Health(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* AgentService::Handshake(grpc::CallbackServerContext* ctx,
                                                   const v1::HandshakeRequest* req,
                                                   v1::HandshakeResponse* resp) {
+  // With client certificates, an agent hands over its records under its own name only.
+  if (grpc::Status admitted = guard_.AdmitIdentity(*ctx, req->from_agent(), "Agent.Handshake");
+      !admitted.ok()) {
+    return Refuse(ctx, admitted);
+  }
   auto record = node_->Handshake(*req);
   if (record.ok()) resp->set_record(*record);
   return Done(ctx, record.status());
+}
+
+grpc::ServerUnaryReactor* AgentService::Introduce(grpc::CallbackServerContext* ctx,
+                                                  const v1::IntroduceRequest* req,
+                                                  v1::IntroduceResponse*) {
+  if (auto a = guard_.AdmitController(*ctx, "Agent.Introduce"); !a.ok()) return Refuse(ctx, a);
+  return Done(ctx,
+              node_->Introduce(req->plan_id(), {req->senders().begin(), req->senders().end()}));
 }
 
 }  // namespace wb::service

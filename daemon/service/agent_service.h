@@ -2,6 +2,7 @@
 // their own thread so gRPC's callback threads never block.
 #pragma once
 
+#include "config/call_guard.h"
 #include "daemon/service/agent_node.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
@@ -9,7 +10,10 @@ namespace wb::service {
 
 class AgentService final : public weightbeam::v1::Agent::CallbackService {
  public:
-  explicit AgentService(AgentNode* node) : node_(node) {}
+  // `guard` admits calls: the token, the controller's certificate for controller calls, and a
+  // certificate naming the calling agent for Handshake.
+  explicit AgentService(AgentNode* node, security::CallGuard guard = {})
+      : node_(node), guard_(std::move(guard)) {}
 
   grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx,
                                      const weightbeam::v1::DescribeRequest* req,
@@ -35,9 +39,13 @@ class AgentService final : public weightbeam::v1::Agent::CallbackService {
   grpc::ServerUnaryReactor* Handshake(grpc::CallbackServerContext* ctx,
                                       const weightbeam::v1::HandshakeRequest* req,
                                       weightbeam::v1::HandshakeResponse* resp) override;
+  grpc::ServerUnaryReactor* Introduce(grpc::CallbackServerContext* ctx,
+                                      const weightbeam::v1::IntroduceRequest* req,
+                                      weightbeam::v1::IntroduceResponse* resp) override;
 
  private:
   AgentNode* node_;
+  security::CallGuard guard_;
 };
 
 }  // namespace wb::service

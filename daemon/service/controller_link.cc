@@ -17,7 +17,8 @@ void WithDeadline(grpc::ClientContext* ctx, int ms) {
 
 ControllerLink::ControllerLink(std::string address, uint32_t heartbeat_ms,
                                std::function<v1::AgentInfo()> info,
-                               std::function<v1::AgentLayout()> layout)
+                               std::function<v1::AgentLayout()> layout,
+                               const security::ChannelFactory& channels)
     : address_(std::move(address)),
       heartbeat_ms_(heartbeat_ms),
       info_(std::move(info)),
@@ -26,8 +27,7 @@ ControllerLink::ControllerLink(std::string address, uint32_t heartbeat_ms,
   // Reconnect quickly once the controller is back.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  stub_ = v1::Controller::NewStub(
-      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  stub_ = v1::Controller::NewStub(channels.Create(address_, args));
 }
 
 ControllerLink::~ControllerLink() { Stop(); }

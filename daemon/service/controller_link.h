@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "config/credentials.h"
 #include "weightbeam/v1/controller.grpc.pb.h"
 
 namespace wb::service {
@@ -18,7 +19,8 @@ class ControllerLink {
  public:
   ControllerLink(std::string address, uint32_t heartbeat_ms,
                  std::function<weightbeam::v1::AgentInfo()> info,
-                 std::function<weightbeam::v1::AgentLayout()> layout);
+                 std::function<weightbeam::v1::AgentLayout()> layout,
+                 const security::ChannelFactory& channels = security::ChannelFactory());
   ~ControllerLink();
 
   void Start();

@@ -12,8 +12,11 @@ namespace wb::service {
 namespace v1 = weightbeam::v1;
 
 PeerConnector::PeerConnector(std::string our_name,
-                             std::map<std::string, transport::Transport*> transports)
-    : our_name_(std::move(our_name)), transports_(std::move(transports)) {}
+                             std::map<std::string, transport::Transport*> transports,
+                             security::ChannelFactory channels)
+    : our_name_(std::move(our_name)),
+      transports_(std::move(transports)),
+      channels_(std::move(channels)) {}
 
 absl::StatusOr<transport::Transport*> PeerConnector::Choose(const v1::PeerIntro& peer) const {
   if (peer.agent() == our_name_) {
@@ -44,8 +47,7 @@ absl::StatusOr<std::map<std::string, executor::Route>> PeerConnector::Connect(
     if (peer.agent() == our_name_) {
       exchange = [t, this](const std::string& ours) { return t->Accept(our_name_, ours); };
     } else {
-      auto channel =
-          grpc::CreateChannel(peer.control_endpoint(), grpc::InsecureChannelCredentials());
+      auto channel = channels_.Create(peer.control_endpoint());
       auto stub = std::shared_ptr<v1::Agent::Stub>(v1::Agent::NewStub(channel));
       exchange = [stub, t, this, peer](const std::string& ours) -> absl::StatusOr<std::string> {
         grpc::ClientContext ctx;

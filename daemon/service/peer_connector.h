@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "config/credentials.h"
 #include "daemon/executor/executor.h"
 #include "daemon/transport/transport.h"
 #include "weightbeam/v1/types.pb.h"
@@ -18,7 +19,8 @@ namespace wb::service {
 class PeerConnector {
  public:
   // `transports` by name ("local", "tcp", "rdma"); preference: rdma, tcp (local for ourselves).
-  PeerConnector(std::string our_name, std::map<std::string, transport::Transport*> transports);
+  PeerConnector(std::string our_name, std::map<std::string, transport::Transport*> transports,
+                security::ChannelFactory channels = security::ChannelFactory());
 
   absl::StatusOr<std::map<std::string, executor::Route>> Connect(
       const std::vector<weightbeam::v1::PeerIntro>& peers);
@@ -28,6 +30,7 @@ class PeerConnector {
 
   std::string our_name_;
   std::map<std::string, transport::Transport*> transports_;
+  security::ChannelFactory channels_;  // TLS and token for peers' Agent.Handshake
 };
 
 }  // namespace wb::service
