@@ -1,5 +1,6 @@
 // wbctl: the weightbeam command line. Talks to the controller (--controller or WB_CONTROLLER).
 #include <google/protobuf/util/json_util.h>
+#include <grpc/support/log.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -37,6 +38,8 @@ int Fail(const absl::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // gRPC logs failed TLS handshakes on stderr; wbctl reports every failure in one line itself.
+  gpr_set_log_function([](gpr_log_func_args*) {});
   CLI::App app{"wbctl: inspect and drive a weightbeam cluster"};
   app.require_subcommand(1);
   std::string controller;

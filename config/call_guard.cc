@@ -1,5 +1,7 @@
 #include "config/call_guard.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 
 #include "absl/strings/match.h"
@@ -22,6 +24,13 @@ bool ConstantTimeEqual(const std::string& a, const std::string& b) {
     diff |= static_cast<unsigned>(x ^ y);
   }
   return diff == 0;
+}
+
+// Refusals are logged where they happen too: the caller may not report them.
+grpc::Status Refused(const grpc::ServerContextBase& ctx, grpc::StatusCode code,
+                     const std::string& message) {
+  spdlog::warn("refused a call from {}: {}", ctx.peer(), message);
+  return grpc::Status(code, message);
 }
 
 std::string Describe(const std::vector<std::string>& names) {
@@ -50,18 +59,18 @@ grpc::Status CallGuard::Admit(const grpc::ServerContextBase& ctx) const {
   const auto& md = ctx.client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        absl::StrCat(server_,
-                                     " requires a token: send 'authorization: Bearer <token>' "
-                                     "(wbctl: --token-file or WB_TOKEN_FILE; daemons: "
-                                     "tls.token_file)"));
+    return Refused(ctx, grpc::StatusCode::UNAUTHENTICATED,
+                   absl::StrCat(server_,
+                                " requires a token: send 'authorization: Bearer <token>' "
+                                "(wbctl: --token-file or WB_TOKEN_FILE; daemons: "
+                                "tls.token_file)"));
   }
   std::string value(it->second.data(), it->second.size());
   if (!absl::StartsWith(value, kBearer) ||
       !ConstantTimeEqual(value.substr(sizeof(kBearer) - 1), token_)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        absl::StrCat("the token sent to ", server_,
-                                     " is wrong (it does not match the server's token_file)"));
+    return Refused(ctx, grpc::StatusCode::UNAUTHENTICATED,
+                   absl::StrCat("the token sent to ", server_,
+                                " is wrong (it does not match the server's token_file)"));
   }
   return grpc::Status::OK;
 }
@@ -73,8 +82,8 @@ grpc::Status CallGuard::AdmitIdentity(const grpc::ServerContextBase& ctx,
   if (!checks_identity_) return grpc::Status::OK;
   const auto names = PeerNames(ctx);
   if (std::find(names.begin(), names.end(), identity) != names.end()) return grpc::Status::OK;
-  return grpc::Status(
-      grpc::StatusCode::PERMISSION_DENIED,
+  return Refused(
+      ctx, grpc::StatusCode::PERMISSION_DENIED,
       absl::StrCat(method, " on ", server_, " is for '", identity, "' only; ", Describe(names)));
 }
 
@@ -86,9 +95,9 @@ grpc::Status CallGuard::AdmitController(const grpc::ServerContextBase& ctx,
   if (std::find(names.begin(), names.end(), controller_identity_) != names.end()) {
     return grpc::Status::OK;
   }
-  return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                      absl::StrCat(method, " on ", server_, " is only for the controller ('",
-                                   controller_identity_, "'); ", Describe(names)));
+  return Refused(ctx, grpc::StatusCode::PERMISSION_DENIED,
+                 absl::StrCat(method, " on ", server_, " is only for the controller ('",
+                              controller_identity_, "'); ", Describe(names)));
 }
 
 std::vector<std::string> CallGuard::PeerNames(const grpc::ServerContextBase& ctx) {

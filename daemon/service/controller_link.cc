@@ -62,7 +62,11 @@ bool ControllerLink::Register() {
   *req.mutable_layout() = layout_();
   v1::RegisterAgentResponse resp;
   grpc::Status s = stub_->RegisterAgent(&ctx, req, &resp);
-  if (!s.ok()) return false;
+  if (!s.ok()) {
+    // Retried with backoff (at most every 5 s); a refusal (token, certificate) shows here.
+    spdlog::warn("cannot register with controller {}: {}", address_, s.error_message());
+    return false;
+  }
   epoch_ = resp.epoch();
   reported_generation_ = req.layout().generation();
   if (resp.heartbeat_interval_ms() > 0) heartbeat_ms_ = resp.heartbeat_interval_ms();

@@ -15,7 +15,8 @@ Cluster::Cluster(const std::string& bin_dir, ClusterOptions options)
       << "heartbeat_timeout_ms: " << options_.heartbeat_timeout_ms << "\n"
       << "step_timeout_ms: 20000\nworld:\n  trainer_ranks: " << options_.trainer_ranks
       << "\n  inference_replicas: " << options_.inference_replicas
-      << "\n  inference_ranks_per_replica: " << options_.inference_ranks_per_replica << "\n";
+      << "\n  inference_ranks_per_replica: " << options_.inference_ranks_per_replica << "\n"
+      << options_.extra_controller_yaml;
   controller_ =
       std::make_unique<Process>(std::vector<std::string>{bin_dir_ + "/controller/wb-controller",
                                                          "--config", dir_ + "/controller.yaml"},
@@ -63,7 +64,8 @@ bool Cluster::StartAgent(const std::string& name) {
                         << "\ncontroller: " << controller_address()
                         << "\nheartbeat_interval_ms: 200\ntransports:\n  tcp:\n    listen: "
                            "127.0.0.1:0\n"
-                        << options_.extra_agent_yaml;
+                        << options_.extra_agent_yaml
+                        << (options_.agent_yaml.count(name) ? options_.agent_yaml.at(name) : "");
   unlink(socket(name).c_str());
   agents_[name] = std::make_unique<Process>(
       std::vector<std::string>{bin_dir_ + "/daemon/wb-agent", "--config", config},

@@ -233,6 +233,66 @@ TEST_CASE("nothing lands in a withdrawn region", "[transport]") {
   CHECK(dst->bytes == before);
 }
 
+// Withdrawal then registration of the same memory (a process re-registering its tensor after a
+// layout change) must not revive the old key. rdma rkeys come from the NIC (8 variable bits on
+// rxe and mlx5), so this case runs for the software backends, whose keys are 64 random bits.
+TEST_CASE("after re-registration the old descriptor and the old key are refused", "[transport]") {
+  if (BackendUnderTest() == "rdma") return;
+  auto pair = MakePair();
+  auto src = RegisterBuffer(pair->sender, 4096, Access::kSource, 24);
+  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 25);
+  const weightbeam::v1::RegionDescriptor old_desc = dst->desc;
+  REQUIRE(pair->peer->AddRemoteRegion(old_desc).ok());
+  REQUIRE(pair->receiver->Deregister(old_desc.region_id()).ok());
+  MemoryRef mem{dst->bytes.data(), dst->bytes.size(), MemoryKind::kHost, -1};
+  auto fresh = pair->receiver->Register(mem, Access::kDestination);
+  REQUIRE(fresh.ok());
+  CHECK(fresh->region_id() != old_desc.region_id());
+  CHECK(fresh->keys(0).key() != old_desc.keys(0).key());
+  const auto before = dst->bytes;
+
+  // The sender still holds the old descriptor.
+  absl::Status stale = pair->peer->WriteBatch(
+      {WriteOp{src->desc.region_id(), 0, old_desc.region_id(), 0, 4096}}, kWait);
+  CHECK_FALSE(stale.ok());
+  CHECK_THAT(std::string(stale.message()), Catch::Contains("not registered"));
+  // The new region under the old key.
+  REQUIRE(pair->peer->AddRemoteRegion(WithKey(*fresh, old_desc.keys(0).key())).ok());
+  absl::Status old_key = pair->peer->WriteBatch(
+      {WriteOp{src->desc.region_id(), 0, fresh->region_id(), 0, 4096}}, kWait);
+  CHECK_FALSE(old_key.ok());
+  CHECK_THAT(std::string(old_key.message()), Catch::Contains("wrong key"));
+  CHECK(dst->bytes == before);
+
+  // The fresh descriptor works.
+  REQUIRE(pair->peer->AddRemoteRegion(*fresh).ok());
+  absl::Status ok = pair->peer->WriteBatch(
+      {WriteOp{src->desc.region_id(), 0, fresh->region_id(), 0, 4096}}, kWait);
+  INFO(ok.ToString());
+  CHECK(ok.ok());
+  CHECK(dst->bytes == src->bytes);
+}
+
+// A receiver that forgets a sender (the controller no longer introduces it) revokes what the
+// handshake gave it: its writes are refused and nothing lands.
+TEST_CASE("a sender the receiver forgot cannot write any more", "[transport]") {
+  if (BackendUnderTest() != "tcp") return;  // tcp: tokens; rdma: queue pairs (VM suite)
+  auto pair = MakePair();
+  auto src = RegisterBuffer(pair->sender, 4096, Access::kSource, 26);
+  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 27);
+  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  REQUIRE(pair->peer
+              ->WriteBatch({WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 0, 64}}, kWait)
+              .ok());
+  pair->receiver->ForgetPeer("sender");
+  FillPattern(src->bytes.data(), src->bytes.size(), 28);
+  const auto before = dst->bytes;
+  absl::Status st = pair->peer->WriteBatch(
+      {WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 0, 4096}}, kWait);
+  CHECK_FALSE(st.ok());
+  CHECK(dst->bytes == before);
+}
+
 TEST_CASE("a source region does not accept remote writes", "[transport]") {
   auto pair = MakePair();
   auto src = RegisterBuffer(pair->sender, 4096, Access::kSource, 22);

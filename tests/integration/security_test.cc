@@ -1,0 +1,343 @@
+// Control-plane and data-plane security with real processes. A test CA (and a rogue one) made
+// by openssl in a temp dir; a controller and agents in mutual TLS + token mode run steps that
+// commit verified bytes; wbctl without a token or certificate is refused in one line; an agent
+// whose certificate comes from another CA cannot register; a valid agent certificate cannot
+// drive Agent.LoadPlan; handshakes from agents the controller did not introduce, or under
+// another agent's name, are refused. Token-only mode and startup errors are checked too.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "client/weightbeam/controller_client.h"
+#include "client/weightbeam/local_session.h"
+#include "client/weightbeam/shared_buffer.h"
+#include "config/credentials.h"
+#include "tests/support/cluster.h"
+#include "weightbeam/v1/agent.grpc.pb.h"
+#include "weightbeam/v1/transport.pb.h"
+
+namespace v1 = weightbeam::v1;
+using namespace wb::client;
+using wb::testing::Cluster;
+using wb::testing::ClusterOptions;
+using wb::testing::Process;
+
+namespace {
+
+constexpr char kToken[] = "s3cret-test-token-7f1c";
+
+// A CA, a rogue CA, and EC certificates (CN and SAN DNS = the name, SAN IP 127.0.0.1).
+std::string MakePki() {
+  const std::string dir = wb::testing::TempDir("wb-pki-");
+  const std::string script = R"(set -e
+cd ")" + dir + R"("
+ca() { openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+  -keyout $1.key -out $1.pem -days 2 -subj /CN=$1 >/dev/null 2>&1; }
+leaf() { openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+  -keyout $1.key -out $1.csr -subj /CN=$1 >/dev/null 2>&1
+  printf 'subjectAltName=DNS:%s,IP:127.0.0.1\n' $1 > $1.ext
+  openssl x509 -req -in $1.csr -CA $2.pem -CAkey $2.key -CAcreateserial -out $1.pem -days 2 \
+    -extfile $1.ext >/dev/null 2>&1; }
+ca ca; ca rogue-ca
+for n in wb-controller trainer-node inference-node intruder-node operator; do leaf $n ca; done
+leaf rogue-node rogue-ca
+printf '  )" + std::string(kToken) +
+                             R"(\n' > token
+printf 'not-the-token\n' > wrong-token
+)";
+  std::ofstream(dir + "/make.sh") << script;
+  REQUIRE(std::system(("bash " + dir + "/make.sh").c_str()) == 0);
+  return dir;
+}
+
+// The controller's tls: block: mutual TLS and the token.
+std::string ControllerTls(const std::string& pki) {
+  return "tls:\n  enabled: true\n  cert_file: " + pki + "/wb-controller.pem\n  key_file: " + pki +
+         "/wb-controller.key\n  ca_file: " + pki +
+         "/ca.pem\n  require_client_cert: true\n  token_file: " + pki + "/token\n";
+}
+
+// An agent's tls: block with the certificate `name` (signed by whichever CA made it).
+std::string AgentTls(const std::string& pki, const std::string& name) {
+  std::string y = "tls:\n  enabled: true\n  cert_file: " + pki + "/" + name + ".pem\n" +
+                  "  key_file: " + pki + "/" + name + ".key\n  ca_file: " + pki +
+                  "/ca.pem\n  require_client_cert: true\n  token_file: " + pki +
+                  "/token\n  controller_identity: wb-controller\n";
+  return y;
+}
+
+struct Output {
+  int code;
+  std::string text;
+};
+
+Output Wbctl(const std::string& dir, std::vector<std::string> args) {
+  static int n = 0;
+  const std::string log = dir + "/wbctl-" + std::to_string(n++) + ".out";
+  args.insert(args.begin(), wb::testing::Runfile("client/wbctl"));
+  Process p(args, log);
+  int code = p.Wait(std::chrono::seconds(60));
+  return {code, wb::testing::ReadFile(log)};
+}
+
+size_t Lines(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+// Agents may be up before the controller listens; calls made before then fail fast.
+void WaitForController(const Cluster& cluster) {
+  const std::string address = cluster.controller_address();
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  REQUIRE(wb::testing::WaitUntil([&] { return wb::testing::PortAccepts(port); },
+                                 std::chrono::seconds(15)));
+}
+
+// One BF16 tensor on each side, registered through the agents' Unix sockets (no TLS there).
+struct Sides {
+  SharedBuffer src, dst;
+  LocalSession trainer, inference;
+  static Sides Open(const Cluster& cluster) {
+    auto src = SharedBuffer::Create(64 * 256 * 2, "src");
+    auto dst = SharedBuffer::Create(64 * 256 * 2, "dst");
+    REQUIRE((src.ok() && dst.ok()));
+    auto trainer = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
+    auto inference =
+        LocalSession::Connect(cluster.socket("inference-node"), {v1::ROLE_INFERENCE, 0, 0});
+    REQUIRE((trainer.ok() && inference.ok()));
+    TensorInfo t{"lm_head.weight", v1::DTYPE_BF16, {64, 256}, {}};
+    REQUIRE(trainer->Register(t, *src, 0, src->size()).ok());
+    REQUIRE(inference->Register(t, *dst, 0, dst->size()).ok());
+    return Sides{std::move(*src), std::move(*dst), std::move(*trainer), std::move(*inference)};
+  }
+  void Fill(uint8_t v) { std::memset(src.data(), v, src.size()); }
+  bool Same() const { return std::memcmp(src.data(), dst.data(), src.size()) == 0; }
+};
+
+void PlanAndStep(ControllerClient* ctl, Sides* sides, uint64_t version) {
+  if (version == 1) {
+    v1::ExpectedWorld world;
+    world.set_trainer_ranks(1);
+    world.set_inference_replicas(1);
+    world.set_inference_ranks_per_replica(1);
+    auto plan = ctl->Plan(world, std::chrono::seconds(20));
+    INFO((plan.ok() ? "" : std::string(plan.status().message())));
+    REQUIRE(plan.ok());
+  }
+  sides->Fill(static_cast<uint8_t>(0x30 + version));
+  auto step = ctl->Step(version);
+  INFO((step.ok() ? "" : std::string(step.status().message())));
+  REQUIRE(step.ok());
+  CHECK(sides->Same());
+}
+
+// An Agent stub as some certificate holder (`cert` empty: no certificate) with or without the
+// token, for calls the test makes by hand.
+std::unique_ptr<v1::Agent::Stub> AgentStub(const std::string& pki, const std::string& endpoint,
+                                           const std::string& cert, bool token, bool tls = true) {
+  wb::config::TlsConfig c;
+  c.enabled = tls;
+  c.ca_file = tls ? pki + "/ca.pem" : "";
+  if (!cert.empty()) {
+    c.cert_file = pki + "/" + cert + ".pem";
+    c.key_file = pki + "/" + cert + ".key";
+  }
+  if (token) c.token_file = pki + "/token";
+  auto f = wb::security::ChannelFactory::FromConfig(c);
+  REQUIRE(f.ok());
+  return v1::Agent::NewStub(f->Create(endpoint));
+}
+
+grpc::Status Handshake(v1::Agent::Stub* stub, const std::string& from_agent) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::HandshakeRequest req;
+  req.set_from_agent(from_agent);
+  req.set_transport("tcp");
+  v1::TcpHello hello;
+  hello.set_from_agent(from_agent);
+  hello.set_endpoint("127.0.0.1:1");
+  req.set_record(hello.SerializeAsString());
+  v1::HandshakeResponse resp;
+  return stub->Handshake(&ctx, req, &resp);
+}
+
+}  // namespace
+
+TEST_CASE("mutual TLS + token: steps commit; outsiders, rogue certificates and strangers fail") {
+  const std::string pki = MakePki();
+  ClusterOptions options;
+  options.agents = {"trainer-node", "inference-node", "rogue-node"};
+  options.extra_controller_yaml = ControllerTls(pki);
+  options.agent_yaml["trainer-node"] = AgentTls(pki, "trainer-node");
+  options.agent_yaml["inference-node"] = AgentTls(pki, "inference-node");
+  // Trusts our CA (so it could verify the controller) but holds a rogue CA's certificate.
+  options.agent_yaml["rogue-node"] = AgentTls(pki, "rogue-node");
+  Cluster cluster(wb::testing::Runfile(""), options);
+  WaitForController(cluster);
+  Sides sides = Sides::Open(cluster);
+
+  ControllerClient::Security operator_creds{pki + "/ca.pem", pki + "/operator.pem",
+                                            pki + "/operator.key", pki + "/token", ""};
+  auto ctl = ControllerClient::Connect(cluster.controller_address(), operator_creds);
+  REQUIRE(ctl.ok());
+  PlanAndStep(&*ctl, &sides, 1);
+  CHECK_THAT(cluster.Log("controller"), Catch::Contains("mutual TLS, call token required"));
+
+  // The rogue agent's certificate is not from our CA: it never registers.
+  CHECK(wb::testing::WaitUntil(
+      [&] {
+        return cluster.Log("rogue-node").find("cannot register with controller") !=
+               std::string::npos;
+      },
+      std::chrono::seconds(15)));
+  auto status = ctl->Status();
+  REQUIRE(status.ok());
+  std::set<std::string> names;
+  for (const auto& a : status->agents()) names.insert(a.info().name());
+  CHECK(names == std::set<std::string>{"inference-node", "trainer-node"});
+
+  const std::string ctl_flag = "--controller=" + cluster.controller_address();
+  // wbctl with nothing: the TLS handshake fails; one line names the controller and the fix.
+  Output plain = Wbctl(cluster.dir(), {ctl_flag, "status"});
+  INFO(plain.text);
+  CHECK(plain.code == 2);
+  CHECK(Lines(plain.text) == 1);
+  CHECK_THAT(plain.text, Catch::StartsWith("wbctl: controller at " + cluster.controller_address() +
+                                           " is unreachable") &&
+                             Catch::Contains("--ca"));
+  // A certificate but no token.
+  const std::vector<std::string> cert_flags = {"--ca=" + pki + "/ca.pem",
+                                               "--cert=" + pki + "/operator.pem",
+                                               "--key=" + pki + "/operator.key"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {ctl_flag};
+    args.insert(args.end(), cert_flags.begin(), cert_flags.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back("status");
+    return Wbctl(cluster.dir(), args);
+  };
+  Output no_token = with({});
+  INFO(no_token.text);
+  CHECK(no_token.code == 2);
+  CHECK(Lines(no_token.text) == 1);
+  CHECK_THAT(no_token.text, Catch::Contains("wb-controller requires a token"));
+  Output wrong = with({"--token-file=" + pki + "/wrong-token"});
+  INFO(wrong.text);
+  CHECK(wrong.code == 2);
+  CHECK_THAT(wrong.text, Catch::Contains("the token sent to wb-controller is wrong"));
+  CHECK_THAT(wrong.text, !Catch::Contains("not-the-token") && !Catch::Contains(kToken));
+  Output good = with({"--token-file=" + pki + "/token"});
+  INFO(good.text);
+  CHECK(good.code == 0);
+
+  const std::string inference = cluster.agent_address("inference-node");
+  {
+    INFO("an agent's valid certificate cannot drive the controller's Agent calls");
+    auto stub = AgentStub(pki, inference, "trainer-node", true);
+    grpc::ClientContext ctx;
+    v1::LoadPlanRequest req;
+    req.mutable_plan()->set_plan_id(999);
+    v1::LoadPlanResponse resp;
+    grpc::Status s = stub->LoadPlan(&ctx, req, &resp);
+    CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+    CHECK_THAT(s.error_message(),
+               Catch::Contains("Agent.LoadPlan on agent inference-node is only for the "
+                               "controller ('wb-controller')") &&
+                   Catch::Contains("'trainer-node'"));
+    grpc::ClientContext cctx;
+    v1::CommitRequest commit;
+    commit.set_version(100);
+    v1::CommitResponse cresp;
+    CHECK(stub->Commit(&cctx, commit, &cresp).error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  }
+
+  {
+    INFO("the Agent service wants the token too");
+    auto stub = AgentStub(pki, inference, "trainer-node", false);
+    grpc::ClientContext ctx;
+    v1::HealthResponse resp;
+    grpc::Status s = stub->Health(&ctx, v1::HealthRequest(), &resp);
+    CHECK(s.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK_THAT(s.error_message(), Catch::Contains("agent inference-node requires a token"));
+  }
+
+  {
+    INFO("handshakes: only introduced senders, only under their certificate's name");
+    auto intruder = AgentStub(pki, inference, "intruder-node", true);
+    grpc::Status s = Handshake(intruder.get(), "intruder-node");
+    CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+    CHECK_THAT(s.error_message(),
+               Catch::Contains("agent 'intruder-node' was not introduced by the controller"));
+    // Claiming to be the introduced sender does not help without its certificate.
+    s = Handshake(intruder.get(), "trainer-node");
+    CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+    CHECK_THAT(s.error_message(), Catch::Contains("Agent.Handshake on agent inference-node is for "
+                                                  "'trainer-node' only") &&
+                                      Catch::Contains("'intruder-node'"));
+  }
+
+  // Whatever was refused above, the real path still works.
+  PlanAndStep(&*ctl, &sides, 2);
+}
+
+TEST_CASE("token without TLS: steps commit; calls without it are refused; strangers too") {
+  const std::string pki = MakePki();
+  ClusterOptions options;
+  options.extra_controller_yaml = "tls:\n  token_file: " + pki + "/token\n";
+  options.extra_agent_yaml = "tls:\n  token_file: " + pki + "/token\n";
+  Cluster cluster(wb::testing::Runfile(""), options);
+  WaitForController(cluster);
+  Sides sides = Sides::Open(cluster);
+  auto ctl = ControllerClient::Connect(cluster.controller_address(),
+                                       ControllerClient::Security{"", "", "", pki + "/token", ""});
+  REQUIRE(ctl.ok());
+  PlanAndStep(&*ctl, &sides, 1);
+  CHECK_THAT(cluster.Log("controller"), Catch::Contains("control plane is insecure (no TLS)"));
+
+  Output none = Wbctl(cluster.dir(), {"--controller=" + cluster.controller_address(), "plan"});
+  INFO(none.text);
+  CHECK(none.code == 2);
+  CHECK(Lines(none.text) == 1);
+  CHECK_THAT(none.text, Catch::Contains("wb-controller requires a token"));
+
+  auto stranger = AgentStub(pki, cluster.agent_address("inference-node"), "", true, /*tls=*/false);
+  grpc::Status s = Handshake(stranger.get(), "intruder-node");
+  CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  CHECK_THAT(s.error_message(),
+             Catch::Contains("agent 'intruder-node' was not introduced by the controller"));
+  auto no_token = AgentStub(pki, cluster.agent_address("inference-node"), "", false, /*tls=*/false);
+  grpc::ClientContext ctx;
+  v1::BeginRequest begin;
+  begin.set_version(50);
+  v1::BeginResponse resp;
+  s = no_token->Begin(&ctx, begin, &resp);
+  CHECK(s.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  PlanAndStep(&*ctl, &sides, 2);
+}
+
+TEST_CASE("unreadable TLS files and tokens stop a daemon at startup, naming key and file") {
+  const std::string dir = wb::testing::TempDir("wb-tls-bad-");
+  std::ofstream(dir + "/empty-token") << "  \n";
+  std::ofstream(dir + "/c1.yaml") << "listen: 127.0.0.1:" << wb::testing::FreePort()
+                                  << "\ntls:\n  enabled: true\n  cert_file: " << dir
+                                  << "/missing.pem\n  key_file: " << dir << "/missing.key\n";
+  std::ofstream(dir + "/c2.yaml") << "listen: 127.0.0.1:" << wb::testing::FreePort()
+                                  << "\ntls:\n  token_file: " << dir << "/empty-token\n";
+  const std::string bin = wb::testing::Runfile("controller/wb-controller");
+  {
+    Process p({bin, "--config", dir + "/c1.yaml"}, dir + "/c1.log");
+    CHECK(p.Wait(std::chrono::seconds(20)) == 2);
+  }
+  CHECK_THAT(wb::testing::ReadFile(dir + "/c1.log"),
+             Catch::Contains("tls.cert_file: cannot read " + dir + "/missing.pem"));
+  {
+    Process p({bin, "--config", dir + "/c2.yaml"}, dir + "/c2.log");
+    CHECK(p.Wait(std::chrono::seconds(20)) == 2);
+  }
+  CHECK_THAT(wb::testing::ReadFile(dir + "/c2.log"),
+             Catch::Contains("tls.token_file: " + dir + "/empty-token is empty"));
+}
