@@ -21,6 +21,8 @@ Cluster::Cluster(const std::string& bin_dir, ClusterOptions options)
       std::make_unique<Process>(std::vector<std::string>{bin_dir_ + "/controller/wb-controller",
                                                          "--config", dir_ + "/controller.yaml"},
                                 dir_ + "/controller.log");
+  // Calls made before the controller listens fail at once (connection refused): wait for it.
+  WaitUntil([&] { return PortAccepts(controller_port_); }, std::chrono::seconds(15));
   for (const auto& name : options_.agents) {
     agent_ports_[name] = FreePort();
     StartAgent(name);
@@ -39,6 +41,7 @@ void Cluster::RestartController(int sig) {
   controller_->Wait(std::chrono::seconds(5));
   controller_.reset();
   StartController();
+  WaitUntil([&] { return PortAccepts(controller_port_); }, std::chrono::seconds(15));
 }
 
 Cluster::~Cluster() {
