@@ -28,7 +28,10 @@ def wait_until(cond, timeout_s, what):
 class Cluster:
     """A controller expecting ``world`` and one agent per name in ``agents``."""
 
-    def __init__(self, agents, trainer_ranks, inference_replicas=1, inference_ranks_per_replica=1):
+    def __init__(self, agents, trainer_ranks, inference_replicas=1, inference_ranks_per_replica=1,
+                 controller_yaml="", agent_yaml=None):
+        """``controller_yaml`` is appended to the controller's file, ``agent_yaml(name)`` (a
+        function) to each agent's (e.g. a tls: block)."""
         bin_dir = os.environ.get("WB_BIN_DIR", "bazel-bin")
         self.dir = tempfile.mkdtemp(prefix="wb-py-", dir="/tmp")  # short: Unix socket paths
         self.controller_address = f"127.0.0.1:{free_port()}"
@@ -38,7 +41,7 @@ class Cluster:
             f"listen: {self.controller_address}\nlog_level: warn\nheartbeat_timeout_ms: 3000\n"
             f"world:\n  trainer_ranks: {trainer_ranks}\n  inference_replicas: "
             f"{inference_replicas}\n  inference_ranks_per_replica: "
-            f"{inference_ranks_per_replica}\n"))
+            f"{inference_ranks_per_replica}\n" + controller_yaml))
         self._start([os.path.join(bin_dir, "controller/wb-controller"), "--config",
                      self._path("controller.yaml")], "controller.log")
         for name in agents:
@@ -48,7 +51,8 @@ class Cluster:
                 f"name: {name}\nlog_level: warn\nlocal_socket: {sock}\n"
                 f"listen: 127.0.0.1:{free_port()}\ncontroller: {self.controller_address}\n"
                 "heartbeat_interval_ms: 200\ntransports:\n  tcp:\n    listen: 127.0.0.1:0\n"
-                "executor:\n  staging_watermark_bytes: 64MiB\n"))
+                "executor:\n  staging_watermark_bytes: 64MiB\n"
+                + (agent_yaml(name) if agent_yaml else "")))
             self._start([os.path.join(bin_dir, "daemon/wb-agent"), "--config",
                          self._path(f"{name}.yaml")], f"{name}.log")
         for name, sock in self.sockets.items():
