@@ -172,6 +172,25 @@ TEST_CASE("controller config: missing required keys and bad rules are named") {
   CHECK_THAT(e, Catch::Contains("'world.trainer_ranks'"));
 }
 
+TEST_CASE("agent tls: mutual TLS needs the controller's identity, and that needs a CA") {
+  std::string e = ErrorOf(
+      "tls: {enabled: true, cert_file: a.pem, key_file: a.key, ca_file: ca.pem, "
+      "require_client_cert: true}\n");
+  CHECK_THAT(e, Catch::Contains("'tls.controller_identity': expected the controller "
+                                "certificate's CN or SAN when require_client_cert is true"));
+  e = ErrorOf(
+      "tls: {enabled: true, cert_file: a.pem, key_file: a.key, controller_identity: ctl}\n");
+  CHECK_THAT(e, Catch::Contains("'tls.ca_file'"));
+  auto c = ParseAgentConfig(
+      "tls: {enabled: true, cert_file: a.pem, key_file: a.key, ca_file: ca.pem, "
+      "require_client_cert: true, controller_identity: wb-controller, server_name: ctl.local, "
+      "token_file: /etc/weightbeam/token}\n",
+      "agent.yaml");
+  REQUIRE(c.ok());
+  CHECK(c->tls.controller_identity == "wb-controller");
+  CHECK(c->tls.server_name == "ctl.local");
+}
+
 TEST_CASE("the example files in config/examples load") {
   for (const char* name : {"config/examples/agent.yaml", "config/examples/agent-inference.yaml"}) {
     auto c = wb::config::LoadAgentConfig(name);
@@ -189,11 +208,13 @@ TEST_CASE("the deployment configs in deploy/etc load") {
     INFO(name << ": " << c.status().message());
     REQUIRE(c.ok());
     CHECK(c->rdma.enabled);
+    CHECK(c->tls.require_client_cert);
   }
   auto c = wb::config::LoadControllerConfig("deploy/etc/controller.yaml");
   INFO(c.status().message());
   REQUIRE(c.ok());
   CHECK(c->world.inference_ranks_per_replica == 8);
+  CHECK(c->tls.require_client_cert);
 }
 
 TEST_CASE("integers are decimal even with a leading zero") {
