@@ -15,58 +15,20 @@
 #include "client/weightbeam/shared_buffer.h"
 #include "config/credentials.h"
 #include "tests/support/cluster.h"
+#include "tests/support/test_pki.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 #include "weightbeam/v1/transport.pb.h"
 
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
+using wb::testing::AgentTlsYaml;
 using wb::testing::Cluster;
 using wb::testing::ClusterOptions;
+using wb::testing::ControllerTlsYaml;
+using wb::testing::kTestToken;
 using wb::testing::Process;
 
 namespace {
-
-constexpr char kToken[] = "s3cret-test-token-7f1c";
-
-// A CA, a rogue CA, and EC certificates (CN and SAN DNS = the name, SAN IP 127.0.0.1).
-std::string MakePki() {
-  const std::string dir = wb::testing::TempDir("wb-pki-");
-  const std::string script = R"(set -e
-cd ")" + dir + R"("
-ca() { openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-  -keyout $1.key -out $1.pem -days 2 -subj /CN=$1 >/dev/null 2>&1; }
-leaf() { openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-  -keyout $1.key -out $1.csr -subj /CN=$1 >/dev/null 2>&1
-  printf 'subjectAltName=DNS:%s,IP:127.0.0.1\n' $1 > $1.ext
-  openssl x509 -req -in $1.csr -CA $2.pem -CAkey $2.key -CAcreateserial -out $1.pem -days 2 \
-    -extfile $1.ext >/dev/null 2>&1; }
-ca ca; ca rogue-ca
-for n in wb-controller trainer-node inference-node intruder-node operator; do leaf $n ca; done
-leaf rogue-node rogue-ca
-printf '  )" + std::string(kToken) +
-                             R"(\n' > token
-printf 'not-the-token\n' > wrong-token
-)";
-  std::ofstream(dir + "/make.sh") << script;
-  REQUIRE(std::system(("bash " + dir + "/make.sh").c_str()) == 0);
-  return dir;
-}
-
-// The controller's tls: block: mutual TLS and the token.
-std::string ControllerTls(const std::string& pki) {
-  return "tls:\n  enabled: true\n  cert_file: " + pki + "/wb-controller.pem\n  key_file: " + pki +
-         "/wb-controller.key\n  ca_file: " + pki +
-         "/ca.pem\n  require_client_cert: true\n  token_file: " + pki + "/token\n";
-}
-
-// An agent's tls: block with the certificate `name` (signed by whichever CA made it).
-std::string AgentTls(const std::string& pki, const std::string& name) {
-  std::string y = "tls:\n  enabled: true\n  cert_file: " + pki + "/" + name + ".pem\n" +
-                  "  key_file: " + pki + "/" + name + ".key\n  ca_file: " + pki +
-                  "/ca.pem\n  require_client_cert: true\n  token_file: " + pki +
-                  "/token\n  controller_identity: wb-controller\n";
-  return y;
-}
 
 struct Output {
   int code;
@@ -168,14 +130,17 @@ grpc::Status Handshake(v1::Agent::Stub* stub, const std::string& from_agent) {
 }  // namespace
 
 TEST_CASE("mutual TLS + token: steps commit; outsiders, rogue certificates and strangers fail") {
-  const std::string pki = MakePki();
+  const std::string pki = wb::testing::MakeTestPki(
+      {"wb-controller", "trainer-node", "inference-node", "intruder-node", "operator"},
+      {"rogue-node"});
+  REQUIRE(!pki.empty());
   ClusterOptions options;
   options.agents = {"trainer-node", "inference-node", "rogue-node"};
-  options.extra_controller_yaml = ControllerTls(pki);
-  options.agent_yaml["trainer-node"] = AgentTls(pki, "trainer-node");
-  options.agent_yaml["inference-node"] = AgentTls(pki, "inference-node");
+  options.extra_controller_yaml = ControllerTlsYaml(pki);
+  options.agent_yaml["trainer-node"] = AgentTlsYaml(pki, "trainer-node");
+  options.agent_yaml["inference-node"] = AgentTlsYaml(pki, "inference-node");
   // Trusts our CA (so it could verify the controller) but holds a rogue CA's certificate.
-  options.agent_yaml["rogue-node"] = AgentTls(pki, "rogue-node");
+  options.agent_yaml["rogue-node"] = AgentTlsYaml(pki, "rogue-node");
   Cluster cluster(wb::testing::Runfile(""), options);
   WaitForController(cluster);
   Sides sides = Sides::Open(cluster);
@@ -229,7 +194,7 @@ TEST_CASE("mutual TLS + token: steps commit; outsiders, rogue certificates and s
   INFO(wrong.text);
   CHECK(wrong.code == 2);
   CHECK_THAT(wrong.text, Catch::Contains("the token sent to wb-controller is wrong"));
-  CHECK_THAT(wrong.text, !Catch::Contains("not-the-token") && !Catch::Contains(kToken));
+  CHECK_THAT(wrong.text, !Catch::Contains("not-the-token") && !Catch::Contains(kTestToken));
   Output good = with({"--token-file=" + pki + "/token"});
   INFO(good.text);
   CHECK(good.code == 0);
@@ -285,7 +250,8 @@ TEST_CASE("mutual TLS + token: steps commit; outsiders, rogue certificates and s
 }
 
 TEST_CASE("token without TLS: steps commit; calls without it are refused; strangers too") {
-  const std::string pki = MakePki();
+  const std::string pki = wb::testing::MakeTestPki({});
+  REQUIRE(!pki.empty());
   ClusterOptions options;
   options.extra_controller_yaml = "tls:\n  token_file: " + pki + "/token\n";
   options.extra_agent_yaml = "tls:\n  token_file: " + pki + "/token\n";
