@@ -98,6 +98,7 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std:
   r.ReadString("local_socket", &c.local_socket);
   r.ReadMode("socket_mode", &c.socket_mode);
   r.ReadString("socket_group", &c.socket_group);
+  r.ReadString("socket_owner", &c.socket_owner);
   r.ReadString("listen", &c.listen);
   CheckHostPort(r, "listen", c.listen);
   r.ReadString("advertise_host", &c.advertise_host);

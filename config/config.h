@@ -54,6 +54,7 @@ struct AgentConfig {
   std::string local_socket = "/run/weightbeam/agent.sock";
   uint32_t socket_mode = 0660;
   std::string socket_group;             // empty: the agent's own group
+  std::string socket_owner;             // user owning the socket; empty: the agent's own user
   std::string listen = "0.0.0.0:7101";  // the Agent gRPC service
   std::string advertise_host;           // how others reach this node; default: listen host
   std::string controller = "127.0.0.1:7100";

@@ -1,6 +1,7 @@
 #include "daemon/service/agent_node.h"
 
 #include <grp.h>
+#include <pwd.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -103,6 +104,17 @@ absl::Status AgentNode::BindLocalSocket() {
     if (chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
       return absl::PermissionDeniedError(absl::StrCat(
           "chown ", path, " to group ", config_.socket_group, ": ", std::strerror(errno)));
+    }
+  }
+  if (!config_.socket_owner.empty()) {
+    struct passwd* pw = getpwnam(config_.socket_owner.c_str());
+    if (pw == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("socket_owner '", config_.socket_owner, "' does not exist"));
+    }
+    if (chown(path.c_str(), pw->pw_uid, static_cast<gid_t>(-1)) != 0) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "chown ", path, " to user ", config_.socket_owner, ": ", std::strerror(errno)));
     }
   }
   return absl::OkStatus();

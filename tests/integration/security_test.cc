@@ -4,6 +4,11 @@
 // whose certificate comes from another CA cannot register; a valid agent certificate cannot
 // drive Agent.LoadPlan; handshakes from agents the controller did not introduce, or under
 // another agent's name, are refused. Token-only mode and startup errors are checked too.
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -306,4 +311,39 @@ TEST_CASE("unreadable TLS files and tokens stop a daemon at startup, naming key 
   }
   CHECK_THAT(wb::testing::ReadFile(dir + "/c2.log"),
              Catch::Contains("tls.token_file: " + dir + "/empty-token is empty"));
+}
+
+TEST_CASE("the Unix socket gets the configured owner, group and mode; an unknown owner is named") {
+  if (geteuid() != 0) {
+    WARN("SKIPPED: changing a socket's owner needs root");
+    return;
+  }
+  const std::string dir = wb::testing::TempDir("wb-sock-");
+  const std::string agent = wb::testing::Runfile("daemon/wb-agent");
+  auto write_config = [&](const std::string& file, const std::string& owner) {
+    std::ofstream(dir + "/" + file)
+        << "name: sock-node\nlocal_socket: " << dir
+        << "/agent.sock\nsocket_mode: 0600\nsocket_owner: " << owner
+        << "\nsocket_group: nogroup\nlisten: 127.0.0.1:" << wb::testing::FreePort()
+        << "\ncontroller: 127.0.0.1:" << wb::testing::FreePort()
+        << "\ntransports:\n  tcp:\n    listen: 127.0.0.1:0\n";
+  };
+  write_config("good.yaml", "nobody");
+  {
+    Process p({agent, "--config", dir + "/good.yaml"}, dir + "/good.log");
+    const std::string sock = dir + "/agent.sock";
+    struct stat st {};
+    REQUIRE(wb::testing::WaitUntil(
+        [&] {
+          return stat(sock.c_str(), &st) == 0 && st.st_uid == getpwnam("nobody")->pw_uid &&
+                 st.st_gid == getgrnam("nogroup")->gr_gid;
+        },
+        std::chrono::seconds(10)));
+    CHECK((st.st_mode & 0777) == 0600);
+  }
+  write_config("bad.yaml", "no-such-user-wb");
+  Process p({agent, "--config", dir + "/bad.yaml"}, dir + "/bad.log");
+  CHECK(p.Wait(std::chrono::seconds(20)) == 1);
+  CHECK_THAT(wb::testing::ReadFile(dir + "/bad.log"),
+             Catch::Contains("socket_owner 'no-such-user-wb' does not exist"));
 }
