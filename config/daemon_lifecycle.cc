@@ -29,4 +29,12 @@ void WarnIfInsecure(bool tls_enabled) {
   }
 }
 
+void WarnIfCallersUnchecked(bool tls_enabled, bool has_ca, bool has_token) {
+  if (tls_enabled && !has_ca && !has_token) {
+    spdlog::warn(
+        "TLS is on but callers are not checked (no tls.ca_file for client certificates, no "
+        "tls.token_file): anyone who reaches the port may call");
+  }
+}
+
 }  // namespace wb

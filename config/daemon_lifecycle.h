@@ -24,5 +24,8 @@ void NotifyStopping();
 
 // Says at startup that the control plane runs without TLS.
 void WarnIfInsecure(bool tls_enabled);
+// Says at startup when TLS is on but callers are not checked (no CA to verify client
+// certificates, no token): the channel is private, yet anyone who reaches the port may call.
+void WarnIfCallersUnchecked(bool tls_enabled, bool has_ca, bool has_token);
 
 }  // namespace wb

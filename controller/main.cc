@@ -96,6 +96,8 @@ int main(int argc, char** argv) {
       config.tls.enabled ? (config.tls.require_client_cert ? "mutual TLS" : "TLS") : "no TLS",
       config.tls.token_file.empty() ? "" : ", call token required");
   wb::WarnIfInsecure(config.tls.enabled);
+  wb::WarnIfCallersUnchecked(config.tls.enabled, !config.tls.ca_file.empty(),
+                             !config.tls.token_file.empty());
   wb::NotifyReady();
   std::atomic<bool> stop{false};
   std::thread sweeper([&] {

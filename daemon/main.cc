@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   wb::WarnIfInsecure(config.tls.enabled);
+  wb::WarnIfCallersUnchecked(config.tls.enabled, !config.tls.ca_file.empty(),
+                             !config.tls.token_file.empty());
   wb::NotifyReady();
   std::thread waiter([&] {
     int sig = signals.Wait();
