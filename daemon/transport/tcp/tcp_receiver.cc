@@ -30,6 +30,17 @@ std::string AddressText(const sockaddr_storage& addr) {
 }
 
 constexpr size_t kTokenBytes = 16;
+
+// No early exit: how long a HELLO takes to be refused says nothing about the issued tokens.
+bool ConstantTimeEqual(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |=
+        static_cast<unsigned>(static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i]));
+  }
+  return diff == 0;
+}
 // Each connection costs a thread; unauthenticated ones wait up to the write timeout for HELLO.
 constexpr size_t kMaxConnections = 1024;
 
@@ -205,12 +216,14 @@ absl::Status TcpReceiver::Handshake(Connection* conn) {
   std::string peer;
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
-    auto it = token_to_peer_.find(hello.token());
-    if (it == token_to_peer_.end()) {
+    // Every issued token is compared (a map lookup would stop at the first differing byte).
+    for (const auto& [name, token] : peer_to_token_) {
+      if (ConstantTimeEqual(token, hello.token())) peer = name;
+    }
+    if (peer.empty()) {
       return absl::PermissionDeniedError(
           absl::StrCat("unknown token from '", hello.from_agent(), "' (not introduced by Accept)"));
     }
-    peer = it->second;
   }
   {
     std::lock_guard<std::mutex> lock(conns_mu_);
