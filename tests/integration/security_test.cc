@@ -140,12 +140,14 @@ TEST_CASE("mutual TLS + token: steps commit; outsiders, rogue certificates and s
       {"rogue-node"});
   REQUIRE(!pki.empty());
   ClusterOptions options;
-  options.agents = {"trainer-node", "inference-node", "rogue-node"};
+  options.agents = {"trainer-node", "inference-node", "rogue-node", "impostor-node"};
   options.extra_controller_yaml = ControllerTlsYaml(pki);
   options.agent_yaml["trainer-node"] = AgentTlsYaml(pki, "trainer-node");
   options.agent_yaml["inference-node"] = AgentTlsYaml(pki, "inference-node");
   // Trusts our CA (so it could verify the controller) but holds a rogue CA's certificate.
   options.agent_yaml["rogue-node"] = AgentTlsYaml(pki, "rogue-node");
+  // A valid certificate, but for another name than the one it registers under.
+  options.agent_yaml["impostor-node"] = AgentTlsYaml(pki, "intruder-node");
   Cluster cluster(wb::testing::Runfile(""), options);
   WaitForController(cluster);
   Sides sides = Sides::Open(cluster);
@@ -162,6 +164,14 @@ TEST_CASE("mutual TLS + token: steps commit; outsiders, rogue certificates and s
       [&] {
         return cluster.Log("rogue-node").find("cannot register with controller") !=
                std::string::npos;
+      },
+      std::chrono::seconds(15)));
+  CHECK(wb::testing::WaitUntil(
+      [&] {
+        return cluster.Log("impostor-node")
+                   .find(
+                       "Controller.RegisterAgent on wb-controller is for 'impostor-node' only; "
+                       "the caller's certificate names 'intruder-node'") != std::string::npos;
       },
       std::chrono::seconds(15)));
   auto status = ctl->Status();
@@ -311,6 +321,23 @@ TEST_CASE("unreadable TLS files and tokens stop a daemon at startup, naming key 
   }
   CHECK_THAT(wb::testing::ReadFile(dir + "/c2.log"),
              Catch::Contains("tls.token_file: " + dir + "/empty-token is empty"));
+
+  // TLS without a CA or a token starts, and says that callers are not checked.
+  const std::string pki = wb::testing::MakeTestPki({"wb-controller"});
+  REQUIRE(!pki.empty());
+  std::ofstream(dir + "/c3.yaml") << "listen: 127.0.0.1:" << wb::testing::FreePort()
+                                  << "\ntls:\n  enabled: true\n  cert_file: " << pki
+                                  << "/wb-controller.pem\n  key_file: " << pki
+                                  << "/wb-controller.key\n";
+  Process p({bin, "--config", dir + "/c3.yaml"}, dir + "/c3.log");
+  CHECK(wb::testing::WaitUntil(
+      [&] {
+        return wb::testing::ReadFile(dir + "/c3.log")
+                   .find("TLS is on but callers are not checked") != std::string::npos;
+      },
+      std::chrono::seconds(15)));
+  CHECK_THAT(wb::testing::ReadFile(dir + "/c3.log"),
+             Catch::Contains("(epoch") && Catch::Contains("; TLS)"));
 }
 
 TEST_CASE("the Unix socket gets the configured owner, group and mode; an unknown owner is named") {
