@@ -374,3 +374,53 @@ TEST_CASE("the Unix socket gets the configured owner, group and mode; an unknown
   CHECK_THAT(wb::testing::ReadFile(dir + "/bad.log"),
              Catch::Contains("socket_owner 'no-such-user-wb' does not exist"));
 }
+
+TEST_CASE("a sender dropped from the plan is disconnected by its receiver and refused after") {
+  ClusterOptions options;
+  options.agents = {"trainer-a", "trainer-b", "inference-node"};
+  Cluster cluster(wb::testing::Runfile(""), options);
+  WaitForController(cluster);
+  const uint64_t bytes = 64 * 256 * 2;
+  auto a_buf = SharedBuffer::Create(bytes, "a");
+  auto b_buf = SharedBuffer::Create(bytes, "b");
+  auto dst = SharedBuffer::Create(bytes, "dst");
+  REQUIRE((a_buf.ok() && b_buf.ok() && dst.ok()));
+  std::memset(a_buf->data(), 0xa1, bytes);
+  std::memset(b_buf->data(), 0xb2, bytes);
+  TensorInfo t{"lm_head.weight", v1::DTYPE_BF16, {64, 256}, {}};
+  auto inference =
+      LocalSession::Connect(cluster.socket("inference-node"), {v1::ROLE_INFERENCE, 0, 0});
+  REQUIRE(inference.ok());
+  REQUIRE(inference->Register(t, *dst, 0, bytes).ok());
+  auto ctl = ControllerClient::Connect(cluster.controller_address(), ControllerClient::Security{});
+  REQUIRE(ctl.ok());
+  {
+    // Plan 1: trainer-a holds rank 0 and sends.
+    auto a = LocalSession::Connect(cluster.socket("trainer-a"), {v1::ROLE_TRAINER, 0, 0});
+    REQUIRE(a.ok());
+    REQUIRE(a->Register(t, *a_buf, 0, bytes).ok());
+    v1::ExpectedWorld world;
+    world.set_trainer_ranks(1);
+    world.set_inference_replicas(1);
+    world.set_inference_ranks_per_replica(1);
+    REQUIRE(ctl->Plan(world, std::chrono::seconds(20)).ok());
+    auto step = ctl->Step(1);
+    INFO((step.ok() ? "" : std::string(step.status().message())));
+    REQUIRE(step.ok());
+    CHECK(std::memcmp(dst->data(), a_buf->data(), bytes) == 0);
+  }  // trainer-a's process leaves: its regions are withdrawn, the layout changed
+  auto b = LocalSession::Connect(cluster.socket("trainer-b"), {v1::ROLE_TRAINER, 0, 0});
+  REQUIRE(b.ok());
+  REQUIRE(b->Register(t, *b_buf, 0, bytes).ok());
+  // The next step re-plans: trainer-b sends, and the receiver drops trainer-a.
+  auto step = wb::testing::WaitUntil([&] { return ctl->Step(2).ok(); }, std::chrono::seconds(15));
+  REQUIRE(step);
+  CHECK(std::memcmp(dst->data(), b_buf->data(), bytes) == 0);
+  CHECK_THAT(cluster.Log("inference-node"),
+             Catch::Contains("1 sender(s) introduced, 1 disconnected"));
+  auto stub = AgentStub("", cluster.agent_address("inference-node"), "", false, /*tls=*/false);
+  grpc::Status s = Handshake(stub.get(), "trainer-a");
+  CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+  CHECK_THAT(s.error_message(),
+             Catch::Contains("agent 'trainer-a' was not introduced by the controller"));
+}
