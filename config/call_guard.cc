@@ -48,6 +48,7 @@ absl::StatusOr<CallGuard> CallGuard::FromConfig(const config::TlsConfig& tls,
     auto token = ReadTokenFile(tls.token_file);
     if (!token.ok()) return token.status();
     g.token_ = *token;
+    WarnIfReadableByOthers("tls.token_file", tls.token_file);
   }
   g.checks_identity_ = tls.enabled && !tls.ca_file.empty();
   if (tls.enabled) g.controller_identity_ = tls.controller_identity;

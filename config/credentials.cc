@@ -1,6 +1,8 @@
 #include "config/credentials.h"
 
 #include <grpcpp/support/client_interceptor.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
@@ -66,6 +68,14 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& key, const std::strin
   return text;
 }
 
+void WarnIfReadableByOthers(const std::string& key, const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) == 0 && (st.st_mode & 0077) != 0) {
+    spdlog::warn("{}: {} is readable by group or others (mode {:04o}); chmod 0600 it", key, path,
+                 st.st_mode & 07777);
+  }
+}
+
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   auto text = ReadWhole("tls.token_file", path);
   if (!text.ok()) return text.status();
@@ -90,6 +100,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   if (!cert.ok()) return cert.status();
   auto key = ReadPemFile("tls.key_file", tls.key_file);
   if (!key.ok()) return key.status();
+  WarnIfReadableByOthers("tls.key_file", tls.key_file);
   grpc_ssl_client_certificate_request_type request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
   std::string roots;
   if (!tls.ca_file.empty()) {

@@ -16,6 +16,8 @@ namespace wb::security {
 // Reads a PEM file named by config key `key` (e.g. "tls.cert_file"); errors name the key, the
 // path and the cause.
 absl::StatusOr<std::string> ReadPemFile(const std::string& key, const std::string& path);
+// Warns (does not fail) when a secret file `key` at `path` is readable by group or others.
+void WarnIfReadableByOthers(const std::string& key, const std::string& path);
 // Reads the shared token: trimmed of surrounding white space; empty or unreadable is an error.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
@@ -32,6 +34,12 @@ class ChannelFactory {
 
   std::shared_ptr<grpc::Channel> Create(const std::string& target,
                                         grpc::ChannelArguments args = {}) const;
+  // The same credentials expecting `name` in servers' certificates ("" : the host dialled).
+  ChannelFactory WithServerName(std::string name) const {
+    ChannelFactory f = *this;
+    f.server_name_ = std::move(name);
+    return f;
+  }
   bool tls() const { return tls_; }
   bool has_token() const { return !token_.empty(); }
 

@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
     }
   }
   wb::controller::ControllerCore core(config, epoch, wb::controller::BuildPlan);
-  core.agent_channels().SetFactory(*agent_channels);
+  core.agent_channels().SetFactory(agent_channels->WithServerName(""));
   wb::controller::ControllerService service(&core, 1000, config.step_timeout_ms);
   service.SetGuard(*guard);
   grpc::ServerBuilder builder;

@@ -162,7 +162,9 @@ absl::Status AgentNode::Start() {
   if (!channels.ok()) return channels.status();
   auto guard = security::CallGuard::FromConfig(config_.tls, "agent " + config_.name);
   if (!guard.ok()) return guard.status();
-  connector_ = std::make_unique<PeerConnector>(config_.name, by_name_, *channels);
+  // tls.server_name names the controller; peers are checked against the host dialled.
+  connector_ =
+      std::make_unique<PeerConnector>(config_.name, by_name_, channels->WithServerName(""));
   local_service_ = std::make_unique<local::LocalService>(
       registry_.get(), &events_,
       [this](const std::string&) { metrics_.Error(AgentMetrics::kRegistrationRefused); });
