@@ -213,6 +213,14 @@ TEST_CASE("mutual TLS + token: steps commit; outsiders, rogue certificates and s
   Output good = with({"--token-file=" + pki + "/token"});
   INFO(good.text);
   CHECK(good.code == 0);
+  // The controller's certificate names wb-controller (and 127.0.0.1); another name fails.
+  Output named = with({"--token-file=" + pki + "/token", "--server-name=wb-controller"});
+  INFO(named.text);
+  CHECK(named.code == 0);
+  Output misnamed = with({"--token-file=" + pki + "/token", "--server-name=someone-else"});
+  INFO(misnamed.text);
+  CHECK(misnamed.code == 2);
+  CHECK_THAT(misnamed.text, Catch::Contains("is unreachable"));
 
   const std::string inference = cluster.agent_address("inference-node");
   {
