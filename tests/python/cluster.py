@@ -16,6 +16,11 @@ def free_port():
         return s.getsockname()[1]
 
 
+def _accepts(host, port):
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
+
+
 def wait_until(cond, timeout_s, what):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -44,6 +49,9 @@ class Cluster:
             f"{inference_ranks_per_replica}\n" + controller_yaml))
         self._start([os.path.join(bin_dir, "controller/wb-controller"), "--config",
                      self._path("controller.yaml")], "controller.log")
+        # Agents started before the controller listens register only after a backoff.
+        host, port = self.controller_address.rsplit(":", 1)
+        wait_until(lambda: _accepts(host, int(port)), 20, f"the controller (see {self.dir})")
         for name in agents:
             sock = self._path(f"{name}.sock")
             self.sockets[name] = sock
