@@ -573,6 +573,25 @@ absl::StatusOr<PublishResult> DeltaPublisher::Publish(uint64_t version,
 
 DeltaSubscriber::DeltaSubscriber(StoreOptions options) : options_(std::move(options)) {}
 
+namespace {
+std::string WhyNotApplicable(const std::map<std::string, Manifest>& manifests, uint64_t held_) {
+  for (const auto& [writer, m] : manifests) {
+    if (!m.error.empty()) return m.error;
+    if (m.anchor) continue;
+    if (held_ == 0) {
+      return absl::StrCat("writer '", writer, "' wrote a delta on version ", m.base_version,
+                          " and this agent holds no version yet; waiting for an anchor");
+    }
+    if (m.base_version != held_) {
+      return absl::StrCat("writer '", writer, "' wrote a delta on version ", m.base_version,
+                          " but this agent holds version ", held_, "; waiting for the next anchor");
+    }
+  }
+  return absl::StrCat("a destination registered after version ", held_,
+                      " holds no version yet; waiting for the next anchor");
+}
+}  // namespace
+
 PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer>& destinations,
                                  const SubscriberHooks& hooks) {
   PollResult result;
@@ -609,6 +628,17 @@ PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer>& destinations,
           pick = it->first;
           break;
         }
+      }
+    }
+    if (pick == 0 && need_anchor_) {
+      // Say once per version why the deltas that arrive meanwhile are not applied.
+      for (auto it = versions->upper_bound(floor); it != versions->end(); ++it) {
+        if (!complete(it->second)) continue;
+        const std::string reason =
+            absl::StrCat("version ", it->first, " refused: ", WhyNotApplicable(it->second, held_));
+        skip_through_ = it->first;
+        result.refused.emplace_back(it->first, reason);
+        if (hooks.refused) hooks.refused(it->first, reason);
       }
     }
     if (pick == 0) break;
