@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 
@@ -270,7 +271,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::vector<uint8_t> byte
   file.source_ = source;  // `bad` above still names it
   file.data_start_ = 8 + header_len;
   const uint64_t data_size = bytes.size() - file.data_start_;
-  std::vector<std::pair<uint64_t, std::string>> order;  // (begin, name) for the overlap check
+  // (begin, end, name) for the overlap check; empty tensors (no changed element) hold no bytes.
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> order;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     const nlohmann::json& v = it.value();
@@ -316,12 +318,12 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::vector<uint8_t> byte
       return bad(absl::StrCat(where, e.end - e.begin, " data bytes do not match shape ",
                               v["shape"].dump(), " of ", e.dtype));
     }
-    order.emplace_back(e.begin, name);
+    if (e.end > e.begin) order.emplace_back(e.begin, e.end, name);
     file.tensors_[name] = std::move(e);
   }
   std::sort(order.begin(), order.end());
   uint64_t covered = 0;
-  for (const auto& [begin, name] : order) {
+  for (const auto& [begin, end, name] : order) {
     const TensorEntry& e = file.tensors_[name];
     if (begin < covered) {
       return bad(absl::StrCat("tensor '", name, "': data_offsets [", e.begin, ", ", e.end,

@@ -44,7 +44,9 @@ TEST_CASE("tensors and metadata round trip through a file", "[safetensors]") {
   auto written = WriteSafetensors(path,
                                   {{"model.w", "BF16", {2, 3}, w},
                                    {"model.w.indices", "U32", {4}, idx},
-                                   {"scale", "F32", {}, scalar}},
+                                   {"scale", "F32", {}, scalar},
+                                   {"none.indices", "U8", {0}, {}},
+                                   {"none.values", "BF16", {0}, {}}},
                                   {{"version", "7"}, {"format", "test"}});
   REQUIRE(written.ok());
   CHECK(access((path + ".tmp").c_str(), F_OK) != 0);  // renamed into place
@@ -57,7 +59,8 @@ TEST_CASE("tensors and metadata round trip through a file", "[safetensors]") {
   h.Update(f->bytes());
   CHECK(h.Final() == written->checksum);
   CHECK(f->metadata() == std::map<std::string, std::string>{{"version", "7"}, {"format", "test"}});
-  REQUIRE(f->tensors().size() == 3);
+  REQUIRE(f->tensors().size() == 5);
+  CHECK(f->Find("none.values")->elements() == 0);  // empty tensors share offsets, harmlessly
   const TensorEntry* e = f->Find("model.w");
   REQUIRE(e != nullptr);
   CHECK(e->dtype == "BF16");
