@@ -416,6 +416,15 @@ std::string ManifestName(uint64_t version, const std::string& writer) {
 
 DeltaPublisher::DeltaPublisher(StoreOptions options) : options_(std::move(options)) {}
 
+absl::Status DeltaPublisher::Resume() {
+  auto versions = ListVersions(options_.dir);
+  if (!versions.ok()) return versions.status();
+  for (const auto& [v, manifests] : *versions) {
+    if (manifests.count(options_.writer)) last_version_ = std::max(last_version_, v);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PublishResult> DeltaPublisher::Publish(uint64_t version,
                                                       const std::vector<ShardBuffer>& sources) {
   if (version == 0 || version <= last_version_) {

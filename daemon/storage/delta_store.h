@@ -60,6 +60,10 @@ class DeltaPublisher {
  public:
   explicit DeltaPublisher(StoreOptions options);
 
+  // Picks up where an earlier run of this writer left off: versions must stay newer than the
+  // newest manifest of this writer in the directory (the next one is an anchor anyway).
+  absl::Status Resume();
+
   // Writes version `version` of `sources` (must be newer than the last published one). An
   // anchor when it is the first, `anchor_every` versions after the last anchor, after a failed
   // publish, or when the set of sources changed; else sparse deltas against the host shadow.

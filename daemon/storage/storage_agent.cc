@@ -58,6 +58,7 @@ absl::Status StorageAgent::Start() {
     }
     absl::MutexLock lock(&publish_mu_);
     publisher_ = std::make_unique<DeltaPublisher>(options);
+    if (auto s = publisher_->Resume(); !s.ok()) return s;
     spdlog::info("storage: publishing versions into {} (anchor every {} versions)", config_.dir,
                  config_.anchor_every);
     return absl::OkStatus();

@@ -169,6 +169,21 @@ TEST_CASE("an anchor then sparse deltas land bit for bit in differently sharded 
   auto stale = pub.Publish(5, {f.t0.Buffer(1, 0), f.t1.Buffer(2, 1)});
   REQUIRE_FALSE(stale.ok());
   CHECK(stale.status().message() == "version 5 is not newer than the last published version 5");
+
+  // A publisher restarted on the same directory keeps versions going forward, from an anchor.
+  DeltaPublisher again(f.Options(4));
+  REQUIRE(again.Resume().ok());
+  auto old = again.Publish(3, {f.t0.Buffer(1, 0), f.t1.Buffer(2, 1)});
+  REQUIRE_FALSE(old.ok());
+  CHECK(old.status().message() == "version 3 is not newer than the last published version 5");
+  f.model.Step(6);
+  f.t0.FillFrom(f.model);
+  f.t1.FillFrom(f.model);
+  auto next = again.Publish(6, {f.t0.Buffer(1, 0), f.t1.Buffer(2, 1)});
+  REQUIRE(next.ok());
+  CHECK(next->anchor);
+  CHECK(f.Poll(sub).committed == std::vector<uint64_t>{6});
+  CHECK(f.Landed());
 }
 
 TEST_CASE("a delta on another base is refused; the next anchor recovers", "[store]") {
