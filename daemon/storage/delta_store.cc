@@ -606,9 +606,10 @@ PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer>& destinations,
   PollResult result;
   if (destinations.empty()) return result;
   std::set<uint64_t> ids;
+  std::vector<ShardBuffer> fresh;  // registered since the held version was applied
   for (const auto& d : destinations) {
     ids.insert(d.id);
-    if (!applied_ids_.count(d.id)) need_anchor_ = true;  // holds nothing of ours yet
+    if (!applied_ids_.count(d.id)) fresh.push_back(d);
   }
   auto versions = ListVersions(options_.dir);
   if (!versions.ok()) return result;  // the directory may not be mounted yet
@@ -621,6 +622,30 @@ PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer>& destinations,
     }
     return true;
   };
+  if (!fresh.empty() && !need_anchor_ && held_ > 0) {
+    // Bring new destinations to the held version without events (the others hold it
+    // already): the newest anchor at or before it, then the deltas up to it. Otherwise one
+    // late registration would hold every destination back until the next anchor.
+    uint64_t anchor = 0;
+    for (auto it = versions->begin(); it != versions->end() && it->first <= held_; ++it) {
+      if (complete(it->second) && all_anchors(it->second)) anchor = it->first;
+    }
+    bool caught_up = anchor > 0;
+    uint64_t base = 0;
+    for (auto it = versions->find(anchor); caught_up && it != versions->end() && it->first <= held_;
+         ++it) {
+      if (!complete(it->second)) continue;
+      caught_up = Apply(it->first, base, fresh, SubscriberHooks{}).ok();
+      base = it->first;
+    }
+    if (caught_up && base == held_) {
+      for (const auto& d : fresh) applied_ids_.insert(d.id);
+    } else {
+      need_anchor_ = true;
+    }
+  } else if (!fresh.empty()) {
+    need_anchor_ = true;  // holds nothing of ours yet
+  }
   while (true) {
     const uint64_t floor = std::max(held_, skip_through_);
     uint64_t pick = 0;
@@ -651,7 +676,7 @@ PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer>& destinations,
       }
     }
     if (pick == 0) break;
-    absl::Status s = Apply(pick, destinations, hooks);
+    absl::Status s = Apply(pick, held_, destinations, hooks);
     if (s.ok()) {
       held_ = pick;
       applied_ids_ = ids;
@@ -668,7 +693,8 @@ PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer>& destinations,
   return result;
 }
 
-absl::Status DeltaSubscriber::Apply(uint64_t v, const std::vector<ShardBuffer>& destinations,
+absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
+                                    const std::vector<ShardBuffer>& destinations,
                                     const SubscriberHooks& hooks) {
   // Re-read the manifests: they are small, and this sees the version as it is now.
   auto versions = ListVersions(options_.dir);
@@ -678,10 +704,10 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, const std::vector<ShardBuffer>& 
   std::map<std::string, std::vector<Source>> sources;
   for (const auto& [writer, m] : manifests) {
     if (!m.error.empty()) return absl::DataLossError(m.error);
-    if (!m.anchor && m.base_version != held_) {
+    if (!m.anchor && m.base_version != base) {
       return absl::FailedPreconditionError(
           absl::StrCat("writer '", writer, "' wrote a delta on version ", m.base_version,
-                       " but this agent holds version ", held_, "; waiting for the next anchor"));
+                       " but this agent holds version ", base, "; waiting for the next anchor"));
     }
     for (const auto& ref : m.files) {
       const std::string path = options_.dir + "/" + ref.name;

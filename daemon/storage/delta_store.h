@@ -97,15 +97,16 @@ class DeltaSubscriber {
 
   // Applies every complete version that follows the held one, in order. A delta whose base is
   // not the held version is refused and the subscriber seeks the newest anchor after it; so it
-  // does when it holds nothing yet or a destination appeared since the last version. Files are
-  // read and checked completely before the first byte is written.
+  // does when it holds nothing yet. A destination registered later is first brought to the
+  // held version quietly (newest anchor up to it, then its deltas, still in the directory).
+  // Files are read and checked completely before the first byte is written.
   PollResult Poll(const std::vector<ShardBuffer>& destinations, const SubscriberHooks& hooks);
 
   uint64_t held_version() const { return held_; }
 
  private:
-  // Reads, checks and applies version `v` (anchor or delta on top of the held one).
-  absl::Status Apply(uint64_t v, const std::vector<ShardBuffer>& destinations,
+  // Reads, checks and applies version `v` (an anchor, or deltas on version `base`).
+  absl::Status Apply(uint64_t v, uint64_t base, const std::vector<ShardBuffer>& destinations,
                      const SubscriberHooks& hooks);
 
   StoreOptions options_;

@@ -316,3 +316,30 @@ TEST_CASE("old versions are pruned: the previous anchor and what follows stay", 
 }
 
 }  // namespace wb::storage
+
+namespace wb::storage {
+
+TEST_CASE("a destination registered later catches up quietly; deltas keep flowing", "[store]") {
+  Fixture f;
+  DeltaPublisher pub(f.Options(8));
+  DeltaSubscriber sub(f.Options(8));
+  for (uint32_t v = 1; v <= 3; ++v) {
+    f.Publish(pub, v);
+    CHECK(sub.Poll({f.i0.Buffer(11, 0)}, f.hooks).committed == std::vector<uint64_t>{v});
+  }
+  CHECK(f.i0.Matches(f.model));
+  CHECK_FALSE(f.i1.Matches(f.model));
+  const size_t events = f.events.size();
+  // Rank 1 registers now: it is brought to version 3 (anchor 1, deltas 2 and 3) with no event.
+  PollResult r = f.Poll(sub);
+  CHECK(r.committed.empty());
+  CHECK(r.refused.empty());
+  CHECK(f.events.size() == events);
+  CHECK(f.Landed());
+  // The next delta applies to both.
+  CHECK_FALSE(f.Publish(pub, 4).anchor);
+  CHECK(f.Poll(sub).committed == std::vector<uint64_t>{4});
+  CHECK(f.Landed());
+}
+
+}  // namespace wb::storage
