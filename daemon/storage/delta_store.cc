@@ -494,12 +494,16 @@ absl::StatusOr<PublishResult> DeltaPublisher::Publish(uint64_t version,
         auto enc =
             delta::EncodeDelta(absl::MakeSpan(shadows_[s->id]), s->data, elem, options_.threads);
         if (!enc.ok()) {
+          remove_written();
           return absl::Status(enc.status().code(), absl::StrCat("tensor '", s->spec.name(),
                                                                 "': ", enc.status().message()));
         }
         if (enc->kind == delta::DeltaEncoding::Kind::kPacked) {
           auto h = delta::ParseDeltaHeader(enc->packed);
-          if (!h.ok()) return h.status();
+          if (!h.ok()) {
+            remove_written();
+            return h.status();
+          }
           owned.push_back(std::move(enc->packed));
           const std::vector<uint8_t>& packed = owned.back();
           owned.emplace_back();

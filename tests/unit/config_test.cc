@@ -173,7 +173,9 @@ TEST_CASE("controller config: missing required keys and bad rules are named") {
 }
 
 TEST_CASE("the example files in config/examples load") {
-  for (const char* name : {"config/examples/agent.yaml", "config/examples/agent-inference.yaml"}) {
+  for (const char* name : {"config/examples/agent.yaml", "config/examples/agent-inference.yaml",
+                           "config/examples/agent-storage-publish.yaml",
+                           "config/examples/agent-storage-subscribe.yaml"}) {
     auto c = wb::config::LoadAgentConfig(name);
     INFO(name);
     REQUIRE(c.ok());
