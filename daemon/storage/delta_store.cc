@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/delta/delta_codec.h"
 #include "daemon/storage/safetensors.h"
+#include "daemon/transform/transform.h"
 
 namespace wb::storage {
 
@@ -406,6 +407,73 @@ void ScatterInto(const Source& s, const Rect& dst_rect, int elem, uint8_t* dst) 
   }
 }
 
+// Where an FP8 destination's quantised bytes and block scales go.
+struct Fp8Target {
+  const ShardBuffer* scale = nullptr;
+  transform::TransformDesc desc;
+  float* scales = nullptr;  // the first scale of this shard's blocks
+};
+
+// Checks an FP8 e4m3 destination (2-D, BF16 in the files, shard on 128-element block
+// boundaries) and finds its `<name>_scale_inv` F32 destination (same owner) covering its
+// blocks. Without a BF16 copy yet, only dense sources (an anchor) can start one.
+absl::StatusOr<Fp8Target> PlanFp8(const ShardBuffer& d, const std::vector<ShardBuffer>& all,
+                                  const std::map<std::string, std::vector<Source>>& sources,
+                                  bool has_copy) {
+  constexpr int64_t kBlock = transform::kFp8BlockSize;
+  const std::string where =
+      absl::StrCat("FP8 destination tensor '", d.spec.name(), "' (rank ", d.rank, ")");
+  const Rect rect = RectOf(d.spec);
+  if (rect.size.size() != 2 || rect.start[0] % kBlock != 0 || rect.start[1] % kBlock != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        where, ": the storage path quantises 2-D shards that start on 128-element blocks, not ",
+        RectString(rect)));
+  }
+  const std::string scale_name = d.spec.name() + "_scale_inv";
+  Fp8Target t;
+  for (const auto& c : all) {
+    if (c.spec.name() == scale_name && c.rank == d.rank && c.replica == d.replica) t.scale = &c;
+  }
+  if (t.scale == nullptr || t.scale->spec.dtype() != v1::DTYPE_F32) {
+    return absl::NotFoundError(
+        absl::StrCat(where, " has no F32 scale tensor '", scale_name, "' registered by its owner"));
+  }
+  const Rect srect = RectOf(t.scale->spec);
+  const int64_t b0 = rect.start[0] / kBlock, b1 = rect.start[1] / kBlock;
+  const int64_t n0 = (rect.size[0] + kBlock - 1) / kBlock,
+                n1 = (rect.size[1] + kBlock - 1) / kBlock;
+  if (srect.size.size() != 2 || b0 < srect.start[0] || b1 < srect.start[1] ||
+      b0 + n0 > srect.start[0] + srect.size[0] || b1 + n1 > srect.start[1] + srect.size[1]) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": scale tensor '", scale_name,
+                                                   "' shard ", RectString(srect),
+                                                   " does not hold its blocks"));
+  }
+  if (!has_copy) {
+    auto it = sources.find(d.spec.name());
+    if (it != sources.end()) {
+      for (const Source& s : it->second) {
+        Rect in;
+        if (s.sparse && Intersect(s.rect, rect, &in)) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(where, " has no BF16 copy to apply a delta to; waiting for an anchor"));
+        }
+      }
+    }
+  }
+  t.desc.kind = transform::Kind::kFp8Block;
+  t.desc.src_dtype = transform::DType::kBF16;
+  t.desc.dst_dtype = transform::DType::kF8E4M3;
+  t.desc.rows = rect.size[0];
+  t.desc.cols = rect.size[1];
+  t.desc.scale_stride = srect.size[1] * 4;
+  if (auto s = transform::ValidateDesc(t.desc); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
+  }
+  t.scales = reinterpret_cast<float*>(t.scale->data.data()) +
+             (b0 - srect.start[0]) * srect.size[1] + (b1 - srect.start[1]);
+  return t;
+}
+
 }  // namespace
 
 std::string VersionPrefix(uint64_t version) { return absl::StrFormat("%020u", version); }
@@ -615,6 +683,17 @@ PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer>& destinations,
     ids.insert(d.id);
     if (!applied_ids_.count(d.id)) fresh.push_back(d);
   }
+  // A fresh FP8 tensor is written together with its scale tensor, even an older one.
+  std::set<std::string> fresh_scales;
+  for (const auto& f : fresh) {
+    if (f.spec.dtype() == v1::DTYPE_F8_E4M3) fresh_scales.insert(f.spec.name() + "_scale_inv");
+  }
+  for (const auto& d : destinations) {
+    if (applied_ids_.count(d.id) && fresh_scales.count(d.spec.name())) fresh.push_back(d);
+  }
+  for (auto it = fp8_shadows_.begin(); it != fp8_shadows_.end();) {
+    it = ids.count(it->first) ? std::next(it) : fp8_shadows_.erase(it);
+  }
   auto versions = ListVersions(options_.dir);
   if (!versions.ok()) return result;  // the directory may not be mounted yet
   auto complete = [&](const std::map<std::string, Manifest>& m) {
@@ -736,7 +815,18 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
     }
   }
   // Check every destination against the sources before writing anything.
+  // FP8 destinations: quantised from a BF16 copy kept here, with their scale tensors.
+  std::map<uint64_t, Fp8Target> fp8;
+  std::set<uint64_t> scale_ids;
   for (const auto& d : destinations) {
+    if (d.spec.dtype() != v1::DTYPE_F8_E4M3) continue;
+    auto t = PlanFp8(d, destinations, sources, fp8_shadows_.count(d.id) > 0);
+    if (!t.ok()) return t.status();
+    scale_ids.insert(t->scale->id);
+    fp8[d.id] = *t;
+  }
+  for (const auto& d : destinations) {
+    if (scale_ids.count(d.id)) continue;  // written with its FP8 tensor
     const std::string& name = d.spec.name();
     const std::string where = absl::StrCat("destination tensor '", name, "' (rank ", d.rank, ")");
     auto it = sources.find(name);
@@ -744,7 +834,7 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
       return absl::NotFoundError(
           absl::StrCat(where, ": version ", v, " has no tensor of that name"));
     }
-    const std::string dtype = DtypeString(d.spec.dtype());
+    const std::string dtype = fp8.count(d.id) ? "BF16" : DtypeString(d.spec.dtype());
     const Rect rect = RectOf(d.spec);
     uint64_t covered = 0;
     for (const Source& s : it->second) {
@@ -770,16 +860,30 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
     if (auto s = hooks.begin(v); !s.ok()) return s;
   }
   for (const auto& d : destinations) {
+    if (scale_ids.count(d.id)) continue;
     const Rect rect = RectOf(d.spec);
-    const int elem = DtypeBytes(DtypeString(d.spec.dtype()));
+    auto f = fp8.find(d.id);
+    uint8_t* out = d.data.data();
+    int elem = DtypeBytes(DtypeString(d.spec.dtype()));
+    if (f != fp8.end()) {  // BF16 records land in the copy, which is quantised below
+      auto& shadow = fp8_shadows_[d.id];
+      shadow.resize(Elements(rect.size) * 2);
+      out = shadow.data();
+      elem = 2;
+    }
     for (const Source& s : sources[d.spec.name()]) {
       Rect in;
       if (!Intersect(s.rect, rect, &in)) continue;
       if (s.sparse) {
-        ScatterInto(s, rect, elem, d.data.data());
+        ScatterInto(s, rect, elem, out);
       } else {
-        CopyRect(s.dense.data(), s.rect, d.data.data(), rect, in, elem);
+        CopyRect(s.dense.data(), s.rect, out, rect, in, elem);
       }
+    }
+    if (f != fp8.end()) {
+      // Checked by PlanFp8 before anything was written; cannot fail here.
+      (void)transform::ApplyTransformCpu(f->second.desc, out, d.data.data(), f->second.scales,
+                                         options_.threads);
     }
   }
   if (hooks.commit) return hooks.commit(v);

@@ -44,6 +44,7 @@ struct ShardBuffer {
   int rank = 0;  // the owner's rank (publisher: one file per trainer rank)
   absl::Span<uint8_t> data;
   uint64_t id = 0;  // stable while registered (the agent's region id)
+  int replica = 0;  // the owner's inference replica
 };
 
 struct PublishResult {
@@ -114,6 +115,8 @@ class DeltaSubscriber {
   uint64_t skip_through_ = 0;  // refused versions are not retried
   bool need_anchor_ = true;
   std::set<uint64_t> applied_ids_;  // destinations that hold version `held_`
+  // FP8 destinations: the BF16 values they were quantised from (deltas apply here).
+  std::map<uint64_t, std::vector<uint8_t>> fp8_shadows_;
 };
 
 // File names of the layout above.

@@ -96,6 +96,7 @@ absl::StatusOr<std::vector<ShardBuffer>> StorageAgent::Buffers(
     ShardBuffer b;
     b.spec = reg->spec;
     b.rank = reg->owner.rank();
+    b.replica = reg->owner.replica();
     b.data = absl::MakeSpan(static_cast<uint8_t*>(reg->memory.addr), reg->memory.length);
     b.id = reg->region_id;
     out.push_back(std::move(b));

@@ -2,9 +2,10 @@
 // between them (tcp off) share only a directory. Two trainer ranks (FSDP row shards) publish
 // versions of synthetic BF16 weights (N(0, 0.02), ~1% of elements change per version) through
 // the publishing agent; two inference ranks with another sharding (column splits, uneven
-// rows, replicated norms) see begin/commit from the subscribing agent and check every committed
-// version bit for bit. A truncated and a corrupted file are refused with an abort naming the
-// file, later deltas on the lost base are refused, and the next anchor recovers.
+// rows, replicated norms, an FP8 block-scaled tensor) see begin/commit from the subscribing agent
+// and check every committed version bit for bit. A truncated and a corrupted file are refused with
+// an abort naming the file, later deltas on the lost base are refused, and the next anchor
+// recovers.
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
+#include "daemon/transform/transform.h"
 #include "tests/demo/synthetic_weights.h"
 #include "tests/support/process.h"
 
@@ -36,7 +38,12 @@ const std::vector<Tensor> kModel = {
     {"model.layers.0.self_attn.q_proj.weight", 256, 128},
     {"model.layers.0.mlp.down_proj.weight", 128, 384},
     {"model.norm.weight", 128, 1},
+    {"model.layers.0.mlp.up_proj.weight", 256, 256},  // FP8 block-scaled on the inference side
 };
+
+bool IsFp8(const Tensor& t, v1::Role role) {
+  return role == v1::ROLE_INFERENCE && t.name.find("up_proj") != std::string::npos;
+}
 
 // A shard: rows [r0, r0 + nr) x cols [c0, c0 + nc).
 struct Cut {
@@ -54,6 +61,7 @@ Cut InferenceCut(const Tensor& t, int rank) {
   if (t.name.find("embed") != std::string::npos) {
     return rank == 0 ? Cut{0, 200, 0, t.cols} : Cut{200, 312, 0, t.cols};
   }
+  if (t.name.find("up_proj") != std::string::npos) return {rank * 128, 128, 0, t.cols};
   return {0, t.rows, 0, 1};
 }
 
@@ -81,17 +89,26 @@ Side OpenSide(const std::string& socket, v1::Role role, int rank) {
   for (const auto& t : kModel) {
     cuts.push_back(role == v1::ROLE_TRAINER ? TrainerCut(t, rank) : InferenceCut(t, rank));
     offsets.push_back(bytes);
-    bytes += cuts.back().nr * cuts.back().nc * 2;
+    bytes += cuts.back().nr * cuts.back().nc * (IsFp8(t, role) ? 1 : 2);
   }
+  offsets.push_back(bytes);  // FP8 block scales (inference), one row of 2 per rank
+  bytes += 2 * sizeof(float);
   auto buffer = SharedBuffer::Create(bytes, "storage");
   REQUIRE(buffer.ok());
   auto session = LocalSession::Connect(socket, Identity{role, rank, 0});
   REQUIRE(session.ok());
   for (size_t i = 0; i < kModel.size(); ++i) {
     const Cut& c = cuts[i];
-    auto s = session->Register(Info(kModel[i], c), *buffer, offsets[i], c.nr * c.nc * 2);
+    TensorInfo info = Info(kModel[i], c);
+    const bool fp8 = IsFp8(kModel[i], role);
+    if (fp8) info.dtype = v1::DTYPE_F8_E4M3;
+    auto s = session->Register(info, *buffer, offsets[i], c.nr * c.nc * (fp8 ? 1 : 2));
     INFO(s.message());
     REQUIRE(s.ok());
+    if (fp8) {
+      TensorInfo scale{kModel[i].name + "_scale_inv", v1::DTYPE_F32, {2, 2}, {{rank, 1}, {0, 2}}};
+      REQUIRE(session->Register(scale, *buffer, offsets.back(), 2 * sizeof(float)).ok());
+    }
   }
   if (role == v1::ROLE_INFERENCE) REQUIRE(session->Watch().ok());
   return Side{std::move(*buffer), std::move(*session), cuts, offsets};
@@ -149,7 +166,23 @@ bool Verified(std::vector<Side>& inference, const Truth& truth) {
   for (auto& side : inference) {
     for (size_t i = 0; i < kModel.size(); ++i) {
       const std::vector<uint16_t> want = truth.Slice(i, side.cuts[i]);
-      if (std::memcmp(want.data(), side.data(i), want.size() * 2) != 0) return false;
+      if (!IsFp8(kModel[i], v1::ROLE_INFERENCE)) {
+        if (std::memcmp(want.data(), side.data(i), want.size() * 2) != 0) return false;
+        continue;
+      }
+      // FP8: the BF16 values quantised in 128x128 blocks, with their float32 scales.
+      wb::transform::TransformDesc desc;
+      desc.kind = wb::transform::Kind::kFp8Block;
+      desc.src_dtype = wb::transform::DType::kBF16;
+      desc.dst_dtype = wb::transform::DType::kF8E4M3;
+      desc.rows = side.cuts[i].nr;
+      desc.cols = side.cuts[i].nc;
+      std::vector<uint8_t> q(want.size());
+      float scales[2] = {};
+      REQUIRE(wb::transform::ValidateDesc(desc).ok());
+      REQUIRE(wb::transform::ApplyTransformCpu(desc, want.data(), q.data(), scales).ok());
+      if (std::memcmp(q.data(), side.data(i), q.size()) != 0) return false;
+      if (std::memcmp(scales, side.data(kModel.size()), sizeof(scales)) != 0) return false;
     }
   }
   return true;
@@ -245,7 +278,7 @@ TEST_CASE(
     if (v == 1) {
       CHECK(r.anchor);
       dense = r.dense_bytes;
-      CHECK(dense == (512 * 64 + 256 * 128 + 128 * 384 + 128) * 2);
+      CHECK(dense == (512 * 64 + 256 * 128 + 128 * 384 + 128 + 256 * 256) * 2);
       CHECK(r.bytes_written > dense);
     } else {
       CHECK_FALSE(r.anchor);

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "daemon/storage/safetensors.h"
+#include "daemon/transform/transform.h"
 #include "tests/support/process.h"
 
 namespace wb::storage {
@@ -282,13 +283,21 @@ TEST_CASE("a destination of another dtype or a tensor not published is named", "
   DeltaPublisher pub(f.Options(3));
   DeltaSubscriber sub(f.Options(3));
   f.Publish(pub, 1);
-  std::vector<uint8_t> fp8(kRows * kCols);
-  auto fp8_spec = Spec("w", v1::DTYPE_F8_E4M3, {});
-  PollResult r = sub.Poll({ShardBuffer{fp8_spec, 0, absl::MakeSpan(fp8), 21}}, f.hooks);
+  std::vector<uint8_t> f16(kRows * kCols * 2);
+  auto f16_spec = Spec("w", v1::DTYPE_F16, {});
+  PollResult r = sub.Poll({ShardBuffer{f16_spec, 0, absl::MakeSpan(f16), 21}}, f.hooks);
   REQUIRE(r.refused.size() == 1);
   CHECK(r.refused[0].second ==
-        "version 1 refused: destination tensor 'w' (rank 0) is F8_E4M3 but version 1 stores it "
+        "version 1 refused: destination tensor 'w' (rank 0) is F16 but version 1 stores it "
         "as BF16; the storage path applies only the same dtype");
+  std::vector<uint8_t> fp8(kRows * kCols);
+  DeltaSubscriber no_scale(f.Options(3));
+  r = no_scale.Poll({ShardBuffer{Spec("w", v1::DTYPE_F8_E4M3, {}), 0, absl::MakeSpan(fp8), 23}},
+                    f.hooks);
+  REQUIRE(r.refused.size() == 1);
+  CHECK(r.refused[0].second ==
+        "version 1 refused: FP8 destination tensor 'w' (rank 0) has no F32 scale tensor "
+        "'w_scale_inv' registered by its owner");
   f.Publish(pub, 2);
   f.Publish(pub, 3);
   auto other = Spec("v", v1::DTYPE_BF16, {});
@@ -340,6 +349,43 @@ TEST_CASE("a destination registered later catches up quietly; deltas keep flowin
   CHECK_FALSE(f.Publish(pub, 4).anchor);
   CHECK(f.Poll(sub).committed == std::vector<uint64_t>{4});
   CHECK(f.Landed());
+}
+
+}  // namespace wb::storage
+
+namespace wb::storage {
+
+TEST_CASE("FP8 destinations are quantised from a BF16 copy that deltas keep current", "[store]") {
+  Fixture f;
+  DeltaPublisher pub(f.Options(8));
+  DeltaSubscriber sub(f.Options(8));
+  // 64 x 48 is one (partial) 128 x 128 block: one float32 scale.
+  std::vector<uint8_t> q(kRows * kCols);
+  float scale = 0;
+  v1::TensorSpec scale_spec;
+  scale_spec.set_name("w_scale_inv");
+  scale_spec.set_dtype(v1::DTYPE_F32);
+  scale_spec.add_global_shape(1);
+  scale_spec.add_global_shape(1);
+  const std::vector<ShardBuffer> dests = {
+      {Spec("w", v1::DTYPE_F8_E4M3, {}), 0, absl::MakeSpan(q), 41},
+      {scale_spec, 0, absl::MakeSpan(reinterpret_cast<uint8_t*>(&scale), 4), 42}};
+  transform::TransformDesc desc;
+  desc.kind = transform::Kind::kFp8Block;
+  desc.src_dtype = transform::DType::kBF16;
+  desc.dst_dtype = transform::DType::kF8E4M3;
+  desc.rows = kRows;
+  desc.cols = kCols;
+  for (uint32_t v = 1; v <= 4; ++v) {
+    CHECK(f.Publish(pub, v).anchor == (v == 1));
+    CHECK(sub.Poll(dests, f.hooks).committed == std::vector<uint64_t>{v});
+    std::vector<uint8_t> want(kRows * kCols);
+    float want_scale = 0;
+    REQUIRE(transform::ValidateDesc(desc).ok());
+    REQUIRE(transform::ApplyTransformCpu(desc, f.model.full.data(), want.data(), &want_scale).ok());
+    CHECK(q == want);
+    CHECK(scale == want_scale);
+  }
 }
 
 }  // namespace wb::storage
