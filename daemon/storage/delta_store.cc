@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "config/config.h"
 #include "daemon/delta/delta_codec.h"
 #include "daemon/storage/safetensors.h"
 #include "daemon/transform/transform.h"
@@ -404,6 +405,61 @@ void ScatterInto(const Source& s, const Rect& dst_rect, int elem, uint8_t* dst) 
       local += (c - dst_rect.start[d]) * ls[d];
     }
     if (inside) std::memcpy(dst + local * elem, s.values.data() + i * elem, elem);
+  }
+}
+
+// When `name` is a fused tensor of the default fusion rules (the controller's defaults) and
+// every part is in `sources`, adds the parts as sources of `name`: dense shards and sparse
+// records moved along the fusion dimension by the sizes of the parts before them.
+void AddFusedSources(const std::string& name, std::map<std::string, std::vector<Source>>& sources) {
+  for (const auto& rule : config::DefaultFusionRules()) {
+    if (!EndsWith(name, rule.fused)) continue;
+    const std::string prefix = name.substr(0, name.size() - rule.fused.size());
+    std::vector<const std::vector<Source>*> parts;
+    for (const auto& p : rule.parts) {
+      auto it = sources.find(prefix + p);
+      if (it == sources.end() || it->second.empty()) return;
+      parts.push_back(&it->second);
+    }
+    const size_t dim = static_cast<size_t>(rule.dim);
+    std::vector<int64_t> fused = parts[0]->front().global_shape;
+    if (dim >= fused.size()) return;
+    fused[dim] = 0;
+    for (const auto* part : parts) {
+      std::vector<int64_t> shape = part->front().global_shape;
+      if (shape.size() != fused.size()) return;
+      for (size_t k = 0; k < shape.size(); ++k) {
+        if (k != dim && shape[k] != fused[k]) return;  // parts that do not stack
+      }
+      fused[dim] += shape[dim];
+    }
+    std::vector<Source> out;
+    int64_t offset = 0;
+    const auto fused_strides = Strides(fused);
+    for (const auto* part : parts) {
+      const int64_t size = part->front().global_shape[dim];
+      for (const Source& src : *part) {
+        Source s = src;
+        s.global_shape = fused;
+        s.rect.start[dim] += offset;
+        if (s.sparse) {
+          const auto part_strides = Strides(src.global_shape);
+          for (uint64_t& idx : s.indices) {
+            uint64_t rest = idx, moved = 0;
+            for (size_t k = 0; k < part_strides.size(); ++k) {
+              const uint64_t c = rest / part_strides[k];
+              rest %= part_strides[k];
+              moved += (c + (k == dim ? offset : 0)) * fused_strides[k];
+            }
+            idx = moved;
+          }
+        }
+        out.push_back(std::move(s));
+      }
+      offset += size;
+    }
+    sources[name] = std::move(out);
+    return;
   }
 }
 
@@ -813,6 +869,10 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
       files.push_back(std::move(*file));
       if (auto s = CollectSources(files.back(), v, sources); !s.ok()) return s;
     }
+  }
+  // Fused destinations (qkv_proj = q ++ k ++ v, ...) take their parts' records, shifted.
+  for (const auto& d : destinations) {
+    if (!sources.count(d.spec.name())) AddFusedSources(d.spec.name(), sources);
   }
   // Check every destination against the sources before writing anything.
   // FP8 destinations: quantised from a BF16 copy kept here, with their scale tensors.

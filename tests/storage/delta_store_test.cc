@@ -389,3 +389,87 @@ TEST_CASE("FP8 destinations are quantised from a BF16 copy that deltas keep curr
 }
 
 }  // namespace wb::storage
+
+namespace wb::storage {
+
+TEST_CASE("a fused destination (qkv_proj) takes its parts' anchors and deltas", "[store]") {
+  const std::string dir = wb::testing::TempDir("wb-store-");
+  StoreOptions o;
+  o.dir = dir;
+  o.writer = "t";
+  o.anchor_every = 8;
+  DeltaPublisher pub(o);
+  DeltaSubscriber sub(o);
+  // Parts of 32, 16 and 16 rows of 48; each split over two trainer ranks by rows.
+  const std::vector<std::pair<std::string, int64_t>> parts = {
+      {"l.q_proj.weight", 32}, {"l.k_proj.weight", 16}, {"l.v_proj.weight", 16}};
+  std::vector<std::vector<uint16_t>> full;
+  std::mt19937 rng(3);
+  for (const auto& [name, rows] : parts) {
+    full.emplace_back(rows * 48);
+    for (auto& x : full.back()) x = static_cast<uint16_t>(rng());
+  }
+  auto part_spec = [&](size_t p, int rank) {
+    v1::TensorSpec s;
+    s.set_name(parts[p].first);
+    s.set_dtype(v1::DTYPE_BF16);
+    s.add_global_shape(parts[p].second);
+    s.add_global_shape(48);
+    auto* r = s.add_shard();
+    r->set_start(rank * parts[p].second / 2);
+    r->set_size(parts[p].second / 2);
+    s.add_shard()->set_size(48);
+    return s;
+  };
+  // The fused destination, column halves: [64, 24) per rank.
+  std::vector<std::vector<uint16_t>> dst(2, std::vector<uint16_t>(64 * 24));
+  std::vector<ShardBuffer> dests;
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::TensorSpec s;
+    s.set_name("l.qkv_proj.weight");
+    s.set_dtype(v1::DTYPE_BF16);
+    s.add_global_shape(64);
+    s.add_global_shape(48);
+    s.add_shard()->set_size(64);
+    auto* c = s.add_shard();
+    c->set_start(rank * 24);
+    c->set_size(24);
+    dests.push_back({s, rank,
+                     absl::MakeSpan(reinterpret_cast<uint8_t*>(dst[rank].data()), 64 * 24 * 2),
+                     uint64_t(50 + rank)});
+  }
+  for (uint32_t v = 1; v <= 3; ++v) {
+    for (auto& t : full) {
+      for (int k = 0; k < 8; ++k) t[rng() % t.size()] ^= 0x10;
+    }
+    std::vector<ShardBuffer> srcs;
+    for (size_t p = 0; p < parts.size(); ++p) {
+      for (int rank = 0; rank < 2; ++rank) {
+        const size_t half = full[p].size() / 2;
+        srcs.push_back(
+            {part_spec(p, rank), rank,
+             absl::MakeSpan(reinterpret_cast<uint8_t*>(full[p].data() + rank * half), half * 2),
+             uint64_t(10 + p * 2 + rank)});
+      }
+    }
+    auto r = pub.Publish(v, srcs);
+    REQUIRE(r.ok());
+    CHECK(r->anchor == (v == 1));
+    PollResult applied = sub.Poll(dests, {});
+    INFO((applied.refused.empty() ? "" : applied.refused[0].second));
+    REQUIRE(applied.committed == std::vector<uint64_t>{v});
+    // Row i of qkv is row i of q, then of k, then of v.
+    bool same = true;
+    int64_t row = 0;
+    for (size_t p = 0; p < parts.size(); ++p) {
+      for (int64_t i = 0; i < parts[p].second; ++i, ++row) {
+        for (int64_t c = 0; c < 48; ++c) {
+          same &= dst[c / 24][row * 24 + c % 24] == full[p][i * 48 + c];
+        }
+      }
+    }
+    CHECK(same);
+  }
+}
+
+}  // namespace wb::storage
