@@ -32,6 +32,22 @@ void ReadTls(YamlReader r, TlsConfig* tls) {
   r.RejectUnknownKeys();
 }
 
+void ReadStorage(YamlReader r, StorageConfig* st) {
+  r.ReadString("dir", &st->dir);
+  r.ReadEnum("role", {"publish", "subscribe"}, &st->role);
+  r.ReadInt("anchor_every", 1, 1000000, &st->anchor_every);
+  r.ReadBool("prune", &st->prune);
+  r.ReadUint32("poll_ms", 1, 600000, &st->poll_ms);
+  r.ReadInt("writers", 1, 100000, &st->writers);
+  if (!st->dir.empty() && st->role.empty()) {
+    r.Error("role", "publish or subscribe when storage.dir is set", "none");
+  }
+  if (st->dir.empty() && r.Has("role")) {
+    r.Error("dir", "a directory when storage.role is set", "none");
+  }
+  r.RejectUnknownKeys();
+}
+
 bool ValidHostPort(const std::string& s) {
   auto colon = s.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) return false;
@@ -160,6 +176,7 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std:
       tls.Error("ca_file", "a CA file to verify the controller's certificate against", "none");
     }
   }
+  ReadStorage(r.Child("storage"), &c.storage);
   r.RejectUnknownKeys();
   return Finish(ctx, std::move(c));
 }

@@ -49,6 +49,17 @@ struct ExecutorConfig {
   int prepare_threads = 2;
 };
 
+// The storage path of delta mode: versions go through a shared directory instead of the
+// network (trainer and inference machines that cannot reach each other). Off when dir is empty.
+struct StorageConfig {
+  std::string dir;
+  std::string role;        // "publish" (trainer side) or "subscribe" (inference side)
+  int anchor_every = 16;   // publish: a dense anchor at least every N versions
+  bool prune = true;       // publish: remove versions older than the previous anchor
+  uint32_t poll_ms = 100;  // subscribe: how often the directory is listed
+  int writers = 1;         // subscribe: publishing agents that make a version complete
+};
+
 struct AgentConfig {
   std::string source;  // the file it came from, for messages
   std::string name;    // default: the host name
@@ -67,6 +78,7 @@ struct AgentConfig {
   bool local_enabled = true;
   ExecutorConfig executor;
   TlsConfig tls;
+  StorageConfig storage;
 };
 
 // A rename rule: a source tensor whose name matches `pattern` (a regular expression) is

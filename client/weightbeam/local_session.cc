@@ -160,6 +160,24 @@ absl::Status LocalSession::Unregister(const std::string& name) {
   return impl_->Call(req).status();
 }
 
+absl::StatusOr<PublishReport> LocalSession::Publish(uint64_t version) {
+  v1::SessionRequest req;
+  req.mutable_publish()->set_version(version);
+  auto resp = impl_->Call(req);
+  if (!resp.ok()) return resp.status();
+  const v1::PublishResult& p = resp->published();
+  PublishReport r;
+  r.version = p.version();
+  r.anchor = p.anchor();
+  r.base_version = p.base_version();
+  r.bytes_written = p.bytes_written();
+  r.dense_bytes = p.dense_bytes();
+  r.changed_elements = p.changed_elements();
+  r.files.assign(p.files().begin(), p.files().end());
+  r.seconds = p.seconds();
+  return r;
+}
+
 absl::Status LocalSession::Watch() {
   if (impl_->watcher.joinable()) return absl::OkStatus();
   impl_->watch_ctx = std::make_unique<grpc::ClientContext>();

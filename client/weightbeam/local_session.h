@@ -30,6 +30,18 @@ struct Identity {
   int replica = 0;
 };
 
+// What the agent wrote for one version on the storage path (see LocalSession::Publish).
+struct PublishReport {
+  uint64_t version = 0;
+  bool anchor = false;  // a dense anchor; else a delta on base_version
+  uint64_t base_version = 0;
+  uint64_t bytes_written = 0;  // all files of the version
+  uint64_t dense_bytes = 0;    // a dense checkpoint of the same tensors
+  uint64_t changed_elements = 0;
+  std::vector<std::string> files;
+  double seconds = 0;
+};
+
 class LocalSession {
  public:
   static absl::StatusOr<LocalSession> Connect(const std::string& socket_path, const Identity& who);
@@ -45,6 +57,11 @@ class LocalSession {
   absl::Status RegisterCuda(const TensorInfo& tensor, void* device_ptr, uint64_t length,
                             int device);
   absl::Status Unregister(const std::string& name);
+
+  // Storage path (agent config `storage.role: publish`, trainer sessions): the agent writes
+  // version `version` of every trainer tensor registered with it into its storage directory
+  // and answers once the version is complete there. Versions must increase.
+  absl::StatusOr<PublishReport> Publish(uint64_t version);
 
   // Starts watching events (begin/commit/abort); call before the step you want to see.
   absl::Status Watch();

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 
 namespace wb::local {
@@ -25,6 +27,15 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
     }
     response_.Clear();
     response_.set_request_id(request_.request_id());
+    if (request_.body_case() == v1::SessionRequest::kPublish && service_->on_publish_) {
+      // Writing a version can take seconds: not on a gRPC callback thread. No read is pending
+      // until the answer is written, so the reactor stays alive for the thread.
+      std::thread([this] {
+        HandlePublish();
+        StartWrite(&response_);
+      }).detach();
+      return;
+    }
     Handle();
     StartWrite(&response_);
   }
@@ -95,9 +106,27 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
           }
         }
         return;
+      case v1::SessionRequest::kPublish:
+        return Fail(absl::StatusCode::kFailedPrecondition,
+                    "this agent does not publish to storage (set storage.dir and "
+                    "storage.role: publish in its configuration)");
       default:
         return Fail(absl::StatusCode::kInvalidArgument, "empty session request");
     }
+  }
+
+  void HandlePublish() {
+    if (!has_owner_ || owner_.role() != v1::ROLE_TRAINER) {
+      return Fail(absl::StatusCode::kFailedPrecondition,
+                  "publish: only a trainer session may publish a version");
+    }
+    auto result = service_->on_publish_(request_.publish().version());
+    if (!result.ok()) {
+      spdlog::warn("session {}: publishing version {} failed: {}", id_,
+                   request_.publish().version(), std::string(result.status().message()));
+      return Fail(result.status().code(), std::string(result.status().message()));
+    }
+    *response_.mutable_published() = *result;
   }
 
   LocalService* service_;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "daemon/local/event_bus.h"
 #include "daemon/registry/region_registry.h"
 #include "weightbeam/v1/local.grpc.pb.h"
@@ -28,11 +29,18 @@ class LocalService final : public weightbeam::v1::Local::CallbackService {
 
   int active_sessions() const { return active_sessions_.load(); }
 
+  // Answers a session's PublishVersion (storage path); runs on its own thread, may take long.
+  // Without a handler the request is refused. Set before the socket serves.
+  using PublishHandler =
+      std::function<absl::StatusOr<weightbeam::v1::PublishResult>(uint64_t version)>;
+  void SetPublishHandler(PublishHandler handler) { on_publish_ = std::move(handler); }
+
  private:
   friend class SessionReactor;
   registry::RegionRegistry* registry_;
   EventBus* events_;
   const std::function<void(const std::string& why)> on_refused_;
+  PublishHandler on_publish_;
   std::atomic<uint64_t> next_session_{1};
   std::atomic<int> active_sessions_{0};
 };

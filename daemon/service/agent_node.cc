@@ -144,6 +144,21 @@ absl::Status AgentNode::StartMetrics() {
   return absl::OkStatus();
 }
 
+absl::Status AgentNode::StartStorage() {
+  if (config_.storage.dir.empty()) return absl::OkStatus();
+  storage::VersionEvents events;
+  events.begin = [this](uint64_t v) { return Begin(v); };
+  events.commit = [this](uint64_t v) { return Commit(v); };
+  events.abort = [this](uint64_t v, const std::string& reason) {
+    Publish(v1::Event::KIND_ABORT, v, reason);
+  };
+  storage_ = std::make_unique<storage::StorageAgent>(config_.storage, config_.name, registry_.get(),
+                                                     std::move(events));
+  if (auto s = storage_->Start(); !s.ok()) return s;
+  local_service_->SetPublishHandler([this](uint64_t v) { return storage_->Publish(v); });
+  return absl::OkStatus();
+}
+
 absl::Status AgentNode::Start() {
   if (auto s = CreateTransports(); !s.ok()) return s;
   std::vector<transport::Transport*> raw;
@@ -170,6 +185,7 @@ absl::Status AgentNode::Start() {
       [this](const std::string&) { metrics_.Error(AgentMetrics::kRegistrationRefused); });
   agent_service_ = std::make_unique<AgentService>(this, *guard);
   if (auto s = StartMetrics(); !s.ok()) return s;
+  if (auto s = StartStorage(); !s.ok()) return s;
 
   if (auto s = BindLocalSocket(); !s.ok()) return s;
   grpc::ServerBuilder builder;
@@ -200,6 +216,7 @@ void AgentNode::Shutdown() {
   if (shutting_down_.exchange(true)) return;
   metrics_exporter_.reset();  // its scrapes read the executor and registry torn down below
   if (executor_) executor_->Cancel("agent shutting down");
+  if (storage_) storage_->Stop();
   if (link_) link_->Stop();
   auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   if (local_server_) local_server_->Shutdown(deadline);

@@ -24,6 +24,7 @@
 #include "daemon/registry/region_registry.h"
 #include "daemon/service/agent_metrics.h"
 #include "daemon/service/peer_connector.h"
+#include "daemon/storage/storage_agent.h"
 #include "daemon/transport/transport.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
@@ -71,6 +72,7 @@ class AgentNode {
   absl::Status Advance(weightbeam::v1::Event::Kind kind, uint64_t version);
   void Publish(weightbeam::v1::Event::Kind kind, uint64_t version, const std::string& reason);
   absl::Status StartMetrics();
+  absl::Status StartStorage();
 
   config::AgentConfig config_;
   metrics::Registry metrics_registry_;
@@ -89,6 +91,7 @@ class AgentNode {
   std::unique_ptr<grpc::Server> local_server_;
   std::unique_ptr<grpc::Server> agent_server_;
   std::unique_ptr<ControllerLink> link_;
+  std::unique_ptr<storage::StorageAgent> storage_;  // config `storage`; null when off
   int agent_port_ = 0;
 
   mutable absl::Mutex mu_;

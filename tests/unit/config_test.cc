@@ -192,7 +192,9 @@ TEST_CASE("agent tls: mutual TLS needs the controller's identity, and that needs
 }
 
 TEST_CASE("the example files in config/examples load") {
-  for (const char* name : {"config/examples/agent.yaml", "config/examples/agent-inference.yaml"}) {
+  for (const char* name : {"config/examples/agent.yaml", "config/examples/agent-inference.yaml",
+                           "config/examples/agent-storage-publish.yaml",
+                           "config/examples/agent-storage-subscribe.yaml"}) {
     auto c = wb::config::LoadAgentConfig(name);
     INFO(name);
     REQUIRE(c.ok());
@@ -221,4 +223,29 @@ TEST_CASE("integers are decimal even with a leading zero") {
   auto c = ParseAgentConfig("executor:\n  write_timeout_ms: 0100\n", "agent.yaml");
   REQUIRE(c.ok());
   CHECK(c->executor.write_timeout_ms == 100);
+}
+
+TEST_CASE("the storage section: off by default, read when set, role required with a dir") {
+  auto off = ParseAgentConfig("", "agent.yaml");
+  REQUIRE(off.ok());
+  CHECK(off->storage.dir.empty());
+  CHECK(off->storage.anchor_every == 16);
+  auto c = ParseAgentConfig(
+      "storage:\n  dir: /mnt/bucket\n  role: subscribe\n  poll_ms: 50\n  writers: 2\n"
+      "  anchor_every: 8\n  prune: false\n",
+      "agent.yaml");
+  REQUIRE(c.ok());
+  CHECK(c->storage.dir == "/mnt/bucket");
+  CHECK(c->storage.role == "subscribe");
+  CHECK(c->storage.poll_ms == 50);
+  CHECK(c->storage.writers == 2);
+  CHECK(c->storage.anchor_every == 8);
+  CHECK_FALSE(c->storage.prune);
+  CHECK_THAT(ErrorOf("storage:\n  dir: /mnt/bucket\n"),
+             Catch::Contains("agent.yaml: key 'storage.role': expected publish or subscribe when "
+                             "storage.dir is set, got none"));
+  CHECK_THAT(ErrorOf("storage:\n  dir: /x\n  role: both\n"),
+             Catch::Contains("key 'storage.role': expected one of publish, subscribe"));
+  CHECK_THAT(ErrorOf("storage:\n  dir: /x\n  role: publish\n  anchor_evry: 3\n"),
+             Catch::Contains("unknown key 'storage.anchor_evry'"));
 }

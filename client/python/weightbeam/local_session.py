@@ -127,6 +127,15 @@ class LocalSession:
         """Withdraws a tensor this session registered."""
         self._call(local_pb2.SessionRequest(unregister=local_pb2.UnregisterTensors(names=[name])))
 
+    def publish(self, version):
+        """Storage path (the agent runs with ``storage.role: publish``; trainer sessions):
+        writes version ``version`` of every trainer tensor registered with this agent into its
+        storage directory and returns the agent's ``PublishResult`` (anchor, bytes_written,
+        dense_bytes, files, ...) once the version is complete there. Versions must increase."""
+        response = self._call(local_pb2.SessionRequest(
+            publish=local_pb2.PublishVersion(version=int(version))))
+        return response.published
+
     # ---- events -------------------------------------------------------------------------
 
     def watch(self):
