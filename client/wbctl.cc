@@ -144,6 +144,11 @@ int main(int argc, char** argv) {
     }
     std::printf("%s",
                 json ? (Json(summary) + "\n").c_str() : wb::client::FormatPlan(summary).c_str());
+    if (!json && summary.delta().enabled()) {
+      // Delta mode: what the recent steps sent against their dense bytes.
+      auto s = client->Status();
+      if (s.ok()) std::printf("%s", wb::client::FormatDeltaHistory(s->recent_steps()).c_str());
+    }
     return 0;
   }
   if (*step) {
