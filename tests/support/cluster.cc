@@ -15,7 +15,8 @@ Cluster::Cluster(const std::string& bin_dir, ClusterOptions options)
       << "heartbeat_timeout_ms: " << options_.heartbeat_timeout_ms << "\n"
       << "step_timeout_ms: 20000\nworld:\n  trainer_ranks: " << options_.trainer_ranks
       << "\n  inference_replicas: " << options_.inference_replicas
-      << "\n  inference_ranks_per_replica: " << options_.inference_ranks_per_replica << "\n";
+      << "\n  inference_ranks_per_replica: " << options_.inference_ranks_per_replica << "\n"
+      << options_.extra_controller_yaml;
   controller_ =
       std::make_unique<Process>(std::vector<std::string>{bin_dir_ + "/controller/wb-controller",
                                                          "--config", dir_ + "/controller.yaml"},
