@@ -128,6 +128,8 @@ RunResult Run(const Options& o, const std::vector<Tensor>& tensors, bool delta,
         off += tensors[i].elems();
       }
       r.changed_fraction.push_back(static_cast<double>(changed) / total);
+      std::fprintf(stderr, "step %d: %.4f of the BF16 values changed\n", s,
+                   r.changed_fraction.back());
       if (s == o.steps) r.last.assign(w, w + codec_elems);
     }
     auto step = ctl->Step(s, std::chrono::milliseconds(300000));
@@ -217,6 +219,8 @@ int main(int argc, char** argv) {
   j["steps"] = o.steps;
   j["lr"] = o.lr;
   j["changed_fraction"] = Mean(delta.changed_fraction);
+  j["changed_fraction_first"] = delta.changed_fraction.front();
+  j["changed_fraction_last"] = delta.changed_fraction.back();
   j["bytes_sent"] = static_cast<uint64_t>(sent);
   j["bytes_dense"] = static_cast<uint64_t>(dense_bytes);
   j["reduction"] = sent > 0 ? dense_bytes / sent : 0;
