@@ -44,8 +44,8 @@ namespace {
 // step was not a delta-mode step.
 std::string DeltaLine(const v1::StepResult& r) {
   if (!r.delta_anchor() && r.delta_ops() == 0) return "";
-  std::string out = absl::StrCat("sent ", HumanBytes(r.bytes()), " of ", HumanBytes(r.bytes_dense()),
-                                 " dense");
+  std::string out =
+      absl::StrCat("sent ", HumanBytes(r.bytes()), " of ", HumanBytes(r.bytes_dense()), " dense");
   if (r.delta_anchor()) return out + " (delta anchor: every op dense)";
   return absl::StrCat(out, " (", FixedPoint(r.bytes() ? double(r.bytes_dense()) / r.bytes() : 0, 1),
                       "x less; ", r.delta_ops(), " delta ops, ", r.dense_ops(), " dense)");
@@ -59,7 +59,9 @@ std::string FormatDeltaHistory(const google::protobuf::RepeatedPtrField<v1::Step
     t.Add({std::to_string(r.version()), r.ok() ? "yes" : "no", HumanBytes(r.bytes()),
            HumanBytes(r.bytes_dense()),
            r.bytes() ? FixedPoint(double(r.bytes_dense()) / r.bytes(), 1) + "x" : "-",
-           r.delta_anchor() ? "anchor" : r.delta_ops() > 0 ? "delta" : "dense"});
+           r.delta_anchor()    ? "anchor"
+           : r.delta_ops() > 0 ? "delta"
+                               : "dense"});
   }
   return steps.empty() ? "no steps yet\n" : "recent steps:\n" + t.Render();
 }

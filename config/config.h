@@ -98,9 +98,9 @@ struct WorldConfig {
 // Delta mode of the plans this controller makes: ship only the changed elements of each op.
 struct DeltaConfig {
   bool enabled = false;
-  uint32_t anchor_every = 16;     // a dense anchor step at least every N steps
-  double receive_fraction = 0.25; // receive slot per op, as a fraction of its dense bytes
-  bool verify = false;            // receivers check destination hashes at commit
+  uint32_t anchor_every = 16;      // a dense anchor step at least every N steps
+  double receive_fraction = 0.25;  // receive slot per op, as a fraction of its dense bytes
+  bool verify = false;             // receivers check destination hashes at commit
 };
 
 struct ControllerConfig {

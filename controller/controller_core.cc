@@ -208,8 +208,8 @@ absl::Status ControllerCore::LoadDeltaReceivers(
     }
   }
   if (!errors.empty()) {
-    return absl::UnavailableError(absl::StrCat("loading the delta receive regions failed: ",
-                                               absl::StrJoin(errors, "; ")));
+    return absl::UnavailableError(
+        absl::StrCat("loading the delta receive regions failed: ", absl::StrJoin(errors, "; ")));
   }
   return absl::OkStatus();
 }
@@ -338,9 +338,9 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
   // Delta mode: anchors (dense, shadows refreshed) after a new plan or a failed step and every
   // anchor_every steps; a random nonce marks this attempt's receive slots.
   const bool delta = plan_.summary.delta().enabled();
-  const bool anchor =
-      delta && (delta_need_anchor_ ||
-                delta_since_anchor_ + 1 >= std::max<uint32_t>(1, plan_.summary.delta().anchor_every()));
+  const bool anchor = delta && (delta_need_anchor_ ||
+                                delta_since_anchor_ + 1 >=
+                                    std::max<uint32_t>(1, plan_.summary.delta().anchor_every()));
   uint64_t nonce = 0;
   if (delta) {
     static thread_local std::mt19937_64 rng(std::random_device{}());
@@ -430,7 +430,10 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
   result.set_ok(true);
   result.set_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
   spdlog::info("step {} committed: {} bytes ({} dense{}) in {:.3f} s", version, result.bytes(),
-               result.bytes_dense(), !delta ? "" : anchor ? ", delta anchor" : ", delta",
+               result.bytes_dense(),
+               !delta   ? ""
+               : anchor ? ", delta anchor"
+                        : ", delta",
                result.seconds());
   Record(result);
   return result;

@@ -62,7 +62,8 @@ class ControllerCore {
   void Record(const weightbeam::v1::StepResult& r);
   // Delta mode: loads the receiving half of the plan (receive regions) on the receivers and
   // adds their regions and slots to the senders' plans.
-  absl::Status LoadDeltaReceivers(BuiltPlan* built, const std::map<std::string, std::string>& endpoints);
+  absl::Status LoadDeltaReceivers(BuiltPlan* built,
+                                  const std::map<std::string, std::string>& endpoints);
 
   const config::ControllerConfig config_;
   Membership membership_;

@@ -86,9 +86,9 @@ absl::Status DeltaReceiver::Load(const v1::AgentPlan& plan, v1::LoadPlanResponse
       const uint64_t region = scales ? op.scale_region() : op.dst_region();
       auto t = registry_->Find(region);
       if (!t) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "delta mode: ", OpName(in.src_agent(), op), ": destination region ", region,
-            " is not registered on agent ", agent_));
+        return absl::FailedPreconditionError(
+            absl::StrCat("delta mode: ", OpName(in.src_agent(), op), ": destination region ",
+                         region, " is not registered on agent ", agent_));
       }
       if (t->memory.kind != transport::MemoryKind::kHost) {
         return absl::UnimplementedError(absl::StrCat(
@@ -174,13 +174,12 @@ absl::Status DeltaReceiver::ApplySlot(const Incoming& in, uint64_t version, uint
   std::shared_ptr<const registry::RegisteredTensor> scales;
   if (in.op.transform() == v1::TRANSFORM_FP8_BLOCK) scales = registry_->Find(in.op.scale_region());
   if (!dst || (in.op.transform() == v1::TRANSFORM_FP8_BLOCK && !scales)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "delta mode: ", OpName(in.src_agent, in.op), ": destination withdrawn before commit"));
+    return absl::FailedPreconditionError(absl::StrCat("delta mode: ", OpName(in.src_agent, in.op),
+                                                      ": destination withdrawn before commit"));
   }
-  auto s = ApplyToDestination(
-      absl::MakeConstSpan(slot + kSlotHeaderBytes, h.payload_bytes), in.layout,
-      static_cast<uint8_t*>(dst->memory.addr),
-      scales ? static_cast<uint8_t*>(scales->memory.addr) : nullptr);
+  auto s = ApplyToDestination(absl::MakeConstSpan(slot + kSlotHeaderBytes, h.payload_bytes),
+                              in.layout, static_cast<uint8_t*>(dst->memory.addr),
+                              scales ? static_cast<uint8_t*>(scales->memory.addr) : nullptr);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("applying the delta of ",
                                                OpName(in.src_agent, in.op), ": ", s.message()));
@@ -267,12 +266,11 @@ absl::Status DeltaReceiver::Apply(uint64_t version, uint64_t nonce,
     if (!hash_errors[i].ok()) return hash_errors[i];
     if (mismatch[i]) {
       const Incoming& in = incoming_[checks[i].first];
-      bad.push_back(absl::StrCat(in.op.dst_tensor(), " (op ", in.op.op_id(), " from ",
-                                 in.src_agent, ")"));
+      bad.push_back(
+          absl::StrCat(in.op.dst_tensor(), " (op ", in.op.op_id(), " from ", in.src_agent, ")"));
     }
   }
-  stats->seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!bad.empty()) {
     const size_t n = bad.size();
     if (bad.size() > 8) bad.resize(8);

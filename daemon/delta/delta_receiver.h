@@ -39,8 +39,7 @@ class DeltaReceiver {
 
   // Replaces the receive region with one sized for `plan.incoming()` and fills `resp` with its
   // descriptor and slot table. Destinations must be host memory (named in the error if not).
-  absl::Status Load(const weightbeam::v1::AgentPlan& plan,
-                    weightbeam::v1::LoadPlanResponse* resp);
+  absl::Status Load(const weightbeam::v1::AgentPlan& plan, weightbeam::v1::LoadPlanResponse* resp);
 
   // Applies every slot written for (version, nonce), then checks `expected` hashes (those for
   // this agent). Errors name the op and destination tensor.

@@ -27,12 +27,12 @@ struct StepDelta {
 
 // How one op goes out this step.
 struct OpOutcome {
-  bool packed = false;        // true: `flat` now holds slot header + packed delta
-  uint64_t write_bytes = 0;   // packed: header + delta bytes
-  uint64_t slot_region = 0;   // packed: the receive region (agent-wide id) and offset
+  bool packed = false;       // true: `flat` now holds slot header + packed delta
+  uint64_t write_bytes = 0;  // packed: header + delta bytes
+  uint64_t slot_region = 0;  // packed: the receive region (agent-wide id) and offset
   uint64_t slot_offset = 0;
-  uint64_t hash = 0;          // verify: hash of the bytes the destination must hold
-  uint64_t changed_elems = 0; // packed: changed elements; dense: a lower bound
+  uint64_t hash = 0;           // verify: hash of the bytes the destination must hold
+  uint64_t changed_elems = 0;  // packed: changed elements; dense: a lower bound
 };
 
 class DeltaSender {

@@ -161,8 +161,8 @@ absl::Status ApplyToDestination(absl::Span<const uint8_t> packed, const OpLayout
       return absl::InvalidArgumentError(absl::StrCat("delta record ", i, " repeats index ", index));
     }
     if (gap >= header->total_elems - index) {  // index < total_elems holds here
-      return absl::OutOfRangeError(absl::StrCat("delta record ", i, " points past element ",
-                                                header->total_elems));
+      return absl::OutOfRangeError(
+          absl::StrCat("delta record ", i, " points past element ", header->total_elems));
     }
     index += gap;
   }

@@ -112,8 +112,8 @@ absl::Status Executor::BuildWrites(const Job& job, std::vector<transport::WriteO
   if (job.packed) {
     auto slot = remote(job.slot_region);
     if (!slot.ok()) return slot.status();
-    writes->push_back({job.staging->transport_regions.at(tname), 0, *slot, job.slot_offset,
-                       job.packed_bytes});
+    writes->push_back(
+        {job.staging->transport_regions.at(tname), 0, *slot, job.slot_offset, job.packed_bytes});
     return absl::OkStatus();
   }
   auto dst = remote(op.dst_region());
@@ -190,7 +190,8 @@ absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
   const auto t0 = Clock::now();
   auto out = delta->Process(op, job->staging->data, step);
   if (!out.ok()) {
-    return absl::Status(out.status().code(), absl::StrCat(OpName(op), ": ", out.status().message()));
+    return absl::Status(out.status().code(),
+                        absl::StrCat(OpName(op), ": ", out.status().message()));
   }
   job->packed = out->packed;
   job->slot_region = out->slot_region;

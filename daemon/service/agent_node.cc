@@ -337,11 +337,10 @@ absl::Status AgentNode::Commit(const v1::CommitRequest& req) {
   }
   delta::ApplyStats stats;
   std::vector<v1::OpHash> expected(req.expected_hashes().begin(), req.expected_hashes().end());
-  if (auto s = delta_receiver_->Apply(req.version(), req.step_nonce(), expected, &stats);
-      !s.ok()) {
+  if (auto s = delta_receiver_->Apply(req.version(), req.step_nonce(), expected, &stats); !s.ok()) {
     metrics_.Error(AgentMetrics::kCommitRefused);
-    return absl::Status(s.code(), absl::StrCat("delta mode on agent ", config_.name, ": ",
-                                               s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat("delta mode on agent ", config_.name, ": ", s.message()));
   }
   spdlog::info("version {}: applied {} delta slot(s), {} bytes patching {} bytes in {:.3f} s{}",
                req.version(), stats.slots_applied, stats.payload_bytes, stats.dense_bytes,

@@ -1,8 +1,9 @@
 // delta_bench: delta mode on a Qwen3-0.6B-shaped model (BF16 -> BF16) with synthetic RL
-// updates (Adam at lr 3e-6 on N(0, 0.02) weights, after --warmup optimizer steps). Runs the same steps twice through a real
-// controller and two wb-agent processes over loopback tcp, once dense and once in delta mode,
-// and prints one JSON line: the fraction of BF16 values that changed per step, bytes sent vs
-// dense bytes, step times, and the codec's encode / apply throughput on this step's data.
+// updates (Adam at lr 3e-6 on N(0, 0.02) weights, after --warmup optimizer steps). Runs the same
+// steps twice through a real controller and two wb-agent processes over loopback tcp, once dense
+// and once in delta mode, and prints one JSON line: the fraction of BF16 values that changed per
+// step, bytes sent vs dense bytes, step times, and the codec's encode / apply throughput on this
+// step's data.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -75,7 +76,7 @@ struct Options {
 
 struct RunResult {
   std::vector<v1::StepResult> steps;
-  std::vector<double> changed_fraction;  // per step after the first
+  std::vector<double> changed_fraction;     // per step after the first
   std::vector<uint16_t> before_last, last;  // codec measurement data (a prefix)
 };
 
@@ -140,8 +141,8 @@ RunResult Run(const Options& o, const std::vector<Tensor>& tensors, bool delta,
     if (std::memcmp(tbuf->data(), ibuf->data(), total * 2) != 0) {
       Die("step " + std::to_string(s) + ": the inference copy differs from the trainer's");
     }
-    std::fprintf(stderr, "%s step %d: %llu of %llu bytes in %.3f s\n", delta ? "delta" : "dense",
-                 s, (unsigned long long)step->bytes(), (unsigned long long)step->bytes_dense(),
+    std::fprintf(stderr, "%s step %d: %llu of %llu bytes in %.3f s\n", delta ? "delta" : "dense", s,
+                 (unsigned long long)step->bytes(), (unsigned long long)step->bytes_dense(),
                  step->seconds());
     r.steps.push_back(*step);
   }
@@ -175,14 +176,14 @@ int main(int argc, char** argv) {
   RunResult delta = Run(o, tensors, true, codec_elems);
 
   // The codec on this step's data (one thread, as each agent prepare thread runs it).
-  std::vector<uint8_t> shadow(reinterpret_cast<uint8_t*>(delta.before_last.data()),
-                              reinterpret_cast<uint8_t*>(delta.before_last.data()) +
-                                  codec_elems * 2);
+  std::vector<uint8_t> shadow(
+      reinterpret_cast<uint8_t*>(delta.before_last.data()),
+      reinterpret_cast<uint8_t*>(delta.before_last.data()) + codec_elems * 2);
   auto t0 = Clock::now();
   auto enc = wb::delta::EncodeDelta(
       absl::MakeSpan(shadow),
-      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(delta.last.data()), codec_elems * 2),
-      2, 1);
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(delta.last.data()), codec_elems * 2), 2,
+      1);
   const double encode_s = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!enc.ok() || enc->kind != wb::delta::DeltaEncoding::Kind::kPacked) Die("encode failed");
   v1::TransferOp op;

@@ -59,9 +59,9 @@ Trainer OpenTrainer(const std::string& socket) {
   REQUIRE(s.ok());
   Trainer t{std::move(*buf), std::move(*s)};
   t.Publish();
-  REQUIRE(t.session.Register(Info("a.weight", v1::DTYPE_BF16, kRows, kCols), t.buffer, 0,
-                             kElems * 2)
-              .ok());
+  REQUIRE(
+      t.session.Register(Info("a.weight", v1::DTYPE_BF16, kRows, kCols), t.buffer, 0, kElems * 2)
+          .ok());
   REQUIRE(t.session
               .Register(Info("b.weight", v1::DTYPE_BF16, kRows, kCols), t.buffer, kElems * 2,
                         kElems * 2)
@@ -84,12 +84,12 @@ Inference OpenInference(const std::string& socket) {
   auto s = LocalSession::Connect(socket, Identity{v1::ROLE_INFERENCE, 0, 0});
   REQUIRE(s.ok());
   Inference inf{std::move(*buf), std::move(*s)};
-  REQUIRE(inf.session.Register(Info("a.weight", v1::DTYPE_BF16, kRows, kCols), inf.buffer, 0,
-                               kElems * 2)
+  REQUIRE(inf.session
+              .Register(Info("a.weight", v1::DTYPE_BF16, kRows, kCols), inf.buffer, 0, kElems * 2)
               .ok());
   REQUIRE(inf.session
-              .Register(Info("b.weight", v1::DTYPE_F8_E4M3, kRows, kCols), inf.buffer,
-                        kElems * 2, kElems)
+              .Register(Info("b.weight", v1::DTYPE_F8_E4M3, kRows, kCols), inf.buffer, kElems * 2,
+                        kElems)
               .ok());
   REQUIRE(inf.session
               .Register(Info("b.weight_scale_inv", v1::DTYPE_F32, kScaleRows, kScaleCols),

@@ -17,7 +17,7 @@ struct ClusterOptions {
   int inference_replicas = 1;
   int inference_ranks_per_replica = 1;
   int heartbeat_timeout_ms = 1500;
-  std::string extra_agent_yaml;  // appended to every agent's file
+  std::string extra_agent_yaml;       // appended to every agent's file
   std::string extra_controller_yaml;  // appended to the controller's file
 };
 

@@ -112,9 +112,9 @@ struct Harness {
       CHECK(kSlotHeaderBytes + h.payload_bytes == out->write_bytes);
       CHECK(out->slot_region == 99);
       CHECK(out->slot_offset == 4096);
-      auto s = ApplyToDestination(
-          absl::MakeConstSpan(flat.data() + kSlotHeaderBytes, h.payload_bytes), layout,
-          receiver.data.data(), receiver.scales.data());
+      auto s =
+          ApplyToDestination(absl::MakeConstSpan(flat.data() + kSlotHeaderBytes, h.payload_bytes),
+                             layout, receiver.data.data(), receiver.scales.data());
       REQUIRE(s.ok());
     } else {
       DenseWrite(layout, expected_flat, &receiver);
@@ -136,7 +136,7 @@ TEST_CASE("layouts: strided rows, ragged FP8 blocks with padded, strided scales"
   OpLayout f = LayoutOf(RaggedFp8(130, 200));  // 2 x 2 blocks, data 26000 bytes
   CHECK(f.elem_size == 1);
   CHECK(f.dense_bytes == 26000 + 2 * 2 * 4);
-  CHECK(f.flat_bytes == 26000 + 2 * 8);  // 26000 is 16-aligned: no padding
+  CHECK(f.flat_bytes == 26000 + 2 * 8);    // 26000 is 16-aligned: no padding
   OpLayout g = LayoutOf(RaggedFp8(3, 5));  // 15 data bytes, scales after 1 byte of padding
   CHECK(g.segments.back().flat_offset == 16);
   CHECK(g.flat_bytes == 20);
@@ -151,8 +151,8 @@ TEST_CASE("strided BF16: no change, one change at each end, all changed", "[delt
   CHECK(same.packed);
   CHECK(same.changed_elems == 0);
 
-  v[0] ^= 1;                       // first element
-  v[v.size() - 1] ^= 0x80;         // last element
+  v[0] ^= 1;                // first element
+  v[v.size() - 1] ^= 0x80;  // last element
   OpOutcome ends = h.Step(v, false);
   CHECK(ends.packed);
   CHECK(ends.changed_elems == 2);
