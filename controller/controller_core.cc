@@ -76,6 +76,7 @@ std::string ControllerCore::Endpoint(const std::map<std::string, std::string>& e
 
 absl::StatusOr<v1::PlanSummary> ControllerCore::Plan(const v1::PlanRequest& req) {
   absl::MutexLock lock(&plan_mu_);
+  delta_choice_ = req.delta();
   v1::ExpectedWorld world = req.world();
   if (world.trainer_ranks() == 0 && world.inference_replicas() == 0) {
     world.set_trainer_ranks(config_.world.trainer_ranks);
@@ -108,7 +109,9 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
 
   std::set<std::string> receivers;
   const auto endpoints = membership_.Endpoints();
-  if (config_.delta.enabled) {
+  const bool delta = delta_choice_ == v1::DELTA_CHOICE_ON ||
+                     (delta_choice_ == v1::DELTA_CHOICE_CONFIG && config_.delta.enabled);
+  if (delta) {
     if (auto s = LoadDeltaReceivers(&*built, endpoints); !s.ok()) {
       has_plan_ = false;
       return s;

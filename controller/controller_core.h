@@ -82,6 +82,9 @@ class ControllerCore {
   // destinations may hold part of it); committed delta steps since the last anchor.
   std::atomic<bool> delta_need_anchor_{true};
   uint32_t delta_since_anchor_ ABSL_GUARDED_BY(plan_mu_) = 0;
+  // The last Plan request's delta choice; replans after a layout change keep it.
+  weightbeam::v1::DeltaChoice delta_choice_ ABSL_GUARDED_BY(plan_mu_) =
+      weightbeam::v1::DELTA_CHOICE_CONFIG;
 
   mutable absl::Mutex state_mu_;
   uint64_t last_committed_ ABSL_GUARDED_BY(state_mu_) = 0;

@@ -209,4 +209,22 @@ TEST_CASE("delta mode: Adam steps land bit for bit, anchors heal a failed and a 
   check_anchor(commit(10));
   trainer.Step();
   check_delta(commit(11));
+
+  // Delta off for the next plan (wbctl plan --create --delta off): dense steps, same bytes.
+  auto off = ctl->Plan(world, std::chrono::seconds(20), v1::DELTA_CHOICE_OFF);
+  REQUIRE(off.ok());
+  CHECK_FALSE(off->delta().enabled());
+  trainer.Step();
+  auto dense = commit(12);
+  CHECK_FALSE(dense.delta_anchor());
+  CHECK(dense.delta_ops() == 0);
+  CHECK(dense.bytes() == kDense);
+  // And on again: a new plan starts with an anchor, then deltas.
+  auto on = ctl->Plan(world, std::chrono::seconds(20), v1::DELTA_CHOICE_ON);
+  REQUIRE(on.ok());
+  CHECK(on->delta().enabled());
+  trainer.Step();
+  check_anchor(commit(13));
+  trainer.Step();
+  check_delta(commit(14));
 }
