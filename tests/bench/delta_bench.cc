@@ -141,9 +141,14 @@ RunResult Run(const Options& o, const std::vector<Tensor>& tensors, bool delta,
     if (std::memcmp(tbuf->data(), ibuf->data(), total * 2) != 0) {
       Die("step " + std::to_string(s) + ": the inference copy differs from the trainer's");
     }
-    std::fprintf(stderr, "%s step %d: %llu of %llu bytes in %.3f s\n", delta ? "delta" : "dense", s,
-                 (unsigned long long)step->bytes(), (unsigned long long)step->bytes_dense(),
-                 step->seconds());
+    for (const auto& a : step->agents()) {
+      std::fprintf(stderr,
+                   "%s step %d: %llu of %llu bytes in %.3f s (sender %.3f s: prepare %.3f, "
+                   "encode %.3f, write %.3f thread-s)\n",
+                   delta ? "delta" : "dense", s, (unsigned long long)step->bytes(),
+                   (unsigned long long)step->bytes_dense(), step->seconds(), a.seconds(),
+                   a.stages().prepare_seconds(), a.encode_seconds(), a.stages().write_seconds());
+    }
     r.steps.push_back(*step);
   }
   return r;
