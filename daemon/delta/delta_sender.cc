@@ -58,6 +58,36 @@ absl::StatusOr<OpOutcome> DeltaSender::Process(const v1::TransferOp& op, uint8_t
     }
     if (scale_begin > data_end) std::memset(flat + data_end, 0, scale_begin - data_end);
   }
+  std::vector<uint8_t> packed;
+  auto out = Encode(op, st, flat, step, &packed);
+  if (!out.ok() || !out->packed) return out;
+  // The shadow already equals `flat`: its bytes are free to carry the slot write.
+  WriteSlotHeader({kSlotMagic, step.version, step.nonce, op.op_id(), packed.size()}, flat);
+  std::memcpy(flat + kSlotHeaderBytes, packed.data(), packed.size());
+  return out;
+}
+
+absl::StatusOr<OpOutcome> DeltaSender::ProcessInPlace(const v1::TransferOp& op, const uint8_t* flat,
+                                                      const StepDelta& step,
+                                                      std::vector<uint8_t>* slot_bytes) {
+  auto it = ops_.find(op.op_id());
+  if (it == ops_.end()) {
+    return absl::InternalError(absl::StrCat("op ", op.op_id(), " is not in the delta state"));
+  }
+  std::vector<uint8_t> packed;
+  auto out = Encode(op, *it->second, flat, step, &packed);
+  if (!out.ok() || !out->packed) return out;
+  slot_bytes->resize(kSlotHeaderBytes + packed.size());
+  WriteSlotHeader({kSlotMagic, step.version, step.nonce, op.op_id(), packed.size()},
+                  slot_bytes->data());
+  std::memcpy(slot_bytes->data() + kSlotHeaderBytes, packed.data(), packed.size());
+  return out;
+}
+
+absl::StatusOr<OpOutcome> DeltaSender::Encode(const v1::TransferOp& op, OpState& st,
+                                              const uint8_t* flat, const StepDelta& step,
+                                              std::vector<uint8_t>* packed) {
+  const OpLayout& l = st.layout;
   OpOutcome out;
   if (step.verify) out.hash = HashFlat(l, flat);
   if (step.anchor || !st.valid) {
@@ -78,9 +108,7 @@ absl::StatusOr<OpOutcome> DeltaSender::Process(const v1::TransferOp& op, uint8_t
   if (enc->kind != DeltaEncoding::Kind::kPacked || !st.has_slot) return out;
   const uint64_t need = kSlotHeaderBytes + enc->packed.size();
   if (need > st.slot.capacity() || need > l.flat_bytes) return out;  // dense is no larger
-  // The shadow already equals `flat`: its bytes are free to carry the slot write.
-  WriteSlotHeader({kSlotMagic, step.version, step.nonce, op.op_id(), enc->packed.size()}, flat);
-  std::memcpy(flat + kSlotHeaderBytes, enc->packed.data(), enc->packed.size());
+  *packed = std::move(enc->packed);
   out.packed = true;
   out.write_bytes = need;
   out.slot_region = st.slot.region_id();

@@ -47,6 +47,11 @@ class DeltaSender {
   // shadow and updates it. Safe to call for different ops from different threads at once.
   absl::StatusOr<OpOutcome> Process(const weightbeam::v1::TransferOp& op, uint8_t* flat,
                                     const StepDelta& step);
+  // The same for an op whose bytes are read in place (a contiguous copy, zero-copy): `flat` is
+  // only read, and a packed outcome's slot bytes (header + delta) go to `slot_bytes`.
+  absl::StatusOr<OpOutcome> ProcessInPlace(const weightbeam::v1::TransferOp& op,
+                                           const uint8_t* flat, const StepDelta& step,
+                                           std::vector<uint8_t>* slot_bytes);
 
   // The destination may no longer hold what the shadows say (aborted or failed step): every op
   // goes dense on the next step.
@@ -57,6 +62,11 @@ class DeltaSender {
   uint64_t shadow_bytes() const;
 
  private:
+  struct OpState;
+  // Compares and updates the shadow; on a packed outcome `packed` holds the delta.
+  absl::StatusOr<OpOutcome> Encode(const weightbeam::v1::TransferOp& op, OpState& st,
+                                   const uint8_t* flat, const StepDelta& step,
+                                   std::vector<uint8_t>* packed);
   struct OpState {
     OpLayout layout;
     bool has_slot = false;

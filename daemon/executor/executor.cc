@@ -167,24 +167,39 @@ absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
   if (layout == nullptr) {
     return absl::InternalError(absl::StrCat(OpName(op), ": not in the delta state"));
   }
+  const uint8_t* src = static_cast<const uint8_t*>(job->source->memory.addr);
+  const uint64_t row = op.row_elems() * registry::DTypeSize(op.dst_dtype());
+  const uint64_t stride = op.src_stride() ? op.src_stride() : row;
+  if (preparer_->StagingBytes(op) == 0 && stride == row) {
+    // A contiguous copy: compare the source in place; staging only for a packed delta, and a
+    // dense outcome is written zero-copy as without delta mode.
+    const auto t0 = Clock::now();
+    std::vector<uint8_t> slot;
+    auto out = delta->ProcessInPlace(op, src + op.src_offset(), step, &slot);
+    if (!out.ok()) {
+      return absl::Status(out.status().code(),
+                          absl::StrCat(OpName(op), ": ", out.status().message()));
+    }
+    const double encode_s = Since(t0);
+    if (out->packed) {
+      auto buf = staging_->Acquire(slot.size(), &cancelled_);
+      if (!buf.ok()) return buf.status();
+      job->staging = *buf;
+      std::memcpy(job->staging->data, slot.data(), slot.size());
+    }
+    return RecordDelta(job, *out, encode_s, step, report, report_mu);
+  }
   auto buf = staging_->Acquire(layout->flat_bytes, &cancelled_);
   if (!buf.ok()) return buf.status();
   job->staging = *buf;
-  const uint8_t* src = static_cast<const uint8_t*>(job->source->memory.addr);
   if (preparer_->StagingBytes(op) > 0) {
     if (auto s = preparer_->Prepare(op, src, job->staging->data); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(OpName(op), ": ", s.message()));
     }
   } else {
-    // A copy: gather its rows densely (the shadow compare needs them side by side anyway).
-    const uint64_t row = op.row_elems() * registry::DTypeSize(op.dst_dtype());
-    const uint64_t stride = op.src_stride() ? op.src_stride() : row;
-    if (stride == row) {
-      std::memcpy(job->staging->data, src + op.src_offset(), row * op.rows());
-    } else {
-      for (uint64_t r = 0; r < op.rows(); ++r) {
-        std::memcpy(job->staging->data + r * row, src + op.src_offset() + r * stride, row);
-      }
+    // A strided copy: gather its rows densely (the shadow compare needs them side by side).
+    for (uint64_t r = 0; r < op.rows(); ++r) {
+      std::memcpy(job->staging->data + r * row, src + op.src_offset() + r * stride, row);
     }
   }
   const auto t0 = Clock::now();
@@ -193,13 +208,21 @@ absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
     return absl::Status(out.status().code(),
                         absl::StrCat(OpName(op), ": ", out.status().message()));
   }
-  job->packed = out->packed;
-  job->slot_region = out->slot_region;
-  job->slot_offset = out->slot_offset;
-  job->packed_bytes = out->write_bytes;
+  // Dense: the staging buffer still holds the op's bytes; packed: the slot write.
+  return RecordDelta(job, *out, Since(t0), step, report, report_mu);
+}
+
+absl::Status Executor::RecordDelta(Job* job, const delta::OpOutcome& out, double encode_seconds,
+                                   const delta::StepDelta& step, v1::AgentStepReport* report,
+                                   absl::Mutex* report_mu) {
+  const v1::TransferOp& op = *job->op;
+  job->packed = out.packed;
+  job->slot_region = out.slot_region;
+  job->slot_offset = out.slot_offset;
+  job->packed_bytes = out.write_bytes;
   absl::MutexLock lock(report_mu);
-  report->set_encode_seconds(report->encode_seconds() + Since(t0));
-  if (out->packed) {
+  report->set_encode_seconds(report->encode_seconds() + encode_seconds);
+  if (out.packed) {
     report->set_delta_ops(report->delta_ops() + 1);
   } else {
     report->set_dense_ops(report->dense_ops() + 1);
@@ -208,7 +231,7 @@ absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
     v1::OpHash* h = report->add_hashes();
     h->set_op_id(op.op_id());
     h->set_dst_agent(op.dst_agent());
-    h->set_hash(out->hash);
+    h->set_hash(out.hash);
   }
   return absl::OkStatus();
 }

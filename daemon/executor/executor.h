@@ -83,6 +83,9 @@ class Executor {
   // Delta mode: the op's transformed bytes into `staging`, then change detection.
   absl::Status PrepareDelta(Job* job, const delta::StepDelta& step, delta::DeltaSender* delta,
                             weightbeam::v1::AgentStepReport* report, absl::Mutex* report_mu);
+  absl::Status RecordDelta(Job* job, const delta::OpOutcome& out, double encode_seconds,
+                           const delta::StepDelta& step, weightbeam::v1::AgentStepReport* report,
+                           absl::Mutex* report_mu);
   absl::Status BuildWrites(const Job& job, std::vector<transport::WriteOp>* writes) const;
 
   registry::RegionRegistry* registry_;
