@@ -1,5 +1,6 @@
 #include "daemon/delta/delta_sender.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -9,7 +10,8 @@ namespace wb::delta {
 
 namespace v1 = weightbeam::v1;
 
-DeltaSender::DeltaSender(const v1::AgentPlan& plan) {
+DeltaSender::DeltaSender(const v1::AgentPlan& plan, int big_op_threads)
+    : big_op_threads_(std::max(1, big_op_threads)) {
   for (const auto& op : plan.ops()) {
     auto st = std::make_unique<OpState>();
     st->layout = LayoutOf(op);
@@ -98,7 +100,7 @@ absl::StatusOr<OpOutcome> DeltaSender::Encode(const v1::TransferOp& op, OpState&
     return out;
   }
   auto enc = EncodeDelta(absl::MakeSpan(st.shadow), absl::MakeConstSpan(flat, l.flat_bytes),
-                         l.elem_size, 1);
+                         l.elem_size, l.flat_bytes >= (uint64_t{64} << 20) ? big_op_threads_ : 1);
   if (!enc.ok()) {
     st.valid = false;
     return absl::Status(enc.status().code(),

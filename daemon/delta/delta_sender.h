@@ -37,8 +37,9 @@ struct OpOutcome {
 
 class DeltaSender {
  public:
-  // `plan`: the sending agent's plan (ops and delta_slots).
-  explicit DeltaSender(const weightbeam::v1::AgentPlan& plan);
+  // `plan`: the sending agent's plan (ops and delta_slots). Ops of 64 MiB or more are scanned
+  // on `big_op_threads` threads (an op that large mostly runs alone in the executor).
+  explicit DeltaSender(const weightbeam::v1::AgentPlan& plan, int big_op_threads = 1);
 
   // The op's layout (flat bytes the executor must stage), or null for an unknown op.
   const OpLayout* Layout(uint64_t op_id) const;
@@ -76,6 +77,7 @@ class DeltaSender {
   };
   std::map<uint64_t, std::unique_ptr<OpState>> ops_;  // by op id; fixed after construction
   std::atomic<bool> invalid_{false};
+  int big_op_threads_ = 1;
 };
 
 }  // namespace wb::delta

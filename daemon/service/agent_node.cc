@@ -246,7 +246,7 @@ absl::Status AgentNode::ConnectAndLoad(const v1::AgentPlan& plan) {
   }
   std::shared_ptr<delta::DeltaSender> delta;
   if (plan.delta().enabled() && config_.delta.shadow == "host") {
-    delta = std::make_shared<delta::DeltaSender>(plan);
+    delta = std::make_shared<delta::DeltaSender>(plan, config_.executor.prepare_threads);
   }
   executor_->Load(std::vector<v1::TransferOp>(plan.ops().begin(), plan.ops().end()),
                   std::move(*routes), std::move(delta));
