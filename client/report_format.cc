@@ -30,7 +30,40 @@ std::string FormatPlan(const v1::PlanSummary& p) {
   out += absl::StrCat("imbalance (max/mean): senders ", FixedPoint(p.sender_imbalance(), 2),
                       ", receivers ", FixedPoint(p.receiver_imbalance(), 2),
                       "; predicted step time ", FixedPoint(p.predicted_step_seconds()), " s\n");
+  if (p.delta().enabled()) {
+    out += absl::StrCat("delta mode: on (anchor every ", p.delta().anchor_every(),
+                        " steps, receive slots ", FixedPoint(p.delta().receive_fraction(), 2),
+                        " of dense bytes, verify ", p.delta().verify() ? "on" : "off", ")\n");
+  }
   return out;
+}
+
+namespace {
+
+// "sent 12.3 MiB of 717.1 MiB dense (58.3x less; 1500 delta ops, 80 dense)", or "" when the
+// step was not a delta-mode step.
+std::string DeltaLine(const v1::StepResult& r) {
+  if (!r.delta_anchor() && r.delta_ops() == 0) return "";
+  std::string out =
+      absl::StrCat("sent ", HumanBytes(r.bytes()), " of ", HumanBytes(r.bytes_dense()), " dense");
+  if (r.delta_anchor()) return out + " (delta anchor: every op dense)";
+  return absl::StrCat(out, " (", FixedPoint(r.bytes() ? double(r.bytes_dense()) / r.bytes() : 0, 1),
+                      "x less; ", r.delta_ops(), " delta ops, ", r.dense_ops(), " dense)");
+}
+
+}  // namespace
+
+std::string FormatDeltaHistory(const google::protobuf::RepeatedPtrField<v1::StepResult>& steps) {
+  Table t({"VERSION", "OK", "SENT", "DENSE", "RATIO", "KIND"});
+  for (const auto& r : steps) {
+    t.Add({std::to_string(r.version()), r.ok() ? "yes" : "no", HumanBytes(r.bytes()),
+           HumanBytes(r.bytes_dense()),
+           r.bytes() ? FixedPoint(double(r.bytes_dense()) / r.bytes(), 1) + "x" : "-",
+           r.delta_anchor()    ? "anchor"
+           : r.delta_ops() > 0 ? "delta"
+                               : "dense"});
+  }
+  return steps.empty() ? "no steps yet\n" : "recent steps:\n" + t.Render();
 }
 
 std::string FormatStep(const v1::StepResult& r) {
@@ -38,6 +71,7 @@ std::string FormatStep(const v1::StepResult& r) {
       absl::StrCat("step ", r.version(), ": ", r.ok() ? "committed" : "FAILED", ", ",
                    HumanBytes(r.bytes()), " in ", FixedPoint(r.seconds()), " s (",
                    FixedPoint(r.seconds() > 0 ? r.bytes() / r.seconds() / 1e9 : 0, 2), " GB/s)\n");
+  if (std::string d = DeltaLine(r); !d.empty()) out += "  " + d + "\n";
   if (!r.ok()) out += absl::StrCat("  error: ", r.error(), "\n");
   Table t({"AGENT", "OK", "BYTES", "DENSE", "OPS", "SECONDS", "PREPARE", "WRITE", "PEAK STAGING"});
   for (const auto& a : r.agents()) {

@@ -10,5 +10,8 @@ namespace wb::client {
 std::string FormatPlan(const weightbeam::v1::PlanSummary& plan);
 std::string FormatStep(const weightbeam::v1::StepResult& step);
 std::string FixedPoint(double v, int digits = 3);
+// Delta mode: bytes sent vs dense bytes of recent steps, one row each.
+std::string FormatDeltaHistory(
+    const google::protobuf::RepeatedPtrField<weightbeam::v1::StepResult>& steps);
 
 }  // namespace wb::client

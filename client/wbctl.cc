@@ -71,6 +71,11 @@ int main(int argc, char** argv) {
   uint32_t wait_ms = 30000;
   plan->add_flag("--create", create, "plan now (waits for the configured world)");
   plan->add_option("--wait-ms", wait_ms, "how long --create waits for the world");
+  std::string delta_choice = "config";
+  plan->add_option("--delta", delta_choice,
+                   "with --create: delta mode on | off for this plan and later ones, or as the "
+                   "controller's config says")
+      ->check(CLI::IsMember({"on", "off", "config"}));
   auto* step = app.add_subcommand("step", "push a new version to the inference side");
   uint64_t version = 0;
   step->add_option("VERSION", version, "the version to commit (newer than the last)")->required();
@@ -144,7 +149,10 @@ int main(int argc, char** argv) {
   if (*plan) {
     v1::PlanSummary summary;
     if (create) {
-      auto p = client->Plan(v1::ExpectedWorld(), std::chrono::milliseconds(wait_ms));
+      auto p = client->Plan(v1::ExpectedWorld(), std::chrono::milliseconds(wait_ms),
+                            delta_choice == "on"    ? v1::DELTA_CHOICE_ON
+                            : delta_choice == "off" ? v1::DELTA_CHOICE_OFF
+                                                    : v1::DELTA_CHOICE_CONFIG);
       if (!p.ok()) return Fail(p.status());
       summary = *p;
     } else {
@@ -158,6 +166,11 @@ int main(int argc, char** argv) {
     }
     std::printf("%s",
                 json ? (Json(summary) + "\n").c_str() : wb::client::FormatPlan(summary).c_str());
+    if (!json && summary.delta().enabled()) {
+      // Delta mode: what the recent steps sent against their dense bytes.
+      auto s = client->Status();
+      if (s.ok()) std::printf("%s", wb::client::FormatDeltaHistory(s->recent_steps()).c_str());
+    }
     return 0;
   }
   if (*step) {

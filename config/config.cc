@@ -177,6 +177,11 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std:
     }
   }
   ReadStorage(r.Child("storage"), &c.storage);
+  {
+    YamlReader d = r.Child("delta");
+    d.ReadEnum("shadow", {"host", "none"}, &c.delta.shadow);
+    d.RejectUnknownKeys();
+  }
   r.RejectUnknownKeys();
   return Finish(ctx, std::move(c));
 }
@@ -236,6 +241,15 @@ absl::StatusOr<ControllerConfig> ParseControllerConfig(const std::string& yaml,
   cm.ReadDouble("nic_gbps", 0.001, 1e6, &c.cost_model.nic_gbps);
   cm.ReadDouble("op_overhead_us", 0, 1e6, &c.cost_model.op_overhead_us);
   cm.RejectUnknownKeys();
+
+  {
+    YamlReader d = r.Child("delta");
+    d.ReadBool("enabled", &c.delta.enabled);
+    d.ReadUint32("anchor_every", 1, 1000000, &c.delta.anchor_every);
+    d.ReadDouble("receive_fraction", 0.001, 1.0, &c.delta.receive_fraction);
+    d.ReadBool("verify", &c.delta.verify);
+    d.RejectUnknownKeys();
+  }
 
   ReadTls(r.Child("tls"), &c.tls);
   r.RejectUnknownKeys();

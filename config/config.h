@@ -60,6 +60,12 @@ struct StorageConfig {
   int writers = 1;         // subscribe: publishing agents that make a version complete
 };
 
+// Delta mode on a sending agent: where it keeps the shadow of the bytes each destination holds.
+// "host": host memory; "none": this agent always sends dense (delta off for it).
+struct AgentDeltaConfig {
+  std::string shadow = "host";
+};
+
 struct AgentConfig {
   std::string source;  // the file it came from, for messages
   std::string name;    // default: the host name
@@ -79,6 +85,7 @@ struct AgentConfig {
   ExecutorConfig executor;
   TlsConfig tls;
   StorageConfig storage;
+  AgentDeltaConfig delta;
 };
 
 // A rename rule: a source tensor whose name matches `pattern` (a regular expression) is
@@ -107,6 +114,14 @@ struct WorldConfig {
   int inference_ranks_per_replica = 0;
 };
 
+// Delta mode of the plans this controller makes: ship only the changed elements of each op.
+struct DeltaConfig {
+  bool enabled = false;
+  uint32_t anchor_every = 16;      // a dense anchor step at least every N steps
+  double receive_fraction = 0.25;  // receive slot per op, as a fraction of its dense bytes
+  bool verify = false;             // receivers check destination hashes at commit
+};
+
 struct ControllerConfig {
   std::string source;
   std::string log_level = "info";
@@ -120,6 +135,7 @@ struct ControllerConfig {
   std::vector<FusionRule> fusions;
   CostModelConfig cost_model;
   TlsConfig tls;
+  DeltaConfig delta;
 };
 
 // Parse from text; `source` names it in errors (a file name, or e.g. "<test>").

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <random>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -75,6 +76,7 @@ std::string ControllerCore::Endpoint(const std::map<std::string, std::string>& e
 
 absl::StatusOr<v1::PlanSummary> ControllerCore::Plan(const v1::PlanRequest& req) {
   absl::MutexLock lock(&plan_mu_);
+  delta_choice_ = req.delta();
   v1::ExpectedWorld world = req.world();
   if (world.trainer_ranks() == 0 && world.inference_replicas() == 0) {
     world.set_trainer_ranks(config_.world.trainer_ranks);
@@ -107,6 +109,14 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
 
   std::set<std::string> receivers;
   const auto endpoints = membership_.Endpoints();
+  const bool delta = delta_choice_ == v1::DELTA_CHOICE_ON ||
+                     (delta_choice_ == v1::DELTA_CHOICE_CONFIG && config_.delta.enabled);
+  if (delta) {
+    if (auto s = LoadDeltaReceivers(&*built, endpoints); !s.ok()) {
+      has_plan_ = false;
+      return s;
+    }
+  }
   std::vector<CallTarget<v1::LoadPlanRequest>> targets;
   for (const auto& [agent, plan] : built->agent_plans) {
     CallTarget<v1::LoadPlanRequest> t;
@@ -137,6 +147,8 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
   }
   plan_ = std::move(*built);
   has_plan_ = true;
+  delta_need_anchor_ = true;
+  delta_since_anchor_ = 0;
   plan_layout_version_ = layout_version;
   senders_.clear();
   for (const auto& [agent, plan] : plan_.agent_plans) senders_.push_back(agent);
@@ -182,6 +194,62 @@ absl::Status ControllerCore::IntroduceSenders(const BuiltPlan& built,
   if (errors.empty()) return absl::OkStatus();
   return absl::UnavailableError(
       absl::StrCat("introducing senders to receivers failed: ", absl::StrJoin(errors, "; ")));
+}
+
+absl::Status ControllerCore::LoadDeltaReceivers(
+    BuiltPlan* built, const std::map<std::string, std::string>& endpoints) {
+  v1::DeltaSettings settings;
+  settings.set_enabled(true);
+  settings.set_anchor_every(config_.delta.anchor_every);
+  settings.set_receive_fraction(config_.delta.receive_fraction);
+  settings.set_verify(config_.delta.verify);
+  *built->summary.mutable_delta() = settings;
+  std::map<std::string, v1::AgentPlan> halves;  // by receiving agent
+  for (auto& [sender, plan] : built->agent_plans) {
+    *plan.mutable_delta() = settings;
+    for (const auto& op : plan.ops()) {
+      v1::AgentPlan& half = halves[op.dst_agent()];
+      v1::IncomingOp* in = half.add_incoming();
+      in->set_src_agent(sender);
+      *in->mutable_op() = op;
+    }
+  }
+  std::vector<CallTarget<v1::LoadPlanRequest>> targets;
+  for (auto& [receiver, half] : halves) {
+    half.set_agent(receiver);
+    half.set_plan_id(built->summary.plan_id());
+    half.set_delta_receive(true);
+    *half.mutable_delta() = settings;
+    CallTarget<v1::LoadPlanRequest> t;
+    t.agent = receiver;
+    t.endpoint = Endpoint(endpoints, receiver);
+    *t.request.mutable_plan() = std::move(half);
+    targets.push_back(std::move(t));
+  }
+  auto results = CallAll<v1::LoadPlanRequest, v1::LoadPlanResponse>(
+      &channels_, targets, std::chrono::milliseconds(30000),
+      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->LoadPlan(c, q, r, d); });
+  std::vector<std::string> errors;
+  for (const auto& r : results) {
+    if (!r.status.ok()) {
+      errors.push_back(absl::StrCat("agent ", r.agent, ": ", r.status.error_message()));
+      continue;
+    }
+    for (const auto& slot : r.response.delta_slots()) {
+      auto it = built->agent_plans.find(slot.src_agent());
+      if (it != built->agent_plans.end()) *it->second.add_delta_slots() = slot;
+    }
+    for (auto& [sender, plan] : built->agent_plans) {
+      for (auto& peer : *plan.mutable_peers()) {
+        if (peer.agent() == r.agent) *peer.add_regions() = r.response.delta_region();
+      }
+    }
+  }
+  if (!errors.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("loading the delta receive regions failed: ", absl::StrJoin(errors, "; ")));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ControllerCore::RefreshLayouts() {
@@ -240,6 +308,7 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
                                  .count());
   const auto t0 = Clock::now();
   auto fail = [&](const std::string& error) {
+    delta_need_anchor_ = true;  // the destinations may hold part of this step
     result.set_ok(false);
     result.set_error(error);
     result.set_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -304,6 +373,19 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
     }
   }
 
+  // Delta mode: anchors (dense, shadows refreshed) after a new plan or a failed step and every
+  // anchor_every steps; a random nonce marks this attempt's receive slots.
+  const bool delta = plan_.summary.delta().enabled();
+  const bool anchor = delta && (delta_need_anchor_ ||
+                                delta_since_anchor_ + 1 >=
+                                    std::max<uint32_t>(1, plan_.summary.delta().anchor_every()));
+  uint64_t nonce = 0;
+  if (delta) {
+    static thread_local std::mt19937_64 rng(std::random_device{}());
+    while (nonce == 0) nonce = rng();
+  }
+  result.set_delta_anchor(anchor);
+
   // 2. execute on senders; 3. wait for all (the barrier)
   endpoints = membership_.Endpoints();
   std::vector<CallTarget<v1::ExecuteRequest>> execs;
@@ -312,6 +394,8 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
     t.request.set_version(version);
     t.request.set_plan_id(plan_.summary.plan_id());
     t.request.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
+    t.request.set_delta_anchor(anchor);
+    t.request.set_step_nonce(nonce);
     execs.push_back(std::move(t));
   }
   std::vector<std::string> errors;
@@ -328,6 +412,9 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
       *report = r.response.report();
       report->set_agent(r.agent);
       result.set_bytes(result.bytes() + report->bytes_sent());
+      result.set_bytes_dense(result.bytes_dense() + report->bytes_dense());
+      result.set_delta_ops(result.delta_ops() + report->delta_ops());
+      result.set_dense_ops(result.dense_ops() + report->dense_ops());
       if (report->ok()) continue;
     }
     errors.push_back(absl::StrCat("agent ", r.agent, ": ", report->error()));
@@ -344,20 +431,47 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
   for (const auto& a : receivers_) {
     CallTarget<v1::CommitRequest> t{a, Endpoint(endpoints, a), {}};
     t.request.set_version(version);
+    t.request.set_step_nonce(nonce);
+    for (const auto& report : result.agents()) {
+      for (const auto& h : report.hashes()) {
+        if (h.dst_agent() == a) *t.request.add_expected_hashes() = h;
+      }
+    }
     commits.push_back(std::move(t));
   }
+  // The hashes travelled to the receivers; the step result does not need them.
+  for (auto& report : *result.mutable_agents()) report.clear_hashes();
+  std::vector<std::string> failed_commits;
   for (const auto& r : CallAll<v1::CommitRequest, v1::CommitResponse>(
            &channels_, commits, std::chrono::milliseconds(5000),
            [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Commit(c, q, r, d); })) {
     if (!r.status.ok()) {
       errors.push_back(
           absl::StrCat("agent ", r.agent, ": commit failed: ", r.status.error_message()));
+      failed_commits.push_back(r.agent);
     }
   }
-  if (!errors.empty()) return fail(absl::StrJoin(errors, "; "));
+  if (!errors.empty()) {
+    std::string why = absl::StrJoin(errors, "; ");
+    if (delta) {
+      // Senders drop their shadows; failed receivers tell their watchers.
+      std::vector<std::string> to_abort = senders_;
+      to_abort.insert(to_abort.end(), failed_commits.begin(), failed_commits.end());
+      AbortEverywhere(version, to_abort, why);
+    }
+    return fail(why);
+  }
+  if (delta) {
+    delta_since_anchor_ = anchor ? 0 : delta_since_anchor_ + 1;
+    delta_need_anchor_ = false;
+  }
   result.set_ok(true);
   result.set_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
-  spdlog::info("step {} committed: {} bytes in {:.3f} s", version, result.bytes(),
+  spdlog::info("step {} committed: {} bytes ({} dense{}) in {:.3f} s", version, result.bytes(),
+               result.bytes_dense(),
+               !delta   ? ""
+               : anchor ? ", delta anchor"
+                        : ", delta",
                result.seconds());
   Record(result);
   return result;

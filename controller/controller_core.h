@@ -4,6 +4,7 @@
 // or abort everywhere with an error naming the agent and the cause.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -65,6 +66,10 @@ class ControllerCore {
   void AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
                        const std::string& reason);
   void Record(const weightbeam::v1::StepResult& r);
+  // Delta mode: loads the receiving half of the plan (receive regions) on the receivers and
+  // adds their regions and slots to the senders' plans.
+  absl::Status LoadDeltaReceivers(BuiltPlan* built,
+                                  const std::map<std::string, std::string>& endpoints);
 
   const config::ControllerConfig config_;
   Membership membership_;
@@ -79,6 +84,13 @@ class ControllerCore {
   uint64_t next_plan_id_ ABSL_GUARDED_BY(plan_mu_) = 1;
   std::vector<std::string> senders_ ABSL_GUARDED_BY(plan_mu_);
   std::vector<std::string> receivers_ ABSL_GUARDED_BY(plan_mu_);
+  // Delta mode: the next step must be a dense anchor (new plan, or a step failed: the
+  // destinations may hold part of it); committed delta steps since the last anchor.
+  std::atomic<bool> delta_need_anchor_{true};
+  uint32_t delta_since_anchor_ ABSL_GUARDED_BY(plan_mu_) = 0;
+  // The last Plan request's delta choice; replans after a layout change keep it.
+  weightbeam::v1::DeltaChoice delta_choice_ ABSL_GUARDED_BY(plan_mu_) =
+      weightbeam::v1::DELTA_CHOICE_CONFIG;
 
   mutable absl::Mutex state_mu_;
   uint64_t last_committed_ ABSL_GUARDED_BY(state_mu_) = 0;

@@ -82,12 +82,14 @@ absl::StatusOr<ControllerClient> ControllerClient::Connect(const std::string& ad
 }
 
 absl::StatusOr<v1::PlanSummary> ControllerClient::Plan(const v1::ExpectedWorld& world,
-                                                       std::chrono::milliseconds wait) {
+                                                       std::chrono::milliseconds wait,
+                                                       v1::DeltaChoice delta) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(60));
   v1::PlanRequest req;
   *req.mutable_world() = world;
   req.set_wait_ms(static_cast<uint32_t>(wait.count()));
+  req.set_delta(delta);
   v1::PlanResponse resp;
   grpc::Status s = impl_->stub->Plan(&ctx, req, &resp);
   if (!s.ok()) return impl_->Convert(s);

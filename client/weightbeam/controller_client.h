@@ -36,8 +36,10 @@ class ControllerClient {
   ~ControllerClient();
 
   // Waits (up to `wait`) until the world is complete, plans, loads the plan on the senders.
-  absl::StatusOr<weightbeam::v1::PlanSummary> Plan(const weightbeam::v1::ExpectedWorld& world,
-                                                   std::chrono::milliseconds wait);
+  // `delta`: delta mode for this plan and later ones (default: the controller's config).
+  absl::StatusOr<weightbeam::v1::PlanSummary> Plan(
+      const weightbeam::v1::ExpectedWorld& world, std::chrono::milliseconds wait,
+      weightbeam::v1::DeltaChoice delta = weightbeam::v1::DELTA_CHOICE_CONFIG);
   // Pushes version `version` to the inference side; a failed step is an error whose message
   // names the agent and cause. `timeout` 0 uses the controller's configured step timeout.
   absl::StatusOr<weightbeam::v1::StepResult> Step(uint64_t version,

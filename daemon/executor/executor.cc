@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -54,14 +55,22 @@ struct Executor::Job {
   std::shared_ptr<const registry::RegisteredTensor> source;
   std::shared_ptr<StagingBuffer> staging;  // null for zero-copy ops
   const Route* route = nullptr;
+  uint64_t dense_bytes = 0;  // what a dense write of this op lands
+  // Delta mode: the staging buffer holds slot header + packed delta for this slot.
+  bool packed = false;
+  uint64_t slot_region = 0;
+  uint64_t slot_offset = 0;
+  uint64_t packed_bytes = 0;
 };
 
 Executor::Executor(registry::RegionRegistry* registry, StagingPool* staging,
                    const Preparer* preparer, ExecutorOptions options)
     : registry_(registry), staging_(staging), preparer_(preparer), options_(options) {}
 
-void Executor::Load(std::vector<v1::TransferOp> ops, std::map<std::string, Route> routes) {
+void Executor::Load(std::vector<v1::TransferOp> ops, std::map<std::string, Route> routes,
+                    std::shared_ptr<delta::DeltaSender> delta) {
   absl::MutexLock lock(&mu_);
+  delta_ = std::move(delta);
   ops_ = std::move(ops);
   std::stable_sort(ops_.begin(), ops_.end(), [](const v1::TransferOp& a, const v1::TransferOp& b) {
     return a.phase() < b.phase();
@@ -80,6 +89,7 @@ void Executor::Cancel(const std::string& reason) {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
     cancel_reason_ = reason;
+    if (delta_) delta_->Invalidate();  // the destination may hold part of a step
   }
   staging_->Poke();
 }
@@ -98,9 +108,16 @@ absl::Status Executor::BuildWrites(const Job& job, std::vector<transport::WriteO
     }
     return it->second;
   };
+  const std::string tname = job.route->transport->Name();
+  if (job.packed) {
+    auto slot = remote(job.slot_region);
+    if (!slot.ok()) return slot.status();
+    writes->push_back(
+        {job.staging->transport_regions.at(tname), 0, *slot, job.slot_offset, job.packed_bytes});
+    return absl::OkStatus();
+  }
   auto dst = remote(op.dst_region());
   if (!dst.ok()) return dst.status();
-  const std::string tname = job.route->transport->Name();
 
   uint64_t local_region = 0;
   uint64_t base = 0;  // offset of row 0 in the local region
@@ -142,8 +159,88 @@ absl::Status Executor::BuildWrites(const Job& job, std::vector<transport::WriteO
   return absl::OkStatus();
 }
 
+absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
+                                    delta::DeltaSender* delta, v1::AgentStepReport* report,
+                                    absl::Mutex* report_mu) {
+  const v1::TransferOp& op = *job->op;
+  const delta::OpLayout* layout = delta->Layout(op.op_id());
+  if (layout == nullptr) {
+    return absl::InternalError(absl::StrCat(OpName(op), ": not in the delta state"));
+  }
+  const uint8_t* src = static_cast<const uint8_t*>(job->source->memory.addr);
+  const uint64_t row = op.row_elems() * registry::DTypeSize(op.dst_dtype());
+  const uint64_t stride = op.src_stride() ? op.src_stride() : row;
+  if (preparer_->StagingBytes(op) == 0 && stride == row) {
+    // A contiguous copy: compare the source in place; staging only for a packed delta, and a
+    // dense outcome is written zero-copy as without delta mode.
+    const auto t0 = Clock::now();
+    std::vector<uint8_t> slot;
+    auto out = delta->ProcessInPlace(op, src + op.src_offset(), step, &slot);
+    if (!out.ok()) {
+      return absl::Status(out.status().code(),
+                          absl::StrCat(OpName(op), ": ", out.status().message()));
+    }
+    const double encode_s = Since(t0);
+    if (out->packed) {
+      auto buf = staging_->Acquire(slot.size(), &cancelled_);
+      if (!buf.ok()) return buf.status();
+      job->staging = *buf;
+      std::memcpy(job->staging->data, slot.data(), slot.size());
+    }
+    return RecordDelta(job, *out, encode_s, step, report, report_mu);
+  }
+  auto buf = staging_->Acquire(layout->flat_bytes, &cancelled_);
+  if (!buf.ok()) return buf.status();
+  job->staging = *buf;
+  if (preparer_->StagingBytes(op) > 0) {
+    if (auto s = preparer_->Prepare(op, src, job->staging->data); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(OpName(op), ": ", s.message()));
+    }
+  } else {
+    // A strided copy: gather its rows densely (the shadow compare needs them side by side).
+    for (uint64_t r = 0; r < op.rows(); ++r) {
+      std::memcpy(job->staging->data + r * row, src + op.src_offset() + r * stride, row);
+    }
+  }
+  const auto t0 = Clock::now();
+  auto out = delta->Process(op, job->staging->data, step);
+  if (!out.ok()) {
+    return absl::Status(out.status().code(),
+                        absl::StrCat(OpName(op), ": ", out.status().message()));
+  }
+  // Dense: the staging buffer still holds the op's bytes; packed: the slot write.
+  return RecordDelta(job, *out, Since(t0), step, report, report_mu);
+}
+
+absl::Status Executor::RecordDelta(Job* job, const delta::OpOutcome& out, double encode_seconds,
+                                   const delta::StepDelta& step, v1::AgentStepReport* report,
+                                   absl::Mutex* report_mu) {
+  const v1::TransferOp& op = *job->op;
+  job->packed = out.packed;
+  job->slot_region = out.slot_region;
+  job->slot_offset = out.slot_offset;
+  job->packed_bytes = out.write_bytes;
+  absl::MutexLock lock(report_mu);
+  report->set_encode_seconds(report->encode_seconds() + encode_seconds);
+  if (out.packed) {
+    report->set_delta_ops(report->delta_ops() + 1);
+  } else {
+    report->set_dense_ops(report->dense_ops() + 1);
+  }
+  if (step.verify) {
+    v1::OpHash* h = report->add_hashes();
+    h->set_op_id(op.op_id());
+    h->set_dst_agent(op.dst_agent());
+    h->set_hash(out.hash);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
-                                Clock::time_point deadline, v1::AgentStepReport* report) {
+                                Clock::time_point deadline, const delta::StepDelta& step,
+                                delta::DeltaSender* delta, v1::AgentStepReport* report) {
+  absl::Mutex report_mu;  // preparers add delta counts and hashes
+  std::atomic<uint64_t> bytes_dense{0};
   BlockingQueue<Job> to_prepare;
   BlockingQueue<Job> to_write;
   ErrorSlot error;
@@ -189,6 +286,19 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
       while (auto job = to_prepare.Pop()) {
         if (error.failed() || cancelled_) continue;
         const auto t0 = Clock::now();
+        if (delta != nullptr) {
+          const delta::OpLayout* layout = delta->Layout(job->op->op_id());
+          job->dense_bytes = layout ? layout->dense_bytes : 0;
+          auto s = PrepareDelta(&*job, step, delta, report, &report_mu);
+          if (!s.ok()) {
+            if (job->staging) staging_->Release(job->staging);
+            error.Set(s);
+            continue;
+          }
+          prepare_ns += (Clock::now() - t0).count();
+          to_write.Push(std::move(*job));
+          continue;
+        }
         uint64_t need = preparer_->StagingBytes(*job->op);
         if (need > 0) {
           auto buf = staging_->Acquire(need, &cancelled_);
@@ -228,6 +338,7 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
     }
     uint64_t bytes = 0;
     for (const auto& w : writes) bytes += w.length;
+    const uint64_t dense = job->dense_bytes ? job->dense_bytes : bytes;
     {
       absl::MutexLock lock(&done_mu);
       ++outstanding;
@@ -241,7 +352,7 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
     }
     ops_in_flight_.fetch_add(1, std::memory_order_relaxed);
     job->route->peer->PostBatch(
-        std::move(writes), [&, staging, op, bytes, peer_bytes](absl::Status s) {
+        std::move(writes), [&, staging, op, bytes, dense, peer_bytes](absl::Status s) {
           const auto c0 = Clock::now();
           int64_t done_ns = (c0 - phase_t0).count(), prev = last_done_ns.load();
           while (done_ns > prev && !last_done_ns.compare_exchange_weak(prev, done_ns)) {
@@ -250,6 +361,7 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
           if (staging) staging_->Release(staging);
           if (s.ok()) {
             bytes_sent += bytes;
+            bytes_dense += dense;
             if (peer_bytes) peer_bytes->Increment(bytes);
           } else {
             error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
@@ -291,6 +403,7 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
   }
   st->set_complete_seconds(st->complete_seconds() + complete_ns.load() * 1e-9);
   report->set_bytes_sent(report->bytes_sent() + bytes_sent.load());
+  report->set_bytes_dense(report->bytes_dense() + bytes_dense.load());
   if (cancelled_ && error.Get().ok()) {
     absl::MutexLock lock(&mu_);
     return absl::AbortedError(absl::StrCat("step cancelled: ", cancel_reason_));
@@ -298,7 +411,8 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
   return error.Get();
 }
 
-v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::milliseconds timeout) {
+v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::milliseconds timeout,
+                                      delta::StepDelta step) {
   v1::AgentStepReport report;
   const auto t0 = Clock::now();
   const auto deadline = t0 + timeout;
@@ -316,19 +430,28 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   staging_->ResetPeak();
   std::vector<const v1::TransferOp*> phase;
   absl::Status status;
+  std::shared_ptr<delta::DeltaSender> delta;
   {
     absl::MutexLock lock(&mu_);
     ops = ops_;  // a copy: a concurrent Load must not pull the plan from under the step
+    if (step.enabled) delta = delta_;
   }
+  // After an abort or a failed step the destination may hold part of a step: anchor.
+  if (delta && delta->TakeInvalidated()) step.anchor = true;
+  step.version = version;
   for (size_t i = 0; i < ops.size() && status.ok(); ++i) {
     phase.push_back(&ops[i]);
     if (i + 1 == ops.size() || ops[i + 1].phase() != ops[i].phase()) {
-      status = RunPhase(phase, deadline, &report);
+      status = RunPhase(phase, deadline, step, delta.get(), &report);
       phase.clear();
     }
   }
   report.set_ops(ops.size());
-  report.set_bytes_dense(report.bytes_sent());
+  if (!delta) {
+    report.set_bytes_dense(report.bytes_sent());
+    report.set_dense_ops(ops.size());
+  }
+  if (delta && !status.ok()) delta->Invalidate();
   report.mutable_stages()->set_peak_staging_bytes(staging_->peak_in_flight());
   report.set_seconds(Since(t0));
   report.set_ok(status.ok());

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/delta/delta_sender.h"
 #include "daemon/executor/staging_pool.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/registry/region_registry.h"
@@ -57,13 +58,17 @@ class Executor {
   Executor(registry::RegionRegistry* registry, StagingPool* staging, const Preparer* preparer,
            ExecutorOptions options);
 
-  // Replaces the plan; `routes` maps each destination agent to its route.
-  void Load(std::vector<weightbeam::v1::TransferOp> ops, std::map<std::string, Route> routes);
+  // Replaces the plan; `routes` maps each destination agent to its route. With `delta` (delta
+  // mode), steps that ask for it stage every op, compare it with its shadow and may send it as
+  // a packed delta into the receiver's slot.
+  void Load(std::vector<weightbeam::v1::TransferOp> ops, std::map<std::string, Route> routes,
+            std::shared_ptr<delta::DeltaSender> delta = nullptr);
   bool loaded() const;
 
   // Runs every op of the loaded plan, phase by phase (a barrier between phases). Fails with
   // the first error, naming the operation (source -> destination tensor, peer).
-  weightbeam::v1::AgentStepReport Execute(uint64_t version, std::chrono::milliseconds timeout);
+  weightbeam::v1::AgentStepReport Execute(uint64_t version, std::chrono::milliseconds timeout,
+                                          delta::StepDelta step = {});
   // Makes a running Execute fail promptly with `reason`.
   void Cancel(const std::string& reason);
   // Operations whose writes are posted and not yet acknowledged (all steps together).
@@ -73,7 +78,14 @@ class Executor {
   struct Job;
   absl::Status RunPhase(const std::vector<const weightbeam::v1::TransferOp*>& ops,
                         std::chrono::steady_clock::time_point deadline,
+                        const delta::StepDelta& step, delta::DeltaSender* delta,
                         weightbeam::v1::AgentStepReport* report);
+  // Delta mode: the op's transformed bytes into `staging`, then change detection.
+  absl::Status PrepareDelta(Job* job, const delta::StepDelta& step, delta::DeltaSender* delta,
+                            weightbeam::v1::AgentStepReport* report, absl::Mutex* report_mu);
+  absl::Status RecordDelta(Job* job, const delta::OpOutcome& out, double encode_seconds,
+                           const delta::StepDelta& step, weightbeam::v1::AgentStepReport* report,
+                           absl::Mutex* report_mu);
   absl::Status BuildWrites(const Job& job, std::vector<transport::WriteOp>* writes) const;
 
   registry::RegionRegistry* registry_;
@@ -85,6 +97,7 @@ class Executor {
   std::vector<weightbeam::v1::TransferOp> ops_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Route> routes_ ABSL_GUARDED_BY(mu_);
   bool loaded_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<delta::DeltaSender> delta_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> cancelled_{false};  // read by waiting stages
   std::atomic<int64_t> ops_in_flight_{0};
   std::string cancel_reason_ ABSL_GUARDED_BY(mu_);

@@ -180,6 +180,7 @@ absl::Status AgentNode::Start() {
   // tls.server_name names the controller; peers are checked against the host dialled.
   connector_ =
       std::make_unique<PeerConnector>(config_.name, by_name_, channels->WithServerName(""));
+  delta_receiver_ = std::make_unique<delta::DeltaReceiver>(config_.name, raw, registry_.get());
   local_service_ = std::make_unique<local::LocalService>(
       registry_.get(), &events_,
       [this](const std::string&) { metrics_.Error(AgentMetrics::kRegistrationRefused); });
@@ -251,11 +252,22 @@ v1::AgentInfo AgentNode::Info() const {
 v1::AgentLayout AgentNode::Layout() const { return registry_->Layout(config_.name); }
 
 absl::Status AgentNode::LoadPlan(const v1::AgentPlan& plan) {
+  v1::LoadPlanResponse ignored;
+  return LoadPlan(plan, &ignored);
+}
+
+absl::Status AgentNode::LoadPlan(const v1::AgentPlan& plan, v1::LoadPlanResponse* resp) {
+  if (plan.delta_receive()) {
+    auto s = delta_receiver_->Load(plan, resp);
+    if (!s.ok()) metrics_.Error(AgentMetrics::kPlanLoadFailed);
+    return s;
+  }
   if (auto s = ConnectAndLoad(plan); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   plan_ = plan;
   plan_id_ = plan.plan_id();
   reconnect_ = false;
+  delta_sending_ = plan.delta().enabled() && config_.delta.shadow == "host";
   spdlog::info("loaded plan {}: {} ops to {} peer(s)", plan.plan_id(), plan.ops_size(),
                plan.peers_size());
   return absl::OkStatus();
@@ -271,8 +283,12 @@ absl::Status AgentNode::ConnectAndLoad(const v1::AgentPlan& plan) {
   for (auto& [agent, route] : *routes) {
     route.bytes_sent = metrics_.BytesSent(route.transport->Name(), agent);
   }
+  std::shared_ptr<delta::DeltaSender> delta;
+  if (plan.delta().enabled() && config_.delta.shadow == "host") {
+    delta = std::make_shared<delta::DeltaSender>(plan, config_.executor.prepare_threads);
+  }
   executor_->Load(std::vector<v1::TransferOp>(plan.ops().begin(), plan.ops().end()),
-                  std::move(*routes));
+                  std::move(*routes), std::move(delta));
   return absl::OkStatus();
 }
 
@@ -281,6 +297,7 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
   failed.set_agent(config_.name);
   bool reconnect = false;
   v1::AgentPlan plan;
+  delta::StepDelta step;
   {
     absl::MutexLock lock(&mu_);
     if (req.plan_id() != plan_id_) {
@@ -292,6 +309,10 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
     state_ = "executing";
     reconnect = reconnect_;
     if (reconnect) plan = plan_;
+    step.enabled = delta_sending_;
+    step.anchor = req.delta_anchor();
+    step.verify = plan_.delta().verify();
+    step.nonce = req.step_nonce();
   }
   // A failed step may have left connections broken (a peer restarted, a link went down):
   // connect afresh before trying again, so the step can succeed once the cause is gone.
@@ -305,8 +326,9 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
     }
   }
   auto timeout = std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 60000);
-  v1::AgentStepReport report = executor_->Execute(req.version(), timeout);
+  v1::AgentStepReport report = executor_->Execute(req.version(), timeout, step);
   report.set_agent(config_.name);
+  for (auto& h : *report.mutable_hashes()) h.set_src_agent(config_.name);
   metrics_.StepFinished(report.seconds(), report.ok());
   absl::MutexLock lock(&mu_);
   reconnect_ = !report.ok();
@@ -340,6 +362,29 @@ absl::Status AgentNode::Begin(uint64_t version) { return Advance(v1::Event::KIND
 
 absl::Status AgentNode::Commit(uint64_t version) {
   return Advance(v1::Event::KIND_COMMIT, version);
+}
+
+absl::Status AgentNode::Commit(const v1::CommitRequest& req) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (req.version() <= committed_version_) {
+      metrics_.Error(AgentMetrics::kCommitRefused);
+      return absl::FailedPreconditionError(absl::StrCat("version ", req.version(),
+                                                        " is not newer than the committed version ",
+                                                        committed_version_));
+    }
+  }
+  delta::ApplyStats stats;
+  std::vector<v1::OpHash> expected(req.expected_hashes().begin(), req.expected_hashes().end());
+  if (auto s = delta_receiver_->Apply(req.version(), req.step_nonce(), expected, &stats); !s.ok()) {
+    metrics_.Error(AgentMetrics::kCommitRefused);
+    return absl::Status(s.code(),
+                        absl::StrCat("delta mode on agent ", config_.name, ": ", s.message()));
+  }
+  spdlog::info("version {}: applied {} delta slot(s), {} bytes patching {} bytes in {:.3f} s{}",
+               req.version(), stats.slots_applied, stats.payload_bytes, stats.dense_bytes,
+               stats.seconds, expected.empty() ? "" : ", destinations verified");
+  return Advance(v1::Event::KIND_COMMIT, req.version());
 }
 
 absl::Status AgentNode::Abort(uint64_t version, const std::string& reason) {

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "config/config.h"
+#include "daemon/delta/delta_receiver.h"
 #include "daemon/executor/executor.h"
 #include "daemon/executor/staging_pool.h"
 #include "daemon/local/event_bus.h"
@@ -48,9 +49,14 @@ class AgentNode {
   weightbeam::v1::AgentInfo Info() const;
   weightbeam::v1::AgentLayout Layout() const;
   absl::Status LoadPlan(const weightbeam::v1::AgentPlan& plan);
+  // Delta mode: a receiving-half load fills `resp` with the receive region and slots.
+  absl::Status LoadPlan(const weightbeam::v1::AgentPlan& plan,
+                        weightbeam::v1::LoadPlanResponse* resp);
   weightbeam::v1::AgentStepReport Execute(const weightbeam::v1::ExecuteRequest& req);
   absl::Status Begin(uint64_t version);
   absl::Status Commit(uint64_t version);
+  // Delta mode: applies this attempt's delta slots (and checks hashes) before committing.
+  absl::Status Commit(const weightbeam::v1::CommitRequest& req);
   absl::Status Abort(uint64_t version, const std::string& reason);
   weightbeam::v1::HealthResponse Health() const;
   absl::StatusOr<std::string> Handshake(const weightbeam::v1::HandshakeRequest& req);
@@ -87,6 +93,7 @@ class AgentNode {
   std::unique_ptr<executor::StagingPool> staging_;
   std::unique_ptr<executor::Preparer> preparer_;
   std::unique_ptr<executor::Executor> executor_;
+  std::unique_ptr<delta::DeltaReceiver> delta_receiver_;
   std::unique_ptr<PeerConnector> connector_;
   std::unique_ptr<grpc::Server> local_server_;
   std::unique_ptr<grpc::Server> agent_server_;
@@ -99,6 +106,7 @@ class AgentNode {
   weightbeam::v1::AgentPlan plan_ ABSL_GUARDED_BY(mu_);  // kept to reconnect after a failure
   bool reconnect_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t committed_version_ ABSL_GUARDED_BY(mu_) = 0;
+  bool delta_sending_ ABSL_GUARDED_BY(mu_) = false;  // the loaded plan sends deltas
   std::string state_ ABSL_GUARDED_BY(mu_) = "idle";
   std::set<std::string> introduced_ ABSL_GUARDED_BY(mu_);  // senders allowed to handshake
   std::atomic<bool> shutting_down_{false};

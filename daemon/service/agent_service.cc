@@ -33,12 +33,12 @@ grpc::ServerUnaryReactor* AgentService::Describe(grpc::CallbackServerContext* ct
 
 grpc::ServerUnaryReactor* AgentService::LoadPlan(grpc::CallbackServerContext* ctx,
                                                  const v1::LoadPlanRequest* req,
-                                                 v1::LoadPlanResponse*) {
+                                                 v1::LoadPlanResponse* resp) {
   if (auto a = guard_.AdmitController(*ctx, "Agent.LoadPlan"); !a.ok()) return Refuse(ctx, a);
   // Connecting to peers runs handshakes over gRPC: do it off the callback thread.
   auto* reactor = ctx->DefaultReactor();
-  std::thread([this, reactor, req] {
-    reactor->Finish(ToGrpc(node_->LoadPlan(req->plan())));
+  std::thread([this, reactor, req, resp] {
+    reactor->Finish(ToGrpc(node_->LoadPlan(req->plan(), resp)));
   }).detach();
   return reactor;
 }
@@ -64,7 +64,11 @@ grpc::ServerUnaryReactor* AgentService::Begin(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* AgentService::Commit(grpc::CallbackServerContext* ctx,
                                                const v1::CommitRequest* req, v1::CommitResponse*) {
   if (auto a = guard_.AdmitController(*ctx, "Agent.Commit"); !a.ok()) return Refuse(ctx, a);
-  return Done(ctx, node_->Commit(req->version()));
+  if (req->step_nonce() == 0) return Done(ctx, node_->Commit(req->version()));
+  // Delta mode: applying the deltas takes a while; do it off the callback thread.
+  auto* reactor = ctx->DefaultReactor();
+  std::thread([this, reactor, req] { reactor->Finish(ToGrpc(node_->Commit(*req))); }).detach();
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* AgentService::Abort(grpc::CallbackServerContext* ctx,

@@ -117,6 +117,7 @@ int main(int argc, char** argv) {
   std::string role = "driver", socket, transport = "tcp", rdma_device = "rxe0", bin_dir;
   wb::demo::DemoShape shape;
   int rank = 0, steps = 3, hold_seconds = 0;
+  bool delta = false;
   std::vector<int> metrics_ports;
   app.add_option("--role", role, "driver | trainer | inference (internal)");
   app.add_option("--rank", rank, "rank of a trainer or inference worker (internal)");
@@ -127,6 +128,7 @@ int main(int argc, char** argv) {
   app.add_option("--trainers", shape.trainers, "trainer ranks (FSDP dim-0 shards)");
   app.add_option("--tp", shape.tp, "tensor-parallel ranks of the inference replica");
   app.add_option("--steps", steps, "training steps to push");
+  app.add_flag("--delta", delta, "delta mode: send only changed elements (verification on)");
   app.add_option("--bin-dir", bin_dir, "where wb-agent and wb-controller are (default bazel-bin)");
   app.add_option("--metrics-ports", metrics_ports,
                  "serve /metrics on 127.0.0.1: controller,trainer-node,inference-node ports")
@@ -155,7 +157,8 @@ int main(int argc, char** argv) {
                          "\nlog_level: warn\nheartbeat_timeout_ms: 3000\nworld:\n  trainer_ranks: ",
                          shape.trainers,
                          "\n  inference_replicas: 1\n  inference_ranks_per_replica: ", shape.tp,
-                         "\n", MetricsYaml(metrics_ports.empty() ? 0 : metrics_ports[0])));
+                         "\n", MetricsYaml(metrics_ports.empty() ? 0 : metrics_ports[0]),
+                         delta ? "delta:\n  enabled: true\n  verify: true\n" : ""));
   Process controller({bin_dir + "/controller/wb-controller", "--config", dir + "/controller.yaml"},
                      dir + "/controller.log");
   std::vector<std::unique_ptr<Process>> agents;
@@ -226,7 +229,8 @@ int main(int argc, char** argv) {
   }
   std::printf("\n%s\n", wb::client::FormatPlan(*plan).c_str());
 
-  std::printf("%-8s  %-12s  %-8s  %-6s  %s\n", "VERSION", "BYTES", "SECONDS", "GB/s", "VERIFIED");
+  std::printf("%-8s  %-12s  %-8s  %-6s  %s\n", "VERSION", "BYTES", "SECONDS", "GB/s",
+              delta ? "VERIFIED      DELTA: DENSE BYTES, KIND" : "VERIFIED");
   bool pass = true;
   std::string failure;
   v1::StepResult last;
@@ -254,10 +258,16 @@ int main(int argc, char** argv) {
         failure = line.empty() ? "an inference worker exited" : line;
       }
     }
-    std::printf("%-8d  %-12s  %-8s  %-6s  %s\n", v, wb::client::HumanBytes(step->bytes()).c_str(),
+    std::string delta_cols;
+    if (delta) {
+      delta_cols = absl::StrCat("   ", wb::client::HumanBytes(step->bytes_dense()), ", ",
+                                step->delta_anchor() ? "anchor" : "delta");
+    }
+    std::printf("%-8d  %-12s  %-8s  %-6s  %-11s%s\n", v,
+                wb::client::HumanBytes(step->bytes()).c_str(),
                 wb::client::FixedPoint(step->seconds()).c_str(),
                 wb::client::FixedPoint(step->bytes() / step->seconds() / 1e9, 2).c_str(),
-                verdict.c_str());
+                verdict.c_str(), delta_cols.c_str());
     std::fflush(stdout);
     last = *step;
   }

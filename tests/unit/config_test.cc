@@ -249,3 +249,27 @@ TEST_CASE("the storage section: off by default, read when set, role required wit
   CHECK_THAT(ErrorOf("storage:\n  dir: /x\n  role: publish\n  anchor_evry: 3\n"),
              Catch::Contains("unknown key 'storage.anchor_evry'"));
 }
+
+TEST_CASE("delta mode keys: controller plan settings and the agent's shadow placement") {
+  auto c = ParseControllerConfig(
+      "delta:\n  enabled: true\n  anchor_every: 8\n  receive_fraction: 0.1\n  verify: true\n",
+      "controller.yaml");
+  REQUIRE(c.ok());
+  CHECK(c->delta.enabled);
+  CHECK(c->delta.anchor_every == 8);
+  CHECK(c->delta.receive_fraction == Approx(0.1));
+  CHECK(c->delta.verify);
+  auto d = ParseControllerConfig("", "controller.yaml");
+  REQUIRE(d.ok());
+  CHECK_FALSE(d->delta.enabled);
+  CHECK(d->delta.anchor_every == 16);
+  CHECK_THAT(ControllerErrorOf("delta:\n  anchor_every: 0\n"),
+             Catch::Contains("key 'delta.anchor_every'"));
+  CHECK_THAT(ControllerErrorOf("delta:\n  receive_fraction: 2\n"),
+             Catch::Contains("key 'delta.receive_fraction'"));
+  auto a = ParseAgentConfig("delta:\n  shadow: none\n", "agent.yaml");
+  REQUIRE(a.ok());
+  CHECK(a->delta.shadow == "none");
+  CHECK_THAT(ErrorOf("delta:\n  shadow: cuda\n"),
+             Catch::Contains("key 'delta.shadow'") && Catch::Contains("host"));
+}

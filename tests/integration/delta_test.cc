@@ -1,0 +1,233 @@
+// Delta mode end to end with real processes: a controller (delta on, anchors every 4 steps,
+// verification on) and two agents over loopback tcp. A synthetic trainer applies Adam updates
+// at lr 3e-6 to N(0, 0.02) weights and publishes BF16; the inference side holds one BF16 copy
+// and one FP8 block-quantized copy (with scales). After every commit the test recomputes the
+// expected destination bytes on its own and compares them bit for bit. A commit that fails
+// with its deltas half applied, and a destination scribbled on by its owner, are both followed
+// by a dense anchor step that puts every byte right (the second one retries the same version).
+// Delta mode is then switched off and on again for later plans.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "client/weightbeam/controller_client.h"
+#include "client/weightbeam/local_session.h"
+#include "client/weightbeam/shared_buffer.h"
+#include "daemon/transform/transform.h"
+#include "tests/support/cluster.h"
+#include "tests/support/synthetic_adam.h"
+
+namespace v1 = weightbeam::v1;
+using namespace wb::client;
+using wb::testing::Cluster;
+
+namespace {
+
+constexpr int64_t kRows = 1000, kCols = 2000;  // ragged 128x128 blocks
+constexpr uint64_t kElems = kRows * kCols;
+constexpr int64_t kScaleRows = (kRows + 127) / 128, kScaleCols = (kCols + 127) / 128;
+constexpr uint64_t kScaleBytes = kScaleRows * kScaleCols * 4;
+constexpr uint64_t kDense = kElems * 2 + kElems + kScaleBytes;  // BF16 copy + FP8 + scales
+constexpr uint64_t kFailVersion = 6;
+
+TensorInfo Info(const std::string& name, v1::DType dtype, int64_t rows, int64_t cols) {
+  return TensorInfo{name, dtype, {rows, cols}, {}};
+}
+
+struct Trainer {
+  SharedBuffer buffer;  // a.weight then b.weight, BF16
+  LocalSession session;
+  wb::testing::SyntheticAdam a{kElems, 0.02f, 1}, b{kElems, 0.02f, 2};
+
+  uint16_t* A() { return static_cast<uint16_t*>(buffer.data()); }
+  uint16_t* B() { return A() + kElems; }
+  void Publish() {
+    a.WriteBf16(A());
+    b.WriteBf16(B());
+  }
+  void Step() {
+    a.Step(3e-6f);
+    b.Step(3e-6f);
+    Publish();
+  }
+};
+
+Trainer OpenTrainer(const std::string& socket) {
+  auto buf = SharedBuffer::Create(2 * kElems * 2, "delta-trainer");
+  REQUIRE(buf.ok());
+  auto s = LocalSession::Connect(socket, Identity{v1::ROLE_TRAINER, 0, 0});
+  REQUIRE(s.ok());
+  Trainer t{std::move(*buf), std::move(*s)};
+  t.Publish();
+  REQUIRE(
+      t.session.Register(Info("a.weight", v1::DTYPE_BF16, kRows, kCols), t.buffer, 0, kElems * 2)
+          .ok());
+  REQUIRE(t.session
+              .Register(Info("b.weight", v1::DTYPE_BF16, kRows, kCols), t.buffer, kElems * 2,
+                        kElems * 2)
+              .ok());
+  return t;
+}
+
+// Inference: a.weight BF16, b.weight FP8 e4m3 and its float32 block scales.
+struct Inference {
+  SharedBuffer buffer;
+  LocalSession session;
+  uint8_t* A() { return static_cast<uint8_t*>(buffer.data()); }
+  uint8_t* B() { return A() + kElems * 2; }
+  uint8_t* Scales() { return B() + kElems; }
+};
+
+Inference OpenInference(const std::string& socket) {
+  auto buf = SharedBuffer::Create(kElems * 3 + kScaleBytes, "delta-inference");
+  REQUIRE(buf.ok());
+  auto s = LocalSession::Connect(socket, Identity{v1::ROLE_INFERENCE, 0, 0});
+  REQUIRE(s.ok());
+  Inference inf{std::move(*buf), std::move(*s)};
+  REQUIRE(inf.session
+              .Register(Info("a.weight", v1::DTYPE_BF16, kRows, kCols), inf.buffer, 0, kElems * 2)
+              .ok());
+  REQUIRE(inf.session
+              .Register(Info("b.weight", v1::DTYPE_F8_E4M3, kRows, kCols), inf.buffer, kElems * 2,
+                        kElems)
+              .ok());
+  REQUIRE(inf.session
+              .Register(Info("b.weight_scale_inv", v1::DTYPE_F32, kScaleRows, kScaleCols),
+                        inf.buffer, kElems * 3, kScaleBytes)
+              .ok());
+  REQUIRE(inf.session.Watch().ok());
+  return inf;
+}
+
+// The expected destination, computed here from the trainer's BF16 values: a.weight as it is,
+// b.weight quantized to FP8 e4m3 with 128x128 block scales on the CPU.
+void CheckBitForBit(Trainer& t, Inference& inf, uint64_t version) {
+  INFO("version " << version);
+  CHECK(std::memcmp(inf.A(), t.A(), kElems * 2) == 0);
+  std::vector<uint8_t> fp8(kElems);
+  std::vector<float> scales(kScaleRows * kScaleCols);
+  wb::transform::TransformDesc d;
+  d.kind = wb::transform::Kind::kFp8Block;
+  d.src_dtype = wb::transform::DType::kBF16;
+  d.dst_dtype = wb::transform::DType::kF8E4M3;
+  d.rows = kRows;
+  d.cols = kCols;
+  REQUIRE(wb::transform::ApplyTransformCpu(d, t.B(), fp8.data(), scales.data(), 1).ok());
+  CHECK(std::memcmp(inf.B(), fp8.data(), kElems) == 0);
+  CHECK(std::memcmp(inf.Scales(), scales.data(), kScaleBytes) == 0);
+}
+
+v1::Event NextEvent(Inference& inf) {
+  auto e = inf.session.NextEvent(std::chrono::seconds(10));
+  REQUIRE(e.ok());
+  return *e;
+}
+
+}  // namespace
+
+TEST_CASE("delta mode: Adam steps land bit for bit, anchors heal a failed and a scribbled step") {
+  // The receiving agent fails the commit of kFailVersion after applying half of its slots.
+  setenv("WB_TEST_DELTA_FAIL_COMMIT", std::to_string(kFailVersion).c_str(), 1);
+  wb::testing::ClusterOptions opts;
+  opts.extra_controller_yaml = "delta:\n  enabled: true\n  anchor_every: 4\n  verify: true\n";
+  Cluster cluster(wb::testing::Runfile(""), opts);
+  unsetenv("WB_TEST_DELTA_FAIL_COMMIT");
+  Trainer trainer = OpenTrainer(cluster.socket("trainer-node"));
+  Inference inference = OpenInference(cluster.socket("inference-node"));
+  auto ctl = ControllerClient::Connect(cluster.controller_address());
+  REQUIRE(ctl.ok());
+  v1::ExpectedWorld world;
+  world.set_trainer_ranks(1);
+  world.set_inference_replicas(1);
+  world.set_inference_ranks_per_replica(1);
+  auto plan = ctl->Plan(world, std::chrono::seconds(20));
+  INFO((plan.ok() ? "" : std::string(plan.status().message())));
+  REQUIRE(plan.ok());
+  CHECK(plan->delta().enabled());
+  CHECK(plan->total_bytes() == kDense);
+
+  // Commits one step; returns its result.
+  auto commit = [&](uint64_t v) {
+    auto step = ctl->Step(v);
+    INFO("version " << v << ": " << (step.ok() ? "" : std::string(step.status().message())));
+    REQUIRE(step.ok());
+    CHECK(step->bytes_dense() == kDense);
+    CHECK(NextEvent(inference).kind() == v1::Event::KIND_BEGIN);
+    auto e = NextEvent(inference);
+    CHECK(e.kind() == v1::Event::KIND_COMMIT);
+    CHECK(e.version() == v);
+    CheckBitForBit(trainer, inference, v);
+    return *step;
+  };
+  auto check_anchor = [](const v1::StepResult& r) {
+    CHECK(r.delta_anchor());
+    CHECK(r.bytes() == kDense);
+    CHECK(r.delta_ops() == 0);
+  };
+  auto check_delta = [](const v1::StepResult& r) {
+    INFO("version " << r.version() << ": sent " << r.bytes() << " of " << r.bytes_dense());
+    CHECK_FALSE(r.delta_anchor());
+    CHECK(r.delta_ops() > 0);
+    CHECK(r.bytes() * 5 < r.bytes_dense());  // far below dense
+  };
+
+  check_anchor(commit(1));  // a new plan starts with an anchor
+  for (uint64_t v = 2; v <= 4; ++v) {
+    trainer.Step();
+    check_delta(commit(v));
+  }
+  trainer.Step();
+  check_anchor(commit(5));  // anchor_every: 4
+
+  // Version 6: the receiver applies half of its deltas, then its commit fails.
+  trainer.Step();
+  auto failed = ctl->Step(kFailVersion);
+  REQUIRE_FALSE(failed.ok());
+  CHECK_THAT(std::string(failed.status().message()),
+             Catch::Contains("agent inference-node: commit failed: delta mode on agent "
+                             "inference-node: injected failure"));
+  CHECK(NextEvent(inference).kind() == v1::Event::KIND_BEGIN);
+  CHECK(NextEvent(inference).kind() == v1::Event::KIND_ABORT);
+  // The partial patch is never built upon: the next step is a dense anchor.
+  trainer.Step();
+  check_anchor(commit(7));
+  trainer.Step();
+  check_delta(commit(8));
+
+  // The inference process scribbles on its own copy; the next delta lands on wrong bytes and
+  // verification names the tensor; the anchor after it restores every byte.
+  for (int i = 0; i < 64; ++i) inference.A()[1 + 2 * (i * 31337 % kElems)] ^= 0x40;
+  trainer.Step();
+  auto scribbled = ctl->Step(9);
+  REQUIRE_FALSE(scribbled.ok());
+  CHECK_THAT(std::string(scribbled.status().message()),
+             Catch::Contains("verification failed for version 9") &&
+                 Catch::Contains("a.weight (op") && !Catch::Contains("b.weight ("));
+  CHECK(NextEvent(inference).kind() == v1::Event::KIND_BEGIN);
+  CHECK(NextEvent(inference).kind() == v1::Event::KIND_ABORT);
+  // Version 9 again, with newer weights: an anchor. The failed attempt's slots carry the same
+  // version but another nonce, so they are not applied over the fresh bytes.
+  trainer.Step();
+  check_anchor(commit(9));
+  trainer.Step();
+  check_delta(commit(10));
+
+  // Delta off for the next plan (wbctl plan --create --delta off): dense steps, same bytes.
+  auto off = ctl->Plan(world, std::chrono::seconds(20), v1::DELTA_CHOICE_OFF);
+  REQUIRE(off.ok());
+  CHECK_FALSE(off->delta().enabled());
+  trainer.Step();
+  auto dense = commit(11);
+  CHECK_FALSE(dense.delta_anchor());
+  CHECK(dense.delta_ops() == 0);
+  CHECK(dense.bytes() == kDense);
+  // And on again: a new plan starts with an anchor, then deltas.
+  auto on = ctl->Plan(world, std::chrono::seconds(20), v1::DELTA_CHOICE_ON);
+  REQUIRE(on.ok());
+  CHECK(on->delta().enabled());
+  trainer.Step();
+  check_anchor(commit(12));
+  trainer.Step();
+  check_delta(commit(13));
+}
