@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "proto/message_limits.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
 namespace wb::controller {
@@ -30,8 +31,11 @@ class AgentChannels {
     absl::MutexLock lock(&mu_);
     auto& stub = stubs_[endpoint];
     if (!stub) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(kMaxControlMessageBytes);  // Describe of 10^6 tensors
+      args.SetMaxSendMessageSize(kMaxControlMessageBytes);     // plans with millions of ops
       stub = weightbeam::v1::Agent::NewStub(
-          grpc::CreateChannel(endpoint, grpc::InsecureChannelCredentials()));
+          grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args));
     }
     return stub.get();
   }

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -22,7 +23,7 @@ bool WorldComplete(const std::vector<AgentRecord>& agents, const v1::ExpectedWor
       lost.push_back(a.info.name());
       continue;
     }
-    for (const auto& t : a.layout.tensors()) {
+    for (const auto& t : a.layout->tensors()) {
       if (t.owner().role() == v1::ROLE_TRAINER) trainers.insert(t.owner().rank());
       if (t.owner().role() == v1::ROLE_INFERENCE) {
         inference.insert({t.owner().replica(), t.owner().rank()});
@@ -58,6 +59,31 @@ bool WorldComplete(const std::vector<AgentRecord>& agents, const v1::ExpectedWor
   }
   return gaps.empty();
 }
+
+namespace {
+
+// What is left of a step's `timeout` that started at `t0` (at least 1 ms).
+std::chrono::milliseconds Remaining(Clock::time_point t0, std::chrono::milliseconds timeout) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t0 + timeout - Clock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
+// Begin and commit answer at once unless the agent stalls: 5 s, never past the step deadline
+// (but at least 1 s, so a commit after a long transfer still gets its chance).
+std::chrono::milliseconds QuickCallTimeout(Clock::time_point t0,
+                                           std::chrono::milliseconds timeout) {
+  return std::clamp(Remaining(t0, timeout), std::chrono::milliseconds(1000),
+                    std::chrono::milliseconds(5000));
+}
+
+std::string CallError(const grpc::Status& s) {
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return "no answer before the deadline (agent stalled or overloaded)";
+  }
+  return s.error_message();
+}
+
+}  // namespace
 
 ControllerCore::ControllerCore(config::ControllerConfig config, uint64_t epoch,
                                PlanFunction planner)
@@ -162,9 +188,9 @@ absl::Status ControllerCore::RefreshLayouts() {
       return absl::UnavailableError(absl::StrCat(
           "agent ", r.agent, " did not describe its layout: ", r.status.error_message()));
     }
-    v1::AgentLayout layout = r.response.layout();
-    layout.set_agent(r.agent);
-    membership_.ReportLayout(layout);
+    v1::AgentLayout* layout = r.response.mutable_layout();
+    layout->set_agent(r.agent);
+    membership_.ReportLayout(std::move(*layout));
   }
   return absl::OkStatus();
 }
@@ -259,11 +285,10 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
     begins.push_back(std::move(t));
   }
   for (const auto& r : CallAll<v1::BeginRequest, v1::BeginResponse>(
-           &channels_, begins, std::chrono::milliseconds(5000),
+           &channels_, begins, QuickCallTimeout(t0, timeout),
            [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Begin(c, q, r, d); })) {
     if (!r.status.ok()) {
-      std::string why =
-          absl::StrCat("agent ", r.agent, ": begin failed: ", r.status.error_message());
+      std::string why = absl::StrCat("agent ", r.agent, ": begin failed: ", CallError(r.status));
       AbortEverywhere(version, involved, why);
       return fail(why);
     }
@@ -276,12 +301,12 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
     CallTarget<v1::ExecuteRequest> t{a, Endpoint(endpoints, a), {}};
     t.request.set_version(version);
     t.request.set_plan_id(plan_.summary.plan_id());
-    t.request.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
+    t.request.set_timeout_ms(static_cast<uint32_t>(Remaining(t0, timeout).count()));
     execs.push_back(std::move(t));
   }
   std::vector<std::string> errors;
   for (auto& r : CallAll<v1::ExecuteRequest, v1::ExecuteResponse>(
-           &channels_, execs, timeout + std::chrono::milliseconds(2000),
+           &channels_, execs, Remaining(t0, timeout) + std::chrono::milliseconds(2000),
            [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Execute(c, q, r, d); })) {
     v1::AgentStepReport* report = result.add_agents();
     if (!r.status.ok()) {
@@ -312,11 +337,10 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
     commits.push_back(std::move(t));
   }
   for (const auto& r : CallAll<v1::CommitRequest, v1::CommitResponse>(
-           &channels_, commits, std::chrono::milliseconds(5000),
+           &channels_, commits, QuickCallTimeout(t0, timeout),
            [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Commit(c, q, r, d); })) {
     if (!r.status.ok()) {
-      errors.push_back(
-          absl::StrCat("agent ", r.agent, ": commit failed: ", r.status.error_message()));
+      errors.push_back(absl::StrCat("agent ", r.agent, ": commit failed: ", CallError(r.status)));
     }
   }
   if (!errors.empty()) return fail(absl::StrJoin(errors, "; "));
@@ -344,8 +368,8 @@ v1::StatusResponse ControllerCore::Status() const {
     st->set_state(a.lost ? "lost" : "alive");
     st->set_last_heartbeat_ms_ago(
         std::chrono::duration_cast<std::chrono::milliseconds>(now - a.last_seen).count());
-    st->set_tensors(a.layout.tensors_size());
-    st->set_layout_generation(a.layout.generation());
+    st->set_tensors(a.layout->tensors_size());
+    st->set_layout_generation(a.layout->generation());
   }
   absl::MutexLock lock(&state_mu_);
   if (summary_valid_) *s.mutable_plan() = summary_;

@@ -92,7 +92,7 @@ grpc::ServerUnaryReactor* ControllerService::ListTensors(grpc::CallbackServerCon
   for (const auto& a : core_->membership().Snapshot()) {
     if (!req->agent().empty() && a.info.name() != req->agent()) continue;
     found = true;
-    *resp->add_layouts() = a.layout;
+    *resp->add_layouts() = *a.layout;
   }
   if (!found) {
     return Done(ctx, grpc::Status(grpc::StatusCode::NOT_FOUND,

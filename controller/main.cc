@@ -14,6 +14,7 @@
 #include "controller/controller_service.h"
 #include "controller/plan_builder.h"
 #include "daemon/metrics/http_exporter.h"
+#include "proto/message_limits.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"wb-controller: plans and coordinates weight transfers"};
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
   int port = 0;
   builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(wb::kMaxControlMessageBytes);  // layouts of 10^6 tensors
   auto server = builder.BuildAndStart();
   if (!server || port == 0) {
     spdlog::error("cannot listen on {}", config.listen);

@@ -15,8 +15,9 @@ void Membership::Register(const v1::AgentInfo& info, const v1::AgentLayout& layo
   AgentRecord& r = agents_[info.name()];
   const bool rejoined = r.lost;
   r.info = info;
-  r.layout = layout;
-  r.layout.set_agent(info.name());
+  auto copy = std::make_shared<v1::AgentLayout>(layout);
+  copy->set_agent(info.name());
+  r.layout = std::move(copy);
   r.last_seen = Clock::now();
   r.lost = false;
   ++layout_version_;
@@ -34,24 +35,39 @@ v1::HeartbeatResponse Membership::Heartbeat(const v1::HeartbeatRequest& req) {
     return resp;
   }
   it->second.last_seen = Clock::now();
-  if (req.layout_generation() != it->second.layout.generation()) resp.set_send_layout(true);
+  if (req.layout_generation() != it->second.layout->generation()) resp.set_send_layout(true);
   return resp;
 }
 
 bool Membership::ReportLayout(const v1::AgentLayout& layout) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = agents_.find(layout.agent());
+    if (it == agents_.end()) return false;
+    if (it->second.layout->generation() == layout.generation() &&
+        it->second.layout->tensors_size() == layout.tensors_size()) {
+      it->second.last_seen = Clock::now();
+      return true;  // nothing new: skip the copy
+    }
+  }
+  return ReportLayout(v1::AgentLayout(layout));
+}
+
+bool Membership::ReportLayout(v1::AgentLayout&& moved) {
+  auto layout = std::make_shared<v1::AgentLayout>(std::move(moved));
   absl::MutexLock lock(&mu_);
-  auto it = agents_.find(layout.agent());
+  auto it = agents_.find(layout->agent());
   if (it == agents_.end()) return false;
   it->second.last_seen = Clock::now();
-  if (it->second.layout.generation() == layout.generation() &&
-      it->second.layout.tensors_size() == layout.tensors_size()) {
+  if (it->second.layout->generation() == layout->generation() &&
+      it->second.layout->tensors_size() == layout->tensors_size()) {
     return true;  // nothing new
   }
+  layout->set_agent(it->first);
   it->second.layout = layout;
-  it->second.layout.set_agent(it->first);
   ++layout_version_;
-  spdlog::info("agent {} reported layout generation {} ({} tensors)", layout.agent(),
-               layout.generation(), layout.tensors_size());
+  spdlog::info("agent {} reported layout generation {} ({} tensors)", layout->agent(),
+               layout->generation(), layout->tensors_size());
   return true;
 }
 
@@ -88,6 +104,13 @@ int Membership::CountAgents(bool lost) const {
   absl::MutexLock lock(&mu_);
   int n = 0;
   for (const auto& [name, r] : agents_) n += r.lost == lost ? 1 : 0;
+  return n;
+}
+
+int64_t Membership::CountTensors() const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [name, r] : agents_) n += r.lost ? 0 : r.layout->tensors_size();
   return n;
 }
 

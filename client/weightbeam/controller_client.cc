@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "proto/message_limits.h"
 #include "proto/status_util.h"
 #include "weightbeam/v1/controller.grpc.pb.h"
 
@@ -33,8 +34,10 @@ absl::StatusOr<ControllerClient> ControllerClient::Connect(const std::string& ad
   if (address.empty()) return absl::InvalidArgumentError("no controller address given");
   auto impl = std::make_unique<Impl>();
   impl->address = address;
-  impl->stub =
-      v1::Controller::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxControlMessageBytes);  // ListTensors of 10^6 tensors
+  impl->stub = v1::Controller::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   return ControllerClient(std::move(impl));
 }
 
@@ -54,6 +57,11 @@ absl::StatusOr<v1::PlanSummary> ControllerClient::Plan(const v1::ExpectedWorld& 
 absl::StatusOr<v1::StepResult> ControllerClient::Step(uint64_t version,
                                                       std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
+  // The controller enforces `timeout`; this deadline only guards against a controller that
+  // stalls. Its slack covers a re-plan inside the step and the abort round.
+  const auto backstop = timeout.count() > 0 ? timeout + std::chrono::seconds(60)
+                                            : std::chrono::milliseconds(std::chrono::minutes(15));
+  ctx.set_deadline(std::chrono::system_clock::now() + backstop);
   v1::StepRequest req;
   req.set_version(version);
   req.set_timeout_ms(static_cast<uint32_t>(timeout.count()));

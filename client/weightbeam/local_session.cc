@@ -32,6 +32,8 @@ struct LocalSession::Impl {
   absl::Mutex events_mu;
   std::deque<v1::Event> events ABSL_GUARDED_BY(events_mu);
   bool watch_ended ABSL_GUARDED_BY(events_mu) = false;
+  bool subscribed ABSL_GUARDED_BY(events_mu) = false;
+  uint64_t subscribed_version ABSL_GUARDED_BY(events_mu) = 0;
 
   absl::StatusOr<v1::SessionResponse> Call(v1::SessionRequest req) {
     absl::MutexLock lock(&mu);
@@ -148,6 +150,22 @@ absl::Status LocalSession::Register(const TensorInfo& tensor, const SharedBuffer
   return impl_->Call(req).status();
 }
 
+absl::Status LocalSession::RegisterBatch(const std::vector<BufferSlice>& tensors,
+                                         const SharedBuffer& buffer) {
+  v1::SessionRequest req;
+  auto* batch = req.mutable_register_();
+  for (const auto& t : tensors) {
+    if (auto s = CheckName(t.tensor.name); !s.ok()) return s;
+    auto* reg = batch->add_tensors();
+    FillSpec(t.tensor, reg->mutable_spec());
+    auto* shm = reg->mutable_memory()->mutable_host_shm();
+    shm->set_shm_name(buffer.shm_name());
+    shm->set_offset(t.offset);
+    shm->set_length(t.length);
+  }
+  return impl_->Call(std::move(req)).status();
+}
+
 absl::Status LocalSession::RegisterCuda(const TensorInfo& tensor, void*, uint64_t, int) {
   return absl::FailedPreconditionError(
       absl::StrCat("tensor '", tensor.name, "': this client library was built without CUDA"));
@@ -160,22 +178,43 @@ absl::Status LocalSession::Unregister(const std::string& name) {
   return impl_->Call(req).status();
 }
 
-absl::Status LocalSession::Watch() {
+absl::Status LocalSession::Watch(std::chrono::milliseconds confirm_timeout) {
   if (impl_->watcher.joinable()) return absl::OkStatus();
   impl_->watch_ctx = std::make_unique<grpc::ClientContext>();
-  auto reader = impl_->stub->WatchEvents(impl_->watch_ctx.get(), v1::WatchEventsRequest());
+  v1::WatchEventsRequest req;
+  req.set_send_subscribed(true);
+  auto reader = impl_->stub->WatchEvents(impl_->watch_ctx.get(), req);
   Impl* impl = impl_.get();
   impl_->watcher = std::thread([impl, r = std::move(reader)]() mutable {
     v1::Event e;
     while (r->Read(&e)) {
       absl::MutexLock lock(&impl->events_mu);
+      if (e.kind() == v1::Event::KIND_SUBSCRIBED) {
+        impl->subscribed = true;
+        impl->subscribed_version = e.version();
+        continue;
+      }
       impl->events.push_back(e);
     }
     r->Finish().ok();
     absl::MutexLock lock(&impl->events_mu);
     impl->watch_ended = true;
   });
+  absl::MutexLock lock(&impl->events_mu);
+  auto confirmed = [impl]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl->events_mu) {
+    return impl->subscribed || impl->watch_ended;
+  };
+  impl->events_mu.AwaitWithTimeout(absl::Condition(&confirmed), absl::FromChrono(confirm_timeout));
+  if (impl->watch_ended && !impl->subscribed) {
+    return absl::UnavailableError(
+        absl::StrCat("the agent at ", impl->socket, " ended the event stream"));
+  }
   return absl::OkStatus();
+}
+
+uint64_t LocalSession::watch_start_version() const {
+  absl::MutexLock lock(&impl_->events_mu);
+  return impl_->subscribed_version;
 }
 
 absl::StatusOr<v1::Event> LocalSession::NextEvent(std::chrono::milliseconds timeout) {

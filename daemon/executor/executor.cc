@@ -182,10 +182,11 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
   report->mutable_stages()->set_stage_in_seconds(report->stages().stage_in_seconds() + Since(t_in));
 
   // Prepare: transform into staging (blocking on the watermark), or pass zero-copy ops on.
-  std::vector<std::thread> preparers;
   std::atomic<int> preparers_left{options_.prepare_threads};
+  absl::Mutex preparers_mu;
+  int preparers_running = options_.prepare_threads;  // guarded by preparers_mu
   for (int i = 0; i < options_.prepare_threads; ++i) {
-    preparers.emplace_back([&] {
+    prepare_pool_.Submit([&] {
       while (auto job = to_prepare.Pop()) {
         if (error.failed() || cancelled_) continue;
         const auto t0 = Clock::now();
@@ -209,6 +210,8 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
         to_write.Push(std::move(*job));
       }
       if (--preparers_left == 0) to_write.Close();
+      absl::MutexLock lock(&preparers_mu);
+      --preparers_running;
     });
   }
 
@@ -259,7 +262,12 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
           --outstanding;
         });
   }
-  for (auto& t : preparers) t.join();
+  {
+    // The prepare tasks reference this frame: wait until every one has returned.
+    absl::MutexLock lock(&preparers_mu);
+    preparers_mu.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &preparers_running));
+  }
 
   // Complete: wait for every posted batch (the barrier that ends the phase).
   {

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/executor/staging_pool.h"
+#include "daemon/executor/worker_pool.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/registry/region_registry.h"
 #include "daemon/transport/transport.h"
@@ -88,6 +89,7 @@ class Executor {
   std::atomic<bool> cancelled_{false};  // read by waiting stages
   std::atomic<int64_t> ops_in_flight_{0};
   std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
+  WorkerPool prepare_pool_;  // the prepare stage's threads, reused across phases and steps
 };
 
 }  // namespace wb::executor

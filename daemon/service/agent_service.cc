@@ -1,7 +1,5 @@
 #include "daemon/service/agent_service.h"
 
-#include <thread>
-
 #include "proto/status_util.h"
 
 namespace wb::service {
@@ -29,9 +27,8 @@ grpc::ServerUnaryReactor* AgentService::LoadPlan(grpc::CallbackServerContext* ct
                                                  v1::LoadPlanResponse*) {
   // Connecting to peers runs handshakes over gRPC: do it off the callback thread.
   auto* reactor = ctx->DefaultReactor();
-  std::thread([this, reactor, req] {
-    reactor->Finish(ToGrpc(node_->LoadPlan(req->plan())));
-  }).detach();
+  long_calls_.Submit(
+      [this, reactor, req] { reactor->Finish(ToGrpc(node_->LoadPlan(req->plan()))); });
   return reactor;
 }
 
@@ -39,10 +36,10 @@ grpc::ServerUnaryReactor* AgentService::Execute(grpc::CallbackServerContext* ctx
                                                 const v1::ExecuteRequest* req,
                                                 v1::ExecuteResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  std::thread([this, reactor, req, resp] {
+  long_calls_.Submit([this, reactor, req, resp] {
     *resp->mutable_report() = node_->Execute(*req);
     reactor->Finish(grpc::Status::OK);
-  }).detach();
+  });
   return reactor;
 }
 

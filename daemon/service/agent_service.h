@@ -1,7 +1,8 @@
-// The Agent gRPC service: a thin layer from RPCs to AgentNode; long calls (Execute) run on
-// their own thread so gRPC's callback threads never block.
+// The Agent gRPC service: a thin layer from RPCs to AgentNode; long calls (Execute, LoadPlan)
+// run on a pool of reused threads so gRPC's callback threads never block.
 #pragma once
 
+#include "daemon/executor/worker_pool.h"
 #include "daemon/service/agent_node.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
@@ -38,6 +39,7 @@ class AgentService final : public weightbeam::v1::Agent::CallbackService {
 
  private:
   AgentNode* node_;
+  executor::WorkerPool long_calls_{2};
 };
 
 }  // namespace wb::service
