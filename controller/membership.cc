@@ -1,6 +1,9 @@
 #include "controller/membership.h"
 
+#include <malloc.h>
 #include <spdlog/spdlog.h>
+
+#include <algorithm>
 
 namespace wb::controller {
 
@@ -10,20 +13,33 @@ using Clock = std::chrono::steady_clock;
 Membership::Membership(uint64_t epoch, std::chrono::milliseconds heartbeat_timeout)
     : epoch_(epoch), heartbeat_timeout_(heartbeat_timeout) {}
 
-void Membership::Register(const v1::AgentInfo& info, const v1::AgentLayout& layout) {
-  absl::MutexLock lock(&mu_);
-  AgentRecord& r = agents_[info.name()];
-  const bool rejoined = r.lost;
-  r.info = info;
-  auto copy = std::make_shared<v1::AgentLayout>(layout);
-  copy->set_agent(info.name());
-  r.layout = std::move(copy);
-  r.last_seen = Clock::now();
-  r.lost = false;
-  ++layout_version_;
-  spdlog::info("agent {} registered{} from {} ({} tensors, {} NICs)", info.name(),
-               rejoined ? " again" : "", info.control_endpoint(), layout.tensors_size(),
-               info.nics_size());
+namespace {
+// Large layouts leave megabytes of freed protobuf behind: hand them back to the system.
+void TrimAfter(int tensors) {
+  if (tensors > 10000) malloc_trim(0);
+}
+}  // namespace
+
+void Membership::Register(const v1::AgentInfo& info, v1::AgentLayout layout) {
+  const int tensors = layout.tensors_size();
+  auto shared = std::make_shared<v1::AgentLayout>(std::move(layout));
+  shared->set_agent(info.name());
+  std::shared_ptr<const v1::AgentLayout> old;  // freed outside the lock
+  {
+    absl::MutexLock lock(&mu_);
+    AgentRecord& r = agents_[info.name()];
+    const bool rejoined = r.lost;
+    r.info = info;
+    old = std::move(r.layout);
+    r.layout = std::move(shared);
+    r.last_seen = Clock::now();
+    r.lost = false;
+    ++layout_version_;
+    spdlog::info("agent {} registered{} from {} ({} tensors, {} NICs)", info.name(),
+                 rejoined ? " again" : "", info.control_endpoint(), tensors, info.nics_size());
+  }
+  old.reset();
+  TrimAfter(tensors);
 }
 
 v1::HeartbeatResponse Membership::Heartbeat(const v1::HeartbeatRequest& req) {
@@ -55,19 +71,26 @@ bool Membership::ReportLayout(const v1::AgentLayout& layout) {
 
 bool Membership::ReportLayout(v1::AgentLayout&& moved) {
   auto layout = std::make_shared<v1::AgentLayout>(std::move(moved));
-  absl::MutexLock lock(&mu_);
-  auto it = agents_.find(layout->agent());
-  if (it == agents_.end()) return false;
-  it->second.last_seen = Clock::now();
-  if (it->second.layout->generation() == layout->generation() &&
-      it->second.layout->tensors_size() == layout->tensors_size()) {
-    return true;  // nothing new
+  std::shared_ptr<const v1::AgentLayout> old;  // freed outside the lock
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = agents_.find(layout->agent());
+    if (it == agents_.end()) return false;
+    it->second.last_seen = Clock::now();
+    if (it->second.layout->generation() == layout->generation() &&
+        it->second.layout->tensors_size() == layout->tensors_size()) {
+      return true;  // nothing new
+    }
+    layout->set_agent(it->first);
+    old = std::move(it->second.layout);
+    it->second.layout = layout;
+    ++layout_version_;
   }
-  layout->set_agent(it->first);
-  it->second.layout = layout;
-  ++layout_version_;
   spdlog::info("agent {} reported layout generation {} ({} tensors)", layout->agent(),
                layout->generation(), layout->tensors_size());
+  const int tensors = std::max(old->tensors_size(), layout->tensors_size());
+  old.reset();
+  TrimAfter(tensors);
   return true;
 }
 

@@ -29,7 +29,7 @@ class Membership {
   Membership(uint64_t epoch, std::chrono::milliseconds heartbeat_timeout);
 
   uint64_t epoch() const { return epoch_; }
-  void Register(const weightbeam::v1::AgentInfo& info, const weightbeam::v1::AgentLayout& layout);
+  void Register(const weightbeam::v1::AgentInfo& info, weightbeam::v1::AgentLayout layout);
   weightbeam::v1::HeartbeatResponse Heartbeat(const weightbeam::v1::HeartbeatRequest& req);
   // False when the agent is unknown (it must register first).
   bool ReportLayout(const weightbeam::v1::AgentLayout& layout);

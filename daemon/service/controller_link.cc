@@ -1,6 +1,7 @@
 #include "daemon/service/controller_link.h"
 
 #include <grpcpp/grpcpp.h>
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -137,21 +138,30 @@ bool ControllerLink::Heartbeat() {
 
 void ControllerLink::ReportLayout() {
   const auto t0 = Clock::now();
-  v1::ReportLayoutRequest req;
-  *req.mutable_layout() = layout_();
-  grpc::ClientContext ctx;
-  WithDeadline(&ctx, LayoutDeadlineMs(req.layout()));
-  v1::ReportLayoutResponse resp;
-  grpc::Status s = report_stub_->ReportLayout(&ctx, req, &resp);
+  grpc::Status s;
+  int tensors = 0;
+  uint64_t generation = 0;
+  {
+    v1::ReportLayoutRequest req;
+    *req.mutable_layout() = layout_();
+    tensors = req.layout().tensors_size();
+    generation = req.layout().generation();
+    grpc::ClientContext ctx;
+    WithDeadline(&ctx, LayoutDeadlineMs(req.layout()));
+    v1::ReportLayoutResponse resp;
+    s = report_stub_->ReportLayout(&ctx, req, &resp);
+  }
+  // A large layout leaves hundreds of MB of freed protobuf behind: give it back.
+  if (tensors > 10000) malloc_trim(0);
   absl::MutexLock lock(&mu_);
   if (!s.ok()) {
-    spdlog::warn("reporting the layout ({} tensors) to controller {} failed: {}",
-                 req.layout().tensors_size(), address_, s.error_message());
+    spdlog::warn("reporting the layout ({} tensors) to controller {} failed: {}", tensors, address_,
+                 s.error_message());
     report_due_ = true;  // the next heartbeat's answer decides again
     last_report_ = Clock::now();
     return;
   }
-  reported_generation_ = req.layout().generation();
+  reported_generation_ = generation;
   ReportDone(t0);
 }
 

@@ -74,14 +74,17 @@ int64_t TensorCount(ControllerClient& ctl) {
 
 int main(int argc, char** argv) {
   CLI::App app{"register_bench: registering, listing and planning N tiny tensors"};
-  int tensors = 1000000, batch = 1000;
+  int tensors = 1000000, batch = 1000, inference_tensors = -1;
   std::string bin_dir = "bazel-bin";
   bool step = true;
   app.add_option("--tensors", tensors, "tensors per side (trainer and inference)");
+  app.add_option("--inference-tensors", inference_tensors,
+                 "destination tensors (default: --tensors); the first ones of the trainer's");
   app.add_option("--batch", batch, "tensors per RegisterBatch request");
   app.add_option("--bin-dir", bin_dir, "where controller/wb-controller and daemon/wb-agent are");
   app.add_flag("!--no-step", step, "skip the step after planning");
   CLI11_PARSE(app, argc, argv);
+  if (inference_tensors < 0 || inference_tensors > tensors) inference_tensors = tensors;
 
   wb::testing::ClusterOptions options;
   options.heartbeat_timeout_ms = 30000;
@@ -104,12 +107,13 @@ int main(int argc, char** argv) {
 
   const auto t_all = Clock::now();
   const double src_s = RegisterAll(*trainer, *src, tensors, batch);
-  const double dst_s = RegisterAll(*inference, *dst, tensors, batch);
+  const double dst_s = RegisterAll(*inference, *dst, inference_tensors, batch);
   const double registered_s = Since(t_all);
   // The controller's view: layout reports are coalesced, so it trails the last batch a little.
-  if (!wb::testing::WaitUntil([&] { return TensorCount(*ctl) == 2ll * tensors; },
+  const int64_t total = int64_t{tensors} + inference_tensors;
+  if (!wb::testing::WaitUntil([&] { return TensorCount(*ctl) == total; },
                               std::chrono::seconds(300))) {
-    Die("the controller never listed " + std::to_string(2ll * tensors) + " tensors (has " +
+    Die("the controller never listed " + std::to_string(total) + " tensors (has " +
         std::to_string(TensorCount(*ctl)) + ")");
   }
   const double visible_s = Since(t_all);
@@ -136,17 +140,19 @@ int main(int argc, char** argv) {
     auto r = ctl->Step(1, std::chrono::seconds(600));
     step_s = Since(t0);
     if (!r.ok()) Die("step: " + std::string(r.status().message()));
-    if (std::memcmp(src->data(), dst->data(), 4ull * tensors) != 0) Die("bytes differ");
+    if (std::memcmp(src->data(), dst->data(), 4ull * inference_tensors) != 0) Die("bytes differ");
   }
 
   nlohmann::json j;
   j["bench"] = "register";
-  j["tensors_per_side"] = tensors;
+  j["trainer_tensors"] = tensors;
   j["batch"] = batch;
   j["register_trainer_tensors_per_s"] = tensors / src_s;
-  j["register_inference_tensors_per_s"] = tensors / dst_s;
+  j["inference_tensors"] = inference_tensors;
+  j["register_inference_tensors_per_s"] = inference_tensors / dst_s;
   j["register_seconds_both_sides"] = registered_s;
   j["controller_lists_all_after_s"] = visible_s;
+  j["controller_peak_rss_mib"] = PeakRssMiB(cluster.controller()->pid());
   j["list_tensors_seconds"] = list_s;
   j["list_tensors_count"] = listed_n;
   j["plan_seconds"] = plan_s;
