@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -183,7 +185,10 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
 
   // Prepare: transform into staging (blocking on the watermark), or pass zero-copy ops on.
   std::atomic<int> preparers_left{options_.prepare_threads};
-  absl::Mutex preparers_mu;
+  // A std::mutex latch: an absl::Mutex made and destroyed per phase costs a deadlock-graph
+  // update each time with the system absl.
+  std::mutex preparers_mu;
+  std::condition_variable preparers_done;
   int preparers_running = options_.prepare_threads;  // guarded by preparers_mu
   for (int i = 0; i < options_.prepare_threads; ++i) {
     prepare_pool_.Submit([&] {
@@ -210,8 +215,8 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
         to_write.Push(std::move(*job));
       }
       if (--preparers_left == 0) to_write.Close();
-      absl::MutexLock lock(&preparers_mu);
-      --preparers_running;
+      std::lock_guard<std::mutex> lock(preparers_mu);
+      if (--preparers_running == 0) preparers_done.notify_all();
     });
   }
 
@@ -264,9 +269,8 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
   }
   {
     // The prepare tasks reference this frame: wait until every one has returned.
-    absl::MutexLock lock(&preparers_mu);
-    preparers_mu.Await(absl::Condition(
-        +[](int* n) { return *n == 0; }, &preparers_running));
+    std::unique_lock<std::mutex> lock(preparers_mu);
+    preparers_done.wait(lock, [&] { return preparers_running == 0; });
   }
 
   // Complete: wait for every posted batch (the barrier that ends the phase).

@@ -4,13 +4,12 @@
 // and keeps its threads for reuse: after warm-up no call pays for thread creation.
 #pragma once
 
+#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <string>
+#include <mutex>
 #include <thread>
 #include <vector>
-
-#include "absl/synchronization/mutex.h"
 
 namespace wb::executor {
 
@@ -18,15 +17,16 @@ class WorkerPool {
  public:
   // Starts `initial` workers now.
   explicit WorkerPool(int initial = 0) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     for (int i = 0; i < initial; ++i) AddWorkerLocked();
   }
   // Runs the queued tasks, then joins every worker.
   ~WorkerPool() {
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
     }
+    wake_.notify_all();
     for (auto& t : threads_) t.join();
   }
   WorkerPool(const WorkerPool&) = delete;
@@ -34,43 +34,48 @@ class WorkerPool {
 
   // Runs `task` on an idle worker, or on a new one when all are busy.
   void Submit(std::function<void()> task) {
-    absl::MutexLock lock(&mu_);
-    tasks_.push_back(std::move(task));
-    if (idle_ < static_cast<int>(tasks_.size())) AddWorkerLocked();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(task));
+      if (idle_ < static_cast<int>(tasks_.size())) AddWorkerLocked();
+    }
+    wake_.notify_one();
   }
 
   int threads() const {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return static_cast<int>(threads_.size());
   }
 
  private:
-  void AddWorkerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Requires mu_.
+  void AddWorkerLocked() {
     threads_.emplace_back([this] { Work(); });
   }
 
   void Work() {
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     while (true) {
       ++idle_;
-      auto ready = [this]()
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !tasks_.empty(); };
-      mu_.Await(absl::Condition(&ready));
+      wake_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
       --idle_;
       if (tasks_.empty()) return;  // stopping, nothing left
       std::function<void()> task = std::move(tasks_.front());
       tasks_.pop_front();
-      mu_.Unlock();
+      lock.unlock();
       task();
-      mu_.Lock();
+      lock.lock();
     }
   }
 
-  mutable absl::Mutex mu_;
-  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
-  int idle_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // std::mutex rather than absl::Mutex: this sits on every step's path, and the system absl
+  // is built with deadlock detection, which updates a global graph on lock operations.
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> tasks_;  // guarded by mu_
+  std::vector<std::thread> threads_;         // guarded by mu_
+  int idle_ = 0;                             // guarded by mu_
+  bool stopping_ = false;                    // guarded by mu_
 };
 
 }  // namespace wb::executor
