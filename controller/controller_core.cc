@@ -272,6 +272,19 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
   if (std::string lost = membership_.FirstLost(involved); !lost.empty()) {
     return fail(absl::StrCat("agent ", lost, " is lost (no heartbeat)"));
   }
+  struct InFlight {
+    ControllerCore* core;
+    ~InFlight() {
+      absl::MutexLock slock(&core->state_mu_);
+      core->inflight_version_ = 0;
+      core->inflight_agents_.clear();
+    }
+  } in_flight{this};
+  {
+    absl::MutexLock slock(&state_mu_);
+    inflight_version_ = version;
+    inflight_agents_ = involved;
+  }
 
   // Endpoints come from one name -> endpoint table per phase (a copy of the membership with its
   // layouts per agent per call made a step O(agents^2)).
@@ -350,6 +363,19 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
                result.seconds());
   Record(result);
   return result;
+}
+
+void ControllerCore::AbortInFlight(const std::string& reason) {
+  uint64_t version;
+  std::vector<std::string> agents;
+  {
+    absl::MutexLock slock(&state_mu_);
+    version = inflight_version_;
+    agents = inflight_agents_;
+  }
+  if (version == 0) return;
+  spdlog::warn("aborting step {} in flight: {}", version, reason);
+  AbortEverywhere(version, agents, reason);
 }
 
 v1::PlanSummary ControllerCore::CurrentPlan() const {

@@ -6,6 +6,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "config/config.h"
 #include "config/daemon_lifecycle.h"
 #include "config/logging.h"
@@ -94,6 +95,8 @@ int main(int argc, char** argv) {
     spdlog::info("signal {}: shutting down", sig);
     wb::NotifyStopping();
     stop = true;
+    // A step in flight fails now (its agents abort) rather than hanging on a dead controller.
+    core.AbortInFlight(absl::StrCat("controller shutting down (signal ", sig, ")"));
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });
   server->Wait();

@@ -1,9 +1,6 @@
 #include "controller/membership.h"
 
-#include <malloc.h>
 #include <spdlog/spdlog.h>
-
-#include <algorithm>
 
 namespace wb::controller {
 
@@ -12,13 +9,6 @@ using Clock = std::chrono::steady_clock;
 
 Membership::Membership(uint64_t epoch, std::chrono::milliseconds heartbeat_timeout)
     : epoch_(epoch), heartbeat_timeout_(heartbeat_timeout) {}
-
-namespace {
-// Large layouts leave megabytes of freed protobuf behind: hand them back to the system.
-void TrimAfter(int tensors) {
-  if (tensors > 10000) malloc_trim(0);
-}
-}  // namespace
 
 void Membership::Register(const v1::AgentInfo& info, v1::AgentLayout layout) {
   const int tensors = layout.tensors_size();
@@ -39,7 +29,6 @@ void Membership::Register(const v1::AgentInfo& info, v1::AgentLayout layout) {
                  rejoined ? " again" : "", info.control_endpoint(), tensors, info.nics_size());
   }
   old.reset();
-  TrimAfter(tensors);
 }
 
 v1::HeartbeatResponse Membership::Heartbeat(const v1::HeartbeatRequest& req) {
@@ -88,9 +77,7 @@ bool Membership::ReportLayout(v1::AgentLayout&& moved) {
   }
   spdlog::info("agent {} reported layout generation {} ({} tensors)", layout->agent(),
                layout->generation(), layout->tensors_size());
-  const int tensors = std::max(old->tensors_size(), layout->tensors_size());
   old.reset();
-  TrimAfter(tensors);
   return true;
 }
 

@@ -1,7 +1,6 @@
 #include "daemon/service/controller_link.h"
 
 #include <grpcpp/grpcpp.h>
-#include <malloc.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -151,8 +150,6 @@ void ControllerLink::ReportLayout() {
     v1::ReportLayoutResponse resp;
     s = report_stub_->ReportLayout(&ctx, req, &resp);
   }
-  // A large layout leaves hundreds of MB of freed protobuf behind: give it back.
-  if (tensors > 10000) malloc_trim(0);
   absl::MutexLock lock(&mu_);
   if (!s.ok()) {
     spdlog::warn("reporting the layout ({} tensors) to controller {} failed: {}", tensors, address_,

@@ -94,7 +94,11 @@ ControllerClient Connect(const Cluster& cluster) {
 
 TEST_CASE("10^5 tiny tensors through one session: listed, planned, stepped, withdrawn") {
   constexpr int kTensors = 100000, kBatch = 1000;
-  Cluster cluster(wb::testing::Runfile(""), {});
+  wb::testing::ClusterOptions options;
+  // Liveness is not under test here: on a busy 2-core machine a 1.5 s timeout can lose an
+  // agent while 10^5-tensor layouts are in flight.
+  options.heartbeat_timeout_ms = 15000;
+  Cluster cluster(wb::testing::Runfile(""), options);
   ControllerClient ctl = Connect(cluster);
   auto src = SharedBuffer::Create(4ull * kTensors, "many-src");
   auto dst = SharedBuffer::Create(4ull * kTensors, "many-dst");
@@ -206,6 +210,44 @@ TEST_CASE("a receiver frozen at begin fails the step by name within the step tim
   uint64_t version = 3;
   absl::StatusOr<v1::StepResult> next = absl::UnknownError("not run");
   for (int i = 0; i < 20 && !next.ok(); ++i) next = ctl.Step(version++);
+  INFO((next.ok() ? "" : Message(next.status())));
+  CHECK(next.ok());
+}
+
+TEST_CASE("SIGTERM to the controller mid-step aborts the step on its agents at once") {
+  wb::testing::ClusterOptions options;
+  options.heartbeat_timeout_ms = 60000;
+  Cluster cluster(wb::testing::Runfile(""), options);
+  Pair pair = OpenPair(cluster);
+  ControllerClient ctl = Connect(cluster);
+  REQUIRE(ctl.Plan(OneByOne(), std::chrono::seconds(20)).ok());
+  REQUIRE(ctl.Step(1).ok());
+  REQUIRE(pair.inference.Watch().ok());
+
+  // A frozen sender keeps step 2 in flight until something aborts it.
+  cluster.KillAgent("trainer-node", SIGSTOP);
+  std::thread stepper([&] { (void)ctl.Step(2, std::chrono::seconds(30)); });
+  auto begin = pair.inference.NextEvent(std::chrono::seconds(10));
+  REQUIRE(begin.ok());
+  CHECK(begin->kind() == v1::Event::KIND_BEGIN);
+  cluster.RestartController(SIGTERM);
+  auto abort = pair.inference.NextEvent(std::chrono::seconds(10));
+  cluster.KillAgent("trainer-node", SIGCONT);
+  stepper.join();
+  REQUIRE(abort.ok());
+  CHECK(abort->kind() == v1::Event::KIND_ABORT);
+  CHECK(abort->version() == 2);
+  CHECK_THAT(abort->reason(), Catch::Contains("controller shutting down (signal 15)"));
+
+  // The restarted controller re-plans and the next step commits.
+  auto ctl2 = ControllerClient::Connect(cluster.controller_address());
+  REQUIRE(ctl2.ok());
+  absl::StatusOr<v1::StepResult> next = absl::UnknownError("not run");
+  uint64_t version = 3;
+  for (int i = 0; i < 50 && !next.ok(); ++i) {
+    next = ctl2->Step(version++);
+    if (!next.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
   INFO((next.ok() ? "" : Message(next.status())));
   CHECK(next.ok());
 }
