@@ -3,7 +3,10 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <deque>
+#include <mutex>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -35,17 +38,73 @@ struct LocalSession::Impl {
   bool subscribed ABSL_GUARDED_BY(events_mu) = false;
   uint64_t subscribed_version ABSL_GUARDED_BY(events_mu) = 0;
 
+  // Call deadline: a watchdog thread cancels the stream when the agent does not answer a
+  // request within `call_timeout` (a frozen agent); the session is then closed.
+  std::mutex dog_mu;
+  std::condition_variable dog_cv;
+  std::thread dog;
+  bool dog_stop = false;                                // guarded by dog_mu
+  bool call_active = false;                             // guarded by dog_mu
+  bool call_timed_out = false;                          // guarded by dog_mu
+  std::chrono::steady_clock::time_point call_deadline;  // guarded by dog_mu
+  std::atomic<int64_t> call_timeout_ms{120000};
+
+  void Watchdog() {
+    std::unique_lock<std::mutex> lock(dog_mu);
+    while (!dog_stop) {
+      if (!call_active) {
+        dog_cv.wait(lock);
+        continue;
+      }
+      const auto deadline = call_deadline;
+      dog_cv.wait_until(lock, deadline);
+      if (call_active && call_deadline == deadline &&
+          std::chrono::steady_clock::now() >= deadline) {
+        call_timed_out = true;
+        call_active = false;
+        ctx.TryCancel();
+      }
+    }
+  }
+
+  void CallStarted() {
+    {
+      std::lock_guard<std::mutex> lock(dog_mu);
+      if (!dog.joinable()) dog = std::thread([this] { Watchdog(); });
+      call_active = true;
+      call_deadline =
+          std::chrono::steady_clock::now() + std::chrono::milliseconds(call_timeout_ms.load());
+    }
+    dog_cv.notify_one();
+  }
+
+  // True when the watchdog cancelled the call.
+  bool CallEnded() {
+    std::lock_guard<std::mutex> lock(dog_mu);
+    call_active = false;
+    return call_timed_out;
+  }
+
+  absl::Status Broken() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (CallEnded()) {
+      stream->Finish().ok();  // cancelled: returns at once
+      stream.reset();
+      return absl::DeadlineExceededError(
+          absl::StrCat("the agent at ", socket, " did not answer within ", call_timeout_ms.load(),
+                       " ms; the session is closed (its tensors are withdrawn)"));
+    }
+    return absl::UnavailableError(absl::StrCat("the agent at ", socket, " closed the session"));
+  }
+
   absl::StatusOr<v1::SessionResponse> Call(v1::SessionRequest req) {
     absl::MutexLock lock(&mu);
     if (!stream) return absl::FailedPreconditionError("the session is closed");
     req.set_request_id(next_id++);
-    if (!stream->Write(req)) {
-      return absl::UnavailableError(absl::StrCat("the agent at ", socket, " closed the session"));
-    }
+    CallStarted();
+    if (!stream->Write(req)) return Broken();
     v1::SessionResponse resp;
-    if (!stream->Read(&resp)) {
-      return absl::UnavailableError(absl::StrCat("the agent at ", socket, " closed the session"));
-    }
+    if (!stream->Read(&resp)) return Broken();
+    CallEnded();
     if (resp.code() != 0) {
       return absl::Status(static_cast<absl::StatusCode>(resp.code()), resp.message());
     }
@@ -63,6 +122,12 @@ struct LocalSession::Impl {
     }
     if (watch_ctx) watch_ctx->TryCancel();
     if (watcher.joinable()) watcher.join();
+    {
+      std::lock_guard<std::mutex> lock(dog_mu);
+      dog_stop = true;
+    }
+    dog_cv.notify_one();
+    if (dog.joinable()) dog.join();
   }
 
   ~Impl() { Close(); }
@@ -169,6 +234,10 @@ absl::Status LocalSession::RegisterBatch(const std::vector<BufferSlice>& tensors
 absl::Status LocalSession::RegisterCuda(const TensorInfo& tensor, void*, uint64_t, int) {
   return absl::FailedPreconditionError(
       absl::StrCat("tensor '", tensor.name, "': this client library was built without CUDA"));
+}
+
+void LocalSession::SetCallTimeout(std::chrono::milliseconds timeout) {
+  impl_->call_timeout_ms = timeout.count();
 }
 
 absl::Status LocalSession::Unregister(const std::string& name) {

@@ -56,6 +56,10 @@ class LocalSession {
   absl::Status RegisterCuda(const TensorInfo& tensor, void* device_ptr, uint64_t length,
                             int device);
   absl::Status Unregister(const std::string& name);
+  // How long one request (register, unregister) may wait for the agent's answer (default
+  // 120 s). When it passes the call fails with DEADLINE_EXCEEDED and the session is closed:
+  // the agent withdraws its tensors, as when the process ends.
+  void SetCallTimeout(std::chrono::milliseconds timeout);
 
   // Starts watching events (begin/commit/abort) and returns once the agent confirms the
   // subscription (waiting up to `confirm_timeout`): every event published after Watch()

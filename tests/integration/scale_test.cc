@@ -3,6 +3,7 @@
 // planned and stepped; a watcher that is told when its subscription is in place; a receiver
 // frozen at begin failing the step by name within the step timeout.
 // (10^6 tensors run in tests/bench/register_bench; 10^5 keeps this test to ~1 minute.)
+#include <dirent.h>
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -81,6 +82,30 @@ Pair OpenPair(const Cluster& cluster) {
   REQUIRE(t->Register(w, *src, 0, 4096).ok());
   REQUIRE(i->Register(w, *dst, 0, 4096).ok());
   return Pair{std::move(*src), std::move(*dst), std::move(*t), std::move(*i)};
+}
+
+// SIGSTOP is delivered asynchronously: wait until every thread of `pid` is stopped ('T' in
+// /proc/PID/task/*/stat), so the next call really meets a frozen process.
+bool FrozenNow(pid_t pid) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return false;
+  bool all = true;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::string stat = wb::testing::ReadFile(dir + "/" + e->d_name + "/stat");
+    auto close = stat.rfind(')');
+    if (close == std::string::npos || close + 2 >= stat.size()) continue;
+    if (stat[close + 2] != 'T' && stat[close + 2] != 't') all = false;
+  }
+  closedir(d);
+  return all;
+}
+
+void Freeze(Cluster& cluster, const std::string& agent) {
+  cluster.KillAgent(agent, SIGSTOP);
+  REQUIRE(wb::testing::WaitUntil([&] { return FrozenNow(cluster.agent(agent)->pid()); },
+                                 std::chrono::seconds(10)));
 }
 
 ControllerClient Connect(const Cluster& cluster) {
@@ -192,7 +217,7 @@ TEST_CASE("a receiver frozen at begin fails the step by name within the step tim
   REQUIRE(ctl.Plan(OneByOne(), std::chrono::seconds(20)).ok());
   REQUIRE(ctl.Step(1).ok());
 
-  cluster.KillAgent("inference-node", SIGSTOP);
+  Freeze(cluster, "inference-node");
   auto stalled = ctl.Step(2, std::chrono::milliseconds(2000));
   cluster.KillAgent("inference-node", SIGCONT);
   REQUIRE_FALSE(stalled.ok());
@@ -225,7 +250,7 @@ TEST_CASE("SIGTERM to the controller mid-step aborts the step on its agents at o
   REQUIRE(pair.inference.Watch().ok());
 
   // A frozen sender keeps step 2 in flight until something aborts it.
-  cluster.KillAgent("trainer-node", SIGSTOP);
+  Freeze(cluster, "trainer-node");
   std::thread stepper([&] { (void)ctl.Step(2, std::chrono::seconds(30)); });
   auto begin = pair.inference.NextEvent(std::chrono::seconds(10));
   REQUIRE(begin.ok());
@@ -250,4 +275,34 @@ TEST_CASE("SIGTERM to the controller mid-step aborts the step on its agents at o
   }
   INFO((next.ok() ? "" : Message(next.status())));
   CHECK(next.ok());
+}
+
+TEST_CASE("a frozen agent makes a session call fail after the call timeout, not hang") {
+  wb::testing::ClusterOptions options;
+  options.heartbeat_timeout_ms = 60000;
+  Cluster cluster(wb::testing::Runfile(""), options);
+  auto buf = SharedBuffer::Create(4096, "frozen");
+  REQUIRE(buf.ok());
+  auto s = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
+  REQUIRE(s.ok());
+  s->SetCallTimeout(std::chrono::milliseconds(1000));
+  REQUIRE(s->Register(TensorInfo{"a", v1::DTYPE_BF16, {2}, {}}, *buf, 0, 4).ok());
+
+  Freeze(cluster, "trainer-node");
+  auto r = s->Register(TensorInfo{"b", v1::DTYPE_BF16, {2}, {}}, *buf, 4, 4);
+  cluster.KillAgent("trainer-node", SIGCONT);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(Message(r), Catch::Contains("did not answer within 1000 ms; the session is closed"));
+  // The session is closed; the agent (thawed) withdraws its tensors and serves a new one.
+  CHECK_THAT(Message(s->Register(TensorInfo{"c", v1::DTYPE_BF16, {2}, {}}, *buf, 8, 4)),
+             Catch::Contains("the session is closed"));
+  auto again = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
+  REQUIRE(again.ok());
+  // "a" is free again once the thawed agent has seen the old session end.
+  CHECK(wb::testing::WaitUntil(
+      [&] {
+        return again->Register(TensorInfo{"a", v1::DTYPE_BF16, {2}, {}}, *buf, 0, 4).ok();
+      },
+      std::chrono::seconds(10)));
 }
