@@ -178,16 +178,21 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
 absl::Status ControllerCore::RefreshLayouts() {
   std::vector<CallTarget<v1::DescribeRequest>> targets;
   for (const auto& a : membership_.Snapshot()) {
-    if (!a.lost) targets.push_back({a.info.name(), a.info.control_endpoint(), {}});
+    if (a.lost) continue;
+    CallTarget<v1::DescribeRequest> t{a.info.name(), a.info.control_endpoint(), {}};
+    // An agent whose layout we already hold answers with its generation only.
+    t.request.set_known_generation(a.layout->generation());
+    targets.push_back(std::move(t));
   }
   auto results = CallAll<v1::DescribeRequest, v1::DescribeResponse>(
-      &channels_, targets, std::chrono::milliseconds(10000),
+      &channels_, targets, std::chrono::milliseconds(60000),
       [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Describe(c, q, r, d); });
   for (auto& r : results) {
     if (!r.status.ok()) {
       return absl::UnavailableError(absl::StrCat(
           "agent ", r.agent, " did not describe its layout: ", r.status.error_message()));
     }
+    if (r.response.layout_unchanged()) continue;
     v1::AgentLayout* layout = r.response.mutable_layout();
     layout->set_agent(r.agent);
     membership_.ReportLayout(std::move(*layout));

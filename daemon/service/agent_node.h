@@ -45,6 +45,7 @@ class AgentNode {
   // --- what the Agent service calls ---
   weightbeam::v1::AgentInfo Info() const;
   weightbeam::v1::AgentLayout Layout() const;
+  uint64_t LayoutGeneration() const { return registry_->generation(); }
   absl::Status LoadPlan(const weightbeam::v1::AgentPlan& plan);
   weightbeam::v1::AgentStepReport Execute(const weightbeam::v1::ExecuteRequest& req);
   absl::Status Begin(uint64_t version);
