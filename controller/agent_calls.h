@@ -13,6 +13,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "config/credentials.h"
+#include "proto/message_limits.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
 namespace wb::controller {
@@ -37,7 +38,12 @@ class AgentChannels {
   weightbeam::v1::Agent::Stub* Get(const std::string& endpoint) {
     absl::MutexLock lock(&mu_);
     auto& stub = stubs_[endpoint];
-    if (!stub) stub = weightbeam::v1::Agent::NewStub(factory_.Create(endpoint));
+    if (!stub) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(kMaxControlMessageBytes);  // Describe of 10^6 tensors
+      args.SetMaxSendMessageSize(kMaxControlMessageBytes);     // plans with millions of ops
+      stub = weightbeam::v1::Agent::NewStub(factory_.Create(endpoint, args));
+    }
     return stub.get();
   }
 

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <random>
 #include <set>
 
@@ -23,7 +24,7 @@ bool WorldComplete(const std::vector<AgentRecord>& agents, const v1::ExpectedWor
       lost.push_back(a.info.name());
       continue;
     }
-    for (const auto& t : a.layout.tensors()) {
+    for (const auto& t : a.layout->tensors()) {
       if (t.owner().role() == v1::ROLE_TRAINER) trainers.insert(t.owner().rank());
       if (t.owner().role() == v1::ROLE_INFERENCE) {
         inference.insert({t.owner().replica(), t.owner().rank()});
@@ -59,6 +60,31 @@ bool WorldComplete(const std::vector<AgentRecord>& agents, const v1::ExpectedWor
   }
   return gaps.empty();
 }
+
+namespace {
+
+// What is left of a step's `timeout` that started at `t0` (at least 1 ms).
+std::chrono::milliseconds Remaining(Clock::time_point t0, std::chrono::milliseconds timeout) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t0 + timeout - Clock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
+// Begin and commit answer at once unless the agent stalls: 5 s, never past the step deadline
+// (but at least 1 s, so a commit after a long transfer still gets its chance).
+std::chrono::milliseconds QuickCallTimeout(Clock::time_point t0,
+                                           std::chrono::milliseconds timeout) {
+  return std::clamp(Remaining(t0, timeout), std::chrono::milliseconds(1000),
+                    std::chrono::milliseconds(5000));
+}
+
+std::string CallError(const grpc::Status& s) {
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return "no answer before the deadline (agent stalled or overloaded)";
+  }
+  return s.error_message();
+}
+
+}  // namespace
 
 ControllerCore::ControllerCore(config::ControllerConfig config, uint64_t epoch,
                                PlanFunction planner)
@@ -255,19 +281,24 @@ absl::Status ControllerCore::LoadDeltaReceivers(
 absl::Status ControllerCore::RefreshLayouts() {
   std::vector<CallTarget<v1::DescribeRequest>> targets;
   for (const auto& a : membership_.Snapshot()) {
-    if (!a.lost) targets.push_back({a.info.name(), a.info.control_endpoint(), {}});
+    if (a.lost) continue;
+    CallTarget<v1::DescribeRequest> t{a.info.name(), a.info.control_endpoint(), {}};
+    // An agent whose layout we already hold answers with its generation only.
+    t.request.set_known_generation(a.layout->generation());
+    targets.push_back(std::move(t));
   }
   auto results = CallAll<v1::DescribeRequest, v1::DescribeResponse>(
-      &channels_, targets, std::chrono::milliseconds(10000),
+      &channels_, targets, std::chrono::milliseconds(60000),
       [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Describe(c, q, r, d); });
   for (auto& r : results) {
     if (!r.status.ok()) {
       return absl::UnavailableError(absl::StrCat(
           "agent ", r.agent, " did not describe its layout: ", r.status.error_message()));
     }
-    v1::AgentLayout layout = r.response.layout();
-    layout.set_agent(r.agent);
-    membership_.ReportLayout(layout);
+    if (r.response.layout_unchanged()) continue;
+    v1::AgentLayout* layout = r.response.mutable_layout();
+    layout->set_agent(r.agent);
+    membership_.ReportLayout(std::move(*layout));
   }
   return absl::OkStatus();
 }
@@ -350,6 +381,19 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
   if (std::string lost = membership_.FirstLost(involved); !lost.empty()) {
     return fail(absl::StrCat("agent ", lost, " is lost (no heartbeat)"));
   }
+  struct InFlight {
+    ControllerCore* core;
+    ~InFlight() {
+      absl::MutexLock slock(&core->state_mu_);
+      core->inflight_version_ = 0;
+      core->inflight_agents_.clear();
+    }
+  } in_flight{this};
+  {
+    absl::MutexLock slock(&state_mu_);
+    inflight_version_ = version;
+    inflight_agents_ = involved;
+  }
 
   // Endpoints come from one name -> endpoint table per phase (a copy of the membership with its
   // layouts per agent per call made a step O(agents^2)).
@@ -363,11 +407,10 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
     begins.push_back(std::move(t));
   }
   for (const auto& r : CallAll<v1::BeginRequest, v1::BeginResponse>(
-           &channels_, begins, std::chrono::milliseconds(5000),
+           &channels_, begins, QuickCallTimeout(t0, timeout),
            [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Begin(c, q, r, d); })) {
     if (!r.status.ok()) {
-      std::string why =
-          absl::StrCat("agent ", r.agent, ": begin failed: ", r.status.error_message());
+      std::string why = absl::StrCat("agent ", r.agent, ": begin failed: ", CallError(r.status));
       AbortEverywhere(version, involved, why);
       return fail(why);
     }
@@ -393,14 +436,14 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
     CallTarget<v1::ExecuteRequest> t{a, Endpoint(endpoints, a), {}};
     t.request.set_version(version);
     t.request.set_plan_id(plan_.summary.plan_id());
-    t.request.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
+    t.request.set_timeout_ms(static_cast<uint32_t>(Remaining(t0, timeout).count()));
     t.request.set_delta_anchor(anchor);
     t.request.set_step_nonce(nonce);
     execs.push_back(std::move(t));
   }
   std::vector<std::string> errors;
   for (auto& r : CallAll<v1::ExecuteRequest, v1::ExecuteResponse>(
-           &channels_, execs, timeout + std::chrono::milliseconds(2000),
+           &channels_, execs, Remaining(t0, timeout) + std::chrono::milliseconds(2000),
            [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Execute(c, q, r, d); })) {
     v1::AgentStepReport* report = result.add_agents();
     if (!r.status.ok()) {
@@ -443,11 +486,10 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
   for (auto& report : *result.mutable_agents()) report.clear_hashes();
   std::vector<std::string> failed_commits;
   for (const auto& r : CallAll<v1::CommitRequest, v1::CommitResponse>(
-           &channels_, commits, std::chrono::milliseconds(5000),
+           &channels_, commits, QuickCallTimeout(t0, timeout),
            [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Commit(c, q, r, d); })) {
     if (!r.status.ok()) {
-      errors.push_back(
-          absl::StrCat("agent ", r.agent, ": commit failed: ", r.status.error_message()));
+      errors.push_back(absl::StrCat("agent ", r.agent, ": commit failed: ", CallError(r.status)));
       failed_commits.push_back(r.agent);
     }
   }
@@ -477,6 +519,19 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
   return result;
 }
 
+void ControllerCore::AbortInFlight(const std::string& reason) {
+  uint64_t version;
+  std::vector<std::string> agents;
+  {
+    absl::MutexLock slock(&state_mu_);
+    version = inflight_version_;
+    agents = inflight_agents_;
+  }
+  if (version == 0) return;
+  spdlog::warn("aborting step {} in flight: {}", version, reason);
+  AbortEverywhere(version, agents, reason);
+}
+
 v1::PlanSummary ControllerCore::CurrentPlan() const {
   absl::MutexLock lock(&state_mu_);
   return summary_valid_ ? summary_ : v1::PlanSummary();
@@ -493,8 +548,8 @@ v1::StatusResponse ControllerCore::Status() const {
     st->set_state(a.lost ? "lost" : "alive");
     st->set_last_heartbeat_ms_ago(
         std::chrono::duration_cast<std::chrono::milliseconds>(now - a.last_seen).count());
-    st->set_tensors(a.layout.tensors_size());
-    st->set_layout_generation(a.layout.generation());
+    st->set_tensors(a.layout->tensors_size());
+    st->set_layout_generation(a.layout->generation());
   }
   absl::MutexLock lock(&state_mu_);
   if (summary_valid_) *s.mutable_plan() = summary_;

@@ -44,6 +44,9 @@ class ControllerCore {
 
   absl::StatusOr<weightbeam::v1::PlanSummary> Plan(const weightbeam::v1::PlanRequest& req);
   weightbeam::v1::StepResult Step(uint64_t version, std::chrono::milliseconds timeout);
+  // Aborts the step in flight, if any, on every agent it involves (SIGTERM): its senders
+  // cancel, so Step returns promptly with the failure, and watchers see abort(`reason`).
+  void AbortInFlight(const std::string& reason);
   weightbeam::v1::StatusResponse Status() const;
   // The summary of the current plan (all zero before the first plan).
   weightbeam::v1::PlanSummary CurrentPlan() const;
@@ -98,6 +101,9 @@ class ControllerCore {
   weightbeam::v1::PlanSummary summary_ ABSL_GUARDED_BY(state_mu_);
   bool summary_valid_ ABSL_GUARDED_BY(state_mu_) = false;
   uint64_t summary_layout_version_ ABSL_GUARDED_BY(state_mu_) = 0;
+  // The step in flight (version 0: none) and the agents it involves, for AbortInFlight.
+  uint64_t inflight_version_ ABSL_GUARDED_BY(state_mu_) = 0;
+  std::vector<std::string> inflight_agents_ ABSL_GUARDED_BY(state_mu_);
 };
 
 // True when the layouts hold every trainer rank and every inference (replica, rank) of `world`;

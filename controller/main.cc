@@ -6,6 +6,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "config/call_guard.h"
 #include "config/config.h"
 #include "config/credentials.h"
@@ -16,6 +17,7 @@
 #include "controller/controller_service.h"
 #include "controller/plan_builder.h"
 #include "daemon/metrics/http_exporter.h"
+#include "proto/message_limits.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"wb-controller: plans and coordinates weight transfers"};
@@ -73,6 +75,7 @@ int main(int argc, char** argv) {
   int port = 0;
   builder.AddListeningPort(config.listen, *server_credentials, &port);
   builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(wb::kMaxControlMessageBytes);  // layouts of 10^6 tensors
   auto server = builder.BuildAndStart();
   if (!server || port == 0) {
     spdlog::error("cannot listen on {}", config.listen);
@@ -111,6 +114,8 @@ int main(int argc, char** argv) {
     spdlog::info("signal {}: shutting down", sig);
     wb::NotifyStopping();
     stop = true;
+    // A step in flight fails now (its agents abort) rather than hanging on a dead controller.
+    core.AbortInFlight(absl::StrCat("controller shutting down (signal ", sig, ")"));
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });
   server->Wait();

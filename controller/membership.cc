@@ -10,19 +10,25 @@ using Clock = std::chrono::steady_clock;
 Membership::Membership(uint64_t epoch, std::chrono::milliseconds heartbeat_timeout)
     : epoch_(epoch), heartbeat_timeout_(heartbeat_timeout) {}
 
-void Membership::Register(const v1::AgentInfo& info, const v1::AgentLayout& layout) {
-  absl::MutexLock lock(&mu_);
-  AgentRecord& r = agents_[info.name()];
-  const bool rejoined = r.lost;
-  r.info = info;
-  r.layout = layout;
-  r.layout.set_agent(info.name());
-  r.last_seen = Clock::now();
-  r.lost = false;
-  ++layout_version_;
-  spdlog::info("agent {} registered{} from {} ({} tensors, {} NICs)", info.name(),
-               rejoined ? " again" : "", info.control_endpoint(), layout.tensors_size(),
-               info.nics_size());
+void Membership::Register(const v1::AgentInfo& info, v1::AgentLayout layout) {
+  const int tensors = layout.tensors_size();
+  auto shared = std::make_shared<v1::AgentLayout>(std::move(layout));
+  shared->set_agent(info.name());
+  std::shared_ptr<const v1::AgentLayout> old;  // freed outside the lock
+  {
+    absl::MutexLock lock(&mu_);
+    AgentRecord& r = agents_[info.name()];
+    const bool rejoined = r.lost;
+    r.info = info;
+    old = std::move(r.layout);
+    r.layout = std::move(shared);
+    r.last_seen = Clock::now();
+    r.lost = false;
+    ++layout_version_;
+    spdlog::info("agent {} registered{} from {} ({} tensors, {} NICs)", info.name(),
+                 rejoined ? " again" : "", info.control_endpoint(), tensors, info.nics_size());
+  }
+  old.reset();
 }
 
 v1::HeartbeatResponse Membership::Heartbeat(const v1::HeartbeatRequest& req) {
@@ -34,24 +40,44 @@ v1::HeartbeatResponse Membership::Heartbeat(const v1::HeartbeatRequest& req) {
     return resp;
   }
   it->second.last_seen = Clock::now();
-  if (req.layout_generation() != it->second.layout.generation()) resp.set_send_layout(true);
+  if (req.layout_generation() != it->second.layout->generation()) resp.set_send_layout(true);
   return resp;
 }
 
 bool Membership::ReportLayout(const v1::AgentLayout& layout) {
-  absl::MutexLock lock(&mu_);
-  auto it = agents_.find(layout.agent());
-  if (it == agents_.end()) return false;
-  it->second.last_seen = Clock::now();
-  if (it->second.layout.generation() == layout.generation() &&
-      it->second.layout.tensors_size() == layout.tensors_size()) {
-    return true;  // nothing new
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = agents_.find(layout.agent());
+    if (it == agents_.end()) return false;
+    if (it->second.layout->generation() == layout.generation() &&
+        it->second.layout->tensors_size() == layout.tensors_size()) {
+      it->second.last_seen = Clock::now();
+      return true;  // nothing new: skip the copy
+    }
   }
-  it->second.layout = layout;
-  it->second.layout.set_agent(it->first);
-  ++layout_version_;
-  spdlog::info("agent {} reported layout generation {} ({} tensors)", layout.agent(),
-               layout.generation(), layout.tensors_size());
+  return ReportLayout(v1::AgentLayout(layout));
+}
+
+bool Membership::ReportLayout(v1::AgentLayout&& moved) {
+  auto layout = std::make_shared<v1::AgentLayout>(std::move(moved));
+  std::shared_ptr<const v1::AgentLayout> old;  // freed outside the lock
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = agents_.find(layout->agent());
+    if (it == agents_.end()) return false;
+    it->second.last_seen = Clock::now();
+    if (it->second.layout->generation() == layout->generation() &&
+        it->second.layout->tensors_size() == layout->tensors_size()) {
+      return true;  // nothing new
+    }
+    layout->set_agent(it->first);
+    old = std::move(it->second.layout);
+    it->second.layout = layout;
+    ++layout_version_;
+  }
+  spdlog::info("agent {} reported layout generation {} ({} tensors)", layout->agent(),
+               layout->generation(), layout->tensors_size());
+  old.reset();
   return true;
 }
 
@@ -88,6 +114,13 @@ int Membership::CountAgents(bool lost) const {
   absl::MutexLock lock(&mu_);
   int n = 0;
   for (const auto& [name, r] : agents_) n += r.lost == lost ? 1 : 0;
+  return n;
+}
+
+int64_t Membership::CountTensors() const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [name, r] : agents_) n += r.lost ? 0 : r.layout->tensors_size();
   return n;
 }
 

@@ -1,10 +1,12 @@
 // The agents the controller knows: their description, tensor layout and liveness. An agent that
 // misses heartbeats for `heartbeat_timeout` is marked lost, and the layout counts as changed.
+// Layouts are immutable and shared: a snapshot of agents holding 10^6 tensors copies pointers.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,7 +17,9 @@ namespace wb::controller {
 
 struct AgentRecord {
   weightbeam::v1::AgentInfo info;
-  weightbeam::v1::AgentLayout layout;
+  // Never null once registered; replaced (not changed) when the agent reports a new layout.
+  std::shared_ptr<const weightbeam::v1::AgentLayout> layout =
+      std::make_shared<const weightbeam::v1::AgentLayout>();
   std::chrono::steady_clock::time_point last_seen;
   bool lost = false;
 };
@@ -25,10 +29,12 @@ class Membership {
   Membership(uint64_t epoch, std::chrono::milliseconds heartbeat_timeout);
 
   uint64_t epoch() const { return epoch_; }
-  void Register(const weightbeam::v1::AgentInfo& info, const weightbeam::v1::AgentLayout& layout);
+  void Register(const weightbeam::v1::AgentInfo& info, weightbeam::v1::AgentLayout layout);
   weightbeam::v1::HeartbeatResponse Heartbeat(const weightbeam::v1::HeartbeatRequest& req);
   // False when the agent is unknown (it must register first).
   bool ReportLayout(const weightbeam::v1::AgentLayout& layout);
+  // The same without copying `layout` (a Describe answer the caller owns).
+  bool ReportLayout(weightbeam::v1::AgentLayout&& layout);
   // Marks agents silent for too long as lost; returns their names (newly lost only).
   std::vector<std::string> Sweep();
 
@@ -37,6 +43,8 @@ class Membership {
   std::map<std::string, std::string> Endpoints() const;
   // How many known agents are alive and how many are lost (without copying their layouts).
   int CountAgents(bool lost) const;
+  // Tensors in the layouts of alive agents.
+  int64_t CountTensors() const;
   // Bumps on every change that can invalidate a plan (layout, membership, loss).
   uint64_t layout_version() const;
   // The name of the first lost agent among `names`, or "" when all are alive.

@@ -1,6 +1,7 @@
 #include "controller/plan_builder.h"
 
 #include <map>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "controller/planner/plan.h"
@@ -15,7 +16,7 @@ absl::StatusOr<BuiltPlan> BuildPlan(const std::vector<AgentRecord>& agents,
   std::vector<planner::AgentLayout> layouts;
   std::map<std::string, const AgentRecord*> by_name;
   for (const auto& a : agents) {
-    auto layout = planner::LayoutFromProto(a.info, a.layout);
+    auto layout = planner::LayoutFromProto(a.info, *a.layout);
     if (!layout.ok()) {
       return absl::Status(layout.status().code(),
                           absl::StrCat("agent ", a.info.name(), ": ", layout.status().message()));
@@ -32,15 +33,20 @@ absl::StatusOr<BuiltPlan> BuildPlan(const std::vector<AgentRecord>& agents,
 
   BuiltPlan built;
   built.summary = planner::SummaryToProto(layouts, *plan, plan_id);
+  std::map<std::string, std::unordered_map<uint64_t, const v1::RegionDescriptor*>> regions_of;
   for (v1::AgentPlan& agent_plan : planner::PlanToProto(layouts, *plan, plan_id)) {
     // Introduce each receiver: where to reach it and the keys of the regions we may write.
     for (v1::PeerIntro& peer : *agent_plan.mutable_peers()) {
       const AgentRecord* receiver = by_name.at(peer.agent());
       peer.set_control_endpoint(receiver->info.control_endpoint());
       *peer.mutable_nics() = receiver->info.nics();
-      std::map<uint64_t, const v1::RegionDescriptor*> regions;
-      for (const auto& t : receiver->layout.tensors())
-        regions[t.region().region_id()] = &t.region();
+      // Built once per receiver (not per sender-receiver pair): 10^6 tensors are common.
+      auto& regions = regions_of[peer.agent()];
+      if (regions.empty()) {
+        regions.reserve(receiver->layout->tensors_size());
+        for (const auto& t : receiver->layout->tensors())
+          regions[t.region().region_id()] = &t.region();
+      }
       for (v1::RegionDescriptor& r : *peer.mutable_regions()) {
         auto it = regions.find(r.region_id());
         if (it == regions.end()) {

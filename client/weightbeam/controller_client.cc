@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "config/credentials.h"
+#include "proto/message_limits.h"
 #include "proto/status_util.h"
 #include "weightbeam/v1/controller.grpc.pb.h"
 
@@ -77,7 +78,9 @@ absl::StatusOr<ControllerClient> ControllerClient::Connect(const std::string& ad
   auto impl = std::make_unique<Impl>();
   impl->address = address;
   impl->tls = tls.enabled;
-  impl->stub = v1::Controller::NewStub(channels->Create(address));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxControlMessageBytes);  // ListTensors of 10^6 tensors
+  impl->stub = v1::Controller::NewStub(channels->Create(address, args));
   return ControllerClient(std::move(impl));
 }
 
@@ -99,6 +102,11 @@ absl::StatusOr<v1::PlanSummary> ControllerClient::Plan(const v1::ExpectedWorld& 
 absl::StatusOr<v1::StepResult> ControllerClient::Step(uint64_t version,
                                                       std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
+  // The controller enforces `timeout`; this deadline only guards against a controller that
+  // stalls. Its slack covers a re-plan inside the step and the abort round.
+  const auto backstop = timeout.count() > 0 ? timeout + std::chrono::seconds(60)
+                                            : std::chrono::milliseconds(std::chrono::minutes(15));
+  ctx.set_deadline(std::chrono::system_clock::now() + backstop);
   v1::StepRequest req;
   req.set_version(version);
   req.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
@@ -122,7 +130,8 @@ absl::StatusOr<v1::StatusResponse> ControllerClient::Status() {
 
 absl::StatusOr<v1::ListTensorsResponse> ControllerClient::ListTensors(const std::string& agent) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  // 10^6 tensors are ~150 MB on the wire: seconds on a busy machine.
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   v1::ListTensorsRequest req;
   req.set_agent(agent);
   v1::ListTensorsResponse resp;

@@ -42,6 +42,8 @@ class ControllerClient {
       weightbeam::v1::DeltaChoice delta = weightbeam::v1::DELTA_CHOICE_CONFIG);
   // Pushes version `version` to the inference side; a failed step is an error whose message
   // names the agent and cause. `timeout` 0 uses the controller's configured step timeout.
+  // The call itself gives up (DEADLINE_EXCEEDED) 60 s after `timeout`, or after 15 minutes
+  // when `timeout` is 0, should the controller stall.
   absl::StatusOr<weightbeam::v1::StepResult> Step(uint64_t version,
                                                   std::chrono::milliseconds timeout = {});
   absl::StatusOr<weightbeam::v1::StatusResponse> Status();

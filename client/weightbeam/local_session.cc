@@ -3,7 +3,10 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <deque>
+#include <mutex>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -32,18 +35,76 @@ struct LocalSession::Impl {
   absl::Mutex events_mu;
   std::deque<v1::Event> events ABSL_GUARDED_BY(events_mu);
   bool watch_ended ABSL_GUARDED_BY(events_mu) = false;
+  bool subscribed ABSL_GUARDED_BY(events_mu) = false;
+  uint64_t subscribed_version ABSL_GUARDED_BY(events_mu) = 0;
+
+  // Call deadline: a watchdog thread cancels the stream when the agent does not answer a
+  // request within `call_timeout` (a frozen agent); the session is then closed.
+  std::mutex dog_mu;
+  std::condition_variable dog_cv;
+  std::thread dog;
+  bool dog_stop = false;                                // guarded by dog_mu
+  bool call_active = false;                             // guarded by dog_mu
+  bool call_timed_out = false;                          // guarded by dog_mu
+  std::chrono::steady_clock::time_point call_deadline;  // guarded by dog_mu
+  std::atomic<int64_t> call_timeout_ms{120000};
+
+  void Watchdog() {
+    std::unique_lock<std::mutex> lock(dog_mu);
+    while (!dog_stop) {
+      if (!call_active) {
+        dog_cv.wait(lock);
+        continue;
+      }
+      const auto deadline = call_deadline;
+      dog_cv.wait_until(lock, deadline);
+      if (call_active && call_deadline == deadline &&
+          std::chrono::steady_clock::now() >= deadline) {
+        call_timed_out = true;
+        call_active = false;
+        ctx.TryCancel();
+      }
+    }
+  }
+
+  void CallStarted() {
+    {
+      std::lock_guard<std::mutex> lock(dog_mu);
+      if (!dog.joinable()) dog = std::thread([this] { Watchdog(); });
+      call_active = true;
+      call_deadline =
+          std::chrono::steady_clock::now() + std::chrono::milliseconds(call_timeout_ms.load());
+    }
+    dog_cv.notify_one();
+  }
+
+  // True when the watchdog cancelled the call.
+  bool CallEnded() {
+    std::lock_guard<std::mutex> lock(dog_mu);
+    call_active = false;
+    return call_timed_out;
+  }
+
+  absl::Status Broken() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (CallEnded()) {
+      stream->Finish().ok();  // cancelled: returns at once
+      stream.reset();
+      return absl::DeadlineExceededError(
+          absl::StrCat("the agent at ", socket, " did not answer within ", call_timeout_ms.load(),
+                       " ms; the session is closed (its tensors are withdrawn)"));
+    }
+    return absl::UnavailableError(absl::StrCat("the agent at ", socket, " closed the session"));
+  }
 
   absl::StatusOr<v1::SessionResponse> Call(v1::SessionRequest req) {
     absl::MutexLock lock(&mu);
     if (!stream) return absl::FailedPreconditionError("the session is closed");
     req.set_request_id(next_id++);
-    if (!stream->Write(req)) {
-      return absl::UnavailableError(absl::StrCat("the agent at ", socket, " closed the session"));
-    }
+    CallStarted();
+    if (!stream->Write(req)) return Broken();
     v1::SessionResponse resp;
-    if (!stream->Read(&resp)) {
-      return absl::UnavailableError(absl::StrCat("the agent at ", socket, " closed the session"));
-    }
+    if (!stream->Read(&resp)) return Broken();
+    CallEnded();
     if (resp.code() != 0) {
       return absl::Status(static_cast<absl::StatusCode>(resp.code()), resp.message());
     }
@@ -61,6 +122,12 @@ struct LocalSession::Impl {
     }
     if (watch_ctx) watch_ctx->TryCancel();
     if (watcher.joinable()) watcher.join();
+    {
+      std::lock_guard<std::mutex> lock(dog_mu);
+      dog_stop = true;
+    }
+    dog_cv.notify_one();
+    if (dog.joinable()) dog.join();
   }
 
   ~Impl() { Close(); }
@@ -148,9 +215,29 @@ absl::Status LocalSession::Register(const TensorInfo& tensor, const SharedBuffer
   return impl_->Call(req).status();
 }
 
+absl::Status LocalSession::RegisterBatch(const std::vector<BufferSlice>& tensors,
+                                         const SharedBuffer& buffer) {
+  v1::SessionRequest req;
+  auto* batch = req.mutable_register_();
+  for (const auto& t : tensors) {
+    if (auto s = CheckName(t.tensor.name); !s.ok()) return s;
+    auto* reg = batch->add_tensors();
+    FillSpec(t.tensor, reg->mutable_spec());
+    auto* shm = reg->mutable_memory()->mutable_host_shm();
+    shm->set_shm_name(buffer.shm_name());
+    shm->set_offset(t.offset);
+    shm->set_length(t.length);
+  }
+  return impl_->Call(std::move(req)).status();
+}
+
 absl::Status LocalSession::RegisterCuda(const TensorInfo& tensor, void*, uint64_t, int) {
   return absl::FailedPreconditionError(
       absl::StrCat("tensor '", tensor.name, "': this client library was built without CUDA"));
+}
+
+void LocalSession::SetCallTimeout(std::chrono::milliseconds timeout) {
+  impl_->call_timeout_ms = timeout.count();
 }
 
 absl::Status LocalSession::Unregister(const std::string& name) {
@@ -178,22 +265,43 @@ absl::StatusOr<PublishReport> LocalSession::Publish(uint64_t version) {
   return r;
 }
 
-absl::Status LocalSession::Watch() {
+absl::Status LocalSession::Watch(std::chrono::milliseconds confirm_timeout) {
   if (impl_->watcher.joinable()) return absl::OkStatus();
   impl_->watch_ctx = std::make_unique<grpc::ClientContext>();
-  auto reader = impl_->stub->WatchEvents(impl_->watch_ctx.get(), v1::WatchEventsRequest());
+  v1::WatchEventsRequest req;
+  req.set_send_subscribed(true);
+  auto reader = impl_->stub->WatchEvents(impl_->watch_ctx.get(), req);
   Impl* impl = impl_.get();
   impl_->watcher = std::thread([impl, r = std::move(reader)]() mutable {
     v1::Event e;
     while (r->Read(&e)) {
       absl::MutexLock lock(&impl->events_mu);
+      if (e.kind() == v1::Event::KIND_SUBSCRIBED) {
+        impl->subscribed = true;
+        impl->subscribed_version = e.version();
+        continue;
+      }
       impl->events.push_back(e);
     }
     r->Finish().ok();
     absl::MutexLock lock(&impl->events_mu);
     impl->watch_ended = true;
   });
+  absl::MutexLock lock(&impl->events_mu);
+  auto confirmed = [impl]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl->events_mu) {
+    return impl->subscribed || impl->watch_ended;
+  };
+  impl->events_mu.AwaitWithTimeout(absl::Condition(&confirmed), absl::FromChrono(confirm_timeout));
+  if (impl->watch_ended && !impl->subscribed) {
+    return absl::UnavailableError(
+        absl::StrCat("the agent at ", impl->socket, " ended the event stream"));
+  }
   return absl::OkStatus();
+}
+
+uint64_t LocalSession::watch_start_version() const {
+  absl::MutexLock lock(&impl_->events_mu);
+  return impl_->subscribed_version;
 }
 
 absl::StatusOr<v1::Event> LocalSession::NextEvent(std::chrono::milliseconds timeout) {

@@ -24,6 +24,13 @@ struct TensorInfo {
   std::vector<std::pair<int64_t, int64_t>> shard;
 };
 
+// One tensor of a batch registration: `length` bytes at `offset` of the batch's buffer.
+struct BufferSlice {
+  TensorInfo tensor;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
 struct Identity {
   weightbeam::v1::Role role = weightbeam::v1::ROLE_TRAINER;
   int rank = 0;
@@ -53,18 +60,30 @@ class LocalSession {
   // mismatch, unknown dtype, duplicate...) comes back intact.
   absl::Status Register(const TensorInfo& tensor, const SharedBuffer& buffer, uint64_t offset,
                         uint64_t length);
+  // Registers many tensors of one buffer in one request, all or nothing: on the first refusal
+  // none of them stays registered and the error names that tensor. Much faster than one
+  // Register per tensor for thousands of small tensors.
+  absl::Status RegisterBatch(const std::vector<BufferSlice>& tensors, const SharedBuffer& buffer);
   // Registers GPU memory through a CUDA IPC handle (needs an agent built with CUDA).
   absl::Status RegisterCuda(const TensorInfo& tensor, void* device_ptr, uint64_t length,
                             int device);
   absl::Status Unregister(const std::string& name);
+  // How long one request (register, unregister) may wait for the agent's answer (default
+  // 120 s). When it passes the call fails with DEADLINE_EXCEEDED and the session is closed:
+  // the agent withdraws its tensors, as when the process ends.
+  void SetCallTimeout(std::chrono::milliseconds timeout);
 
   // Storage path (agent config `storage.role: publish`, trainer sessions): the agent writes
   // version `version` of every trainer tensor registered with it into its storage directory
   // and answers once the version is complete there. Versions must increase.
   absl::StatusOr<PublishReport> Publish(uint64_t version);
 
-  // Starts watching events (begin/commit/abort); call before the step you want to see.
-  absl::Status Watch();
+  // Starts watching events (begin/commit/abort) and returns once the agent confirms the
+  // subscription (waiting up to `confirm_timeout`): every event published after Watch()
+  // returns is delivered. Agents too old to confirm are waited for the full timeout.
+  absl::Status Watch(std::chrono::milliseconds confirm_timeout = std::chrono::seconds(5));
+  // The agent's committed version when the subscription was confirmed (0 before Watch).
+  uint64_t watch_start_version() const;
   // The next event, or DEADLINE_EXCEEDED after `timeout`.
   absl::StatusOr<weightbeam::v1::Event> NextEvent(std::chrono::milliseconds timeout);
 

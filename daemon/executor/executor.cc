@@ -3,7 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -279,10 +281,14 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
   report->mutable_stages()->set_stage_in_seconds(report->stages().stage_in_seconds() + Since(t_in));
 
   // Prepare: transform into staging (blocking on the watermark), or pass zero-copy ops on.
-  std::vector<std::thread> preparers;
   std::atomic<int> preparers_left{options_.prepare_threads};
+  // A std::mutex latch: an absl::Mutex made and destroyed per phase costs a deadlock-graph
+  // update each time with the system absl.
+  std::mutex preparers_mu;
+  std::condition_variable preparers_done;
+  int preparers_running = options_.prepare_threads;  // guarded by preparers_mu
   for (int i = 0; i < options_.prepare_threads; ++i) {
-    preparers.emplace_back([&] {
+    prepare_pool_.Submit([&] {
       while (auto job = to_prepare.Pop()) {
         if (error.failed() || cancelled_) continue;
         const auto t0 = Clock::now();
@@ -319,6 +325,8 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
         to_write.Push(std::move(*job));
       }
       if (--preparers_left == 0) to_write.Close();
+      std::lock_guard<std::mutex> lock(preparers_mu);
+      if (--preparers_running == 0) preparers_done.notify_all();
     });
   }
 
@@ -371,7 +379,11 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
           --outstanding;
         });
   }
-  for (auto& t : preparers) t.join();
+  {
+    // The prepare tasks reference this frame: wait until every one has returned.
+    std::unique_lock<std::mutex> lock(preparers_mu);
+    preparers_done.wait(lock, [&] { return preparers_running == 0; });
+  }
 
   // Complete: wait for every posted batch (the barrier that ends the phase).
   {

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/delta/delta_sender.h"
 #include "daemon/executor/staging_pool.h"
+#include "daemon/executor/worker_pool.h"
 #include "daemon/metrics/registry.h"
 #include "daemon/registry/region_registry.h"
 #include "daemon/transport/transport.h"
@@ -101,6 +102,7 @@ class Executor {
   std::atomic<bool> cancelled_{false};  // read by waiting stages
   std::atomic<int64_t> ops_in_flight_{0};
   std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
+  WorkerPool prepare_pool_;  // the prepare stage's threads, reused across phases and steps
 };
 
 }  // namespace wb::executor

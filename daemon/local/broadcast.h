@@ -25,6 +25,16 @@ class Broadcaster {
     listeners_[id] = std::move(listener);
     return id;
   }
+  // Like Subscribe, but first hands `listener` the message `first()` builds, atomically with
+  // respect to Publish: nothing published before `first()` ran is delivered after it, and
+  // nothing published after is missed.
+  uint64_t SubscribeWithFirst(Listener listener, const std::function<T()>& first) {
+    absl::MutexLock lock(&mu_);
+    listener(first());
+    uint64_t id = next_++;
+    listeners_[id] = std::move(listener);
+    return id;
+  }
   void Unsubscribe(uint64_t id) {
     absl::MutexLock lock(&mu_);
     listeners_.erase(id);
@@ -48,8 +58,10 @@ class Broadcaster {
 template <typename T>
 class BroadcastWriter : public grpc::ServerWriteReactor<T> {
  public:
-  explicit BroadcastWriter(Broadcaster<T>* bus) : bus_(bus) {
-    id_ = bus_->Subscribe([this](const T& m) { Push(m); });
+  // `first` (optional) builds a message sent before everything published from then on.
+  explicit BroadcastWriter(Broadcaster<T>* bus, std::function<T()> first = nullptr) : bus_(bus) {
+    auto push = [this](const T& m) { Push(m); };
+    id_ = first ? bus_->SubscribeWithFirst(push, first) : bus_->Subscribe(push);
   }
 
   void OnWriteDone(bool ok) override {

@@ -144,8 +144,16 @@ grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* LocalService::
 }
 
 grpc::ServerWriteReactor<v1::Event>* LocalService::WatchEvents(grpc::CallbackServerContext*,
-                                                               const v1::WatchEventsRequest*) {
-  return new BroadcastWriter<v1::Event>(events_);
+                                                               const v1::WatchEventsRequest* req) {
+  if (!req->send_subscribed()) return new BroadcastWriter<v1::Event>(events_);
+  // Built under the bus lock: a commit that lands meanwhile is either counted in the version
+  // or delivered after this event (never lost).
+  return new BroadcastWriter<v1::Event>(events_, [this] {
+    v1::Event e;
+    e.set_kind(v1::Event::KIND_SUBSCRIBED);
+    e.set_version(committed_version_ ? committed_version_() : 0);
+    return e;
+  });
 }
 
 }  // namespace wb::local

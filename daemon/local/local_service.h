@@ -17,9 +17,14 @@ namespace wb::local {
 class LocalService final : public weightbeam::v1::Local::CallbackService {
  public:
   // `on_refused` (optional) hears every refused registration request, e.g. to count it.
+  // `committed_version` (optional) is the version a KIND_SUBSCRIBED event carries.
   LocalService(registry::RegionRegistry* registry, EventBus* events,
-               std::function<void(const std::string& why)> on_refused = nullptr)
-      : registry_(registry), events_(events), on_refused_(std::move(on_refused)) {}
+               std::function<void(const std::string& why)> on_refused = nullptr,
+               std::function<uint64_t()> committed_version = nullptr)
+      : registry_(registry),
+        events_(events),
+        on_refused_(std::move(on_refused)),
+        committed_version_(std::move(committed_version)) {}
 
   grpc::ServerBidiReactor<weightbeam::v1::SessionRequest, weightbeam::v1::SessionResponse>* Session(
       grpc::CallbackServerContext* ctx) override;
@@ -41,6 +46,7 @@ class LocalService final : public weightbeam::v1::Local::CallbackService {
   EventBus* events_;
   const std::function<void(const std::string& why)> on_refused_;
   PublishHandler on_publish_;
+  const std::function<uint64_t()> committed_version_;
   std::atomic<uint64_t> next_session_{1};
   std::atomic<int> active_sessions_{0};
 };

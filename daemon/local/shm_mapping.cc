@@ -13,8 +13,12 @@
 
 namespace wb::local {
 
-absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::Open(const std::string& name,
-                                                             uint64_t offset, uint64_t length) {
+namespace {
+
+// Opens `name` and checks that it holds [offset, offset + length); on success the caller owns
+// *fd and *st describes the object.
+absl::Status OpenChecked(const std::string& name, uint64_t offset, uint64_t length, int* fd_out,
+                         struct stat* st_out) {
   if (name.empty() || name[0] != '/' || name.find('/', 1) != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
         "shared-memory name '", name, "' must start with '/' and contain no other '/'"));
@@ -42,13 +46,31 @@ absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::Open(const std::string& 
                                               " bytes, too small for offset ", offset, " + length ",
                                               length));
   }
+  *fd_out = fd;
+  *st_out = st;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::Open(const std::string& name,
+                                                             uint64_t offset, uint64_t length) {
+  int fd = -1;
+  struct stat st {};
+  if (auto s = OpenChecked(name, offset, length, &fd, &st); !s.ok()) return s;
+  auto mapping = Map(name, fd, offset, length);
+  close(fd);
+  return mapping;
+}
+
+absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::Map(const std::string& name, int fd,
+                                                            uint64_t offset, uint64_t length) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t aligned = offset / page * page;
   const uint64_t map_length = offset - aligned + length;
   void* base = mmap(nullptr, map_length, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
                     static_cast<off_t>(aligned));
   int err = errno;
-  close(fd);
   if (base == MAP_FAILED) {
     return absl::InternalError(
         absl::StrCat("mmap of '", name, "' (", map_length, " bytes): ", std::strerror(err)));
@@ -58,5 +80,27 @@ absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::Open(const std::string& 
 }
 
 ShmMapping::~ShmMapping() { munmap(base_, map_length_); }
+
+absl::StatusOr<ShmCache::View> ShmCache::Open(const std::string& name, uint64_t offset,
+                                              uint64_t length) {
+  int fd = -1;
+  struct stat st {};
+  if (auto s = OpenChecked(name, offset, length, &fd, &st); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  Entry& entry = entries_[name];
+  std::shared_ptr<ShmMapping> whole = entry.mapping.lock();
+  if (!whole || entry.dev != st.st_dev || entry.ino != st.st_ino ||
+      whole->length() < offset + length) {
+    auto mapped = ShmMapping::Map(name, fd, 0, static_cast<uint64_t>(st.st_size));
+    if (!mapped.ok()) {
+      close(fd);
+      return mapped.status();
+    }
+    whole = std::shared_ptr<ShmMapping>(std::move(*mapped));
+    entry = {st.st_dev, st.st_ino, whole};
+  }
+  close(fd);
+  return View{whole, static_cast<char*>(whole->data()) + offset};
+}
 
 }  // namespace wb::local

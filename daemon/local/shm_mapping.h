@@ -2,11 +2,15 @@
 // read or write the tensor it holds. Unmapped when the last owner lets go.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace wb::local {
 
@@ -25,6 +29,10 @@ class ShmMapping {
   const std::string& name() const { return name_; }
 
  private:
+  friend class ShmCache;
+  // Maps [offset, offset + length) of the open object `fd` (not closed here).
+  static absl::StatusOr<std::unique_ptr<ShmMapping>> Map(const std::string& name, int fd,
+                                                         uint64_t offset, uint64_t length);
   ShmMapping(std::string name, void* base, uint64_t map_length, void* data, uint64_t length)
       : name_(std::move(name)),
         base_(base),
@@ -37,6 +45,29 @@ class ShmMapping {
   uint64_t map_length_;
   void* data_;
   uint64_t length_;
+};
+
+// Maps each shared-memory object once, whole, however many tensors live in it: a process that
+// registers 10^6 small tensors at offsets of one buffer costs one mapping, not 10^6 (the
+// kernel allows ~65 k per process). An object is reused only while some tensor still holds
+// its mapping and only if it is the same object (device and inode) at least as large as needed.
+class ShmCache {
+ public:
+  struct View {
+    std::shared_ptr<ShmMapping> mapping;  // keeps the whole object mapped
+    void* data = nullptr;                 // the first byte of [offset, offset + length)
+  };
+  // Same checks and error texts as ShmMapping::Open.
+  absl::StatusOr<View> Open(const std::string& name, uint64_t offset, uint64_t length);
+
+ private:
+  struct Entry {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    std::weak_ptr<ShmMapping> mapping;
+  };
+  absl::Mutex mu_;
+  std::unordered_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace wb::local

@@ -35,18 +35,42 @@ void RegionRegistry::Changed() {
 
 absl::Status RegionRegistry::CheckConflicts(uint64_t session, const v1::Owner& owner,
                                             const v1::TensorSpec& spec) const {
-  for (const auto& [id, t] : by_region_) {
-    if (t->spec.name() != spec.name()) continue;
-    const bool same_owner = t->owner.role() == owner.role() &&
-                            t->owner.replica() == owner.replica() &&
-                            t->owner.rank() == owner.rank();
+  auto named = by_name_.find(spec.name());
+  if (named == by_name_.end()) return absl::OkStatus();
+  for (uint64_t id : named->second) {
+    const RegisteredTensor& t = *by_region_.at(id);
+    const bool same_owner = t.owner.role() == owner.role() &&
+                            t.owner.replica() == owner.replica() && t.owner.rank() == owner.rank();
     if (same_owner) {
       return absl::AlreadyExistsError(absl::StrCat("tensor '", spec.name(),
                                                    "' is already registered by ", OwnerName(owner),
-                                                   " (pid ", t->owner.pid(), ")"));
+                                                   " (pid ", t.owner.pid(), ")"));
     }
   }
   return absl::OkStatus();
+}
+
+void RegionRegistry::IndexLocked(const RegisteredTensor& t) {
+  by_name_[t.spec.name()].push_back(t.region_id);
+  by_session_[t.session].push_back(t.region_id);
+}
+
+void RegionRegistry::UnindexLocked(const RegisteredTensor& t) {
+  auto drop = [](auto& index, const auto& key, uint64_t id) {
+    auto it = index.find(key);
+    if (it == index.end()) return;
+    auto& ids = it->second;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] == id) {
+        ids[i] = ids.back();
+        ids.pop_back();
+        break;
+      }
+    }
+    if (ids.empty()) index.erase(it);
+  };
+  drop(by_name_, t.spec.name(), t.region_id);
+  drop(by_session_, t.session, t.region_id);
 }
 
 absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
@@ -106,6 +130,7 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
     t->region_id = next_region_++;
     t->descriptor.set_region_id(t->region_id);
     by_region_[t->region_id] = t;
+    IndexLocked(*t);
     ++generation_;
     *layout.mutable_spec() = t->spec;
     *layout.mutable_owner() = t->owner;
@@ -131,9 +156,13 @@ absl::Status RegionRegistry::Unregister(uint64_t session, const std::string& nam
   std::shared_ptr<RegisteredTensor> victim;
   {
     absl::MutexLock lock(&mu_);
-    for (auto it = by_region_.begin(); it != by_region_.end(); ++it) {
-      if (it->second->session == session && it->second->spec.name() == name) {
+    auto named = by_name_.find(name);
+    if (named != by_name_.end()) {
+      for (uint64_t id : named->second) {
+        auto it = by_region_.find(id);
+        if (it->second->session != session) continue;
         victim = it->second;
+        UnindexLocked(*victim);
         by_region_.erase(it);
         ++generation_;
         break;
@@ -153,12 +182,15 @@ int RegionRegistry::WithdrawSession(uint64_t session) {
   std::vector<std::shared_ptr<RegisteredTensor>> victims;
   {
     absl::MutexLock lock(&mu_);
-    for (auto it = by_region_.begin(); it != by_region_.end();) {
-      if (it->second->session == session) {
+    auto owned = by_session_.find(session);
+    if (owned != by_session_.end()) {
+      const std::vector<uint64_t> ids = std::move(owned->second);
+      by_session_.erase(owned);
+      for (uint64_t id : ids) {
+        auto it = by_region_.find(id);
         victims.push_back(it->second);
-        it = by_region_.erase(it);
-      } else {
-        ++it;
+        by_region_.erase(it);
+        UnindexLocked(*victims.back());  // the session's entry is gone already
       }
     }
     if (!victims.empty()) ++generation_;

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -72,12 +73,18 @@ class RegionRegistry {
                               const weightbeam::v1::TensorSpec& spec) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(const RegisteredTensor& t);
+  void IndexLocked(const RegisteredTensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnindexLocked(const RegisteredTensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed();
 
   std::vector<transport::Transport*> transports_;
   MemoryOpener opener_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<RegisteredTensor>> by_region_ ABSL_GUARDED_BY(mu_);
+  // Indexes over by_region_, so a registration checks only same-name tensors and a session's
+  // withdrawal touches only its own: name -> region ids, session -> region ids.
+  std::unordered_map<std::string, std::vector<uint64_t>> by_name_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::vector<uint64_t>> by_session_ ABSL_GUARDED_BY(mu_);
   uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> on_change_;

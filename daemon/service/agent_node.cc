@@ -20,6 +20,7 @@
 #include "daemon/service/controller_link.h"
 #include "daemon/service/memory_opener.h"
 #include "daemon/transport/factory.h"
+#include "proto/message_limits.h"
 
 namespace wb::service {
 
@@ -88,6 +89,7 @@ absl::Status AgentNode::BindLocalSocket() {
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + path, grpc::InsecureServerCredentials());
   builder.RegisterService(local_service_.get());
+  builder.SetMaxReceiveMessageSize(kMaxControlMessageBytes);  // large registration batches
   local_server_ = builder.BuildAndStart();
   if (!local_server_) {
     return absl::UnavailableError(absl::StrCat("cannot listen on Unix socket ", path));
@@ -183,7 +185,11 @@ absl::Status AgentNode::Start() {
   delta_receiver_ = std::make_unique<delta::DeltaReceiver>(config_.name, raw, registry_.get());
   local_service_ = std::make_unique<local::LocalService>(
       registry_.get(), &events_,
-      [this](const std::string&) { metrics_.Error(AgentMetrics::kRegistrationRefused); });
+      [this](const std::string&) { metrics_.Error(AgentMetrics::kRegistrationRefused); },
+      [this] {
+        absl::MutexLock lock(&mu_);
+        return committed_version_;
+      });
   agent_service_ = std::make_unique<AgentService>(this, *guard);
   if (auto s = StartMetrics(); !s.ok()) return s;
   if (auto s = StartStorage(); !s.ok()) return s;
@@ -192,6 +198,7 @@ absl::Status AgentNode::Start() {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config_.listen, *server_credentials, &agent_port_);
   builder.RegisterService(agent_service_.get());
+  builder.SetMaxReceiveMessageSize(kMaxControlMessageBytes);  // plans with millions of ops
   agent_server_ = builder.BuildAndStart();
   if (!agent_server_ || agent_port_ == 0) {
     return absl::UnavailableError(
@@ -199,7 +206,7 @@ absl::Status AgentNode::Start() {
   }
   link_ = std::make_unique<ControllerLink>(
       config_.controller, config_.heartbeat_interval_ms, [this] { return Info(); },
-      [this] { return Layout(); }, *channels);
+      [this] { return Layout(); }, [this] { return registry_->generation(); }, *channels);
   registry_->SetChangeCallback([this] {
     if (link_) link_->LayoutChanged();
   });

@@ -48,6 +48,7 @@ class AgentNode {
   // --- what the Agent service calls ---
   weightbeam::v1::AgentInfo Info() const;
   weightbeam::v1::AgentLayout Layout() const;
+  uint64_t LayoutGeneration() const { return registry_->generation(); }
   absl::Status LoadPlan(const weightbeam::v1::AgentPlan& plan);
   // Delta mode: a receiving-half load fills `resp` with the receive region and slots.
   absl::Status LoadPlan(const weightbeam::v1::AgentPlan& plan,

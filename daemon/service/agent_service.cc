@@ -1,7 +1,5 @@
 #include "daemon/service/agent_service.h"
 
-#include <thread>
-
 #include "proto/status_util.h"
 
 namespace wb::service {
@@ -23,10 +21,18 @@ grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const grpc::S
 }  // namespace
 
 grpc::ServerUnaryReactor* AgentService::Describe(grpc::CallbackServerContext* ctx,
-                                                 const v1::DescribeRequest*,
+                                                 const v1::DescribeRequest* req,
                                                  v1::DescribeResponse* resp) {
   if (auto a = guard_.AdmitController(*ctx, "Agent.Describe"); !a.ok()) return Refuse(ctx, a);
   *resp->mutable_agent() = node_->Info();
+  const uint64_t generation = node_->LayoutGeneration();
+  if (req->known_generation() != 0 && req->known_generation() == generation) {
+    // The caller has this layout already: skip building and sending 10^6 entries.
+    resp->mutable_layout()->set_agent(resp->agent().name());
+    resp->mutable_layout()->set_generation(generation);
+    resp->set_layout_unchanged(true);
+    return Done(ctx, absl::OkStatus());
+  }
   *resp->mutable_layout() = node_->Layout();
   return Done(ctx, absl::OkStatus());
 }
@@ -37,9 +43,8 @@ grpc::ServerUnaryReactor* AgentService::LoadPlan(grpc::CallbackServerContext* ct
   if (auto a = guard_.AdmitController(*ctx, "Agent.LoadPlan"); !a.ok()) return Refuse(ctx, a);
   // Connecting to peers runs handshakes over gRPC: do it off the callback thread.
   auto* reactor = ctx->DefaultReactor();
-  std::thread([this, reactor, req, resp] {
-    reactor->Finish(ToGrpc(node_->LoadPlan(req->plan(), resp)));
-  }).detach();
+  long_calls_.Submit(
+      [this, reactor, req, resp] { reactor->Finish(ToGrpc(node_->LoadPlan(req->plan(), resp))); });
   return reactor;
 }
 
@@ -48,10 +53,10 @@ grpc::ServerUnaryReactor* AgentService::Execute(grpc::CallbackServerContext* ctx
                                                 v1::ExecuteResponse* resp) {
   if (auto a = guard_.AdmitController(*ctx, "Agent.Execute"); !a.ok()) return Refuse(ctx, a);
   auto* reactor = ctx->DefaultReactor();
-  std::thread([this, reactor, req, resp] {
+  long_calls_.Submit([this, reactor, req, resp] {
     *resp->mutable_report() = node_->Execute(*req);
     reactor->Finish(grpc::Status::OK);
-  }).detach();
+  });
   return reactor;
 }
 

@@ -1,8 +1,9 @@
-// The Agent gRPC service: a thin layer from RPCs to AgentNode; long calls (Execute) run on
-// their own thread so gRPC's callback threads never block.
+// The Agent gRPC service: a thin layer from RPCs to AgentNode; long calls (Execute, LoadPlan)
+// run on a pool of reused threads so gRPC's callback threads never block.
 #pragma once
 
 #include "config/call_guard.h"
+#include "daemon/executor/worker_pool.h"
 #include "daemon/service/agent_node.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
@@ -46,6 +47,7 @@ class AgentService final : public weightbeam::v1::Agent::CallbackService {
  private:
   AgentNode* node_;
   security::CallGuard guard_;
+  executor::WorkerPool long_calls_{2};
 };
 
 }  // namespace wb::service

@@ -5,35 +5,56 @@
 
 #include <algorithm>
 
+#include "proto/message_limits.h"
+
 namespace wb::service {
 
 namespace v1 = weightbeam::v1;
 
 namespace {
+using Clock = std::chrono::steady_clock;
+
 void WithDeadline(grpc::ClientContext* ctx, int ms) {
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(ms));
+}
+
+// A layout of 10^6 tensors is ~150 MiB on the wire: give big layouts time to travel.
+int LayoutDeadlineMs(const v1::AgentLayout& layout) { return 5000 + layout.tensors_size() / 20; }
+
+std::unique_ptr<v1::Controller::Stub> NewStub(const security::ChannelFactory& channels,
+                                              const std::string& address, const char* purpose) {
+  grpc::ChannelArguments args;
+  // Reconnect quickly once the controller is back.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  args.SetMaxSendMessageSize(kMaxControlMessageBytes);
+  // Channels with different arguments do not share a connection: heartbeats never queue
+  // behind a large layout.
+  args.SetString("wb.purpose", purpose);
+  return v1::Controller::NewStub(channels.Create(address, args));
 }
 }  // namespace
 
 ControllerLink::ControllerLink(std::string address, uint32_t heartbeat_ms,
                                std::function<v1::AgentInfo()> info,
                                std::function<v1::AgentLayout()> layout,
+                               std::function<uint64_t()> generation,
                                const security::ChannelFactory& channels)
     : address_(std::move(address)),
       heartbeat_ms_(heartbeat_ms),
       info_(std::move(info)),
-      layout_(std::move(layout)) {
-  grpc::ChannelArguments args;
-  // Reconnect quickly once the controller is back.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  stub_ = v1::Controller::NewStub(channels.Create(address_, args));
+      layout_(std::move(layout)),
+      generation_(std::move(generation)) {
+  if (!generation_) generation_ = [this] { return layout_().generation(); };
+  stub_ = NewStub(channels, address_, "heartbeat");
+  report_stub_ = NewStub(channels, address_, "layout");
 }
 
 ControllerLink::~ControllerLink() { Stop(); }
 
 void ControllerLink::Start() {
   thread_ = std::thread([this] { Run(); });
+  reporter_ = std::thread([this] { RunReports(); });
 }
 
 void ControllerLink::Stop() {
@@ -42,11 +63,12 @@ void ControllerLink::Stop() {
     stop_ = true;
   }
   if (thread_.joinable()) thread_.join();
+  if (reporter_.joinable()) reporter_.join();
 }
 
 void ControllerLink::LayoutChanged() {
   absl::MutexLock lock(&mu_);
-  wake_ = true;
+  report_due_ = true;
 }
 
 bool ControllerLink::registered() const {
@@ -55,11 +77,12 @@ bool ControllerLink::registered() const {
 }
 
 bool ControllerLink::Register() {
+  const auto t0 = Clock::now();
   grpc::ClientContext ctx;
-  WithDeadline(&ctx, 5000);
   v1::RegisterAgentRequest req;
   *req.mutable_agent() = info_();
   *req.mutable_layout() = layout_();
+  WithDeadline(&ctx, LayoutDeadlineMs(req.layout()));
   v1::RegisterAgentResponse resp;
   grpc::Status s = stub_->RegisterAgent(&ctx, req, &resp);
   if (!s.ok()) {
@@ -67,7 +90,10 @@ bool ControllerLink::Register() {
     spdlog::warn("cannot register with controller {}: {}", address_, s.error_message());
     return false;
   }
+  absl::MutexLock lock(&mu_);
+  ReportDone(t0);
   epoch_ = resp.epoch();
+  agent_name_ = req.agent().name();
   reported_generation_ = req.layout().generation();
   if (resp.heartbeat_interval_ms() > 0) heartbeat_ms_ = resp.heartbeat_interval_ms();
   spdlog::info("registered with controller {} (epoch {}, {} tensors)", address_, epoch_,
@@ -75,14 +101,24 @@ bool ControllerLink::Register() {
   return true;
 }
 
+void ControllerLink::ReportDone(Clock::time_point started) {
+  last_report_ = Clock::now();
+  const auto cost = std::chrono::duration_cast<std::chrono::milliseconds>(last_report_ - started);
+  report_gap_ = std::max(std::chrono::milliseconds(20), 4 * cost);
+  layout_reports_++;
+}
+
 bool ControllerLink::Heartbeat() {
-  v1::AgentLayout layout = layout_();
+  const uint64_t generation = generation_();
+  v1::HeartbeatRequest req;
+  {
+    absl::MutexLock lock(&mu_);
+    req.set_agent(agent_name_);
+    req.set_epoch(epoch_);
+  }
+  req.set_layout_generation(generation);
   grpc::ClientContext ctx;
   WithDeadline(&ctx, std::max<int>(2000, heartbeat_ms_ * 2));
-  v1::HeartbeatRequest req;
-  req.set_agent(layout.agent());
-  req.set_epoch(epoch_);
-  req.set_layout_generation(layout.generation());
   v1::HeartbeatResponse resp;
   grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
   if (!s.ok()) {
@@ -93,16 +129,65 @@ bool ControllerLink::Heartbeat() {
     spdlog::info("controller {} asks to register again (it restarted)", address_);
     return false;
   }
-  if (resp.send_layout() || layout.generation() != reported_generation_) {
-    grpc::ClientContext lctx;
-    WithDeadline(&lctx, 5000);
-    v1::ReportLayoutRequest lreq;
-    *lreq.mutable_layout() = layout;
-    v1::ReportLayoutResponse lresp;
-    if (!stub_->ReportLayout(&lctx, lreq, &lresp).ok()) return false;
-    reported_generation_ = layout.generation();
-  }
+  absl::MutexLock lock(&mu_);
+  if (resp.send_layout()) report_forced_ = true;
+  if (resp.send_layout() || generation != reported_generation_) report_due_ = true;
   return true;
+}
+
+void ControllerLink::ReportLayout() {
+  const auto t0 = Clock::now();
+  grpc::Status s;
+  int tensors = 0;
+  uint64_t generation = 0;
+  {
+    v1::ReportLayoutRequest req;
+    *req.mutable_layout() = layout_();
+    tensors = req.layout().tensors_size();
+    generation = req.layout().generation();
+    grpc::ClientContext ctx;
+    WithDeadline(&ctx, LayoutDeadlineMs(req.layout()));
+    v1::ReportLayoutResponse resp;
+    s = report_stub_->ReportLayout(&ctx, req, &resp);
+  }
+  absl::MutexLock lock(&mu_);
+  if (!s.ok()) {
+    spdlog::warn("reporting the layout ({} tensors) to controller {} failed: {}", tensors, address_,
+                 s.error_message());
+    report_due_ = true;  // the next heartbeat's answer decides again
+    last_report_ = Clock::now();
+    return;
+  }
+  reported_generation_ = generation;
+  ReportDone(t0);
+}
+
+void ControllerLink::RunReports() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    auto wanted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stop_ || (report_due_ && registered_);
+    };
+    mu_.Await(absl::Condition(&wanted));
+    if (stop_) return;
+    // Coalesce: wait out the gap; the report then carries every change made meanwhile.
+    auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+    const auto next = last_report_ + report_gap_;
+    if (Clock::now() < next) {
+      mu_.AwaitWithTimeout(absl::Condition(&stopped), absl::FromChrono(next - Clock::now()));
+      continue;  // re-check: stopped, or no longer registered
+    }
+    const bool forced = report_forced_;
+    report_due_ = false;
+    report_forced_ = false;
+    mu_.Unlock();
+    const bool changed = forced || generation_() != [this] {
+      absl::MutexLock l(&mu_);
+      return reported_generation_;
+    }();
+    if (changed) ReportLayout();
+    mu_.Lock();
+  }
 }
 
 void ControllerLink::Run() {
@@ -115,21 +200,18 @@ void ControllerLink::Run() {
       registered = registered_;
     }
     bool ok = registered ? Heartbeat() : Register();
+    absl::MutexLock lock(&mu_);
+    registered_ = ok;
     int wait_ms;
-    {
-      absl::MutexLock lock(&mu_);
-      registered_ = ok;
-      if (ok) {
-        backoff_ms = 100;
-        wait_ms = heartbeat_ms_;
-      } else {
-        wait_ms = backoff_ms;
-        backoff_ms = std::min(backoff_ms * 2, 5000);
-      }
-      wake_ = false;
-      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || wake_; };
-      mu_.AwaitWithTimeout(absl::Condition(&woken), absl::Milliseconds(wait_ms));
+    if (ok) {
+      backoff_ms = 100;
+      wait_ms = heartbeat_ms_;
+    } else {
+      wait_ms = backoff_ms;
+      backoff_ms = std::min(backoff_ms * 2, 5000);
     }
+    auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+    mu_.AwaitWithTimeout(absl::Condition(&stopped), absl::Milliseconds(wait_ms));
   }
 }
 

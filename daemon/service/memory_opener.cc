@@ -11,8 +11,8 @@ namespace {
 
 class ShmHold : public registry::MemoryHold {
  public:
-  explicit ShmHold(std::unique_ptr<local::ShmMapping> m) : mapping(std::move(m)) {}
-  std::unique_ptr<local::ShmMapping> mapping;
+  explicit ShmHold(std::shared_ptr<local::ShmMapping> m) : mapping(std::move(m)) {}
+  std::shared_ptr<local::ShmMapping> mapping;
 };
 
 class CudaHold : public registry::MemoryHold {
@@ -28,6 +28,12 @@ gpu::IpcMemoryCache& IpcCache() {
   return *cache;
 }
 
+// Likewise for shared memory: one mapping per object, not per tensor.
+local::ShmCache& ShmCache() {
+  static auto* cache = new local::ShmCache();
+  return *cache;
+}
+
 }  // namespace
 
 bool GpuMemorySupported(std::string* why_not) {
@@ -40,11 +46,11 @@ absl::StatusOr<registry::OpenedMemory> OpenMemory(const weightbeam::v1::MemoryHa
   registry::OpenedMemory m;
   if (handle.has_host_shm()) {
     const auto& h = handle.host_shm();
-    auto mapping = local::ShmMapping::Open(h.shm_name(), h.offset(), h.length());
-    if (!mapping.ok()) return mapping.status();
-    m.ref = {(*mapping)->data(), h.length(), transport::MemoryKind::kHost, -1};
+    auto view = ShmCache().Open(h.shm_name(), h.offset(), h.length());
+    if (!view.ok()) return view.status();
+    m.ref = {view->data, h.length(), transport::MemoryKind::kHost, -1};
     m.location = "host";
-    m.hold = std::make_shared<ShmHold>(std::move(*mapping));
+    m.hold = std::make_shared<ShmHold>(std::move(view->mapping));
     return m;
   }
   std::string why;

@@ -297,8 +297,7 @@ TEST_CASE("malformed registrations and steps are refused by name; the daemons ke
     REQUIRE(bad->Unregister("../../etc").ok());
   }
   SECTION("many tiny tensors from one session") {
-    // 10^4: registration cost grows with the tensors an agent holds (100000 were attempted:
-    // 32042 registered in 120 s on a 2-core machine), so the figure is kept to a bounded run.
+    // 10^4 one request each (scale_test registers 10^5 in batches; register_bench 10^6).
     constexpr int kMany = 10000;
     const auto t0 = std::chrono::steady_clock::now();
     int registered = 0;

@@ -34,6 +34,7 @@ class Cluster {
   // Starts (or restarts) an agent and waits for its socket.
   bool StartAgent(const std::string& agent);
   Process* agent(const std::string& name) { return agents_.at(name).get(); }
+  Process* controller() { return controller_.get(); }
   void KillAgent(const std::string& name, int sig);
   // Kills the controller with `sig` and starts a new one on the same port.
   void RestartController(int sig);

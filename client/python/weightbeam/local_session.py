@@ -28,6 +28,7 @@ _KINDS = {
     types_pb2.Event.KIND_COMMIT: "commit",
     types_pb2.Event.KIND_ABORT: "abort",
 }
+_KIND_SUBSCRIBED = 4  # Event.KIND_SUBSCRIBED (by number: older generated stubs lack the name)
 _END = object()  # ends the request stream
 
 
@@ -138,16 +139,24 @@ class LocalSession:
 
     # ---- events -------------------------------------------------------------------------
 
-    def watch(self):
-        """Subscribes to this node's events. The agent sends nothing to confirm the
-        subscription, so call it early (after registering, before plan()): events published
-        before the agent has seen the call are not replayed."""
+    def watch(self, confirm_timeout=5.0):
+        """Subscribes to this node's events and returns once the agent confirms the
+        subscription (up to ``confirm_timeout`` seconds): every event published after
+        watch() returns is delivered. ``watch_start_version`` is then the agent's committed
+        version at that moment."""
         if self._watcher is not None:
             return
         self._check_open()
-        self._watch_call = self._stub.WatchEvents(local_pb2.WatchEventsRequest())
+        try:
+            request = local_pb2.WatchEventsRequest(send_subscribed=True)
+        except ValueError:  # stubs generated before the field existed
+            request = local_pb2.WatchEventsRequest()
+        self._subscribed = threading.Event()
+        self.watch_start_version = 0
+        self._watch_call = self._stub.WatchEvents(request)
         self._watcher = threading.Thread(target=self._pump_events, name="wb-events", daemon=True)
         self._watcher.start()
+        self._subscribed.wait(confirm_timeout)
 
     def next_event(self, timeout=None):
         """The next Event, or None after ``timeout`` seconds (None: wait for ever). Raises
@@ -229,6 +238,10 @@ class LocalSession:
     def _pump_events(self):
         try:
             for e in self._watch_call:
+                if e.kind == _KIND_SUBSCRIBED:
+                    self.watch_start_version = e.version
+                    self._subscribed.set()
+                    continue
                 self._events.put(Event(_KINDS.get(e.kind, "unspecified"), e.version, e.reason))
             end = WeightbeamError("the agent ended the event stream", "UNAVAILABLE")
         except grpc.RpcError as e:
@@ -236,6 +249,7 @@ class LocalSession:
                 "the event stream was closed" if e.code() == grpc.StatusCode.CANCELLED
                 else f"the agent ended the event stream: {e.details()}", e.code().name)
         self._events.put(end)
+        self._subscribed.set()
 
     def _check_open(self):
         if self._closed:

@@ -1,0 +1,165 @@
+// register_bench: registration at scale. A real wb-controller and two wb-agent processes; a
+// trainer session registers N tiny BF16 tensors (one shared-memory buffer, offsets) in batches
+// of B through LocalSession::RegisterBatch, an inference session registers the N matching
+// destinations; then the controller's view catches up, Plan runs and one step commits.
+// Prints one JSON line: tensors/s per side, seconds until the controller lists every tensor,
+// plan seconds, step seconds, ListTensors seconds, and the agents' peak RSS.
+// Run from the repository root: bazel-bin/tests/bench/register_bench --tensors=1000000
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "client/weightbeam/controller_client.h"
+#include "client/weightbeam/local_session.h"
+#include "client/weightbeam/shared_buffer.h"
+#include "tests/support/cluster.h"
+#include "tests/support/process.h"
+
+namespace v1 = weightbeam::v1;
+using Clock = std::chrono::steady_clock;
+using namespace wb::client;
+
+namespace {
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "register_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// VmHWM of `pid` in MiB (0 when unreadable).
+double PeakRssMiB(pid_t pid) {
+  std::istringstream in(wb::testing::ReadFile("/proc/" + std::to_string(pid) + "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return 0;
+}
+
+// Registers `n` tensors "layer.<i>.w" of 2 elements each (4 bytes at offset 4 i) in batches.
+double RegisterAll(LocalSession& s, const SharedBuffer& buf, int n, int batch) {
+  const auto t0 = Clock::now();
+  std::vector<BufferSlice> slices;
+  for (int i = 0; i < n; i += batch) {
+    slices.clear();
+    for (int k = i; k < std::min(n, i + batch); ++k) {
+      slices.push_back(
+          {TensorInfo{"layer." + std::to_string(k) + ".w", v1::DTYPE_BF16, {2}, {}}, 4ull * k, 4});
+    }
+    if (auto st = s.RegisterBatch(slices, buf); !st.ok()) {
+      Die("registering batch at " + std::to_string(i) + ": " + std::string(st.message()));
+    }
+  }
+  return Since(t0);
+}
+
+int64_t TensorCount(ControllerClient& ctl) {
+  auto st = ctl.Status();
+  if (!st.ok()) return -1;
+  int64_t n = 0;
+  for (const auto& a : st->agents()) n += a.tensors();
+  return n;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"register_bench: registering, listing and planning N tiny tensors"};
+  int tensors = 1000000, batch = 1000, inference_tensors = -1;
+  std::string bin_dir = "bazel-bin";
+  bool step = true;
+  app.add_option("--tensors", tensors, "tensors per side (trainer and inference)");
+  app.add_option("--inference-tensors", inference_tensors,
+                 "destination tensors (default: --tensors); the first ones of the trainer's");
+  app.add_option("--batch", batch, "tensors per RegisterBatch request");
+  app.add_option("--bin-dir", bin_dir, "where controller/wb-controller and daemon/wb-agent are");
+  app.add_flag("!--no-step", step, "skip the step after planning");
+  CLI11_PARSE(app, argc, argv);
+  if (inference_tensors < 0 || inference_tensors > tensors) inference_tensors = tensors;
+
+  wb::testing::ClusterOptions options;
+  options.heartbeat_timeout_ms = 30000;
+  options.extra_agent_yaml = "log_level: warn\n";
+  wb::testing::Cluster cluster(bin_dir, options);
+  auto ctl = ControllerClient::Connect(cluster.controller_address());
+  if (!ctl.ok()) Die(std::string(ctl.status().message()));
+
+  auto src = SharedBuffer::Create(4ull * tensors);
+  auto dst = SharedBuffer::Create(4ull * tensors);
+  if (!src.ok() || !dst.ok()) Die("cannot create shared memory");
+  auto* p = static_cast<uint16_t*>(src->data());
+  for (int64_t i = 0; i < 2ll * tensors; ++i) p[i] = static_cast<uint16_t>(0x3c00 + (i & 0x3ff));
+
+  auto trainer =
+      LocalSession::Connect(cluster.socket("trainer-node"), Identity{v1::ROLE_TRAINER, 0, 0});
+  auto inference =
+      LocalSession::Connect(cluster.socket("inference-node"), Identity{v1::ROLE_INFERENCE, 0, 0});
+  if (!trainer.ok() || !inference.ok()) Die("cannot open sessions");
+
+  const auto t_all = Clock::now();
+  const double src_s = RegisterAll(*trainer, *src, tensors, batch);
+  const double dst_s = RegisterAll(*inference, *dst, inference_tensors, batch);
+  const double registered_s = Since(t_all);
+  // The controller's view: layout reports are coalesced, so it trails the last batch a little.
+  const int64_t total = int64_t{tensors} + inference_tensors;
+  if (!wb::testing::WaitUntil([&] { return TensorCount(*ctl) == total; },
+                              std::chrono::seconds(300))) {
+    Die("the controller never listed " + std::to_string(total) + " tensors (has " +
+        std::to_string(TensorCount(*ctl)) + ")");
+  }
+  const double visible_s = Since(t_all);
+
+  auto t0 = Clock::now();
+  auto listed = ctl->ListTensors("");
+  const double list_s = Since(t0);
+  if (!listed.ok()) Die("ListTensors: " + std::string(listed.status().message()));
+  int64_t listed_n = 0;
+  for (const auto& l : listed->layouts()) listed_n += l.tensors_size();
+
+  v1::ExpectedWorld world;
+  world.set_trainer_ranks(1);
+  world.set_inference_replicas(1);
+  world.set_inference_ranks_per_replica(1);
+  t0 = Clock::now();
+  auto plan = ctl->Plan(world, std::chrono::seconds(60));
+  const double plan_s = Since(t0);
+  if (!plan.ok()) Die("plan: " + std::string(plan.status().message()));
+
+  double step_s = 0;
+  if (step) {
+    t0 = Clock::now();
+    auto r = ctl->Step(1, std::chrono::seconds(600));
+    step_s = Since(t0);
+    if (!r.ok()) Die("step: " + std::string(r.status().message()));
+    if (std::memcmp(src->data(), dst->data(), 4ull * inference_tensors) != 0) Die("bytes differ");
+  }
+
+  nlohmann::json j;
+  j["bench"] = "register";
+  j["trainer_tensors"] = tensors;
+  j["batch"] = batch;
+  j["register_trainer_tensors_per_s"] = tensors / src_s;
+  j["inference_tensors"] = inference_tensors;
+  j["register_inference_tensors_per_s"] = inference_tensors / dst_s;
+  j["register_seconds_both_sides"] = registered_s;
+  j["controller_lists_all_after_s"] = visible_s;
+  j["controller_peak_rss_mib"] = PeakRssMiB(cluster.controller()->pid());
+  j["list_tensors_seconds"] = list_s;
+  j["list_tensors_count"] = listed_n;
+  j["plan_seconds"] = plan_s;
+  j["plan_ops"] = plan->total_ops();
+  j["step_seconds"] = step_s;
+  j["trainer_agent_peak_rss_mib"] = PeakRssMiB(cluster.agent("trainer-node")->pid());
+  j["inference_agent_peak_rss_mib"] = PeakRssMiB(cluster.agent("inference-node")->pid());
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
