@@ -439,7 +439,7 @@ absl::Status AgentNode::Introduce(uint64_t plan_id, const std::vector<std::strin
   }
   // A sender left out of the new plan must not keep writing with what it was given before.
   for (const auto& peer : dropped) {
-    for (auto& t : transports_) t->ForgetPeer(peer);
+    for (auto& t : transports_) t->ForgetPeer(peer, transport::PeerSide::kIncoming);
   }
   spdlog::info("plan {}: {} sender(s) introduced{}", plan_id, senders.size(),
                dropped.empty() ? "" : absl::StrCat(", ", dropped.size(), " disconnected"));

@@ -42,7 +42,8 @@ absl::StatusOr<std::map<std::string, executor::Route>> PeerConnector::Connect(
     auto chosen = Choose(peer);
     if (!chosen.ok()) return chosen.status();
     transport::Transport* t = *chosen;
-    t->ForgetPeer(peer.agent());
+    // Only our own connections: the peer may be sending to us at the same time.
+    t->ForgetPeer(peer.agent(), transport::PeerSide::kOutgoing);
     transport::HandshakeExchange exchange;
     if (peer.agent() == our_name_) {
       exchange = [t, this](const std::string& ours) { return t->Accept(our_name_, ours); };

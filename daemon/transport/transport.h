@@ -43,6 +43,9 @@ struct WriteOp {
   uint64_t length = 0;
 };
 
+// Which of a peer's connections: ours to it (outgoing) or its to us (incoming).
+enum class PeerSide { kBoth, kOutgoing, kIncoming };
+
 using BatchDone = std::function<void(absl::Status)>;
 
 // A connection to one peer agent (several queue pairs / sockets underneath).
@@ -89,8 +92,10 @@ class Transport {
   // Acceptor side: given the initiator's record, prepare to accept it and return our record.
   virtual absl::StatusOr<std::string> Accept(const std::string& peer_name,
                                              const std::string& their_record) = 0;
-  // Forget everything about a peer (it left or the layout changed).
-  virtual void ForgetPeer(const std::string& peer_name) = 0;
+  // Forget a peer (it left or the layout changed): the connections we opened to it, the ones
+  // it opened to us (its keys for our regions are revoked), or both. Two agents may send to
+  // each other, so reconnecting one direction must leave the other alone.
+  virtual void ForgetPeer(const std::string& peer_name, PeerSide side = PeerSide::kBoth) = 0;
 
   virtual void SetArrivalCallback(ArrivalCallback cb) = 0;
 };

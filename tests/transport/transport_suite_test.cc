@@ -293,6 +293,42 @@ TEST_CASE("a sender the receiver forgot cannot write any more", "[transport]") {
   CHECK(dst->bytes == before);
 }
 
+// Two agents that send to each other: when one reconnects its own direction (as before a step
+// after a failed one, or a new plan), the other direction keeps working.
+TEST_CASE("reconnecting one direction leaves the reverse direction working", "[transport]") {
+  auto pair = MakePair();
+  if (!pair->sender->caps().remote) return;  // local: one transport, no directions
+  Transport* a = pair->sender;
+  Transport* b = pair->receiver;
+  auto reverse = b->Connect("receiver", "sender", [a](const std::string& record) {
+    return a->Accept("receiver", record);
+  });
+  REQUIRE(reverse.ok());
+  auto a_src = RegisterBuffer(a, 4096, Access::kSource, 40);
+  auto a_dst = RegisterBuffer(a, 4096, Access::kDestination, 41);
+  auto b_src = RegisterBuffer(b, 4096, Access::kSource, 42);
+  auto b_dst = RegisterBuffer(b, 4096, Access::kDestination, 43);
+  REQUIRE((*reverse)->AddRemoteRegion(a_dst->desc).ok());
+
+  a->ForgetPeer("receiver", PeerSide::kOutgoing);
+  auto forward = a->Connect("sender", "receiver",
+                            [b](const std::string& record) { return b->Accept("sender", record); });
+  INFO(forward.status().ToString());
+  REQUIRE(forward.ok());
+  REQUIRE((*forward)->AddRemoteRegion(b_dst->desc).ok());
+
+  absl::Status back = (*reverse)->WriteBatch(
+      {WriteOp{b_src->desc.region_id(), 0, a_dst->desc.region_id(), 0, 4096}}, kWait);
+  INFO(back.ToString());
+  CHECK(back.ok());
+  CHECK(a_dst->bytes == b_src->bytes);
+  absl::Status forth = (*forward)->WriteBatch(
+      {WriteOp{a_src->desc.region_id(), 0, b_dst->desc.region_id(), 0, 4096}}, kWait);
+  INFO(forth.ToString());
+  CHECK(forth.ok());
+  CHECK(b_dst->bytes == a_src->bytes);
+}
+
 TEST_CASE("a source region does not accept remote writes", "[transport]") {
   auto pair = MakePair();
   auto src = RegisterBuffer(pair->sender, 4096, Access::kSource, 22);

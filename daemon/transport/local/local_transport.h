@@ -33,7 +33,7 @@ class LocalTransport : public Transport {
                                                 const HandshakeExchange& exchange) override;
   absl::StatusOr<std::string> Accept(const std::string& peer_name,
                                      const std::string& their_record) override;
-  void ForgetPeer(const std::string& peer_name) override {}
+  void ForgetPeer(const std::string& peer_name, PeerSide side = PeerSide::kBoth) override {}
   void SetArrivalCallback(ArrivalCallback cb) override;
 
  private:

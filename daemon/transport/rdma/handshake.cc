@@ -75,7 +75,7 @@ absl::StatusOr<std::string> AcceptPeer(VerbsEngine& engine, const std::string& p
   absl::StatusOr<std::vector<QpEndpoint>> remote = ParseHandshake(peer_name, their_record);
   if (!remote.ok()) return remote.status();
   // A peer that reconnects (after an error, or restarted) replaces its previous connection.
-  engine.DestroyConnections(peer_name, /*accepted_only=*/true, "peer reconnected");
+  engine.DestroyConnections(peer_name, PeerSide::kIncoming, "peer reconnected");
   absl::StatusOr<VerbsEngine::NewConnection> created =
       engine.CreateConnection(peer_name, /*accepted=*/true);
   if (!created.ok()) return created.status();

@@ -148,7 +148,7 @@ absl::StatusOr<std::unique_ptr<RdmaTransport>> RdmaTransport::Create(
 
 RdmaTransport::~RdmaTransport() {
   state_->engine->SetArrivalCallback(nullptr);
-  state_->engine->DestroyConnections("", /*accepted_only=*/true, "rdma transport closed");
+  state_->engine->DestroyConnections("", PeerSide::kIncoming, "rdma transport closed");
 }
 
 Capabilities RdmaTransport::caps() const {
@@ -238,9 +238,8 @@ absl::StatusOr<std::string> RdmaTransport::Accept(const std::string& peer_name,
   return AcceptPeer(*state_->engine, peer_name, their_record);
 }
 
-void RdmaTransport::ForgetPeer(const std::string& peer_name) {
-  state_->engine->DestroyConnections(peer_name, /*accepted_only=*/false,
-                                     "peer '" + peer_name + "' forgotten");
+void RdmaTransport::ForgetPeer(const std::string& peer_name, PeerSide side) {
+  state_->engine->DestroyConnections(peer_name, side, "peer '" + peer_name + "' forgotten");
 }
 
 void RdmaTransport::SetArrivalCallback(ArrivalCallback cb) {

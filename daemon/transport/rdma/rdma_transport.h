@@ -81,7 +81,7 @@ class RdmaTransport : public Transport {
                                                 const HandshakeExchange& exchange) override;
   absl::StatusOr<std::string> Accept(const std::string& peer_name,
                                      const std::string& their_record) override;
-  void ForgetPeer(const std::string& peer_name) override;
+  void ForgetPeer(const std::string& peer_name, PeerSide side = PeerSide::kBoth) override;
   // Runs on the poller thread: it must not call back into the transport synchronously.
   void SetArrivalCallback(ArrivalCallback cb) override;
 

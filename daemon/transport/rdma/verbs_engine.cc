@@ -171,13 +171,14 @@ void VerbsEngine::DestroyConnection(uint64_t connection, const std::string& reas
   });
 }
 
-void VerbsEngine::DestroyConnections(const std::string& peer, bool accepted_only,
+void VerbsEngine::DestroyConnections(const std::string& peer, PeerSide side,
                                      const std::string& reason) {
-  RunOrDefer([this, peer, accepted_only, reason] {
+  RunOrDefer([this, peer, side, reason] {
     std::vector<uint64_t> ids;
     for (auto& [id, conn] : connections_) {
-      if ((peer.empty() || conn->peer == peer) && (conn->accepted || !accepted_only))
-        ids.push_back(id);
+      const bool on_side = side == PeerSide::kBoth ||
+                           (side == PeerSide::kIncoming ? conn->accepted : !conn->accepted);
+      if ((peer.empty() || conn->peer == peer) && on_side) ids.push_back(id);
     }
     for (uint64_t id : ids) {
       BreakConnection(*connections_[id], absl::CancelledError(reason));

@@ -98,8 +98,8 @@ class VerbsEngine {
   absl::Status ConnectQps(uint64_t connection, const std::vector<QpEndpoint>& remote);
   // Fails its queued batches, flushes and destroys its queue pairs.
   void DestroyConnection(uint64_t connection, const std::string& reason);
-  // Every connection to `peer` (empty: to anyone), or only the accepted ones.
-  void DestroyConnections(const std::string& peer, bool accepted_only, const std::string& reason);
+  // The connections with `peer` (empty: with anyone) on `side` (incoming: the accepted ones).
+  void DestroyConnections(const std::string& peer, PeerSide side, const std::string& reason);
 
   // Posts `wrs` on the connection; `last` goes out as RDMA_WRITE_WITH_IMM carrying
   // EncodeBatchBytes(bytes) once every other work request has completed. `done` runs once.

@@ -127,8 +127,9 @@ absl::StatusOr<std::string> TcpTransport::Accept(const std::string& peer_name,
   return ours.SerializeAsString();
 }
 
-void TcpTransport::ForgetPeer(const std::string& peer_name) {
-  receiver_->ForgetPeer(peer_name);
+void TcpTransport::ForgetPeer(const std::string& peer_name, PeerSide side) {
+  if (side != PeerSide::kOutgoing) receiver_->ForgetPeer(peer_name);
+  if (side == PeerSide::kIncoming) return;
   std::shared_ptr<TcpPeer> peer;
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
