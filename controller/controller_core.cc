@@ -129,6 +129,12 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
   for (auto& a : membership_.Snapshot()) {
     if (!a.lost) agents.push_back(std::move(a));
   }
+  // An agent lost while the layouts were pulled would silently drop its tensors from the plan
+  // (an empty plan "commits" nothing): check the world again on what the planner will see.
+  if (!WorldComplete(agents, world, &missing)) {
+    return absl::UnavailableError(
+        absl::StrCat("the world changed while planning; missing: ", missing));
+  }
   const uint64_t plan_id = next_plan_id_++;
   auto built = planner_(agents, config_, plan_id);
   if (!built.ok()) return built.status();

@@ -102,6 +102,11 @@ int main(int argc, char** argv) {
       std::vector<std::string>{bin_dir + "/controller/wb-controller", "--config",
                                dir + "/controller.yaml"},
       dir + "/controller.log");
+  if (!wb::testing::WaitUntil([&] { return wb::testing::PortAccepts(controller_port); },
+                              std::chrono::seconds(15))) {
+    Die("wb-controller did not listen on " + controller_address + "; see " + dir +
+        "/controller.log");
+  }
 
   // Agents: a-0000 .. a-(N-1); even ones train, odd ones serve inference (pair = index / 2).
   std::vector<std::unique_ptr<wb::service::AgentNode>> nodes;
