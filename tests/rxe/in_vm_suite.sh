@@ -20,6 +20,12 @@ if [ "${WB_RXE_DEMO:-1}" = "1" ]; then
     --layers 1 --steps 2 || failed=1
 fi
 
+section "delta mode over rdma (rxe0): packed records into receive slots, 1 layer, 3 steps"
+if [ "${WB_RXE_DEMO:-1}" = "1" ]; then
+  timeout 900 "$BIN/tests/demo/wb-demo" --bin-dir "$BIN" --transport=rdma --rdma-device rxe0 \
+    --delta --layers 1 --steps 3 || failed=1
+fi
+
 # ib_write_bw: the server waits for one client; the client retries until the server listens.
 ib_write_bw_once() {
   local args=(-d rxe0 -x 1 -s 1048576 -n "$1" -F)
