@@ -10,8 +10,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "config/call_guard.h"
 #include "config/credentials.h"
 #include "daemon/executor/op_preparer.h"
@@ -270,7 +272,21 @@ absl::Status AgentNode::LoadPlan(const v1::AgentPlan& plan, v1::LoadPlanResponse
     return s;
   }
   if (auto s = ConnectAndLoad(plan); !s.ok()) return s;
+  std::set<std::string> now;
+  for (const auto& p : plan.peers()) now.insert(p.agent());
+  std::vector<std::string> dropped;
   absl::MutexLock lock(&mu_);
+  for (const auto& p : plan_.peers()) {
+    if (!now.count(p.agent())) dropped.push_back(p.agent());
+  }
+  // Peers the new plan no longer writes to: close our connections and forget their keys.
+  for (const auto& peer : dropped) {
+    for (auto& t : transports_) t->ForgetPeer(peer, transport::PeerSide::kOutgoing);
+  }
+  if (!dropped.empty()) {
+    spdlog::info("plan {}: closed the connections to {} peer(s) no longer in the plan: {}",
+                 plan.plan_id(), dropped.size(), absl::StrJoin(dropped, ", "));
+  }
   plan_ = plan;
   plan_id_ = plan.plan_id();
   reconnect_ = false;

@@ -432,3 +432,44 @@ TEST_CASE("a sender dropped from the plan is disconnected by its receiver and re
   CHECK_THAT(s.error_message(),
              Catch::Contains("agent 'trainer-a' was not introduced by the controller"));
 }
+
+TEST_CASE("a sender closes its connections to a receiver dropped from the plan") {
+  ClusterOptions options;
+  options.agents = {"trainer-node", "inference-a", "inference-b"};
+  Cluster cluster(wb::testing::Runfile(""), options);
+  WaitForController(cluster);
+  const uint64_t bytes = 64 * 256 * 2;
+  auto src = SharedBuffer::Create(bytes, "src");
+  auto dst_a = SharedBuffer::Create(bytes, "dst-a");
+  auto dst_b = SharedBuffer::Create(bytes, "dst-b");
+  REQUIRE((src.ok() && dst_a.ok() && dst_b.ok()));
+  std::memset(src->data(), 0x5c, bytes);
+  TensorInfo t{"lm_head.weight", v1::DTYPE_BF16, {64, 256}, {}};
+  auto trainer = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
+  REQUIRE(trainer.ok());
+  REQUIRE(trainer->Register(t, *src, 0, bytes).ok());
+  auto ctl = ControllerClient::Connect(cluster.controller_address(), ControllerClient::Security{});
+  REQUIRE(ctl.ok());
+  {
+    // Plan 1: inference-a holds replica 0 rank 0 and receives.
+    auto a = LocalSession::Connect(cluster.socket("inference-a"), {v1::ROLE_INFERENCE, 0, 0});
+    REQUIRE(a.ok());
+    REQUIRE(a->Register(t, *dst_a, 0, bytes).ok());
+    v1::ExpectedWorld world;
+    world.set_trainer_ranks(1);
+    world.set_inference_replicas(1);
+    world.set_inference_ranks_per_replica(1);
+    REQUIRE(ctl->Plan(world, std::chrono::seconds(20)).ok());
+    REQUIRE(ctl->Step(1).ok());
+    CHECK(std::memcmp(dst_a->data(), src->data(), bytes) == 0);
+  }  // the inference process on inference-a leaves
+  auto b = LocalSession::Connect(cluster.socket("inference-b"), {v1::ROLE_INFERENCE, 0, 0});
+  REQUIRE(b.ok());
+  REQUIRE(b->Register(t, *dst_b, 0, bytes).ok());
+  auto step = wb::testing::WaitUntil([&] { return ctl->Step(2).ok(); }, std::chrono::seconds(15));
+  REQUIRE(step);
+  CHECK(std::memcmp(dst_b->data(), src->data(), bytes) == 0);
+  CHECK_THAT(cluster.Log("trainer-node"),
+             Catch::Contains("closed the connections to 1 peer(s) no longer in the plan: "
+                             "inference-a"));
+}

@@ -128,11 +128,17 @@ class TwoNodes(unittest.TestCase):
     def source(self, name):
         return np.concatenate([t.shards[name] for t in self.trainers])
 
-    def train_step(self):
-        """What an optimizer step does to the weights: new values in place."""
+    def train_step(self, fraction=1.0):
+        """What an optimizer step does to the weights: new values in place (in `fraction` of
+        the elements)."""
         for t in self.trainers:
             for name, shard in t.shards.items():
-                shard[...] = random_bf16(self.rng, shard.shape)
+                fresh = random_bf16(self.rng, shard.shape)
+                if fraction >= 1.0:
+                    shard[...] = fresh
+                else:
+                    picked = self.rng.random(shard.shape) < fraction
+                    shard[picked] = fresh[picked]
 
     def assert_worker_holds_sources(self):
         got = self.worker.arrays
@@ -170,13 +176,30 @@ class TwoNodes(unittest.TestCase):
         self.assertFalse(caught.exception.result.ok)
         self.assertEqual(self.ctl.status().last_committed_version, 2)
 
+        # Delta mode for this plan: an anchor step, then a step that changes ~1% of the
+        # elements ships only those, and the worker still holds every byte.
+        summary = self.ctl.plan(TRAINERS, 1, 1, wait_s=30, delta=True)
+        self.assertTrue(summary.delta.enabled)
+        for version, sparse in ((3, False), (4, True)):
+            self.train_step(fraction=0.01 if sparse else 1.0)
+            result = self.ctl.step(version)
+            self.assertEqual(result.delta_anchor, not sparse)
+            self.assertGreater(result.bytes_dense, 0)
+            if sparse:
+                self.assertGreater(result.delta_ops, 0)
+                self.assertLess(result.bytes * 5, result.bytes_dense)
+            else:
+                self.assertEqual(result.bytes, result.bytes_dense)
+            self.assert_worker_holds_sources()
+            self.assertEqual(self.next_events(2), [("begin", version), ("commit", version)])
+
         # A trainer withdraws a shard; once the controller knows, the next step cannot be
         # planned and the error says why.
         self.trainers[1].session.unregister("layers.0.w")
         wait_until(lambda: not self.held_by_trainer(1, "layers.0.w"), 10,
                    "the controller to see the shard withdrawn")
         with self.assertRaises(weightbeam.StepFailed) as caught:
-            self.ctl.step(3)
+            self.ctl.step(5)
         message = str(caught.exception)
         self.assertTrue(message.startswith("cannot plan: "), message)
         self.assertIn("layers.0.w [256, 384] among the trainers leave holes: rows [128, 256) held "

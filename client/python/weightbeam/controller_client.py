@@ -60,13 +60,18 @@ class ControllerClient:
         self._stub = controller_pb2_grpc.ControllerStub(self._channel)
 
     def plan(self, trainer_ranks=0, inference_replicas=0, inference_ranks_per_replica=0,
-             wait_s=30.0):
+             wait_s=30.0, delta=None):
         """Waits (up to ``wait_s``) for the world to be complete, plans, loads the plan on the
-        senders; returns the PlanSummary. All zeros: the world from the controller's config."""
+        senders; returns the PlanSummary. All zeros: the world from the controller's config.
+        ``delta``: True / False turns delta mode on / off for this plan (and the plans made
+        after a layout change); None keeps the controller's configuration."""
         world = controller_pb2.ExpectedWorld(
             trainer_ranks=trainer_ranks, inference_replicas=inference_replicas,
             inference_ranks_per_replica=inference_ranks_per_replica)
-        request = controller_pb2.PlanRequest(world=world, wait_ms=int(wait_s * 1000))
+        choice = {None: controller_pb2.DELTA_CHOICE_CONFIG, True: controller_pb2.DELTA_CHOICE_ON,
+                  False: controller_pb2.DELTA_CHOICE_OFF}[delta]
+        request = controller_pb2.PlanRequest(world=world, wait_ms=int(wait_s * 1000),
+                                             delta=choice)
         return self._unary(self._stub.Plan, request, "Plan", wait_s + 60).summary
 
     def step(self, version, timeout_s=0):
