@@ -31,23 +31,11 @@ using wb::testing::Cluster;
 using wb::testing::ClusterOptions;
 using wb::testing::ControllerTlsYaml;
 using wb::testing::kTestToken;
+using wb::testing::Output;
 using wb::testing::Process;
+using wb::testing::Wbctl;
 
 namespace {
-
-struct Output {
-  int code;
-  std::string text;
-};
-
-Output Wbctl(const std::string& dir, std::vector<std::string> args) {
-  static int n = 0;
-  const std::string log = dir + "/wbctl-" + std::to_string(n++) + ".out";
-  args.insert(args.begin(), wb::testing::Runfile("client/wbctl"));
-  Process p(args, log);
-  int code = p.Wait(std::chrono::seconds(60));
-  return {code, wb::testing::ReadFile(log)};
-}
 
 size_t Lines(const std::string& s) {
   size_t n = 0;

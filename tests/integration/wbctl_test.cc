@@ -11,23 +11,11 @@
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
 using wb::testing::Cluster;
+using wb::testing::Output;
 using wb::testing::Process;
+using wb::testing::Wbctl;
 
 namespace {
-
-struct Output {
-  int code;
-  std::string text;
-};
-
-Output Wbctl(const std::string& dir, std::vector<std::string> args) {
-  static int n = 0;
-  const std::string log = dir + "/wbctl-" + std::to_string(n++) + ".out";
-  args.insert(args.begin(), wb::testing::Runfile("client/wbctl"));
-  Process p(args, log);
-  int code = p.Wait(std::chrono::seconds(60));
-  return {code, wb::testing::ReadFile(log)};
-}
 
 nlohmann::json Json(const Output& o) {
   INFO(o.text);

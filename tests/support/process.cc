@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -121,6 +123,15 @@ std::string ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+Output Wbctl(const std::string& dir, std::vector<std::string> args) {
+  static std::atomic<int> n{0};
+  const std::string log = dir + "/wbctl-" + std::to_string(n++) + ".out";
+  args.insert(args.begin(), Runfile("client/wbctl"));
+  Process p(args, log);
+  const int code = p.Wait(std::chrono::seconds(60));
+  return {code, ReadFile(log)};
 }
 
 }  // namespace wb::testing

@@ -42,4 +42,12 @@ std::string TempDir(const std::string& prefix);
 std::string Runfile(const std::string& path);
 std::string ReadFile(const std::string& path);
 
+// A finished command: its exit status (-1 on timeout) and everything it printed.
+struct Output {
+  int code;
+  std::string text;
+};
+// Runs the `wbctl` of the test's runfiles with `args` (60 s at most), its output kept in `dir`.
+Output Wbctl(const std::string& dir, std::vector<std::string> args);
+
 }  // namespace wb::testing
