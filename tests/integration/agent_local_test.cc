@@ -3,6 +3,7 @@
 // process that is killed has its regions withdrawn.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -76,14 +77,16 @@ TEST_CASE("registered tensors appear in Describe and go when their process is ki
                              2 * 1024 * 2)
                   .ok() &&
               session->Register(Bf16("layer.1.weight", {4, 512}), *buf, 4096, 4 * 512 * 2).ok();
-    char c = ok ? 'y' : 'n';
-    (void)!write(ready[1], &c, 1);
+    // 'y' and the shared-memory name: SIGKILL leaves the object behind for the parent to remove.
+    const std::string reply = (ok ? "y" : "n") + (buf.ok() ? buf->shm_name() : "");
+    (void)!write(ready[1], reply.data(), reply.size());
     pause();
     _exit(0);
   }
-  char c = 0;
-  REQUIRE(read(ready[0], &c, 1) == 1);
-  REQUIRE(c == 'y');
+  char reply[256] = {};
+  REQUIRE(read(ready[0], reply, sizeof(reply) - 1) >= 1);
+  REQUIRE(reply[0] == 'y');
+  const std::string child_shm = reply + 1;
 
   v1::AgentLayout layout = agent.Layout();
   REQUIRE(layout.tensors_size() == 2);
@@ -106,6 +109,7 @@ TEST_CASE("registered tensors appear in Describe and go when their process is ki
   waitpid(child, nullptr, 0);
   CHECK(wb::testing::WaitUntil([&] { return agent.Layout().tensors_size() == 0; },
                                std::chrono::seconds(10)));
+  shm_unlink(child_shm.c_str());
 }
 
 TEST_CASE("bad registrations are refused with the tensor named; the agent keeps serving") {
