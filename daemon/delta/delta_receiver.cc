@@ -91,11 +91,12 @@ absl::Status DeltaReceiver::Load(const v1::AgentPlan& plan, v1::LoadPlanResponse
                          region, " is not registered on agent ", agent_));
       }
       if (t->memory.kind != transport::MemoryKind::kHost) {
-        return absl::UnimplementedError(absl::StrCat(
-            "delta mode: destination tensor '", t->spec.name(), "' on agent ", agent_, " is in ",
-            t->location,
-            " memory; applying deltas to GPU memory is not supported yet (set the controller's "
-            "delta.enabled: false)"));
+        if (absl::Status gpu = GpuScatterAvailable(); !gpu.ok()) {
+          return absl::UnimplementedError(absl::StrCat(
+              "delta mode: destination tensor '", t->spec.name(), "' on agent ", agent_, " is in ",
+              t->location, " memory and deltas cannot be applied to GPU memory here: ",
+              gpu.message(), " (set the controller's delta.enabled: false)"));
+        }
       }
       for (const Segment& s : x.layout.segments) {
         if (s.scales == scales && s.dst_offset + s.length > t->memory.length) {
@@ -177,9 +178,16 @@ absl::Status DeltaReceiver::ApplySlot(const Incoming& in, uint64_t version, uint
     return absl::FailedPreconditionError(absl::StrCat("delta mode: ", OpName(in.src_agent, in.op),
                                                       ": destination withdrawn before commit"));
   }
-  auto s = ApplyToDestination(absl::MakeConstSpan(slot + kSlotHeaderBytes, h.payload_bytes),
-                              in.layout, static_cast<uint8_t*>(dst->memory.addr),
-                              scales ? static_cast<uint8_t*>(scales->memory.addr) : nullptr);
+  const auto packed = absl::MakeConstSpan(slot + kSlotHeaderBytes, h.payload_bytes);
+  const DestinationMemory dst_mem = MemoryOf(dst.get());
+  const DestinationMemory scale_mem = MemoryOf(scales.get());
+  absl::Status s;
+  if (!dst_mem.on_device && !scale_mem.on_device) {
+    s = ApplyToDestination(packed, in.layout, dst_mem.addr, scale_mem.addr);  // host fast path
+  } else {
+    auto list = ResolveDelta(packed, in.layout);
+    s = list.ok() ? gpu_.Scatter(*list, dst_mem, scale_mem, in.op.dst_tensor()) : list.status();
+  }
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("applying the delta of ",
                                                OpName(in.src_agent, in.op), ": ", s.message()));
@@ -197,8 +205,18 @@ absl::StatusOr<uint64_t> DeltaReceiver::DestinationHash(const Incoming& in) cons
     return absl::FailedPreconditionError(
         absl::StrCat(OpName(in.src_agent, in.op), ": destination withdrawn before commit"));
   }
-  return HashDestination(in.layout, static_cast<const uint8_t*>(dst->memory.addr),
-                         scales ? static_cast<const uint8_t*>(scales->memory.addr) : nullptr);
+  const DestinationMemory dst_mem = MemoryOf(dst.get());
+  const DestinationMemory scale_mem = MemoryOf(scales.get());
+  if (!dst_mem.on_device && !scale_mem.on_device) {
+    return HashDestination(in.layout, dst_mem.addr, scale_mem.addr);
+  }
+  return gpu_.Hash(in.layout, dst_mem, scale_mem, in.op.dst_tensor());
+}
+
+DestinationMemory DeltaReceiver::MemoryOf(const registry::RegisteredTensor* t) {
+  if (!t) return {};
+  return {static_cast<uint8_t*>(t->memory.addr), t->memory.kind == transport::MemoryKind::kCuda,
+          t->memory.device};
 }
 
 absl::Status DeltaReceiver::Apply(uint64_t version, uint64_t nonce,

@@ -1,7 +1,8 @@
 // Delta mode, receiving side: one receive region (host memory registered with every transport)
 // with a slot per incoming operation, into which senders write packed deltas one-sidedly; at
-// commit the slots of that attempt are scattered into the destination tensors (CPU), and with
-// verification on, the destinations are hashed and compared with the senders' hashes.
+// commit the slots of that attempt are scattered into the destination tensors (CPU for host
+// memory, a CUDA kernel for GPU memory), and with verification on, the destinations are hashed
+// and compared with the senders' hashes.
 #ifndef WB_DAEMON_DELTA_DELTA_RECEIVER_H_
 #define WB_DAEMON_DELTA_DELTA_RECEIVER_H_
 
@@ -13,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/delta/gpu_apply.h"
 #include "daemon/delta/op_layout.h"
 #include "daemon/registry/region_registry.h"
 #include "daemon/transport/transport.h"
@@ -38,7 +40,8 @@ class DeltaReceiver {
   ~DeltaReceiver();
 
   // Replaces the receive region with one sized for `plan.incoming()` and fills `resp` with its
-  // descriptor and slot table. Destinations must be host memory (named in the error if not).
+  // descriptor and slot table. Destinations in GPU memory need a CUDA build and device (the
+  // error names the tensor and the reason if not).
   absl::Status Load(const weightbeam::v1::AgentPlan& plan, weightbeam::v1::LoadPlanResponse* resp);
 
   // Applies every slot written for (version, nonce), then checks `expected` hashes (those for
@@ -58,11 +61,14 @@ class DeltaReceiver {
                          uint64_t* payload) const;
   absl::StatusOr<uint64_t> DestinationHash(const Incoming& in) const;
   void Release();
+  // Host or device memory of a registered destination region.
+  static DestinationMemory MemoryOf(const registry::RegisteredTensor* t);
 
   const std::string agent_;
   const std::vector<transport::Transport*> transports_;
   const registry::RegionRegistry* registry_;
   const uint64_t fail_commit_version_;  // test hook: WB_TEST_DELTA_FAIL_COMMIT
+  mutable GpuApplier gpu_;              // staging buffers and streams for GPU destinations
 
   absl::Mutex mu_;
   uint8_t* memory_ ABSL_GUARDED_BY(mu_) = nullptr;

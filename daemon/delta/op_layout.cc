@@ -141,8 +141,16 @@ uint64_t HashDestination(const OpLayout& layout, const uint8_t* dst_region,
   return h;
 }
 
-absl::Status ApplyToDestination(absl::Span<const uint8_t> packed, const OpLayout& layout,
-                                uint8_t* dst_region, uint8_t* scale_region) {
+namespace {
+
+struct CheckedDelta {
+  DeltaHeader header;
+  const uint8_t* gaps = nullptr;
+  const uint8_t* values = nullptr;
+};
+
+// Header against the layout, then every index in range and strictly increasing.
+absl::StatusOr<CheckedDelta> CheckDelta(absl::Span<const uint8_t> packed, const OpLayout& layout) {
   auto header = ParseDeltaHeader(packed);
   if (!header.ok()) return header.status();
   if (header->elem_size != layout.elem_size ||
@@ -151,12 +159,13 @@ absl::Status ApplyToDestination(absl::Span<const uint8_t> packed, const OpLayout
         "delta covers ", header->total_elems, " elements of ", header->elem_size,
         " byte(s), the operation has ", layout.flat_bytes, " bytes of ", layout.elem_size));
   }
-  const uint8_t* gaps = packed.data() + kDeltaHeaderBytes;
-  const uint8_t* values = gaps + header->count * header->index_width;
-  // First pass: every index in range and strictly increasing.
+  CheckedDelta d;
+  d.header = *header;
+  d.gaps = packed.data() + kDeltaHeaderBytes;
+  d.values = d.gaps + header->count * header->index_width;
   uint64_t index = 0;
   for (uint64_t i = 0; i < header->count; ++i) {
-    const uint64_t gap = GapAt(gaps, header->index_width, i);
+    const uint64_t gap = GapAt(d.gaps, header->index_width, i);
     if (i > 0 && gap == 0) {
       return absl::InvalidArgumentError(absl::StrCat("delta record ", i, " repeats index ", index));
     }
@@ -166,20 +175,64 @@ absl::Status ApplyToDestination(absl::Span<const uint8_t> packed, const OpLayout
     }
     index += gap;
   }
+  return d;
+}
+
+}  // namespace
+
+absl::Status ApplyToDestination(absl::Span<const uint8_t> packed, const OpLayout& layout,
+                                uint8_t* dst_region, uint8_t* scale_region) {
+  auto d = CheckDelta(packed, layout);
+  if (!d.ok()) return d.status();
+  const DeltaHeader& h = d->header;
+  // Fast path for host memory: scatter straight from the packed records (no lists built).
   switch (layout.elem_size) {
     case 1:
-      ScatterWidth<1>(header->index_width, gaps, values, header->count, layout, dst_region,
-                      scale_region);
+      ScatterWidth<1>(h.index_width, d->gaps, d->values, h.count, layout, dst_region, scale_region);
       break;
     case 2:
-      ScatterWidth<2>(header->index_width, gaps, values, header->count, layout, dst_region,
-                      scale_region);
+      ScatterWidth<2>(h.index_width, d->gaps, d->values, h.count, layout, dst_region, scale_region);
       break;
     default:
-      ScatterWidth<4>(header->index_width, gaps, values, header->count, layout, dst_region,
-                      scale_region);
+      ScatterWidth<4>(h.index_width, d->gaps, d->values, h.count, layout, dst_region, scale_region);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ScatterList> ResolveDelta(absl::Span<const uint8_t> packed, const OpLayout& layout) {
+  auto d = CheckDelta(packed, layout);
+  if (!d.ok()) return d.status();
+  const DeltaHeader& h = d->header;
+  const uint64_t e = static_cast<uint64_t>(layout.elem_size);
+  ScatterList list;
+  list.elem_size = layout.elem_size;
+  list.data_offsets.reserve(h.count);
+  list.data_values.reserve(h.count * e);
+  const Segment* seg = layout.segments.data();
+  const Segment* end = seg + layout.segments.size();
+  uint64_t index = 0;
+  for (uint64_t i = 0; i < h.count; ++i) {
+    index += GapAt(d->gaps, h.index_width, i);
+    const uint64_t byte = index * e;
+    while (seg != end && byte >= seg->flat_offset + seg->length) ++seg;
+    if (seg == end) break;
+    if (byte < seg->flat_offset) continue;  // padding between data and scales
+    auto& offsets = seg->scales ? list.scale_offsets : list.data_offsets;
+    auto& values = seg->scales ? list.scale_values : list.data_values;
+    offsets.push_back(seg->dst_offset + (byte - seg->flat_offset));
+    values.insert(values.end(), d->values + i * e, d->values + (i + 1) * e);
+  }
+  return list;
+}
+
+void ScatterHost(const ScatterList& list, uint8_t* dst_region, uint8_t* scale_region) {
+  const size_t e = static_cast<size_t>(list.elem_size);
+  for (size_t i = 0; i < list.data_offsets.size(); ++i) {
+    std::memcpy(dst_region + list.data_offsets[i], list.data_values.data() + i * e, e);
+  }
+  for (size_t i = 0; i < list.scale_offsets.size(); ++i) {
+    std::memcpy(scale_region + list.scale_offsets[i], list.scale_values.data() + i * e, e);
+  }
 }
 
 }  // namespace wb::delta

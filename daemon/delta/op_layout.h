@@ -1,7 +1,8 @@
 // Delta mode over the network: how one plan operation's transformed bytes (its "flat" staging
 // layout: dense rows, then FP8 block scales) map onto its destination regions, the header of a
-// receive slot, a destination hash for verification, and applying a packed delta straight into
-// strided destination memory. Shared by the sending and the receiving agent.
+// receive slot, a destination hash for verification, and applying a packed delta into strided
+// destination memory (straight, or resolved to offsets + values for a GPU scatter). Shared by
+// the sending and the receiving agent.
 #ifndef WB_DAEMON_DELTA_OP_LAYOUT_H_
 #define WB_DAEMON_DELTA_OP_LAYOUT_H_
 
@@ -62,6 +63,24 @@ uint64_t HashDestination(const OpLayout& layout, const uint8_t* dst_region,
 // layout says): on error nothing is written. Records that fall into padding are skipped.
 absl::Status ApplyToDestination(absl::Span<const uint8_t> packed, const OpLayout& layout,
                                 uint8_t* dst_region, uint8_t* scale_region);
+
+// A packed delta resolved against its op's layout: for the data region and for the scale
+// region, the destination byte offset of every record and its value (elem_size bytes each, in
+// record order). Records that fall into padding are dropped. What a GPU scatter copies to the
+// device; ScatterHost(ResolveDelta(...)) writes the same bytes as ApplyToDestination.
+struct ScatterList {
+  int elem_size = 1;
+  std::vector<uint64_t> data_offsets;
+  std::vector<uint8_t> data_values;
+  std::vector<uint64_t> scale_offsets;
+  std::vector<uint8_t> scale_values;
+};
+
+// Checks `packed` exactly as ApplyToDestination does (same errors) and resolves its records.
+absl::StatusOr<ScatterList> ResolveDelta(absl::Span<const uint8_t> packed, const OpLayout& layout);
+
+// Writes a resolved list into host memory (`scale_region` may be null when it has no scales).
+void ScatterHost(const ScatterList& list, uint8_t* dst_region, uint8_t* scale_region);
 
 }  // namespace wb::delta
 

@@ -2,12 +2,15 @@
 // sender's shadow compare into a receive slot and are scattered into strided destination
 // memory (BF16 rows with a row stride, ragged FP8 blocks with their scales). Every case checks
 // the destination against a dense write of the same bytes, bytes outside the op untouched, and
-// that the sender's hash equals the receiver's.
+// that the sender's hash equals the receiver's; every packed delta is also applied through
+// ResolveDelta + ScatterHost (the checks and lists the GPU path uses) and must give the same
+// bytes as ApplyToDestination.
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "daemon/delta/delta_codec.h"
 #include "daemon/delta/delta_sender.h"
 #include "daemon/delta/op_layout.h"
 
@@ -112,10 +115,15 @@ struct Harness {
       CHECK(kSlotHeaderBytes + h.payload_bytes == out->write_bytes);
       CHECK(out->slot_region == 99);
       CHECK(out->slot_offset == 4096);
-      auto s =
-          ApplyToDestination(absl::MakeConstSpan(flat.data() + kSlotHeaderBytes, h.payload_bytes),
-                             layout, receiver.data.data(), receiver.scales.data());
+      const auto packed = absl::MakeConstSpan(flat.data() + kSlotHeaderBytes, h.payload_bytes);
+      Destination resolved = receiver;
+      auto list = ResolveDelta(packed, layout);
+      REQUIRE(list.ok());
+      CHECK(list->data_offsets.size() + list->scale_offsets.size() == out->changed_elems);
+      ScatterHost(*list, resolved.data.data(), resolved.scales.data());
+      auto s = ApplyToDestination(packed, layout, receiver.data.data(), receiver.scales.data());
       REQUIRE(s.ok());
+      CHECK(resolved == receiver);
     } else {
       DenseWrite(layout, expected_flat, &receiver);
     }
@@ -213,12 +221,42 @@ TEST_CASE("a damaged delta is refused before any byte is written", "[delta]") {
   CHECK_FALSE(s.ok());
   CHECK_THAT(std::string(s.message()), Catch::Contains("points past element 128"));
   CHECK(h.receiver == before);
+  auto list = ResolveDelta(packed, h.layout);  // the GPU path refuses it the same way
+  REQUIRE_FALSE(list.ok());
+  CHECK(list.status() == s);
   // A delta of another op's size is refused too.
   OpLayout other = LayoutOf(StridedBf16(8, 8));
   s = ApplyToDestination(absl::MakeConstSpan(flat.data() + kSlotHeaderBytes, hd.payload_bytes),
                          other, h.receiver.data.data(), h.receiver.scales.data());
   CHECK_FALSE(s.ok());
   CHECK(h.receiver == before);
+  CHECK(ResolveDelta(absl::MakeConstSpan(flat.data() + kSlotHeaderBytes, hd.payload_bytes), other)
+            .status() == s);
+}
+
+TEST_CASE("resolved records: destination offsets of strided rows and strided scales", "[delta]") {
+  // FP8 3 x 60: 180 data bytes at flat 0..179, padding to 192, one 4-byte scale at flat 192.
+  v1::TransferOp op = RaggedFp8(3, 60);
+  op.set_dst_offset(100);
+  op.set_dst_stride(64);
+  const OpLayout layout = LayoutOf(op);
+  REQUIRE(layout.flat_bytes == 196);
+  std::vector<uint8_t> shadow(layout.flat_bytes, 0), next(layout.flat_bytes, 0);
+  next[0] = 1;    // row 0, col 0 -> 100
+  next[62] = 2;   // row 1, col 2 -> 100 + 64 + 2
+  next[179] = 3;  // row 2, col 59 -> 100 + 128 + 59
+  next[185] = 9;  // padding: never lands
+  next[195] = 4;  // scale byte 3 -> scale_offset 16 + 3
+  auto enc = EncodeDelta(absl::MakeSpan(shadow), next, 1);
+  REQUIRE(enc.ok());
+  REQUIRE(enc->kind == DeltaEncoding::Kind::kPacked);
+  auto list = ResolveDelta(enc->packed, layout);
+  REQUIRE(list.ok());
+  CHECK(list->elem_size == 1);
+  CHECK(list->data_offsets == std::vector<uint64_t>{100, 166, 287});
+  CHECK(list->data_values == std::vector<uint8_t>{1, 2, 3});
+  CHECK(list->scale_offsets == std::vector<uint64_t>{19});
+  CHECK(list->scale_values == std::vector<uint8_t>{4});
 }
 
 }  // namespace wb::delta
