@@ -198,21 +198,29 @@ class ChangeScanner {
         if (m == 0) continue;
         std::memcpy(shadow_ + off, next_ + off, kChunkBytes);
         const uint64_t base = off / E;
-        do {
-          const uint64_t idx = base + static_cast<uint64_t>(__builtin_ctzll(m)) / E;
-          const uint64_t gap = idx - last;
-          last = idx;
-          max_gap = std::max(max_gap, gap);
-          if (__builtin_expect(gap >= Records::kBigGap, 0)) {
-            AddBigGap(rec_, gap);
-            *gaps++ = Records::kBigGap;
-          } else {
-            *gaps++ = static_cast<uint32_t>(gap);
-          }
+        // Only a chunk's first record can have a gap above 63 elements (which alone can widen
+        // the index or be 2^32 - 1 or more), so only it is checked.
+        uint64_t idx = base + static_cast<uint64_t>(__builtin_ctzll(m)) / E;
+        const uint64_t gap = idx - last;
+        max_gap = std::max(max_gap, gap);
+        if (__builtin_expect(gap >= Records::kBigGap, 0)) {
+          AddBigGap(rec_, gap);
+          *gaps++ = Records::kBigGap;
+        } else {
+          *gaps++ = static_cast<uint32_t>(gap);
+        }
+        std::memcpy(values, next_ + idx * E, E);
+        values += E;
+        m &= m - 1;
+        while (m != 0) {
+          const uint64_t at = base + static_cast<uint64_t>(__builtin_ctzll(m)) / E;
+          *gaps++ = static_cast<uint32_t>(at - idx);
+          idx = at;
           std::memcpy(values, next_ + idx * E, E);
           values += E;
           m &= m - 1;
-        } while (m != 0);
+        }
+        last = idx;
       }
       rec_.last = last;
       rec_.max_gap = max_gap;
