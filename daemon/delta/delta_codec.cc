@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <thread>
 
@@ -57,9 +59,12 @@ struct Records {
   uint64_t count = 0;
   uint64_t last = 0;     // absolute index of the last record (begin_elem when none)
   uint64_t max_gap = 0;  // record 0's gap from begin_elem is a lower bound of its true gap
-  std::unique_ptr<uint32_t[]> gaps;
-  std::unique_ptr<uint8_t[]> values;  // count * elem_size bytes
-  uint64_t capacity = 0;              // records gaps and values have room for
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint32_t[], Free> gaps;
+  std::unique_ptr<uint8_t[], Free> values;  // count * elem_size bytes
+  uint64_t capacity = 0;                    // records gaps and values have room for
   std::vector<uint64_t> big_gaps;
 
   uint64_t Gap(uint64_t i, size_t& big) const {
@@ -71,18 +76,18 @@ struct Records {
   }
 };
 
-// Makes room for `need` records (rarely: capacity doubles). Out of line, so the scan loops
-// stay small.
+// Makes room for `need` records (rarely: capacity doubles). realloc lets large arrays grow
+// without a copy (glibc remaps their pages). Out of line, so the scan loops stay small.
 __attribute__((noinline)) void Grow(Records& r, uint64_t need, int elem_size) {
   const uint64_t capacity = std::max<uint64_t>({need, 2 * r.capacity, 1 << 14});
-  std::unique_ptr<uint32_t[]> gaps(new uint32_t[capacity]);
-  std::unique_ptr<uint8_t[]> values(new uint8_t[capacity * elem_size]);
-  if (r.count > 0) {
-    std::memcpy(gaps.get(), r.gaps.get(), r.count * sizeof(uint32_t));
-    std::memcpy(values.get(), r.values.get(), r.count * elem_size);
-  }
-  r.gaps = std::move(gaps);
-  r.values = std::move(values);
+  void* gaps = std::realloc(r.gaps.get(), capacity * sizeof(uint32_t));
+  if (gaps == nullptr) throw std::bad_alloc();
+  r.gaps.release();
+  r.gaps.reset(static_cast<uint32_t*>(gaps));
+  void* values = std::realloc(r.values.get(), capacity * elem_size);
+  if (values == nullptr) throw std::bad_alloc();
+  r.values.release();
+  r.values.reset(static_cast<uint8_t*>(values));
   r.capacity = capacity;
 }
 
