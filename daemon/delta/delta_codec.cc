@@ -13,7 +13,11 @@
 #include <string>
 #include <thread>
 
-#if defined(__x86_64__)
+// WB_DELTA_NO_AVX2 builds only the portable scan, to test it on an AVX2 machine:
+//   bazel test --per_file_copt=daemon/delta/delta_codec.cc@-DWB_DELTA_NO_AVX2 \
+//       //tests/transform:delta_codec_test
+#if defined(__x86_64__) && !defined(WB_DELTA_NO_AVX2)
+#define WB_DELTA_AVX2 1
 #include <immintrin.h>
 #endif
 
@@ -127,7 +131,7 @@ struct PortableChunks {
   }
 };
 
-#if defined(__x86_64__)
+#if defined(WB_DELTA_AVX2)
 struct Avx2Chunks {
   template <int E>
   __attribute__((target("avx2"))) static uint64_t Mask(const uint8_t* a, const uint8_t* b) {
@@ -280,7 +284,7 @@ class ChangeScanner {
   uint64_t unpublished_ = 0;
 };
 
-#if defined(__x86_64__)
+#if defined(WB_DELTA_AVX2)
 // The scan loop compiled for AVX2 (flatten inlines the loop and the mask into this body).
 template <int E>
 __attribute__((target("avx2"), flatten)) bool ScanAvx2(ChangeScanner<E>& scanner) {
@@ -290,7 +294,7 @@ __attribute__((target("avx2"), flatten)) bool ScanAvx2(ChangeScanner<E>& scanner
 
 template <int E>
 bool ChangeScanner<E>::Run() {
-#if defined(__x86_64__)
+#if defined(WB_DELTA_AVX2)
   if (HaveAvx2()) return ScanAvx2<E>(*this);
 #endif
   return Scan<PortableChunks>();
