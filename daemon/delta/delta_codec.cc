@@ -61,8 +61,10 @@ struct Records {
   static constexpr uint32_t kBigGap = 0xffffffff;
   uint64_t begin_elem = 0;  // record 0's gap counts from here
   uint64_t count = 0;
-  uint64_t last = 0;     // absolute index of the last record (begin_elem when none)
-  uint64_t max_gap = 0;  // record 0's gap from begin_elem is a lower bound of its true gap
+  uint64_t last = 0;  // absolute index of the last record (begin_elem when none)
+  // Largest gap, counting only gaps that can exceed 63 elements (a chunk's first record; the
+  // others cannot change the width). Record 0's gap from begin_elem bounds its true gap below.
+  uint64_t max_gap = 0;
   struct Free {
     void operator()(void* p) const { std::free(p); }
   };
