@@ -1,6 +1,7 @@
 // Delta codec throughput on a 7168 x 18432 bf16 buffer (264 MB) with a given fraction of
-// elements changed at random positions. One JSON line per fraction: `encode_gbps` and
-// `apply_gbps` count the dense buffer bytes covered per second.
+// elements changed, at random positions ("random") or in runs of 16 consecutive elements at
+// random places ("clustered"). One JSON line per case: `encode_gbps` and `apply_gbps` count the
+// dense buffer bytes covered per second.
 //
 //   bazel run -c opt //tests/bench:delta_codec_bench -- [--elems N] [--iters N] [--threads N]
 // (encode uses --threads, default all cores; apply is single-threaded)
@@ -46,10 +47,24 @@ int Main(int argc, char** argv) {
     const uint64_t r = next_rand();
     std::memcpy(old.data() + i, &r, std::min<uint64_t>(8, bytes - i));
   }
-  for (double fraction : {0.0, 0.001, 0.01, 0.05}) {
+  struct Case {
+    double fraction;
+    bool clustered;
+  };
+  for (Case c : {Case{0.0, false}, Case{0.001, false}, Case{0.01, false}, Case{0.026, false},
+                 Case{0.05, false}, Case{0.026, true}, Case{0.05, true}}) {
+    const double fraction = c.fraction;
     std::vector<uint8_t> next = old;
     const uint64_t changes = static_cast<uint64_t>(elems * fraction);
-    for (uint64_t c = 0; c < changes; ++c) next[(next_rand() % elems) * 2] ^= 1;
+    if (c.clustered) {
+      constexpr uint64_t kRun = 16;
+      for (uint64_t done = 0; done < changes; done += kRun) {
+        const uint64_t start = next_rand() % (elems - kRun);
+        for (uint64_t k = 0; k < kRun; ++k) next[(start + k) * 2] ^= 1;
+      }
+    } else {
+      for (uint64_t k = 0; k < changes; ++k) next[(next_rand() % elems) * 2] ^= 1;
+    }
     std::vector<uint8_t> shadow(bytes), receiver(bytes);
     double encode = 1e30, apply = 1e30;
     DeltaEncoding enc;
@@ -73,12 +88,13 @@ int Main(int argc, char** argv) {
       return 1;
     }
     std::printf(
-        "{\"bench\":\"delta_codec\",\"elem_size\":2,\"threads\":%d,\"elems\":%llu,\"changed_"
+        "{\"bench\":\"delta_codec\",\"pattern\":\"%s\",\"elem_size\":2,\"threads\":%d,\"elems\":%"
+        "llu,\"changed_"
         "fraction\":%g,"
         "\"changed\":%llu,\"packed_bytes\":%zu,\"dense_bytes\":%llu,\"encode_seconds\":%.6f,"
         "\"encode_gbps\":%.3f,\"apply_seconds\":%.6f,\"apply_gbps\":%.3f}\n",
-        threads, static_cast<unsigned long long>(elems), fraction,
-        static_cast<unsigned long long>(enc.changed_elems), enc.packed.size(),
+        c.clustered ? "clustered" : "random", threads, static_cast<unsigned long long>(elems),
+        fraction, static_cast<unsigned long long>(enc.changed_elems), enc.packed.size(),
         static_cast<unsigned long long>(bytes), encode, bytes / encode / 1e9, apply,
         bytes / apply / 1e9);
     std::fflush(stdout);

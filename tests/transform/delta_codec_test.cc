@@ -2,6 +2,7 @@
 // edges, and ApplyDelta's refusal of damaged input without touching the destination.
 #include "daemon/delta/delta_codec.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
@@ -132,6 +133,115 @@ TEST_CASE("sparse random changes round-trip for every element size and ragged le
       next[(elems - 1) * e] ^= 0x10;  // the ragged tail element always changes
       const DeltaEncoding enc = RoundTrip(old, next, e);
       if (elems >= 1000) CHECK(enc.kind == DeltaEncoding::Kind::kPacked);
+    }
+  }
+}
+
+// The packed form by its definition, one element at a time (empty: dense is not larger).
+std::vector<uint8_t> ReferenceEncode(const std::vector<uint8_t>& old,
+                                     const std::vector<uint8_t>& next, int e, uint64_t* count) {
+  std::vector<uint64_t> changed;
+  for (size_t off = 0; off < next.size(); off += e) {
+    if (std::memcmp(old.data() + off, next.data() + off, e) != 0) changed.push_back(off / e);
+  }
+  *count = changed.size();
+  uint64_t max_gap = 0, prev = 0;
+  for (uint64_t idx : changed) {
+    max_gap = std::max(max_gap, idx - prev);
+    prev = idx;
+  }
+  const int width = max_gap <= 0xff ? 1 : max_gap <= 0xffff ? 2 : 4;
+  const size_t size = kDeltaHeaderBytes + changed.size() * (width + e);
+  if (size >= next.size()) return {};
+  std::vector<uint8_t> out;
+  auto put = [&out](uint64_t v, int bytes) {
+    for (int b = 0; b < bytes; ++b) out.push_back(static_cast<uint8_t>(v >> (8 * b)));
+  };
+  put(kDeltaMagic, 4);
+  put(kDeltaVersion, 1);
+  put(e, 1);
+  put(width, 1);
+  put(0, 1);
+  put(next.size() / e, 8);
+  put(changed.size(), 8);
+  prev = 0;
+  for (uint64_t idx : changed) {
+    put(idx - prev, width);
+    prev = idx;
+  }
+  for (uint64_t idx : changed) {
+    for (int b = 0; b < e; ++b) out.push_back(next[idx * e + b]);
+  }
+  return out;
+}
+
+// Changes about `fraction` of the elements of `v`: one random byte of each, at random positions
+// or in runs of 16 elements.
+std::vector<uint8_t> Changed(const std::vector<uint8_t>& v, int e, double fraction, bool runs,
+                             uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> next = v;
+  const size_t elems = v.size() / e;
+  const size_t changes = static_cast<size_t>(elems * fraction);
+  const size_t run = runs ? 16 : 1;
+  for (size_t done = 0; done < changes; done += run) {
+    const size_t start = rng() % elems;
+    for (size_t k = start; k < std::min(elems, start + run); ++k) {
+      next[k * e + rng() % e] ^= static_cast<uint8_t>(1 + rng() % 255);
+    }
+  }
+  return next;
+}
+
+void CheckAgainstReference(const std::vector<uint8_t>& old, const std::vector<uint8_t>& next, int e,
+                           int threads) {
+  uint64_t count = 0;
+  const std::vector<uint8_t> want = ReferenceEncode(old, next, e, &count);
+  std::vector<uint8_t> shadow = old;
+  absl::StatusOr<DeltaEncoding> enc = EncodeDelta(absl::MakeSpan(shadow), next, e, threads);
+  REQUIRE(enc.ok());
+  const bool shadow_updated = shadow == next;  // (not printed: megabytes)
+  CHECK(shadow_updated);
+  if (want.empty()) {
+    CHECK(enc->kind == DeltaEncoding::Kind::kDense);
+    CHECK(enc->changed_elems <= count);
+  } else {
+    REQUIRE(enc->kind == DeltaEncoding::Kind::kPacked);
+    CHECK(enc->changed_elems == count);
+    const bool same_bytes = enc->packed == want;  // byte for byte (not printed: megabytes)
+    CHECK(same_bytes);
+  }
+}
+
+TEST_CASE("the encoding equals a reference encoder at every density and thread count", "[delta]") {
+  // Lengths below one 64-byte chunk, with a ragged tail after whole chunks and 4 KiB blocks.
+  for (size_t bytes : {size_t{36}, size_t{4096 * 3 + 100}, size_t{(1 << 20) + 36}}) {
+    const std::vector<uint8_t> old = RandomBytes(bytes, static_cast<uint32_t>(bytes));
+    for (int e : {1, 2, 4}) {
+      for (double fraction : {0.0, 0.001, 0.01, 0.026, 0.05, 0.2, 0.45, 0.9}) {
+        for (bool runs : {false, true}) {
+          INFO("bytes " << bytes << " elem " << e << " fraction " << fraction << " runs " << runs);
+          const std::vector<uint8_t> next = Changed(old, e, fraction, runs, 7);
+          CheckAgainstReference(old, next, e, 1);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("large buffers encode like the reference on any number of threads", "[delta]") {
+  const size_t bytes = (33 << 20) + 36;  // four 8 MiB ranges and a ragged tail
+  const std::vector<uint8_t> old = RandomBytes(bytes, 21);
+  for (int e : {1, 2, 4}) {
+    for (double fraction : {0.001, 0.026, 0.05}) {
+      for (bool runs : {false, true}) {
+        const std::vector<uint8_t> next = Changed(old, e, fraction, runs, 8);
+        for (int threads : {1, 2, 4}) {
+          INFO("elem " << e << " fraction " << fraction << " runs " << runs << " threads "
+                       << threads);
+          CheckAgainstReference(old, next, e, threads);
+        }
+      }
     }
   }
 }
