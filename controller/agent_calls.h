@@ -25,6 +25,18 @@ struct CallResult {
   Resp response;
 };
 
+// "agent A: why; agent B: why" for the calls that failed; empty when all succeeded.
+template <typename Resp>
+std::string FailedCalls(const std::vector<CallResult<Resp>>& results) {
+  std::string out;
+  for (const auto& r : results) {
+    if (r.status.ok()) continue;
+    if (!out.empty()) out += "; ";
+    out += "agent " + r.agent + ": " + r.status.error_message();
+  }
+  return out;
+}
+
 // Channels to agents, by control endpoint, reused across calls.
 class AgentChannels {
  public:

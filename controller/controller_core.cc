@@ -149,13 +149,7 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
       return s;
     }
   }
-  std::vector<CallTarget<v1::LoadPlanRequest>> targets;
   for (const auto& [agent, plan] : built->agent_plans) {
-    CallTarget<v1::LoadPlanRequest> t;
-    t.agent = agent;
-    t.endpoint = Endpoint(endpoints, agent);
-    *t.request.mutable_plan() = plan;
-    targets.push_back(std::move(t));
     for (const auto& op : plan.ops()) receivers.insert(op.dst_agent());
   }
   // Receivers accept handshakes only from the senders introduced here, so this goes first.
@@ -163,19 +157,9 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
     has_plan_ = false;
     return s;
   }
-  auto results = CallAll<v1::LoadPlanRequest, v1::LoadPlanResponse>(
-      &channels_, targets, std::chrono::milliseconds(30000),
-      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->LoadPlan(c, q, r, d); });
-  std::vector<std::string> errors;
-  for (const auto& r : results) {
-    if (!r.status.ok()) {
-      errors.push_back(absl::StrCat("agent ", r.agent, ": ", r.status.error_message()));
-    }
-  }
-  if (!errors.empty()) {
+  if (std::string failed = FailedCalls(LoadPlans(built->agent_plans, endpoints)); !failed.empty()) {
     has_plan_ = false;
-    return absl::UnavailableError(
-        absl::StrCat("loading the plan failed: ", absl::StrJoin(errors, "; ")));
+    return absl::UnavailableError(absl::StrCat("loading the plan failed: ", failed));
   }
   plan_ = std::move(*built);
   has_plan_ = true;
@@ -215,17 +199,25 @@ absl::Status ControllerCore::IntroduceSenders(const BuiltPlan& built,
     for (const auto& s : senders_of[a.info.name()]) t.request.add_senders(s);
     targets.push_back(std::move(t));
   }
-  std::vector<std::string> errors;
-  for (const auto& r : CallAll<v1::IntroduceRequest, v1::IntroduceResponse>(
-           &channels_, targets, std::chrono::milliseconds(10000),
-           [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Introduce(c, q, r, d); })) {
-    if (!r.status.ok()) {
-      errors.push_back(absl::StrCat("agent ", r.agent, ": ", r.status.error_message()));
-    }
+  const std::string failed = FailedCalls(CallAll<v1::IntroduceRequest, v1::IntroduceResponse>(
+      &channels_, targets, std::chrono::milliseconds(10000),
+      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Introduce(c, q, r, d); }));
+  if (failed.empty()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("introducing senders to receivers failed: ", failed));
+}
+
+std::vector<CallResult<v1::LoadPlanResponse>> ControllerCore::LoadPlans(
+    std::map<std::string, v1::AgentPlan> plans,
+    const std::map<std::string, std::string>& endpoints) {
+  std::vector<CallTarget<v1::LoadPlanRequest>> targets;
+  for (auto& [agent, plan] : plans) {
+    CallTarget<v1::LoadPlanRequest> t{agent, Endpoint(endpoints, agent), {}};
+    *t.request.mutable_plan() = std::move(plan);
+    targets.push_back(std::move(t));
   }
-  if (errors.empty()) return absl::OkStatus();
-  return absl::UnavailableError(
-      absl::StrCat("introducing senders to receivers failed: ", absl::StrJoin(errors, "; ")));
+  return CallAll<v1::LoadPlanRequest, v1::LoadPlanResponse>(
+      &channels_, targets, std::chrono::milliseconds(30000),
+      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->LoadPlan(c, q, r, d); });
 }
 
 absl::Status ControllerCore::LoadDeltaReceivers(
@@ -246,27 +238,15 @@ absl::Status ControllerCore::LoadDeltaReceivers(
       *in->mutable_op() = op;
     }
   }
-  std::vector<CallTarget<v1::LoadPlanRequest>> targets;
   for (auto& [receiver, half] : halves) {
     half.set_agent(receiver);
     half.set_plan_id(built->summary.plan_id());
     half.set_delta_receive(true);
     *half.mutable_delta() = settings;
-    CallTarget<v1::LoadPlanRequest> t;
-    t.agent = receiver;
-    t.endpoint = Endpoint(endpoints, receiver);
-    *t.request.mutable_plan() = std::move(half);
-    targets.push_back(std::move(t));
   }
-  auto results = CallAll<v1::LoadPlanRequest, v1::LoadPlanResponse>(
-      &channels_, targets, std::chrono::milliseconds(30000),
-      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->LoadPlan(c, q, r, d); });
-  std::vector<std::string> errors;
+  const auto results = LoadPlans(std::move(halves), endpoints);
   for (const auto& r : results) {
-    if (!r.status.ok()) {
-      errors.push_back(absl::StrCat("agent ", r.agent, ": ", r.status.error_message()));
-      continue;
-    }
+    if (!r.status.ok()) continue;
     for (const auto& slot : r.response.delta_slots()) {
       auto it = built->agent_plans.find(slot.src_agent());
       if (it != built->agent_plans.end()) *it->second.add_delta_slots() = slot;
@@ -277,9 +257,9 @@ absl::Status ControllerCore::LoadDeltaReceivers(
       }
     }
   }
-  if (!errors.empty()) {
+  if (std::string failed = FailedCalls(results); !failed.empty()) {
     return absl::UnavailableError(
-        absl::StrCat("loading the delta receive regions failed: ", absl::StrJoin(errors, "; ")));
+        absl::StrCat("loading the delta receive regions failed: ", failed));
   }
   return absl::OkStatus();
 }

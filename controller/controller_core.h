@@ -64,6 +64,10 @@ class ControllerCore {
   absl::Status IntroduceSenders(const BuiltPlan& built, const std::vector<AgentRecord>& agents,
                                 uint64_t plan_id,
                                 const std::map<std::string, std::string>& endpoints);
+  // Loads each agent's plan (Agent.LoadPlan, in parallel) and returns every answer.
+  std::vector<CallResult<weightbeam::v1::LoadPlanResponse>> LoadPlans(
+      std::map<std::string, weightbeam::v1::AgentPlan> plans,
+      const std::map<std::string, std::string>& endpoints);
   // Asks every alive agent for its current layout (Describe) and records changes.
   absl::Status RefreshLayouts();
   void AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,

@@ -93,7 +93,6 @@ absl::StatusOr<OpOutcome> DeltaSender::Encode(const v1::TransferOp& op, OpState&
   OpOutcome out;
   if (step.verify) out.hash = HashFlat(l, flat);
   if (step.anchor || !st.valid) {
-    st.valid = false;
     st.shadow.assign(flat, flat + l.flat_bytes);
     st.valid = true;
     out.changed_elems = l.flat_bytes / l.elem_size;  // unknown: counted as all

@@ -72,7 +72,7 @@ grpc::ServerUnaryReactor* AgentService::Commit(grpc::CallbackServerContext* ctx,
   if (req->step_nonce() == 0) return Done(ctx, node_->Commit(req->version()));
   // Delta mode: applying the deltas takes a while; do it off the callback thread.
   auto* reactor = ctx->DefaultReactor();
-  std::thread([this, reactor, req] { reactor->Finish(ToGrpc(node_->Commit(*req))); }).detach();
+  long_calls_.Submit([this, reactor, req] { reactor->Finish(ToGrpc(node_->Commit(*req))); });
   return reactor;
 }
 
