@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "config/credentials.h"
-#include "proto/message_limits.h"
+#include "common/grpc/credentials.h"
+#include "common/grpc/message_limits.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
 namespace wb::controller {
@@ -41,7 +41,7 @@ std::string FailedCalls(const std::vector<CallResult<Resp>>& results) {
 class AgentChannels {
  public:
   // TLS and token for channels made from now on (default: insecure, no token).
-  void SetFactory(security::ChannelFactory factory) {
+  void SetFactory(wb::grpcutil::ChannelFactory factory) {
     absl::MutexLock lock(&mu_);
     factory_ = std::move(factory);
     stubs_.clear();
@@ -61,7 +61,7 @@ class AgentChannels {
 
  private:
   absl::Mutex mu_;
-  security::ChannelFactory factory_ ABSL_GUARDED_BY(mu_);
+  wb::grpcutil::ChannelFactory factory_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<weightbeam::v1::Agent::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -14,10 +14,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/grpc/broadcast.h"
 #include "config/config.h"
 #include "controller/agent_calls.h"
 #include "controller/membership.h"
-#include "daemon/local/broadcast.h"
 #include "weightbeam/v1/controller.pb.h"
 
 namespace wb::controller {

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
+#include "common/metrics/metric_registry.h"
 #include "controller/controller_core.h"
-#include "daemon/metrics/registry.h"
 
 namespace wb::controller {
 

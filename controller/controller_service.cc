@@ -3,7 +3,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "proto/status_util.h"
+#include "common/grpc/status_util.h"
 
 namespace wb::controller {
 

@@ -2,8 +2,8 @@
 // their own threads so gRPC's callback threads never block.
 #pragma once
 
-#include "config/call_guard.h"
 #include "controller/controller_core.h"
+#include "security/call_guard.h"
 #include "weightbeam/v1/controller.grpc.pb.h"
 
 namespace wb::controller {

@@ -7,17 +7,17 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "config/call_guard.h"
+#include "common/grpc/credentials.h"
+#include "common/grpc/message_limits.h"
+#include "common/metrics/http_exporter.h"
+#include "common/process/daemon_lifecycle.h"
+#include "common/process/logging.h"
 #include "config/config.h"
-#include "config/credentials.h"
-#include "config/daemon_lifecycle.h"
-#include "config/logging.h"
 #include "controller/controller_core.h"
 #include "controller/controller_metrics.h"
 #include "controller/controller_service.h"
 #include "controller/plan_builder.h"
-#include "daemon/metrics/http_exporter.h"
-#include "proto/message_limits.h"
+#include "security/call_guard.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"wb-controller: plans and coordinates weight transfers"};
@@ -57,8 +57,8 @@ int main(int argc, char** argv) {
 
   // A random epoch tells agents that this is a new incarnation: they register again.
   const uint64_t epoch = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
-  auto server_credentials = wb::security::MakeServerCredentials(config.tls);
-  auto agent_channels = wb::security::ChannelFactory::FromConfig(config.tls);
+  auto server_credentials = wb::grpcutil::MakeServerCredentials(config.tls);
+  auto agent_channels = wb::grpcutil::ChannelFactory::FromConfig(config.tls);
   auto guard = wb::security::CallGuard::FromConfig(config.tls, "wb-controller");
   for (const absl::Status& s :
        {server_credentials.status(), agent_channels.status(), guard.status()}) {

@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <thread>
 
+#include "common/process/daemon_lifecycle.h"
+#include "common/process/logging.h"
 #include "config/config.h"
-#include "config/daemon_lifecycle.h"
-#include "config/logging.h"
 #include "daemon/service/agent_node.h"
 
 int main(int argc, char** argv) {

@@ -5,9 +5,9 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "config/credentials.h"
-#include "proto/message_limits.h"
-#include "proto/status_util.h"
+#include "common/grpc/credentials.h"
+#include "common/grpc/message_limits.h"
+#include "common/grpc/status_util.h"
 #include "weightbeam/v1/controller.grpc.pb.h"
 
 namespace wb::client {
@@ -66,14 +66,14 @@ absl::StatusOr<ControllerClient> ControllerClient::Connect(const std::string& ad
     return absl::InvalidArgumentError(
         "a client certificate needs both a certificate and a key file (--cert and --key)");
   }
-  config::TlsConfig tls;
+  wb::grpcutil::TlsConfig tls;
   tls.enabled = !security.ca_file.empty() || !security.cert_file.empty();
   tls.ca_file = security.ca_file;
   tls.cert_file = security.cert_file;
   tls.key_file = security.key_file;
   tls.token_file = security.token_file;
   tls.server_name = security.server_name;
-  auto channels = wb::security::ChannelFactory::FromConfig(tls);
+  auto channels = wb::grpcutil::ChannelFactory::FromConfig(tls);
   if (!channels.ok()) return channels.status();
   auto impl = std::make_unique<Impl>();
   impl->address = address;

@@ -12,8 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/gpu/cuda_ipc.h"
-#include "proto/status_util.h"
+#include "common/gpu/cuda_ipc.h"
+#include "common/grpc/status_util.h"
 #include "weightbeam/v1/local.grpc.pb.h"
 
 namespace wb::client {

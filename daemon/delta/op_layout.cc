@@ -3,8 +3,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/tensor/tensor_checks.h"
 #include "daemon/delta/delta_codec.h"
-#include "daemon/registry/tensor_checks.h"
 
 namespace wb::delta {
 

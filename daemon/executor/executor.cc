@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/tensor/tensor_checks.h"
 #include "daemon/executor/blocking_queue.h"
-#include "daemon/registry/tensor_checks.h"
 
 namespace wb::executor {
 

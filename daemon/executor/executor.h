@@ -14,10 +14,10 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics/metric_registry.h"
 #include "daemon/delta/delta_sender.h"
 #include "daemon/executor/staging_pool.h"
 #include "daemon/executor/worker_pool.h"
-#include "daemon/metrics/registry.h"
 #include "daemon/registry/region_registry.h"
 #include "daemon/transport/transport.h"
 #include "weightbeam/v1/types.pb.h"

@@ -1,7 +1,7 @@
 #include "daemon/executor/op_preparer.h"
 
 #include "absl/strings/str_cat.h"
-#include "daemon/registry/tensor_checks.h"
+#include "common/tensor/tensor_checks.h"
 #include "daemon/transform/transform.h"
 
 namespace wb::executor {

@@ -3,7 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/registry/tensor_checks.h"
+#include "common/tensor/tensor_checks.h"
 
 namespace wb::registry {
 

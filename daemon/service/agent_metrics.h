@@ -6,7 +6,7 @@
 #include <functional>
 #include <string>
 
-#include "daemon/metrics/registry.h"
+#include "common/metrics/metric_registry.h"
 
 namespace wb::service {
 

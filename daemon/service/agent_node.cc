@@ -14,15 +14,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "config/call_guard.h"
-#include "config/credentials.h"
+#include "common/grpc/credentials.h"
+#include "common/grpc/message_limits.h"
 #include "daemon/executor/op_preparer.h"
 #include "daemon/gpu/cuda_probe.h"
 #include "daemon/service/agent_service.h"
 #include "daemon/service/controller_link.h"
 #include "daemon/service/memory_opener.h"
 #include "daemon/transport/factory.h"
-#include "proto/message_limits.h"
+#include "security/call_guard.h"
 
 namespace wb::service {
 
@@ -175,9 +175,9 @@ absl::Status AgentNode::Start() {
   eopts.write_timeout = std::chrono::milliseconds(config_.executor.write_timeout_ms);
   executor_ =
       std::make_unique<executor::Executor>(registry_.get(), staging_.get(), preparer_.get(), eopts);
-  auto server_credentials = security::MakeServerCredentials(config_.tls);
+  auto server_credentials = wb::grpcutil::MakeServerCredentials(config_.tls);
   if (!server_credentials.ok()) return server_credentials.status();
-  auto channels = security::ChannelFactory::FromConfig(config_.tls);
+  auto channels = wb::grpcutil::ChannelFactory::FromConfig(config_.tls);
   if (!channels.ok()) return channels.status();
   auto guard = security::CallGuard::FromConfig(config_.tls, "agent " + config_.name);
   if (!guard.ok()) return guard.status();

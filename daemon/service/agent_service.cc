@@ -1,6 +1,6 @@
 #include "daemon/service/agent_service.h"
 
-#include "proto/status_util.h"
+#include "common/grpc/status_util.h"
 
 namespace wb::service {
 

@@ -2,9 +2,9 @@
 // run on a pool of reused threads so gRPC's callback threads never block.
 #pragma once
 
-#include "config/call_guard.h"
 #include "daemon/executor/worker_pool.h"
 #include "daemon/service/agent_node.h"
+#include "security/call_guard.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
 namespace wb::service {

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "proto/message_limits.h"
+#include "common/grpc/message_limits.h"
 
 namespace wb::service {
 
@@ -21,7 +21,7 @@ void WithDeadline(grpc::ClientContext* ctx, int ms) {
 // A layout of 10^6 tensors is ~150 MiB on the wire: give big layouts time to travel.
 int LayoutDeadlineMs(const v1::AgentLayout& layout) { return 5000 + layout.tensors_size() / 20; }
 
-std::unique_ptr<v1::Controller::Stub> NewStub(const security::ChannelFactory& channels,
+std::unique_ptr<v1::Controller::Stub> NewStub(const wb::grpcutil::ChannelFactory& channels,
                                               const std::string& address, const char* purpose) {
   grpc::ChannelArguments args;
   // Reconnect quickly once the controller is back.
@@ -39,7 +39,7 @@ ControllerLink::ControllerLink(std::string address, uint32_t heartbeat_ms,
                                std::function<v1::AgentInfo()> info,
                                std::function<v1::AgentLayout()> layout,
                                std::function<uint64_t()> generation,
-                               const security::ChannelFactory& channels)
+                               const wb::grpcutil::ChannelFactory& channels)
     : address_(std::move(address)),
       heartbeat_ms_(heartbeat_ms),
       info_(std::move(info)),

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
-#include "config/credentials.h"
+#include "common/grpc/credentials.h"
 #include "weightbeam/v1/controller.grpc.pb.h"
 
 namespace wb::service {
@@ -26,7 +26,7 @@ class ControllerLink {
                  std::function<weightbeam::v1::AgentInfo()> info,
                  std::function<weightbeam::v1::AgentLayout()> layout,
                  std::function<uint64_t()> generation = nullptr,
-                 const security::ChannelFactory& channels = security::ChannelFactory());
+                 const wb::grpcutil::ChannelFactory& channels = wb::grpcutil::ChannelFactory());
   ~ControllerLink();
 
   void Start();

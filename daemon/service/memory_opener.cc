@@ -1,9 +1,9 @@
 #include "daemon/service/memory_opener.h"
 
 #include "absl/strings/str_cat.h"
-#include "daemon/gpu/cuda_ipc.h"
+#include "common/gpu/cuda_ipc.h"
 #include "daemon/gpu/cuda_probe.h"
-#include "daemon/local/shm_mapping.h"
+#include "daemon/local_api/shm_mapping.h"
 
 namespace wb::service {
 

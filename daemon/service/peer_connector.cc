@@ -4,7 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
-#include "proto/status_util.h"
+#include "common/grpc/status_util.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
 namespace wb::service {
@@ -13,7 +13,7 @@ namespace v1 = weightbeam::v1;
 
 PeerConnector::PeerConnector(std::string our_name,
                              std::map<std::string, transport::Transport*> transports,
-                             security::ChannelFactory channels)
+                             wb::grpcutil::ChannelFactory channels)
     : our_name_(std::move(our_name)),
       transports_(std::move(transports)),
       channels_(std::move(channels)) {}

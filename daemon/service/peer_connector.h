@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "config/credentials.h"
+#include "common/grpc/credentials.h"
 #include "daemon/executor/executor.h"
 #include "daemon/transport/transport.h"
 #include "weightbeam/v1/types.pb.h"
@@ -20,7 +20,7 @@ class PeerConnector {
  public:
   // `transports` by name ("local", "tcp", "rdma"); preference: rdma, tcp (local for ourselves).
   PeerConnector(std::string our_name, std::map<std::string, transport::Transport*> transports,
-                security::ChannelFactory channels = security::ChannelFactory());
+                wb::grpcutil::ChannelFactory channels = wb::grpcutil::ChannelFactory());
 
   absl::StatusOr<std::map<std::string, executor::Route>> Connect(
       const std::vector<weightbeam::v1::PeerIntro>& peers);
@@ -30,7 +30,7 @@ class PeerConnector {
 
   std::string our_name_;
   std::map<std::string, transport::Transport*> transports_;
-  security::ChannelFactory channels_;  // TLS and token for peers' Agent.Handshake
+  wb::grpcutil::ChannelFactory channels_;  // TLS and token for peers' Agent.Handshake
 };
 
 }  // namespace wb::service

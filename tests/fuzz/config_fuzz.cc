@@ -20,7 +20,7 @@ namespace {
 
 using wb::config::AgentConfig;
 using wb::config::ControllerConfig;
-using wb::config::TlsConfig;
+using wb::grpcutil::TlsConfig;
 
 constexpr char kSource[] = "fuzz-input.yaml";
 

@@ -18,7 +18,7 @@
 #include "client/weightbeam/controller_client.h"
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
-#include "config/credentials.h"
+#include "common/grpc/credentials.h"
 #include "tests/support/cluster.h"
 #include "tests/support/test_pki.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
@@ -93,7 +93,7 @@ void PlanAndStep(ControllerClient* ctl, Sides* sides, uint64_t version) {
 // token, for calls the test makes by hand.
 std::unique_ptr<v1::Agent::Stub> AgentStub(const std::string& pki, const std::string& endpoint,
                                            const std::string& cert, bool token, bool tls = true) {
-  wb::config::TlsConfig c;
+  wb::grpcutil::TlsConfig c;
   c.enabled = tls;
   c.ca_file = tls ? pki + "/ca.pem" : "";
   if (!cert.empty()) {
@@ -101,7 +101,7 @@ std::unique_ptr<v1::Agent::Stub> AgentStub(const std::string& pki, const std::st
     c.key_file = pki + "/" + cert + ".key";
   }
   if (token) c.token_file = pki + "/token";
-  auto f = wb::security::ChannelFactory::FromConfig(c);
+  auto f = wb::grpcutil::ChannelFactory::FromConfig(c);
   REQUIRE(f.ok());
   return v1::Agent::NewStub(f->Create(endpoint));
 }

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/metrics/registry.h"
+#include "common/metrics/metric_registry.h"
 
 namespace {
 

@@ -5,8 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/metrics/http_exporter.h"
-#include "daemon/metrics/registry.h"
+#include "common/metrics/http_exporter.h"
+#include "common/metrics/metric_registry.h"
 
 using wb::metrics::Registry;
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/gpu/cuda_ipc.h"
+#include "common/gpu/cuda_ipc.h"
 #include "daemon/gpu/cuda_probe.h"
 #include "daemon/gpu/device_memory.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/gpu/cuda_ipc.h"
+#include "common/gpu/cuda_ipc.h"
 #include "daemon/gpu/device_memory.h"
 
 int main(int argc, char** argv) {

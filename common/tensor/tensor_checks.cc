@@ -1,4 +1,4 @@
-#include "daemon/registry/tensor_checks.h"
+#include "common/tensor/tensor_checks.h"
 
 #include <limits>
 

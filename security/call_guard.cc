@@ -1,4 +1,4 @@
-#include "config/call_guard.h"
+#include "security/call_guard.h"
 
 #include <spdlog/spdlog.h>
 
@@ -7,7 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "config/credentials.h"
+#include "common/grpc/credentials.h"
 
 namespace wb::security {
 namespace {
@@ -40,15 +40,15 @@ std::string Describe(const std::vector<std::string>& names) {
 
 }  // namespace
 
-absl::StatusOr<CallGuard> CallGuard::FromConfig(const config::TlsConfig& tls,
+absl::StatusOr<CallGuard> CallGuard::FromConfig(const wb::grpcutil::TlsConfig& tls,
                                                 const std::string& server) {
   CallGuard g;
   g.server_ = server;
   if (!tls.token_file.empty()) {
-    auto token = ReadTokenFile(tls.token_file);
+    auto token = wb::grpcutil::ReadTokenFile(tls.token_file);
     if (!token.ok()) return token.status();
     g.token_ = *token;
-    WarnIfReadableByOthers("tls.token_file", tls.token_file);
+    wb::grpcutil::WarnIfReadableByOthers("tls.token_file", tls.token_file);
   }
   g.checks_identity_ = tls.enabled && !tls.ca_file.empty();
   if (tls.enabled) g.controller_identity_ = tls.controller_identity;

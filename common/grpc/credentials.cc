@@ -1,4 +1,4 @@
-#include "config/credentials.h"
+#include "common/grpc/credentials.h"
 
 #include <grpcpp/support/client_interceptor.h>
 #include <spdlog/spdlog.h>
@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
-namespace wb::security {
+namespace wb::grpcutil {
 namespace {
 
 absl::StatusOr<std::string> ReadWhole(const std::string& key, const std::string& path) {
@@ -94,7 +94,7 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const config::TlsConfig& tls) {
+    const grpcutil::TlsConfig& tls) {
   if (!tls.enabled) return grpc::InsecureServerCredentials();
   auto cert = ReadPemFile("tls.cert_file", tls.cert_file);
   if (!cert.ok()) return cert.status();
@@ -118,7 +118,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 
 ChannelFactory::ChannelFactory() : credentials_(grpc::InsecureChannelCredentials()) {}
 
-absl::StatusOr<ChannelFactory> ChannelFactory::FromConfig(const config::TlsConfig& tls) {
+absl::StatusOr<ChannelFactory> ChannelFactory::FromConfig(const grpcutil::TlsConfig& tls) {
   ChannelFactory f;
   if (!tls.token_file.empty()) {
     auto token = ReadTokenFile(tls.token_file);
@@ -157,4 +157,4 @@ std::shared_ptr<grpc::Channel> ChannelFactory::Create(const std::string& target,
                                                                  std::move(interceptors));
 }
 
-}  // namespace wb::security
+}  // namespace wb::grpcutil

@@ -1,4 +1,4 @@
-#include "daemon/metrics/http_exporter.h"
+#include "common/metrics/http_exporter.h"
 
 #include <httplib.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-#include "daemon/local/local_service.h"
+#include "daemon/local_api/local_service.h"
 
 #include <spdlog/spdlog.h>
 

@@ -9,9 +9,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "config/config.h"
+#include "common/grpc/tls_config.h"
 
-namespace wb::security {
+namespace wb::grpcutil {
 
 // Reads a PEM file named by config key `key` (e.g. "tls.cert_file"); errors name the key, the
 // path and the cause.
@@ -24,13 +24,13 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 // TLS server credentials when tls.enabled (client certificates required and verified with
 // require_client_cert; requested and verified when only ca_file is set), insecure otherwise.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const config::TlsConfig& tls);
+    const grpcutil::TlsConfig& tls);
 
 // Makes channels to gRPC servers with the configured credentials and token.
 class ChannelFactory {
  public:
   ChannelFactory();  // insecure, no token
-  static absl::StatusOr<ChannelFactory> FromConfig(const config::TlsConfig& tls);
+  static absl::StatusOr<ChannelFactory> FromConfig(const grpcutil::TlsConfig& tls);
 
   std::shared_ptr<grpc::Channel> Create(const std::string& target,
                                         grpc::ChannelArguments args = {}) const;
@@ -50,4 +50,4 @@ class ChannelFactory {
   std::string server_name_;
 };
 
-}  // namespace wb::security
+}  // namespace wb::grpcutil

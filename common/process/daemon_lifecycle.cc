@@ -1,4 +1,4 @@
-#include "config/daemon_lifecycle.h"
+#include "common/process/daemon_lifecycle.h"
 
 #include <spdlog/spdlog.h>
 #include <systemd/sd-daemon.h>

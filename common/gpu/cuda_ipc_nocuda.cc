@@ -1,5 +1,5 @@
 // CUDA IPC in builds without the CUDA toolkit: every call says so.
-#include "daemon/gpu/cuda_ipc.h"
+#include "common/gpu/cuda_ipc.h"
 
 namespace wb::gpu {
 

@@ -1,4 +1,4 @@
-#include "daemon/local/shm_mapping.h"
+#include "daemon/local_api/shm_mapping.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

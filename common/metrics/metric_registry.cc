@@ -1,4 +1,4 @@
-#include "daemon/metrics/registry.h"
+#include "common/metrics/metric_registry.h"
 
 #include <algorithm>
 #include <charconv>

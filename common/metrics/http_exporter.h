@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "daemon/metrics/registry.h"
+#include "common/metrics/metric_registry.h"
 
 namespace httplib {
 class Server;

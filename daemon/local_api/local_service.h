@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "daemon/local/event_bus.h"
+#include "daemon/local_api/event_bus.h"
 #include "daemon/registry/region_registry.h"
 #include "weightbeam/v1/local.grpc.pb.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "config/config.h"
+#include "common/grpc/tls_config.h"
 
 namespace wb::security {
 
@@ -18,7 +18,7 @@ class CallGuard {
  public:
   CallGuard() = default;  // admits everything
   // `server` names this server in messages ("wb-controller", "agent trainer-node").
-  static absl::StatusOr<CallGuard> FromConfig(const config::TlsConfig& tls,
+  static absl::StatusOr<CallGuard> FromConfig(const wb::grpcutil::TlsConfig& tls,
                                               const std::string& server);
 
   // The token, when one is configured.

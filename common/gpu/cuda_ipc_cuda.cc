@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/gpu/cuda_ipc.h"
+#include "common/gpu/cuda_ipc.h"
 
 namespace wb::gpu {
 namespace {

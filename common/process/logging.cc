@@ -1,4 +1,4 @@
-#include "config/logging.h"
+#include "common/process/logging.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 

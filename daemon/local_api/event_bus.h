@@ -1,7 +1,7 @@
 // The agent's begin/commit/abort events, fanned out to local watchers.
 #pragma once
 
-#include "daemon/local/broadcast.h"
+#include "common/grpc/broadcast.h"
 #include "weightbeam/v1/types.pb.h"
 
 namespace wb::local {

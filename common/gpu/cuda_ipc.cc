@@ -1,5 +1,5 @@
 // IpcMemoryCache: one open per allocation, reference-counted leases.
-#include "daemon/gpu/cuda_ipc.h"
+#include "common/gpu/cuda_ipc.h"
 
 #include "absl/strings/str_cat.h"
 
