@@ -95,13 +95,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 }  // namespace
 
-std::vector<FusionRule> DefaultFusionRules() {
-  return {
-      {"qkv_proj.weight", {"q_proj.weight", "k_proj.weight", "v_proj.weight"}, 0},
-      {"gate_up_proj.weight", {"gate_proj.weight", "up_proj.weight"}, 0},
-  };
-}
-
 absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std::string& source) {
   auto node = ParseYaml(yaml, source);
   if (!node.ok()) return node.status();

@@ -12,9 +12,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "controller/planner/plan.h"
-#include "controller/planner/problems.h"
-#include "controller/planner/reshard.h"
+#include "common/planner/plan.h"
+#include "common/planner/problems.h"
+#include "common/planner/reshard.h"
 
 namespace wb::planner::internal {
 

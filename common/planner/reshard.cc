@@ -1,4 +1,4 @@
-#include "controller/planner/reshard.h"
+#include "common/planner/reshard.h"
 
 #include <algorithm>
 

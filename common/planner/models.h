@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "config/config.h"
-#include "controller/planner/layout.h"
+#include "common/planner/layout.h"
+#include "common/planner/name_rules.h"
 
 namespace wb::planner {
 
@@ -67,7 +67,7 @@ struct InferenceOptions {
   int tp = 8;
   int ep = 1;  // expert-parallel groups within a replica; must divide tp
   bool fp8 = true;
-  std::vector<config::FusionRule> fusions = config::DefaultFusionRules();
+  std::vector<FusionRule> fusions = DefaultFusionRules();
   int gpus_per_agent = 8;
   int nics_per_agent = 8;
   double nic_gbps = 50;

@@ -1,4 +1,4 @@
-#include "controller/planner/plan_proto.h"
+#include "common/planner/plan_proto.h"
 
 #include <map>
 #include <set>

@@ -5,7 +5,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "controller/planner/planner_internal.h"
+#include "common/planner/planner_internal.h"
 
 namespace wb::planner {
 uint64_t PlannedOp::DstBytes() const {

@@ -1,4 +1,4 @@
-#include "controller/planner/problems.h"
+#include "common/planner/problems.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,4 +1,4 @@
-#include "controller/planner/layout.h"
+#include "common/planner/layout.h"
 
 #include <cstdlib>
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "controller/planner/layout.h"
-#include "controller/planner/plan.h"
+#include "common/planner/layout.h"
+#include "common/planner/plan.h"
 #include "weightbeam/v1/types.pb.h"
 
 namespace wb::planner {

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "controller/planner/planner_internal.h"
+#include "common/planner/planner_internal.h"
 
 namespace wb::planner {
 namespace internal {

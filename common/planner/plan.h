@@ -8,15 +8,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "config/config.h"
-#include "controller/planner/layout.h"
+#include "common/planner/cost_model.h"
+#include "common/planner/layout.h"
+#include "common/planner/name_rules.h"
 
 namespace wb::planner {
 
 struct PlanOptions {
-  std::vector<config::RenameRule> renames;  // applied to source names, first match wins
-  std::vector<config::FusionRule> fusions;
-  config::CostModelConfig cost;
+  std::vector<RenameRule> renames;  // applied to source names, first match wins
+  std::vector<FusionRule> fusions;
+  CostModel cost;
   // Destinations under "layers.N." go to phase N / layers_per_phase; all other tensors
   // (embeddings, final norm, lm_head) to phase 0. Phases are separated by barriers.
   int layers_per_phase = 8;

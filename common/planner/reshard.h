@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "controller/planner/layout.h"
+#include "common/planner/layout.h"
 
 namespace wb::planner {
 

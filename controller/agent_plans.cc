@@ -1,18 +1,18 @@
-#include "controller/plan_builder.h"
+#include "controller/agent_plans.h"
 
 #include <map>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "controller/planner/plan.h"
-#include "controller/planner/plan_proto.h"
+#include "common/planner/plan.h"
+#include "common/planner/plan_proto.h"
 
 namespace wb::controller {
 
 namespace v1 = weightbeam::v1;
 
-absl::StatusOr<BuiltPlan> BuildPlan(const std::vector<AgentRecord>& agents,
-                                    const config::ControllerConfig& config, uint64_t plan_id) {
+absl::StatusOr<BuiltPlan> PlanForAgents(const std::vector<AgentRecord>& agents,
+                                        const config::ControllerConfig& config, uint64_t plan_id) {
   std::vector<planner::AgentLayout> layouts;
   std::map<std::string, const AgentRecord*> by_name;
   for (const auto& a : agents) {

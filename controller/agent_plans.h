@@ -6,7 +6,7 @@
 
 namespace wb::controller {
 
-absl::StatusOr<BuiltPlan> BuildPlan(const std::vector<AgentRecord>& agents,
-                                    const config::ControllerConfig& config, uint64_t plan_id);
+absl::StatusOr<BuiltPlan> PlanForAgents(const std::vector<AgentRecord>& agents,
+                                        const config::ControllerConfig& config, uint64_t plan_id);
 
 }  // namespace wb::controller

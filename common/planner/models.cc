@@ -1,4 +1,4 @@
-#include "controller/planner/models.h"
+#include "common/planner/models.h"
 
 #include <cstdio>
 #include <map>
@@ -102,7 +102,7 @@ std::vector<DimSlice> Slice1(const std::vector<int64_t>& shape, int dim, int64_t
 
 // Applies fusion rules: parts are replaced by one fused tensor at the first part's position.
 std::vector<ModelTensor> FuseForInference(const std::vector<ModelTensor>& in,
-                                          const std::vector<config::FusionRule>& rules) {
+                                          const std::vector<FusionRule>& rules) {
   std::map<std::string, size_t> by_name;
   for (size_t i = 0; i < in.size(); ++i) by_name[in[i].name] = i;
   std::vector<bool> consumed(in.size(), false);
@@ -111,7 +111,7 @@ std::vector<ModelTensor> FuseForInference(const std::vector<ModelTensor>& in,
     if (consumed[i]) continue;
     const ModelTensor& t = in[i];
     bool fused = false;
-    for (const config::FusionRule& r : rules) {
+    for (const FusionRule& r : rules) {
       const std::string& first = r.parts.front();
       if (t.name.size() < first.size() ||
           t.name.compare(t.name.size() - first.size(), first.size(), first) != 0) {
@@ -323,7 +323,7 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
         e.owner = Owner{Role::kInference, first + c.rank, rep};
         if (fp8) {
           TensorEntry s;
-          s.name = t.name + "_scale_inv";
+          s.name = ScaleTensorName(t.name);
           s.dtype = DTYPE_F32;
           s.shape = {(t.shape[0] + kFp8Block - 1) / kFp8Block,
                      (t.shape[1] + kFp8Block - 1) / kFp8Block};

@@ -6,31 +6,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "controller/planner/planner_internal.h"
+#include "common/planner/planner_internal.h"
 
 namespace wb::planner {
 namespace internal {
 
 void Planner::ApplyRenames() {
   if (options_.renames.empty()) return;
-  std::vector<std::pair<std::regex, std::string>> rules;
-  for (const config::RenameRule& r : options_.renames) {
-    try {
-      std::string fmt = std::regex_replace(r.replacement, std::regex(R"(\\(\d))"), "$$$1");
-      rules.emplace_back(std::regex(r.pattern), fmt);
-    } catch (const std::regex_error& e) {
-      problems_.Add(absl::StrCat("rename rule ", r.pattern, ": invalid regular expression"));
-    }
-  }
+  std::vector<std::string> errors;
+  const RenameRules rules = RenameRules::Compile(options_.renames, &errors);
+  for (std::string& e : errors) problems_.Add(std::move(e));
   for (size_t n = 0; n < infos_.size(); ++n) {
     if (infos_[n].src.empty()) continue;
-    std::string canonical(Name(static_cast<int32_t>(n)));
-    for (const auto& [re, fmt] : rules) {
-      if (std::regex_match(canonical, re)) {
-        canonical = std::regex_replace(canonical, re, fmt);
-        break;
-      }
-    }
+    const std::string canonical = rules.Apply(std::string(Name(static_cast<int32_t>(n))));
     auto [it, inserted] = canonical_.try_emplace(canonical, static_cast<int32_t>(n));
     if (!inserted) {
       problems_.Add(absl::StrCat("sources ", Name(it->second), " and ", Name(n),
@@ -67,7 +55,7 @@ void Planner::ResolveRecipes() {
   for (int32_t n : dst_names_) {
     NameInfo& info = infos_[n];
     if (info.transform != weightbeam::v1::TRANSFORM_FP8_BLOCK) continue;
-    std::string scale = absl::StrCat(Name(n), "_scale_inv");
+    std::string scale = ScaleTensorName(Name(n));
     auto it = name_ids_.find(scale);
     const TensorEntry& w = E(info.dst[0]);
     if (it == name_ids_.end() || infos_[it->second].dst.empty()) {
@@ -124,17 +112,14 @@ void Planner::Resolve(int32_t n) {
     SetTransform(n, s.dtype);
     return;
   }
-  for (const config::FusionRule& rule : options_.fusions) {
-    if (name.size() < rule.fused.size() ||
-        name.compare(name.size() - rule.fused.size(), rule.fused.size(), rule.fused) != 0) {
-      continue;
-    }
-    std::string prefix = name.substr(0, name.size() - rule.fused.size());
+  for (const FusionRule& rule : options_.fusions) {
+    const auto part_names = FusionPartNames(name, rule);
+    if (!part_names) continue;
     std::vector<std::string> missing;
     std::vector<int32_t> ids;
-    for (const std::string& p : rule.parts) {
-      int32_t id = FindSource(prefix + p);
-      if (id < 0) missing.push_back(prefix + p);
+    for (const std::string& part : *part_names) {
+      int32_t id = FindSource(part);
+      if (id < 0) missing.push_back(part);
       ids.push_back(id);
     }
     if (!missing.empty()) {
