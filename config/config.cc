@@ -1,6 +1,7 @@
 #include "config/config.h"
 
 #include <fstream>
+#include <limits>
 #include <regex>
 #include <sstream>
 
@@ -173,6 +174,8 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std:
   {
     YamlReader d = r.Child("delta");
     d.ReadEnum("shadow", {"host", "none"}, &c.delta.shadow);
+    d.ReadInt("test_fail_commit_version", 0, std::numeric_limits<int64_t>::max(),
+              &c.delta.test_fail_commit_version);
     d.RejectUnknownKeys();
   }
   r.RejectUnknownKeys();

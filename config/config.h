@@ -55,6 +55,9 @@ struct StorageConfig {
 // "host": host memory; "none": this agent always sends dense (delta off for it).
 struct AgentDeltaConfig {
   std::string shadow = "host";
+  // Test hook (receiving side): fail the commit of this version after applying half of its
+  // delta slots. 0: off. Set only by tests (tests/integration/delta_test.cc).
+  int64_t test_fail_commit_version = 0;
 };
 
 struct AgentConfig {
