@@ -43,9 +43,12 @@ mount -t tmpfs tmpfs "$R/run"
 [ -f "$H$JOB/binds" ] || { echo "the job's $JOB/binds is not visible over 9p" >"$OUT"; finish 125; }
 while IFS= read -r p; do
   [ -n "$p" ] || continue
-  [ -d "$H$p" ] || { echo "$p: not found on the host (over 9p), cannot map it into the VM" >"$OUT"; finish 125; }
+  if [ ! -d "$H$p" ]; then
+    echo "[vm] $p: not found on the host (over 9p), not mapped into the VM" >"$OUT"
+    continue
+  fi
   mkdir -p "$R$p" && mount --bind "$H$p" "$R$p" ||
-    { echo "binding $p into the VM failed" >"$OUT"; finish 125; }
+    { echo "[vm] binding $p into the VM failed" >"$OUT"; finish 125; }
 done <"$H$JOB/binds"
 
 chroot "$R" /bin/sh "$JOB/cmd.sh" >"$OUT" 2>&1 </dev/null

@@ -117,7 +117,7 @@ guest_paths() {
   local link target
   for link in "$ROOT"/bazel-*; do
     [ -L "$link" ] || continue
-    target=$(readlink -f "$link") || continue
+    target=$(readlink -f "$link") && [ -d "$target" ] || continue
     # bazel-out, bazel-bin, ...: all inside <output base>/execroot/<workspace>/.
     case "$target" in */execroot/*) echo "${target%%/execroot/*}" ;; *) echo "$target" ;; esac
   done
