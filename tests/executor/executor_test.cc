@@ -87,7 +87,7 @@ struct Fixture {
   explicit Fixture(const std::string& transport_name, uint64_t watermark) {
     config::AgentConfig cfg;
     cfg.tcp.listen = "127.0.0.1:0";
-    for (const std::string name : {std::string("local"), transport_name}) {
+    for (const std::string& name : {std::string("local"), transport_name}) {
       if (by_name.count(name)) continue;
       auto t = transport::MakeTransport(name, cfg);
       REQUIRE(t.ok());
