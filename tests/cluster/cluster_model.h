@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "controller/planner/models.h"
+#include "common/planner/models.h"
 
 namespace wb::cluster {
 
