@@ -259,6 +259,7 @@ absl::Status ControllerCore::RefreshLayouts() {
     if (r.response.layout_unchanged()) continue;
     v1::AgentLayout* layout = r.response.mutable_layout();
     layout->set_agent(r.agent);
+    if (auto s = CheckLayout(r.agent, *layout); !s.ok()) return s;
     membership_.ReportLayout(std::move(*layout));
   }
   return absl::OkStatus();

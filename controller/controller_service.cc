@@ -31,8 +31,14 @@ grpc::ServerUnaryReactor* ControllerService::RegisterAgent(grpc::CallbackServerC
   }
   // The request is ours until Finish: move its layout (10^6 tensors are ~1 GB in memory)
   // instead of copying it.
+  if (auto s = CheckLayout(req->agent().name(), req->layout()); !s.ok())
+    return Done(ctx, ToGrpc(s));
   auto* mutable_req = const_cast<v1::RegisterAgentRequest*>(req);
-  core_->membership().Register(req->agent(), std::move(*mutable_req->mutable_layout()));
+  if (auto s = core_->membership().Register(req->agent(), std::move(*mutable_req->mutable_layout()),
+                                            req->incarnation());
+      !s.ok()) {
+    return Done(ctx, ToGrpc(s));
+  }
   resp->set_epoch(core_->membership().epoch());
   resp->set_heartbeat_interval_ms(heartbeat_interval_ms_);
   return Done(ctx, grpc::Status::OK);
@@ -56,8 +62,10 @@ grpc::ServerUnaryReactor* ControllerService::ReportLayout(grpc::CallbackServerCo
     return Done(ctx, s);
   }
   const std::string agent = req->layout().agent();
+  if (auto s = CheckLayout(agent, req->layout()); !s.ok()) return Done(ctx, ToGrpc(s));
   auto* mutable_req = const_cast<v1::ReportLayoutRequest*>(req);  // ours until Finish
-  if (!core_->membership().ReportLayout(std::move(*mutable_req->mutable_layout()))) {
+  if (!core_->membership().IsIncarnation(agent, req->incarnation()) ||
+      !core_->membership().ReportLayout(std::move(*mutable_req->mutable_layout()))) {
     return Done(ctx,
                 grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                              absl::StrCat("agent ", agent, " is not registered; register first")));
@@ -116,7 +124,10 @@ grpc::ServerUnaryReactor* ControllerService::ListTensors(grpc::CallbackServerCon
   for (const auto& a : core_->membership().Snapshot()) {
     if (!req->agent().empty() && a.info.name() != req->agent()) continue;
     found = true;
-    *resp->add_layouts() = *a.layout;
+    auto* layout = resp->add_layouts();
+    *layout = *a.layout;
+    // Region keys authorize remote writes: they go only to the senders a plan introduces.
+    for (auto& t : *layout->mutable_tensors()) t.mutable_region()->clear_keys();
   }
   if (!found) {
     return Done(ctx, grpc::Status(grpc::StatusCode::NOT_FOUND,

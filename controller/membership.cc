@@ -2,15 +2,43 @@
 
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/str_cat.h"
+#include "common/tensor/tensor_checks.h"
+
 namespace wb::controller {
 
 namespace v1 = weightbeam::v1;
 using Clock = std::chrono::steady_clock;
 
+absl::Status CheckLayout(const std::string& agent, const v1::AgentLayout& layout) {
+  for (const auto& t : layout.tensors()) {
+    if (auto s = registry::ValidateTensorSpec(t.spec(), t.region().length()); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("agent ", agent, " reported an invalid layout: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 Membership::Membership(uint64_t epoch, std::chrono::milliseconds heartbeat_timeout)
     : epoch_(epoch), heartbeat_timeout_(heartbeat_timeout) {}
 
-void Membership::Register(const v1::AgentInfo& info, v1::AgentLayout layout) {
+absl::Status Membership::Register(const v1::AgentInfo& info, v1::AgentLayout layout,
+                                  const std::string& incarnation) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = agents_.find(info.name());
+    if (it != agents_.end() && !it->second.lost && it->second.incarnation != incarnation) {
+      spdlog::warn("refused RegisterAgent for '{}' from {}: a live agent at {} holds the name",
+                   info.name(), info.control_endpoint(), it->second.info.control_endpoint());
+      return absl::AlreadyExistsError(
+          absl::StrCat("agent name '", info.name(), "' is held by a live agent at ",
+                       it->second.info.control_endpoint(),
+                       "; another process may take it only after that one "
+                       "is lost (no heartbeat for ",
+                       heartbeat_timeout_.count(), " ms)"));
+    }
+  }
   const int tensors = layout.tensors_size();
   auto shared = std::make_shared<v1::AgentLayout>(std::move(layout));
   shared->set_agent(info.name());
@@ -20,6 +48,7 @@ void Membership::Register(const v1::AgentInfo& info, v1::AgentLayout layout) {
     AgentRecord& r = agents_[info.name()];
     const bool rejoined = r.lost;
     r.info = info;
+    r.incarnation = incarnation;
     old = std::move(r.layout);
     r.layout = std::move(shared);
     r.last_seen = Clock::now();
@@ -29,13 +58,21 @@ void Membership::Register(const v1::AgentInfo& info, v1::AgentLayout layout) {
                  rejoined ? " again" : "", info.control_endpoint(), tensors, info.nics_size());
   }
   old.reset();
+  return absl::OkStatus();
+}
+
+bool Membership::IsIncarnation(const std::string& agent, const std::string& incarnation) const {
+  absl::MutexLock lock(&mu_);
+  auto it = agents_.find(agent);
+  return it != agents_.end() && it->second.incarnation == incarnation;
 }
 
 v1::HeartbeatResponse Membership::Heartbeat(const v1::HeartbeatRequest& req) {
   v1::HeartbeatResponse resp;
   absl::MutexLock lock(&mu_);
   auto it = agents_.find(req.agent());
-  if (it == agents_.end() || req.epoch() != epoch_ || it->second.lost) {
+  if (it == agents_.end() || req.epoch() != epoch_ || it->second.lost ||
+      it->second.incarnation != req.incarnation()) {
     resp.set_reregister(true);
     return resp;
   }

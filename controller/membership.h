@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "weightbeam/v1/controller.pb.h"
 
@@ -22,15 +23,28 @@ struct AgentRecord {
       std::make_shared<const weightbeam::v1::AgentLayout>();
   std::chrono::steady_clock::time_point last_seen;
   bool lost = false;
+  std::string incarnation;  // secret: never copied into answers
 };
+
+// Checks a layout an agent reported before the planner sees it: every tensor's dtype, shape and
+// shard, and that its region length is exactly the shard's bytes (with checked arithmetic: the
+// planner multiplies these numbers). Errors name the agent and the tensor.
+absl::Status CheckLayout(const std::string& agent, const weightbeam::v1::AgentLayout& layout);
 
 class Membership {
  public:
   Membership(uint64_t epoch, std::chrono::milliseconds heartbeat_timeout);
 
   uint64_t epoch() const { return epoch_; }
-  void Register(const weightbeam::v1::AgentInfo& info, weightbeam::v1::AgentLayout layout);
+  // Refused while another live agent holds the name under a different incarnation (it must be
+  // lost first: no heartbeat for heartbeat_timeout).
+  absl::Status Register(const weightbeam::v1::AgentInfo& info, weightbeam::v1::AgentLayout layout,
+                        const std::string& incarnation);
+  // A heartbeat from another incarnation than the registered one is answered "register again"
+  // and does not keep the registered agent alive.
   weightbeam::v1::HeartbeatResponse Heartbeat(const weightbeam::v1::HeartbeatRequest& req);
+  // Whether `agent` is registered under `incarnation` (ReportLayout is refused otherwise).
+  bool IsIncarnation(const std::string& agent, const std::string& incarnation) const;
   // False when the agent is unknown (it must register first).
   bool ReportLayout(const weightbeam::v1::AgentLayout& layout);
   // The same without copying `layout` (a Describe answer the caller owns).

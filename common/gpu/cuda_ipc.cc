@@ -49,7 +49,25 @@ absl::StatusOr<IpcMemoryCache::Lease> IpcMemoryCache::Open(const weightbeam::v1:
                           absl::StrCat("opening CUDA IPC handle on cuda:", ipc.device(), ": ",
                                        base.status().message()));
     }
-    it = entries_.emplace(key, Entry{*base, ipc.device(), 0}).first;
+    absl::StatusOr<uint64_t> size =
+        ops_.size ? ops_.size(*base, ipc.device()) : absl::UnimplementedError("no size query");
+    if (!size.ok()) {
+      ops_.close(*base, ipc.device()).IgnoreError();
+      return absl::Status(size.status().code(),
+                          absl::StrCat("CUDA IPC allocation on cuda:", ipc.device(),
+                                       ": cannot learn its size: ", size.status().message()));
+    }
+    it = entries_.emplace(key, Entry{*base, *size, ipc.device(), 0}).first;
+  }
+  const uint64_t size = it->second.size;
+  if (ipc.length() == 0 || ipc.offset() > size || ipc.length() > size - ipc.offset()) {
+    if (it->second.refs == 0) {
+      ops_.close(it->second.base, it->second.device).IgnoreError();
+      entries_.erase(it);
+    }
+    return absl::OutOfRangeError(absl::StrCat("CUDA IPC range [", ipc.offset(), ", +", ipc.length(),
+                                              ") on cuda:", ipc.device(),
+                                              " is outside its allocation of ", size, " bytes"));
   }
   ++it->second.refs;
   Lease lease;

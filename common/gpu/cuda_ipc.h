@@ -28,6 +28,9 @@ struct IpcOps {
   // Opens the 64-byte handle on `device`; returns the allocation base.
   std::function<absl::StatusOr<void*>(const std::string& handle, int device)> open;
   std::function<absl::Status(void* base, int device)> close;
+  // The size of the opened allocation at `base`, as the driver knows it: the agent checks
+  // every registered range against it, never trusting the offset and length it was sent.
+  std::function<absl::StatusOr<uint64_t>(void* base, int device)> size;
 };
 IpcOps CudaIpcOps();
 
@@ -61,7 +64,8 @@ class IpcMemoryCache {
   explicit IpcMemoryCache(IpcOps ops = CudaIpcOps()) : ops_(std::move(ops)) {}
   ~IpcMemoryCache();  // closes whatever is still open
 
-  // Opens (or reuses) the allocation named by ipc.ipc_handle() on ipc.device().
+  // Opens (or reuses) the allocation named by ipc.ipc_handle() on ipc.device(). Refuses a
+  // range [offset, offset + length) that does not lie inside that allocation.
   absl::StatusOr<Lease> Open(const weightbeam::v1::CudaIpc& ipc);
 
   size_t open_allocations() const;
@@ -69,6 +73,7 @@ class IpcMemoryCache {
  private:
   struct Entry {
     void* base = nullptr;
+    uint64_t size = 0;
     int device = 0;
     int refs = 0;
   };

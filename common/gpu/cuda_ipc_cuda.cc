@@ -107,6 +107,22 @@ IpcOps CudaIpcOps() {
     if (!s.ok()) return s;
     return base;
   };
+  ops.size = [](void* base, int device) -> absl::StatusOr<uint64_t> {
+    auto range = AddressRangeFn();
+    if (!range.ok()) return range.status();
+    size_t size = 0;
+    absl::Status s = OnDevice(device, [&]() -> absl::Status {
+      CUdeviceptr b = 0;
+      if (CUresult r = (*range)(&b, &size, reinterpret_cast<CUdeviceptr>(base)); r != 0) {
+        return absl::InternalError(absl::StrCat("cuMemGetAddressRange failed with CUresult ", r));
+      }
+      // The mapping may start inside a larger block: count from `base` to its end.
+      size -= reinterpret_cast<CUdeviceptr>(base) - b;
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return static_cast<uint64_t>(size);
+  };
   ops.close = [](void* base, int device) -> absl::Status {
     return OnDevice(device, [&]() -> absl::Status {
       if (cudaError_t err = cudaIpcCloseMemHandle(base); err != cudaSuccess) {

@@ -13,6 +13,9 @@ IpcOps CudaIpcOps() {
     return absl::FailedPreconditionError("built without CUDA");
   };
   ops.close = [](void*, int) { return absl::OkStatus(); };
+  ops.size = [](void*, int) -> absl::StatusOr<uint64_t> {
+    return absl::FailedPreconditionError("built without CUDA");
+  };
   return ops;
 }
 

@@ -103,7 +103,15 @@ absl::Status ValidateTensorSpec(const v1::TensorSpec& spec, uint64_t length) {
           " is outside the global extent ", spec.global_shape(d)));
     }
   }
-  const uint64_t expected = ShardElements(spec) * esize;
+  // The shard's volume is at most the global volume (< 2^62); its byte count may still not
+  // fit in 64 bits (an i64 tensor of 2^61 + 1 elements would wrap around to 8 bytes).
+  const uint64_t elements = ShardElements(spec);
+  if (elements > std::numeric_limits<uint64_t>::max() / esize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": shape [", absl::StrJoin(spec.global_shape(), ", "), "] of ",
+                     DTypeName(spec.dtype()), " needs more than 2^64 bytes"));
+  }
+  const uint64_t expected = elements * esize;
   if (expected != length) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": shape [", absl::StrJoin(spec.global_shape(), ", "), "]",

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/tensor/tensor_checks.h"
 #include "daemon/executor/blocking_queue.h"
+#include "daemon/executor/op_bounds.h"
 
 namespace wb::executor {
 
@@ -325,6 +326,10 @@ void Executor::StageIn(const std::vector<const v1::TransferOp*>& ops, PhaseRun* 
       run->error.Set(absl::FailedPreconditionError(
           absl::StrCat(OpName(*op), ": source region ", op->src_region(),
                        " is gone (its process unregistered or exited)")));
+      break;
+    }
+    if (auto s = CheckSourceOp(*op, job.source->memory.length); !s.ok()) {
+      error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
       break;
     }
     {

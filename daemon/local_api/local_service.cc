@@ -16,6 +16,9 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
  public:
   SessionReactor(LocalService* service, uint64_t id, std::string peer)
       : service_(service), id_(id), peer_(std::move(peer)) {
+    if (service_->credentials_) {
+      if (auto c = service_->credentials_(peer_)) caller_ = *c;
+    }
     service_->active_sessions_++;
     StartRead(&request_);
   }
@@ -73,6 +76,8 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
                       "hello: role must be trainer or inference");
         }
         owner_ = request_.hello();
+        // The pid the kernel reports, not the one claimed (logs and errors show it).
+        if (caller_.known) owner_.set_pid(static_cast<int32_t>(caller_.pid));
         has_owner_ = true;
         return;
       case v1::SessionRequest::kRegister: {
@@ -83,7 +88,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
         // All-or-nothing: on the first failure, undo this request's registrations.
         std::vector<std::string> done;
         for (const auto& reg : request_.register_().tensors()) {
-          auto layout = service_->registry_->Register(id_, owner_, reg);
+          auto layout = service_->registry_->Register(id_, owner_, reg, caller_);
           if (!layout.ok()) {
             for (const auto& name : done) (void)service_->registry_->Unregister(id_, name);
             response_.clear_registered();
@@ -133,6 +138,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
   uint64_t id_;
   std::string peer_;
   bool has_owner_ = false;
+  registry::Caller caller_;  // from SO_PEERCRED; unknown if the connection was not ours
   v1::Owner owner_;
   v1::SessionRequest request_;
   v1::SessionResponse response_;

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -34,6 +35,11 @@ class LocalService final : public weightbeam::v1::Local::CallbackService {
 
   int active_sessions() const { return active_sessions_.load(); }
 
+  // Kernel credentials of the connection a call arrived on, by the call's peer string (see
+  // UnixListener). Without it every memory registration is refused. Set before serving.
+  using CredentialLookup = std::function<std::optional<registry::Caller>(const std::string&)>;
+  void SetCredentialLookup(CredentialLookup lookup) { credentials_ = std::move(lookup); }
+
   // Answers a session's PublishVersion (storage path); runs on its own thread, may take long.
   // Without a handler the request is refused. Set before the socket serves.
   using PublishHandler =
@@ -46,6 +52,7 @@ class LocalService final : public weightbeam::v1::Local::CallbackService {
   EventBus* events_;
   const std::function<void(const std::string& why)> on_refused_;
   PublishHandler on_publish_;
+  CredentialLookup credentials_;
   const std::function<uint64_t()> committed_version_;
   std::atomic<uint64_t> next_session_{1};
   std::atomic<int> active_sessions_{0};

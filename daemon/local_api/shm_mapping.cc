@@ -10,15 +10,16 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace wb::local {
 
 namespace {
 
-// Opens `name` and checks that it holds [offset, offset + length); on success the caller owns
-// *fd and *st describes the object.
-absl::Status OpenChecked(const std::string& name, uint64_t offset, uint64_t length, int* fd_out,
-                         struct stat* st_out) {
+// Opens `name` and checks that `caller` may map it and that it holds [offset, offset + length);
+// on success the caller owns *fd and *st describes the object.
+absl::Status OpenChecked(const std::string& name, uint64_t offset, uint64_t length,
+                         const ShmCaller& caller, int* fd_out, struct stat* st_out) {
   if (name.empty() || name[0] != '/' || name.find('/', 1) != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
         "shared-memory name '", name, "' must start with '/' and contain no other '/'"));
@@ -39,6 +40,10 @@ absl::Status OpenChecked(const std::string& name, uint64_t offset, uint64_t leng
     close(fd);
     return absl::InternalError(absl::StrCat("fstat of '", name, "': ", std::strerror(err)));
   }
+  if (auto s = CheckCallerMayMap(name, st, caller); !s.ok()) {
+    close(fd);
+    return s;
+  }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (offset > size || length > size - offset) {
     close(fd);
@@ -53,11 +58,33 @@ absl::Status OpenChecked(const std::string& name, uint64_t offset, uint64_t leng
 
 }  // namespace
 
+absl::Status CheckCallerMayMap(const std::string& name, const struct stat& st,
+                               const ShmCaller& caller) {
+  if (!S_ISREG(st.st_mode)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("shared-memory object '", name, "' is not a regular file"));
+  }
+  if (caller.uid == 0) return absl::OkStatus();
+  mode_t need = S_IROTH | S_IWOTH;
+  if (st.st_uid == caller.uid) {
+    need = S_IRUSR | S_IWUSR;
+  } else if (st.st_gid == caller.gid) {
+    need = S_IRGRP | S_IWGRP;
+  }
+  if ((st.st_mode & need) == need) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("shared-memory object '", name, "' (owner uid ", st.st_uid, ", gid ", st.st_gid,
+                   ", mode ", absl::StrFormat("%04o", st.st_mode & 07777),
+                   ") may not be read and written by the caller (pid ", caller.pid, ", uid ",
+                   caller.uid, ", gid ", caller.gid, ")"));
+}
+
 absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::Open(const std::string& name,
-                                                             uint64_t offset, uint64_t length) {
+                                                             uint64_t offset, uint64_t length,
+                                                             const ShmCaller& caller) {
   int fd = -1;
   struct stat st {};
-  if (auto s = OpenChecked(name, offset, length, &fd, &st); !s.ok()) return s;
+  if (auto s = OpenChecked(name, offset, length, caller, &fd, &st); !s.ok()) return s;
   auto mapping = Map(name, fd, offset, length);
   close(fd);
   return mapping;
@@ -82,10 +109,10 @@ absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::Map(const std::string& n
 ShmMapping::~ShmMapping() { munmap(base_, map_length_); }
 
 absl::StatusOr<ShmCache::View> ShmCache::Open(const std::string& name, uint64_t offset,
-                                              uint64_t length) {
+                                              uint64_t length, const ShmCaller& caller) {
   int fd = -1;
   struct stat st {};
-  if (auto s = OpenChecked(name, offset, length, &fd, &st); !s.ok()) return s;
+  if (auto s = OpenChecked(name, offset, length, caller, &fd, &st); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   Entry& entry = entries_[name];
   std::shared_ptr<ShmMapping> whole = entry.mapping.lock();

@@ -2,6 +2,7 @@
 // read or write the tensor it holds. Unmapped when the last owner lets go.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -14,12 +15,26 @@
 
 namespace wb::local {
 
+// The process a mapping is made for, from the kernel (SO_PEERCRED).
+struct ShmCaller {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+// The agent runs as root, so its own open() succeeds on anyone's object: after opening it
+// checks that the object is a regular file the caller could open read-write itself by the
+// usual owner / group / other mode bits (the caller's primary group only: SO_PEERCRED carries
+// no supplementary groups). Root callers may map anything, as they could anyway.
+absl::Status CheckCallerMayMap(const std::string& name, const struct stat& st,
+                               const ShmCaller& caller);
+
 class ShmMapping {
  public:
   // Maps [offset, offset + length) of the object `name` read-write. Errors name the object:
   // it does not exist, it is smaller than offset + length, or mapping failed.
   static absl::StatusOr<std::unique_ptr<ShmMapping>> Open(const std::string& name, uint64_t offset,
-                                                          uint64_t length);
+                                                          uint64_t length, const ShmCaller& caller);
   ~ShmMapping();
   ShmMapping(const ShmMapping&) = delete;
   ShmMapping& operator=(const ShmMapping&) = delete;
@@ -58,7 +73,8 @@ class ShmCache {
     void* data = nullptr;                 // the first byte of [offset, offset + length)
   };
   // Same checks and error texts as ShmMapping::Open.
-  absl::StatusOr<View> Open(const std::string& name, uint64_t offset, uint64_t length);
+  absl::StatusOr<View> Open(const std::string& name, uint64_t offset, uint64_t length,
+                            const ShmCaller& caller);
 
  private:
   struct Entry {

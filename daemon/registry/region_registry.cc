@@ -74,7 +74,8 @@ void RegionRegistry::UnindexLocked(const RegisteredTensor& t) {
 }
 
 absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
-    uint64_t session, const v1::Owner& owner, const v1::TensorRegistration& registration) {
+    uint64_t session, const v1::Owner& owner, const v1::TensorRegistration& registration,
+    const Caller& caller) {
   const v1::TensorSpec& spec = registration.spec();
   if (owner.role() != v1::ROLE_TRAINER && owner.role() != v1::ROLE_INFERENCE) {
     return absl::InvalidArgumentError(
@@ -89,7 +90,7 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
     absl::MutexLock lock(&mu_);
     if (auto s = CheckConflicts(session, owner, spec); !s.ok()) return s;
   }
-  auto opened = opener_(registration.memory());
+  auto opened = opener_(registration.memory(), caller);
   if (!opened.ok()) {
     return absl::Status(opened.status().code(),
                         absl::StrCat("tensor '", spec.name(), "': ", opened.status().message()));

@@ -3,6 +3,8 @@
 // executor. Thread-safe.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -31,8 +33,16 @@ struct OpenedMemory {
   std::string location;  // "host" or "cuda:N"
   std::shared_ptr<MemoryHold> hold;
 };
+// Who is registering, as the kernel says (SO_PEERCRED on the Local socket), never as the
+// request says. `known` is false where no kernel credentials exist; openers then refuse.
+struct Caller {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  bool known = false;
+};
 using MemoryOpener =
-    std::function<absl::StatusOr<OpenedMemory>(const weightbeam::v1::MemoryHandle&)>;
+    std::function<absl::StatusOr<OpenedMemory>(const weightbeam::v1::MemoryHandle&, const Caller&)>;
 
 struct RegisteredTensor {
   uint64_t region_id = 0;  // agent-wide id; reported to the controller
@@ -55,7 +65,7 @@ class RegionRegistry {
   // inference owners, sources for trainers). Errors name the tensor and leave nothing behind.
   absl::StatusOr<weightbeam::v1::TensorLayout> Register(
       uint64_t session, const weightbeam::v1::Owner& owner,
-      const weightbeam::v1::TensorRegistration& registration);
+      const weightbeam::v1::TensorRegistration& registration, const Caller& caller = {});
   absl::Status Unregister(uint64_t session, const std::string& name);
   // Withdraws everything a session registered (the process ended). When this returns, no
   // remote write can land in that memory any more.

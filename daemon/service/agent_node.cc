@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc/credentials.h"
 #include "common/grpc/message_limits.h"
+#include "daemon/executor/op_bounds.h"
 #include "daemon/executor/op_preparer.h"
 #include "daemon/gpu/cuda_probe.h"
 #include "daemon/service/agent_service.h"
@@ -88,14 +89,21 @@ absl::Status AgentNode::BindLocalSocket() {
   unlink(path.c_str());  // a stale socket from an agent that died
   auto slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) mkdir(path.substr(0, slash).c_str(), 0755);
+  // The agent accepts on the socket itself (to learn each caller's credentials from the
+  // kernel) and hands every connection to a gRPC server that has no port of its own.
+  auto listener = local::UnixListener::Bind(path);
+  if (!listener.ok()) return listener.status();
+  local_listener_ = std::move(*listener);
+  local_service_->SetCredentialLookup(
+      [l = local_listener_.get()](const std::string& peer) { return l->Lookup(peer); });
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + path, grpc::InsecureServerCredentials());
   builder.RegisterService(local_service_.get());
   builder.SetMaxReceiveMessageSize(kMaxControlMessageBytes);  // large registration batches
   local_server_ = builder.BuildAndStart();
   if (!local_server_) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on Unix socket ", path));
+    return absl::UnavailableError(absl::StrCat("cannot serve the Local service on ", path));
   }
+  local_listener_->Start(local_server_.get());
   if (chmod(path.c_str(), config_.socket_mode) != 0) {
     return absl::PermissionDeniedError(absl::StrCat("chmod ", path, ": ", std::strerror(errno)));
   }
@@ -232,6 +240,7 @@ void AgentNode::Shutdown() {
   if (storage_) storage_->Stop();
   if (link_) link_->Stop();
   auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  if (local_listener_) local_listener_->Stop();
   if (local_server_) local_server_->Shutdown(deadline);
   if (agent_server_) agent_server_->Shutdown(deadline);
   unlink(config_.local_socket.c_str());
@@ -273,6 +282,17 @@ absl::Status AgentNode::LoadPlan(const v1::AgentPlan& plan, v1::LoadPlanResponse
     auto s = delta_receiver_->Load(plan, resp);
     if (!s.ok()) metrics_.Error(AgentMetrics::kPlanLoadFailed);
     return s;
+  }
+  // Every op is checked against this agent's own regions before the plan is kept (and again
+  // per step, when the executor resolves the region).
+  for (const auto& op : plan.ops()) {
+    auto source = registry_->Find(op.src_region());
+    if (!source) continue;  // gone meanwhile: the step fails naming it
+    if (auto s = executor::CheckSourceOp(op, source->memory.length); !s.ok()) {
+      metrics_.Error(AgentMetrics::kPlanLoadFailed);
+      return absl::InvalidArgumentError(absl::StrCat("plan ", plan.plan_id(), ": op ", op.op_id(),
+                                                     " (", op.src_tensor(), "): ", s.message()));
+    }
   }
   if (auto s = ConnectAndLoad(plan); !s.ok()) return s;
   std::set<std::string> now;

@@ -22,6 +22,7 @@
 #include "daemon/executor/staging_pool.h"
 #include "daemon/local_api/event_bus.h"
 #include "daemon/local_api/local_service.h"
+#include "daemon/local_api/unix_listener.h"
 #include "daemon/registry/region_registry.h"
 #include "daemon/service/agent_metrics.h"
 #include "daemon/service/peer_connector.h"
@@ -96,6 +97,7 @@ class AgentNode {
   std::unique_ptr<executor::Executor> executor_;
   std::unique_ptr<delta::DeltaReceiver> delta_receiver_;
   std::unique_ptr<PeerConnector> connector_;
+  std::unique_ptr<local::UnixListener> local_listener_;  // before local_server_: stops first
   std::unique_ptr<grpc::Server> local_server_;
   std::unique_ptr<grpc::Server> agent_server_;
   std::unique_ptr<ControllerLink> link_;

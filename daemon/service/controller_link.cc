@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
+#include <random>
 
 #include "common/grpc/message_limits.h"
 
@@ -71,6 +73,16 @@ void ControllerLink::LayoutChanged() {
   report_due_ = true;
 }
 
+std::string ControllerLink::RandomIncarnation() {
+  std::random_device rd;  // the kernel's CSPRNG on Linux
+  std::string bytes(16, '\0');
+  for (size_t i = 0; i < bytes.size(); i += 4) {
+    const uint32_t r = rd();
+    std::memcpy(&bytes[i], &r, 4);
+  }
+  return bytes;
+}
+
 bool ControllerLink::registered() const {
   absl::MutexLock lock(&mu_);
   return registered_;
@@ -82,6 +94,7 @@ bool ControllerLink::Register() {
   v1::RegisterAgentRequest req;
   *req.mutable_agent() = info_();
   *req.mutable_layout() = layout_();
+  req.set_incarnation(incarnation_);
   WithDeadline(&ctx, LayoutDeadlineMs(req.layout()));
   v1::RegisterAgentResponse resp;
   grpc::Status s = stub_->RegisterAgent(&ctx, req, &resp);
@@ -117,6 +130,7 @@ bool ControllerLink::Heartbeat() {
     req.set_epoch(epoch_);
   }
   req.set_layout_generation(generation);
+  req.set_incarnation(incarnation_);
   grpc::ClientContext ctx;
   WithDeadline(&ctx, std::max<int>(2000, heartbeat_ms_ * 2));
   v1::HeartbeatResponse resp;
@@ -142,6 +156,7 @@ void ControllerLink::ReportLayout() {
   uint64_t generation = 0;
   {
     v1::ReportLayoutRequest req;
+    req.set_incarnation(incarnation_);
     *req.mutable_layout() = layout_();
     tensors = req.layout().tensors_size();
     generation = req.layout().generation();

@@ -38,6 +38,7 @@ class ControllerLink {
   uint64_t layout_reports() const { return layout_reports_.load(); }
 
  private:
+  static std::string RandomIncarnation();
   void Run();         // register / heartbeat loop
   void RunReports();  // layout report loop
   bool Register();
@@ -47,6 +48,8 @@ class ControllerLink {
   void ReportDone(std::chrono::steady_clock::time_point started) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string address_;
+  // Random per process: proves to the controller that a later call is from this same agent.
+  const std::string incarnation_ = RandomIncarnation();
   uint32_t heartbeat_ms_;
   std::function<weightbeam::v1::AgentInfo()> info_;
   std::function<weightbeam::v1::AgentLayout()> layout_;

@@ -42,11 +42,17 @@ bool GpuMemorySupported(std::string* why_not) {
   return probe.unavailable_reason.empty() && !probe.gpus.empty();
 }
 
-absl::StatusOr<registry::OpenedMemory> OpenMemory(const weightbeam::v1::MemoryHandle& handle) {
+absl::StatusOr<registry::OpenedMemory> OpenMemory(const weightbeam::v1::MemoryHandle& handle,
+                                                  const registry::Caller& caller) {
   registry::OpenedMemory m;
+  if (!caller.known) {
+    return absl::PermissionDeniedError(
+        "the caller's credentials are unknown (not a connection on the Local socket)");
+  }
   if (handle.has_host_shm()) {
     const auto& h = handle.host_shm();
-    auto view = ShmCache().Open(h.shm_name(), h.offset(), h.length());
+    auto view =
+        ShmCache().Open(h.shm_name(), h.offset(), h.length(), {caller.pid, caller.uid, caller.gid});
     if (!view.ok()) return view.status();
     m.ref = {view->data, h.length(), transport::MemoryKind::kHost, -1};
     m.location = "host";

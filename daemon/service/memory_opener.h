@@ -6,7 +6,10 @@
 
 namespace wb::service {
 
-absl::StatusOr<registry::OpenedMemory> OpenMemory(const weightbeam::v1::MemoryHandle& handle);
+// Shared memory is mapped only when `caller` (kernel credentials) may itself read and write
+// the object; see ShmMapping for the rule.
+absl::StatusOr<registry::OpenedMemory> OpenMemory(const weightbeam::v1::MemoryHandle& handle,
+                                                  const registry::Caller& caller);
 
 // Whether this agent can register GPU memory, and if not, why ("built without CUDA", ...).
 bool GpuMemorySupported(std::string* why_not);

@@ -29,7 +29,8 @@ class HeapHold : public registry::MemoryHold {
 struct Memory {
   std::map<std::string, std::shared_ptr<HeapHold>> buffers;
   registry::MemoryOpener Opener() {
-    return [this](const v1::MemoryHandle& h) -> absl::StatusOr<registry::OpenedMemory> {
+    return [this](const v1::MemoryHandle& h,
+                  const registry::Caller&) -> absl::StatusOr<registry::OpenedMemory> {
       auto& b = buffers[h.host_shm().shm_name()];
       if (!b) b = std::make_shared<HeapHold>(h.host_shm().length());
       registry::OpenedMemory m;

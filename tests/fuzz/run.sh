@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing of the tcp frame header parser and the YAML config loader, built
+# Coverage-guided fuzzing of the tcp frame header parser, the YAML config loader, registration
+# requests and plan ops as a sending agent checks them, built
 # outside Bazel with Debian's clang + libFuzzer (ASan + UBSan) against Debian's absl/yaml-cpp.
 #
-#   tests/fuzz/run.sh [--seconds N] [--target frame|config] [--build-only]
+#   tests/fuzz/run.sh [--seconds N] [--target frame|config|registration|plan_op] [--build-only]
 #   (--seconds 0: only replay the seeds, a quick regression check)
 #
 # Each target first replays its checked-in corpus (tests/fuzz/corpus/<target>, regressions
@@ -12,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 seconds=20
-targets=(frame config)
+targets=(frame config registration plan_op)
 build_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -57,17 +58,21 @@ ABSL_LIBS=(-labsl_statusor -labsl_status -labsl_cord -labsl_cordz_info -labsl_co
 declare -A SOURCES=(
   [frame]="tests/fuzz/frame_fuzz.cc daemon/transport/tcp/frame.cc daemon/transport/region_table.cc"
   [config]="tests/fuzz/config_fuzz.cc config/config.cc config/yaml_reader.cc"
+  [registration]="tests/fuzz/registration_fuzz.cc common/tensor/tensor_checks.cc $out/gen/weightbeam/v1/types.pb.cc $out/gen/weightbeam/v1/local.pb.cc"
+  [plan_op]="tests/fuzz/plan_op_fuzz.cc daemon/executor/op_bounds.cc common/tensor/tensor_checks.cc $out/gen/weightbeam/v1/types.pb.cc"
 )
 declare -A LIBS=(
   [frame]="${ABSL_LIBS[*]}"
   [config]="-lyaml-cpp ${ABSL_LIBS[*]}"
+  [registration]="-lprotobuf ${ABSL_LIBS[*]}"
+  [plan_op]="-lprotobuf ${ABSL_LIBS[*]}"
 )
-declare -A MAX_LEN=([frame]=128 [config]=4096)
+declare -A MAX_LEN=([frame]=128 [config]=4096 [registration]=512 [plan_op]=256)
 
 # Recompiles a source when it, a project header, this script or the ignorelist is newer.
 compile() {
   local src="$1" obj="$out/obj/${1//\//_}.o"
-  if [ -f "$obj" ] && [ -z "$(find "$src" config daemon/transport tests/fuzz -newer "$obj" \
+  if [ -f "$obj" ] && [ -z "$(find "$src" config common/tensor daemon/executor daemon/transport tests/fuzz -newer "$obj" \
     \( -name '*.h' -o -path "$src" -o -name run.sh -o -name ubsan_ignore.txt \) -print -quit)" ]
   then
     echo "$obj"
@@ -91,10 +96,13 @@ build() {
 
 # daemon/transport/transport.h includes the generated types.pb.h; only the header is needed
 # (region_table.cc uses no proto symbol), so nothing protobuf is compiled or linked.
-gen_header="$out/gen/weightbeam/v1/types.pb.h"
-if [ ! -f "$gen_header" ] || [ proto/weightbeam/v1/types.proto -nt "$gen_header" ]; then
+# The registration and plan_op targets compile and link the generated messages themselves.
+gen_header="$out/gen/weightbeam/v1/local.pb.h"
+if [ ! -f "$gen_header" ] || [ proto/weightbeam/v1/types.proto -nt "$gen_header" ] ||
+  [ proto/weightbeam/v1/local.proto -nt "$gen_header" ]; then
   mkdir -p "$out/gen"
-  protoc -Iproto --cpp_out="$out/gen" proto/weightbeam/v1/types.proto || {
+  protoc -Iproto --cpp_out="$out/gen" proto/weightbeam/v1/types.proto \
+    proto/weightbeam/v1/local.proto || {
     log "protoc failed (Debian's protobuf-compiler)"
     exit 1
   }
@@ -103,7 +111,7 @@ fi
 failed=0
 for target in "${targets[@]}"; do
   if [ -z "${SOURCES[$target]:-}" ]; then
-    log "unknown target '$target' (frame, config)"
+    log "unknown target '$target' (frame, config, registration, plan_op)"
     exit 2
   fi
   if ! build "$target"; then

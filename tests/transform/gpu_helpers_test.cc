@@ -45,6 +45,9 @@ struct FakeIpc {
       ++closes;
       return absl::OkStatus();
     };
+    ops.size = [this](void* base, int) -> absl::StatusOr<uint64_t> {
+      return memory.size() - (static_cast<uint8_t*>(base) - memory.data());
+    };
     return ops;
   }
 };
@@ -89,6 +92,22 @@ TEST_CASE("the IPC cache opens an allocation once and closes it after the last l
   auto again = cache.Open(Ipc('a', 0, 1));
   REQUIRE(again.ok());
   CHECK(fake.opens == 3);
+}
+
+TEST_CASE("the IPC cache refuses a range outside the allocation", "[gpu][security]") {
+  FakeIpc fake;  // allocation 'b' holds 2048 bytes
+  IpcMemoryCache cache(fake.Ops());
+  auto past_end = cache.Open(Ipc('b', 2000, 100));
+  REQUIRE_FALSE(past_end.ok());
+  CHECK_THAT(std::string(past_end.status().message()),
+             Catch::Contains("[2000, +100) on cuda:0 is outside its allocation of 2048 bytes"));
+  CHECK(cache.open_allocations() == 0);  // opened for the check, closed again
+  auto wraps = cache.Open(Ipc('b', 16, ~uint64_t{0}));
+  CHECK_FALSE(wraps.ok());
+  auto inside = cache.Open(Ipc('b', 2040, 8));
+  CHECK(inside.ok());
+  CHECK_FALSE(cache.Open(Ipc('b', 4096, 1)).ok());
+  CHECK(cache.open_allocations() == 1);  // the refusal leaves the live lease's entry alone
 }
 
 TEST_CASE("the IPC cache reports bad handles with the device", "[gpu]") {

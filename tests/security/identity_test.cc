@@ -1,0 +1,103 @@
+// Identity without TLS (issue 14, class 5) with real processes: in the default insecure mode a
+// RegisterAgent under a live agent's name from another endpoint must not take its place, and
+// ListTensors must not hand out the region keys that authorize remote writes.
+#include <grpcpp/grpcpp.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "client/weightbeam/controller_client.h"
+#include "client/weightbeam/local_session.h"
+#include "client/weightbeam/shared_buffer.h"
+#include "tests/support/cluster.h"
+#include "weightbeam/v1/controller.grpc.pb.h"
+
+namespace v1 = weightbeam::v1;
+using namespace wb::client;
+using wb::testing::Cluster;
+
+namespace {
+
+std::unique_ptr<v1::Controller::Stub> Stub(const Cluster& cluster) {
+  return v1::Controller::NewStub(
+      grpc::CreateChannel(cluster.controller_address(), grpc::InsecureChannelCredentials()));
+}
+
+}  // namespace
+
+TEST_CASE("a live agent's name cannot be taken and region keys are not listed", "[security]") {
+  Cluster cluster(wb::testing::Runfile(""), {});
+  auto src = SharedBuffer::Create(64 * 256 * 2, "src");
+  auto dst = SharedBuffer::Create(64 * 256 * 2, "dst");
+  REQUIRE((src.ok() && dst.ok()));
+  auto trainer = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
+  auto inference =
+      LocalSession::Connect(cluster.socket("inference-node"), {v1::ROLE_INFERENCE, 0, 0});
+  REQUIRE((trainer.ok() && inference.ok()));
+  TensorInfo t{"lm_head.weight", v1::DTYPE_BF16, {64, 256}, {}};
+  REQUIRE(trainer->Register(t, *src, 0, src->size()).ok());
+  REQUIRE(inference->Register(t, *dst, 0, dst->size()).ok());
+  auto stub = Stub(cluster);
+  // Both agents registered with the controller and reported their tensors.
+  REQUIRE(wb::testing::WaitUntil(
+      [&] {
+        grpc::ClientContext ctx;
+        v1::ListTensorsRequest req;
+        v1::ListTensorsResponse resp;
+        if (!stub->ListTensors(&ctx, req, &resp).ok()) return false;
+        int n = 0;
+        for (const auto& l : resp.layouts()) n += l.tensors_size();
+        return n == 2;
+      },
+      std::chrono::seconds(20)));
+
+  SECTION("ListTensors carries no region keys") {
+    grpc::ClientContext ctx;
+    v1::ListTensorsRequest req;
+    v1::ListTensorsResponse resp;
+    REQUIRE(stub->ListTensors(&ctx, req, &resp).ok());
+    for (const auto& l : resp.layouts()) {
+      for (const auto& tensor : l.tensors()) {
+        INFO(l.agent() << " " << tensor.spec().name());
+        CHECK(tensor.region().keys_size() == 0);
+      }
+    }
+  }
+
+  SECTION("RegisterAgent under a live agent's name from another endpoint is refused") {
+    v1::RegisterAgentRequest req;
+    req.mutable_agent()->set_name("inference-node");
+    req.mutable_agent()->set_control_endpoint("127.0.0.1:1");
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::RegisterAgentResponse resp;
+    grpc::Status st = stub->RegisterAgent(&ctx, req, &resp);
+    INFO(st.error_message());
+    CHECK(st.error_code() == grpc::StatusCode::ALREADY_EXISTS);
+    CHECK_THAT(st.error_message(), Catch::Contains("held by a live agent"));
+    // Heartbeats from the impostor neither keep the name nor disturb the real agent.
+    v1::HeartbeatRequest hb;
+    hb.set_agent("inference-node");
+    hb.set_epoch(resp.epoch());
+    grpc::ClientContext hctx;
+    v1::HeartbeatResponse hresp;
+    REQUIRE(stub->Heartbeat(&hctx, hb, &hresp).ok());
+    CHECK(hresp.reregister());
+
+    // The real agents still make a step commit.
+    auto ctl = ControllerClient::Connect(cluster.controller_address());
+    REQUIRE(ctl.ok());
+    v1::ExpectedWorld world;
+    world.set_trainer_ranks(1);
+    world.set_inference_replicas(1);
+    world.set_inference_ranks_per_replica(1);
+    auto plan = ctl->Plan(world, std::chrono::seconds(20));
+    INFO((plan.ok() ? "" : std::string(plan.status().message())));
+    REQUIRE(plan.ok());
+    std::memset(src->data(), 0x42, src->size());
+    auto step = ctl->Step(1);
+    INFO((step.ok() ? "" : std::string(step.status().message())));
+    REQUIRE(step.ok());
+    CHECK(std::memcmp(src->data(), dst->data(), src->size()) == 0);
+  }
+}
