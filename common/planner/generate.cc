@@ -24,10 +24,59 @@ void Planner::ReportFp8(int32_t n, const std::string& msg) {
   info.fp8_error_reported = true;
 }
 
+bool Planner::CheckFp8View(int32_t n, EntryRef ref, const Box& dbox, EntryRef scale) {
+  const TensorEntry& w = E(ref);
+  const TensorEntry& s = E(scale);
+  const BufferView& v = w.view;
+  const int nb = static_cast<int>(v.shape.size());
+  const std::string where =
+      absl::StrCat("FP8 destination buffer ", v.buffer, " (", Who(ref), "): part ", Name(n), " ",
+                   BoxString(dbox), " at ", FormatShape(v.offset));
+  for (int d = 0; d < 2; ++d) {
+    const int bd = nb - 2 + d;  // the buffer dimension this tensor dimension maps onto
+    const char* what = d == 0 ? "row" : "column";
+    std::string cut;
+    if (dbox.start[d] % kFp8Block != 0) {
+      cut = absl::StrCat("starts at source ", what, " ", dbox.start[d]);
+    } else if (v.offset[bd] % kFp8Block != 0) {
+      cut = absl::StrCat("lands at buffer ", what, " ", v.offset[bd]);
+    } else if (dbox.size[d] % kFp8Block != 0 && dbox.End(d) != w.shape[d] &&
+               v.offset[bd] + dbox.size[d] != v.shape[bd]) {
+      cut = absl::StrCat("ends at buffer ", what, " ", v.offset[bd] + dbox.size[d],
+                         ", inside a block and before the end of the tensor and the buffer");
+    }
+    if (!cut.empty()) {
+      ReportFp8(n, absl::StrCat(where, " ", cut,
+                                ": it cuts a 128x128 scale block of the buffer; "
+                                "parts of an FP8 buffer must start, land and end on multiples of "
+                                "128 (or the tensor's or buffer's end)"));
+      return false;
+    }
+  }
+  // The scale part: at the weight's blocks inside a scale buffer of the weight buffer's blocks.
+  std::vector<int64_t> want_shape(v.shape.begin(), v.shape.end() - 2);
+  std::vector<int64_t> want_offset(v.offset.begin(), v.offset.end() - 2);
+  for (int d = nb - 2; d < nb; ++d) {
+    want_shape.push_back((v.shape[d] + kFp8Block - 1) / kFp8Block);
+    want_offset.push_back(v.offset[d] / kFp8Block);
+  }
+  if (s.view.shape != want_shape || s.view.offset != want_offset) {
+    ReportFp8(n, absl::StrCat(where, ": its scale part ", s.name, " is ",
+                              s.view.empty() ? std::string("not a view")
+                                             : absl::StrCat("at ", FormatShape(s.view.offset),
+                                                            " of scale buffer ", s.view.buffer, " ",
+                                                            FormatShape(s.view.shape)),
+                              " but must sit at ", FormatShape(want_offset), " of a scale buffer ",
+                              FormatShape(want_shape), " (one f32 per 128x128 block)"));
+    return false;
+  }
+  return true;
+}
+
 bool Planner::CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor) {
   const NameInfo& info = infos_[n];
   const TensorEntry& w = E(ref);
-  for (int d = 0; d < 2; ++d) {
+  for (int d = 0; w.view.empty() && d < 2; ++d) {  // views: CheckFp8View
     int64_t cut = SplitBoundary(dbox, d, w.shape[d]);
     if (cut >= 0) {
       ReportFp8(
@@ -42,6 +91,9 @@ bool Planner::CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* s
   if (*scale_tensor < 0) {
     ReportFp8(n, absl::StrCat("FP8 destination ", Name(n), " on ", Who(ref),
                               " has no scale tensor ", Name(info.scale_name), " beside it"));
+    return false;
+  }
+  if (!w.view.empty() && !CheckFp8View(n, ref, dbox, EntryRef{ref.agent, *scale_tensor})) {
     return false;
   }
   Box sbox = EntryBox(agents_[ref.agent].tensors[*scale_tensor]);
@@ -100,6 +152,7 @@ void Planner::ReserveOps() {
     const bool fp8 = info.transform == weightbeam::v1::TRANSFORM_FP8_BLOCK;
     for (const EntryRef& dref : info.dst) {
       const Box dbox = EntryBox(E(dref));
+      const Placement dplace = EntryPlacement(E(dref));
       for (const Part& part : info.parts) {
         const NameInfo& src = infos_[part.src_name];
         const int64_t off0 = info.fusion_dim == 0 ? part.offset : 0;
@@ -115,7 +168,7 @@ void Planner::ReserveOps() {
           uint64_t n_runs = 1;  // 1-D, 2-D and FP8 boxes are always a single op
           if (!fp8 && dbox.ndim > 2) {
             runs.clear();
-            BoxRuns(b, sb, dbox, &runs);
+            BoxRuns(b, DensePlacement(sb), dplace, &runs);
             n_runs = runs.size();
           }
           const int32_t sender = holders_[it->holder_begin].agent;
@@ -152,12 +205,14 @@ void Planner::Generate() {
     const std::vector<int64_t>& shape = E(info.dst[0]).shape;
     const int fdim = info.fusion_dim;
     for (const EntryRef& dref : info.dst) {
-      const Box dbox = EntryBox(E(dref));
+      const TensorEntry& dentry = E(dref);
+      const Box dbox = EntryBox(dentry);
+      const Placement dplace = EntryPlacement(dentry);
       int32_t scale_tensor = -1;
-      Box sbox;
+      Placement splace;
       if (fp8) {
         if (!CheckFp8Entry(n, dref, dbox, &scale_tensor)) continue;
-        sbox = EntryBox(agents_[dref.agent].tensors[scale_tensor]);
+        splace = EntryPlacement(agents_[dref.agent].tensors[scale_tensor]);
       }
       for (const Part& part : info.parts) {
         const NameInfo& src = infos_[part.src_name];
@@ -175,7 +230,8 @@ void Planner::Generate() {
           if (!Intersect(dbox, sb, &b)) continue;
           if (fp8) {
             for (int d = 0; d < 2; ++d) {
-              int64_t cut = SplitBoundary(b, d, shape[d]);
+              // A view part was checked whole (CheckFp8View): its own end may be ragged.
+              int64_t cut = SplitBoundary(b, d, dentry.view.empty() ? shape[d] : dbox.End(d));
               if (cut < 0) continue;
               ReportFp8(
                   n, absl::StrCat("FP8 destination ", Name(n), " (", Who(dref), "): source ",
@@ -200,12 +256,12 @@ void Planner::Generate() {
             r.row_elems = b.size[1];
             r.src_offset = (b.start[0] - sb.start[0]) * sb.size[1] + (b.start[1] - sb.start[1]);
             r.src_stride = sb.size[1];
-            r.dst_offset =
-                (b.start[0] - dbox.start[0]) * dbox.size[1] + (b.start[1] - dbox.start[1]);
-            r.dst_stride = dbox.size[1];
+            r.dst_offset = dplace.base + (b.start[0] - dbox.start[0]) * dplace.stride[0] +
+                           (b.start[1] - dbox.start[1]) * dplace.stride[1];
+            r.dst_stride = dplace.stride[0];
             runs.push_back(r);
           } else {
-            BoxRuns(b, sb, dbox, &runs);
+            BoxRuns(b, DensePlacement(sb), dplace, &runs);
           }
           for (const Run& r : runs) {
             PlannedOp op;
@@ -223,10 +279,14 @@ void Planner::Generate() {
             op.transform = static_cast<uint8_t>(info.transform);
             if (fp8) {
               op.scale_tensor = scale_tensor;
-              op.scale_stride = static_cast<uint32_t>(sbox.size[1] * 4);
-              op.scale_offset = ((b.start[0] / kFp8Block - sbox.start[0]) * sbox.size[1] +
-                                 (b.start[1] / kFp8Block - sbox.start[1])) *
-                                4;
+              // The op's first block in scale-tensor coordinates, placed like any element of
+              // the scale part (a view's scale part sits at the weight's blocks).
+              const Box& sbox = splace.held;
+              op.scale_stride = static_cast<uint32_t>(splace.stride[0] * 4);
+              op.scale_offset =
+                  (splace.base + (b.start[0] / kFp8Block - sbox.start[0]) * splace.stride[0] +
+                   (b.start[1] / kFp8Block - sbox.start[1]) * splace.stride[1]) *
+                  4;
             }
             if (it->holder_count == 1) {
               op.src_agent = holder.agent;

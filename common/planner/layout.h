@@ -35,13 +35,26 @@ struct Owner {
   int32_t replica = 0;
 };
 
+// A shard that is a box inside a larger buffer (one engine parameter filled by several parts).
+// The region holds the whole buffer of `shape`, row-major; the shard's k dims map onto the
+// buffer's last k dims and shard element [0..0] sits at `offset` (one entry per buffer dim).
+struct BufferView {
+  std::vector<int64_t> shape;  // empty: no view
+  std::vector<int64_t> offset;
+  std::string buffer;  // the engine parameter's name, for errors
+
+  bool empty() const { return shape.empty(); }
+};
+
 // One registered tensor buffer. `shard` empty means the full tensor; otherwise one slice per
-// dimension, held densely in row-major order at offset 0 of region `region`.
+// dimension, held densely in row-major order at offset 0 of region `region`, or, with a
+// `view`, as a box inside the region's buffer.
 struct TensorEntry {
   std::string name;
   DType dtype = weightbeam::v1::DTYPE_UNSPECIFIED;
   std::vector<int64_t> shape;
   std::vector<DimSlice> shard;
+  BufferView view;
   Owner owner;
   uint64_t region = 0;
   uint64_t region_bytes = 0;

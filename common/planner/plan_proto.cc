@@ -25,6 +25,12 @@ absl::StatusOr<AgentLayout> LayoutFromProto(const v1::AgentInfo& info,
     e.dtype = t.spec().dtype();
     e.shape.assign(t.spec().global_shape().begin(), t.spec().global_shape().end());
     for (const v1::DimSlice& s : t.spec().shard()) e.shard.push_back(DimSlice{s.start(), s.size()});
+    if (t.spec().has_view()) {
+      const v1::BufferView& v = t.spec().view();
+      e.view.shape.assign(v.shape().begin(), v.shape().end());
+      e.view.offset.assign(v.offset().begin(), v.offset().end());
+      e.view.buffer = v.buffer();
+    }
     switch (t.owner().role()) {
       case v1::ROLE_TRAINER:
         e.owner.role = Role::kTrainer;
@@ -67,6 +73,12 @@ void LayoutToProto(const AgentLayout& in, v1::AgentInfo* info, v1::AgentLayout* 
       v1::DimSlice* p = t->mutable_spec()->add_shard();
       p->set_start(s.start);
       p->set_size(s.size);
+    }
+    if (!e.view.empty()) {
+      v1::BufferView* v = t->mutable_spec()->mutable_view();
+      for (int64_t d : e.view.shape) v->add_shape(d);
+      for (int64_t o : e.view.offset) v->add_offset(o);
+      v->set_buffer(e.view.buffer);
     }
     t->mutable_owner()->set_role(e.owner.role == Role::kTrainer ? v1::ROLE_TRAINER
                                                                 : v1::ROLE_INFERENCE);

@@ -58,6 +58,37 @@ void Planner::IndexEntries() {
   }
 }
 
+namespace {
+
+// What is wrong with an entry's view (empty when nothing): ranks, offsets, extents and a
+// buffer volume that fits in 62 bits, so that offsets computed from it cannot overflow.
+std::string CheckView(const TensorEntry& t) {
+  const BufferView& v = t.view;
+  const size_t n = v.shape.size(), k = t.shape.size();
+  if (n > static_cast<size_t>(kMaxDims) || k > n || v.offset.size() != n) {
+    return absl::StrCat("shape ", FormatShape(v.shape), " and offset ", FormatShape(v.offset),
+                        " do not place a ", k, "-D shard in a buffer of 1 to ", kMaxDims,
+                        " dimensions");
+  }
+  const Box held = EntryBox(t);
+  uint64_t volume = 1;
+  for (size_t d = 0; d < n; ++d) {
+    const int64_t extent = v.shape[d];
+    const int64_t size = d < n - k ? 1 : held.size[d - (n - k)];
+    if (extent <= 0 || volume > (uint64_t{1} << 62) / static_cast<uint64_t>(extent)) {
+      return absl::StrCat("shape ", FormatShape(v.shape), " is empty or too large");
+    }
+    volume *= static_cast<uint64_t>(extent);
+    if (v.offset[d] < 0 || size > extent || v.offset[d] > extent - size) {
+      return absl::StrCat("the shard spans [", v.offset[d], ", ", v.offset[d], " + ", size,
+                          ") of buffer dimension ", d, " whose extent is ", extent);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 bool Planner::CheckEntry(EntryRef ref) {
   const TensorEntry& t = E(ref);
   auto fail = [&](const std::string& why) {
@@ -88,6 +119,16 @@ bool Planner::CheckEntry(EntryRef ref) {
     }
   }
   uint64_t need = static_cast<uint64_t>(EntryBox(t).Volume() * DTypeBytes(t.dtype));
+  if (!t.view.empty()) {
+    if (t.owner.role == Role::kTrainer) {
+      return fail(absl::StrCat("a view into buffer ", t.view.buffer,
+                               " on a source; views place destinations only"));
+    }
+    const std::string bad = CheckView(t);
+    if (!bad.empty()) return fail(absl::StrCat("view of buffer ", t.view.buffer, ": ", bad));
+    need = static_cast<uint64_t>(DTypeBytes(t.dtype));
+    for (int64_t s : t.view.shape) need *= static_cast<uint64_t>(s);
+  }
   if (t.region_bytes < need) {
     return fail(absl::StrCat("region ", t.region, " has ", t.region_bytes,
                              " bytes but the shard needs ", need));

@@ -122,6 +122,7 @@ class Planner {
   absl::StatusOr<Plan> Build() {
     OrderAgents();
     IndexEntries();
+    CheckBuffers();
     for (size_t n = 0; n < infos_.size(); ++n) {
       if (!infos_[n].src.empty()) CheckSources(static_cast<int32_t>(n));
       if (!infos_[n].dst.empty()) CheckDestinations(static_cast<int32_t>(n));
@@ -150,6 +151,10 @@ class Planner {
   void IndexEntries();
 
   bool CheckEntry(EntryRef ref);
+
+  // Parts of one buffer (destination entries with a view of the same buffer name, agent and
+  // owner) agree on its dtype and shape and never overlap; uncovered elements are allowed.
+  void CheckBuffers();
 
   // Every entry of a name on one side agrees on dtype and global shape.
   bool CheckConsistent(int32_t name, const std::vector<EntryRef>& refs);
@@ -191,6 +196,9 @@ class Planner {
 
   // Checks one FP8 destination entry and its scale entry; false when unusable.
   bool CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor);
+  // The view rules of an FP8 part: it cuts no 128x128 block of its buffer, and its scale part
+  // sits at the matching blocks of the scale buffer.
+  bool CheckFp8View(int32_t n, EntryRef ref, const Box& dbox, EntryRef scale);
 
   // Reserves each sender's op vector from a count of dim-0 overlaps (exact for the usual
   // 1-D/2-D cases), so that generation does not reallocate gigabytes at Kimi-K2 scale.

@@ -56,21 +56,50 @@ bool Intersect(const Box& a, const Box& b, Box* out) {
   return true;
 }
 
-void BoxRuns(const Box& box, const Box& src, const Box& dst, std::vector<Run>* out) {
-  const int n = box.ndim;
-  // Element strides of each dimension in both buffers.
-  int64_t sstr[kMaxDims], dstr[kMaxDims];
-  int64_t s = 1, t = 1;
-  for (int d = n - 1; d >= 0; --d) {
-    sstr[d] = s;
-    dstr[d] = t;
-    s *= src.size[d];
-    t *= dst.size[d];
+Placement DensePlacement(const Box& held) {
+  Placement p;
+  p.held = held;
+  int64_t s = 1;
+  for (int d = held.ndim - 1; d >= 0; --d) {
+    p.stride[d] = s;
+    p.extent[d] = held.size[d];
+    s *= held.size[d];
   }
-  // Innermost contiguous run: dimensions below k are covered entirely in both buffers.
+  return p;
+}
+
+Placement EntryPlacement(const TensorEntry& entry) {
+  const Box held = EntryBox(entry);
+  if (entry.view.empty()) return DensePlacement(held);
+  Placement p;
+  p.held = held;
+  const int n = static_cast<int>(entry.view.shape.size());
+  const int lead = n - held.ndim;
+  int64_t s = 1;
+  for (int d = n - 1; d >= 0; --d) {
+    p.base += entry.view.offset[d] * s;
+    if (d >= lead) {
+      p.stride[d - lead] = s;
+      p.extent[d - lead] = entry.view.shape[d];
+    }
+    s *= entry.view.shape[d];
+  }
+  return p;
+}
+
+void BoxRuns(const Box& box, const Box& src, const Box& dst, std::vector<Run>* out) {
+  BoxRuns(box, DensePlacement(src), DensePlacement(dst), out);
+}
+
+void BoxRuns(const Box& box, const Placement& src, const Placement& dst, std::vector<Run>* out) {
+  const int n = box.ndim;
+  const int64_t* sstr = src.stride;
+  const int64_t* dstr = dst.stride;
+  auto whole = [&](int d) { return box.size[d] == src.extent[d] && box.size[d] == dst.extent[d]; };
+  // Innermost contiguous run: dimensions below k span both buffers' whole extents.
   int k = n - 1;
   int64_t run = box.size[k];
-  while (k > 0 && box.size[k] == src.size[k] && box.size[k] == dst.size[k]) {
+  while (k > 0 && whole(k)) {
     --k;
     run *= box.size[k];
   }
@@ -80,7 +109,7 @@ void BoxRuns(const Box& box, const Box& src, const Box& dst, std::vector<Run>* o
   if (k > 0) {
     r = k - 1;
     rows = box.size[r];
-    while (r > 0 && box.size[r] == src.size[r] && box.size[r] == dst.size[r]) {
+    while (r > 0 && whole(r)) {
       --r;
       rows *= box.size[r];
     }
@@ -90,11 +119,11 @@ void BoxRuns(const Box& box, const Box& src, const Box& dst, std::vector<Run>* o
   // Enumerate the remaining outer dimensions [0, r) row-major.
   int64_t idx[kMaxDims] = {};
   while (true) {
-    int64_t so = 0, dof = 0;
+    int64_t so = src.base, dof = dst.base;
     for (int d = 0; d < n; ++d) {
       int64_t g = box.start[d] + (d < r ? idx[d] : 0);
-      so += (g - src.start[d]) * sstr[d];
-      dof += (g - dst.start[d]) * dstr[d];
+      so += (g - src.held.start[d]) * sstr[d];
+      dof += (g - dst.held.start[d]) * dstr[d];
     }
     Run op;
     op.src_offset = so;

@@ -37,10 +37,27 @@ struct Run {
   uint64_t row_elems = 0;
 };
 
-// The runs copying `box` (global coordinates, inside both `src` and `dst`) from the buffer
-// holding `src` to the buffer holding `dst`, appended to *out in row-major order. A box that
-// is a 2-level strided pattern in both buffers gives one run; deeper patterns give one run
-// per index of the outer dimensions.
+// Where a held box lies in its buffer: the element offset of its first element and, per
+// dimension of the tensor, the element stride and the buffer's extent along it. A dimension
+// folds into a contiguous run only where a box spans that whole extent. A dense shard is its
+// own buffer; a view part (layout.h BufferView) maps onto the buffer's last dimensions.
+struct Placement {
+  Box held;
+  int64_t base = 0;
+  int64_t stride[kMaxDims] = {};
+  int64_t extent[kMaxDims] = {};
+};
+
+Placement DensePlacement(const Box& held);
+// The entry's placement: its view inside the buffer, else dense at offset 0.
+Placement EntryPlacement(const TensorEntry& entry);
+
+// The runs copying `box` (global coordinates, inside both held boxes) from the `src` buffer to
+// the `dst` buffer, appended to *out in row-major order. A box that is a 2-level strided
+// pattern in both buffers gives one run; deeper patterns give one run per index of the outer
+// dimensions.
+void BoxRuns(const Box& box, const Placement& src, const Placement& dst, std::vector<Run>* out);
+// The same between two dense shards.
 void BoxRuns(const Box& box, const Box& src, const Box& dst, std::vector<Run>* out);
 
 }  // namespace wb::planner

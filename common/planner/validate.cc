@@ -10,6 +10,77 @@
 namespace wb::planner {
 namespace internal {
 
+void Planner::CheckBuffers() {
+  std::vector<EntryRef> parts;
+  for (size_t a = 0; a < agents_.size(); ++a) {
+    for (size_t t = 0; t < agents_[a].tensors.size(); ++t) {
+      const TensorEntry& e = agents_[a].tensors[t];
+      if (!e.view.empty() && e.owner.role == Role::kInference && tensor_name_[a][t] >= 0) {
+        parts.push_back(EntryRef{static_cast<int32_t>(a), static_cast<int32_t>(t)});
+      }
+    }
+  }
+  auto same_buffer = [&](EntryRef x, EntryRef y) {
+    const TensorEntry &a = E(x), &b = E(y);
+    return x.agent == y.agent && a.owner.replica == b.owner.replica &&
+           a.owner.rank == b.owner.rank && a.view.buffer == b.view.buffer;
+  };
+  // Buffer boxes: the part's box in buffer coordinates.
+  auto buffer_box = [&](EntryRef r) {
+    const TensorEntry& e = E(r);
+    const Box held = EntryBox(e);
+    Box b;
+    b.ndim = static_cast<int>(e.view.shape.size());
+    const int lead = b.ndim - held.ndim;
+    for (int d = 0; d < b.ndim; ++d) {
+      b.start[d] = e.view.offset[d];
+      b.size[d] = d < lead ? 1 : held.size[d - lead];
+    }
+    return b;
+  };
+  std::sort(parts.begin(), parts.end(), [&](EntryRef x, EntryRef y) {
+    const TensorEntry &a = E(x), &b = E(y);
+    if (x.agent != y.agent) return x.agent < y.agent;
+    if (a.owner.replica != b.owner.replica) return a.owner.replica < b.owner.replica;
+    if (a.owner.rank != b.owner.rank) return a.owner.rank < b.owner.rank;
+    if (a.view.buffer != b.view.buffer) return a.view.buffer < b.view.buffer;
+    return a.view.offset < b.view.offset;
+  });
+  size_t i = 0;
+  while (i < parts.size()) {
+    size_t j = i + 1;
+    while (j < parts.size() && same_buffer(parts[i], parts[j])) ++j;
+    const TensorEntry& first = E(parts[i]);
+    bool reported = false;
+    for (size_t p = i + 1; p < j && !reported; ++p) {
+      const TensorEntry& e = E(parts[p]);
+      if (e.dtype != first.dtype || e.view.shape != first.view.shape) {
+        problems_.Add(absl::StrCat("buffer ", first.view.buffer, " (", Who(parts[i]), "): part ",
+                                   first.name, " sees it as ", DTypeName(first.dtype), " ",
+                                   FormatShape(first.view.shape), " but part ", e.name, " as ",
+                                   DTypeName(e.dtype), " ", FormatShape(e.view.shape)));
+        reported = true;
+      }
+    }
+    // Sorted by offset: only parts starting before one's end along dim 0 can overlap it.
+    for (size_t p = i; p < j && !reported; ++p) {
+      const Box bp = buffer_box(parts[p]);
+      for (size_t q = p + 1; q < j && !reported; ++q) {
+        const Box bq = buffer_box(parts[q]);
+        if (bq.start[0] >= bp.End(0)) break;
+        Box tmp;
+        if (Intersect(bp, bq, &tmp)) {
+          problems_.Add(absl::StrCat("buffer ", first.view.buffer, " (", Who(parts[i]),
+                                     "): parts overlap: ", E(parts[p]).name, " at ", BoxString(bp),
+                                     " and ", E(parts[q]).name, " at ", BoxString(bq)));
+          reported = true;
+        }
+      }
+    }
+    i = j;
+  }
+}
+
 bool Planner::CheckConsistent(int32_t name, const std::vector<EntryRef>& refs) {
   const TensorEntry& first = E(refs[0]);
   for (const EntryRef& r : refs) {

@@ -40,6 +40,17 @@ class LayoutBuilder {
     for (int i = 0; i < nics; ++i) a.nics.push_back(Nic{"mlx5_" + std::to_string(i), gbps});
     return *this;
   }
+  // Makes the tensor last added on `agent` a part of buffer `buffer` (an engine parameter) of
+  // `shape`, its element [0..0] at `offset`; its region holds the whole buffer.
+  LayoutBuilder& View(const std::string& agent, std::vector<int64_t> shape,
+                      std::vector<int64_t> offset, const std::string& buffer) {
+    TensorEntry& t = Agent(agent).tensors.back();
+    int64_t elems = 1;
+    for (int64_t d : shape) elems *= d;
+    t.view = BufferView{std::move(shape), std::move(offset), buffer};
+    t.region_bytes = elems * DTypeBytes(t.dtype);
+    return *this;
+  }
   std::vector<AgentLayout> Build() const { return agents_; }
 
  private:

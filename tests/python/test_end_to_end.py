@@ -1,7 +1,7 @@
 """A Python trainer (two FSDP ranks) and a Python inference worker on real agents (two nodes
 over tcp, or one node): plan, step, and the worker's NumPy arrays hold the trainers' bytes (BF16
 copy, BF16 -> F32 cast, BF16 -> FP8 e4m3 with 128x128 block scales checked against an
-independent NumPy quantiser)."""
+independent NumPy quantiser), also in engine-style fused buffers registered as parts (views)."""
 
 import unittest
 
@@ -16,7 +16,18 @@ TENSORS = {
     "layers.0.w": ((256, 384), "bf16"),
     "layers.1.w": ((128, 256), "f32"),
     "layers.2.w": ((256, 200), "f8_e4m3"),
+    "layers.3.q": ((128, 64), "bf16"),
+    "layers.3.k": ((64, 64), "bf16"),
+    "layers.4.a": ((256, 128), "f8_e4m3"),
+    "layers.4.b": ((256, 128), "f8_e4m3"),
 }
+# Engine-style fused buffers on the worker: each source lands whole at a row offset of one
+# shared-memory range (two parts, one buffer); rows past the parts are padding nobody writes.
+VIEWS = {
+    "layers.3.qk_proj": ("bf16", (200, 64), {"layers.3.q": 0, "layers.3.k": 128}),
+    "layers.4.ab_proj": ("f8_e4m3", (512, 128), {"layers.4.a": 0, "layers.4.b": 256}),
+}
+PADDING = 0xEE
 TRAINERS = 2
 NP_TYPES = {"bf16": np.uint16, "f32": np.float32, "f8_e4m3": np.uint8}
 
@@ -83,7 +94,10 @@ class Worker:
         self.session = weightbeam.LocalSession(socket, "inference", rank=0, replica=0)
         self.arrays = {}
         layout = []
+        parts = {name for _, _, placed in VIEWS.values() for name in placed}
         for name, (shape, dtype) in TENSORS.items():
+            if name in parts:
+                continue
             layout.append((name, shape, dtype))
             if dtype == "f8_e4m3":
                 layout.append((name + "_scale_inv", tuple((d + 127) // 128 for d in shape), "f32"))
@@ -95,10 +109,38 @@ class Worker:
             self.session.register(name, dtype, shape, buffer=view)
             self.arrays[name] = view
             offset += n
+        self.fused = {}
+        self.fused_buffers = [self.register_fused(name, *spec) for name, spec in VIEWS.items()]
+
+    def register_fused(self, name, dtype, shape, placed):
+        """One buffer (and, for FP8, its scale buffer) filled by parts, as an engine holds it."""
+        buffers = [(name, dtype, shape)]
+        if dtype == "f8_e4m3":
+            buffers.append((name + "_scale_inv", "f32", tuple((d + 127) // 128 for d in shape)))
+        nbytes = [align(int(np.prod(s)) * np.dtype(NP_TYPES[d]).itemsize) for _, d, s in buffers]
+        shm = weightbeam.SharedBuffer(sum(nbytes), name.replace(".", "-"))
+        offset = 0
+        for (bname, bdtype, bshape), n in zip(buffers, nbytes):
+            array = shm.array(NP_TYPES[bdtype], bshape, offset)
+            array.view(np.uint8)[...] = PADDING
+            self.fused[bname] = array
+            scale = bname != name
+            for src, row in placed.items():
+                rows, cols = TENSORS[src][0]
+                part, at = (src, row)
+                if scale:
+                    part, at = src + "_scale_inv", row // 128
+                    rows, cols = (rows + 127) // 128, (cols + 127) // 128
+                self.session.register(part, bdtype, (rows, cols), buffer=shm, offset=offset,
+                                      length=array.nbytes, view=(bshape, (at, 0), bname))
+            offset += n
+        return shm
 
     def close(self):
         self.session.close()
         self.buffer.close()
+        for shm in self.fused_buffers:
+            shm.close()
 
 
 class TwoNodes(unittest.TestCase):
@@ -147,6 +189,14 @@ class TwoNodes(unittest.TestCase):
         want_q, want_scales = quantize_fp8_blocks(bf16_to_f32(self.source("layers.2.w")))
         np.testing.assert_array_equal(got["layers.2.w_scale_inv"], want_scales)
         np.testing.assert_array_equal(got["layers.2.w"], want_q)
+        fused = self.worker.fused
+        qk = np.concatenate([self.source("layers.3.q"), self.source("layers.3.k")])
+        np.testing.assert_array_equal(fused["layers.3.qk_proj"][:192], qk)
+        self.assertTrue((fused["layers.3.qk_proj"][192:] == PADDING * 0x101).all())
+        ab = np.concatenate([self.source("layers.4.a"), self.source("layers.4.b")])
+        want_q, want_scales = quantize_fp8_blocks(bf16_to_f32(ab))
+        np.testing.assert_array_equal(fused["layers.4.ab_proj_scale_inv"], want_scales)
+        np.testing.assert_array_equal(fused["layers.4.ab_proj"], want_q)
 
     def next_events(self, count):
         events = []
