@@ -199,6 +199,12 @@ void FillSpec(const TensorInfo& t, v1::TensorSpec* spec) {
     s->set_start(start);
     s->set_size(size);
   }
+  if (!t.view_shape.empty()) {
+    auto* v = spec->mutable_view();
+    for (int64_t d : t.view_shape) v->add_shape(d);
+    for (int64_t o : t.view_offset) v->add_offset(o);
+    v->set_buffer(t.view_buffer);
+  }
 }
 }  // namespace
 

@@ -22,6 +22,12 @@ struct TensorInfo {
   std::vector<int64_t> global_shape;
   // Per dimension (start, size); empty for a full tensor.
   std::vector<std::pair<int64_t, int64_t>> shard;
+  // A part of a larger buffer (an engine parameter): the memory holds the whole buffer of
+  // `view_shape`, the shard's dims map onto its last dims, element [0..0] at `view_offset`.
+  // Empty `view_shape`: the memory holds the shard densely.
+  std::vector<int64_t> view_shape;
+  std::vector<int64_t> view_offset;
+  std::string view_buffer;
 };
 
 // One tensor of a batch registration: `length` bytes at `offset` of the batch's buffer.

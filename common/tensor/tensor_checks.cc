@@ -1,5 +1,6 @@
 #include "common/tensor/tensor_checks.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +49,82 @@ std::string DTypeName(v1::DType dtype) {
   }
 }
 
+namespace {
+
+// Products are checked against 2^62 so element and byte counts cannot overflow.
+constexpr uint64_t kMaxVolume = uint64_t{1} << 62;
+
+// Extent of the shard along its dimension d.
+int64_t ShardExtent(const v1::TensorSpec& spec, int d) {
+  return spec.shard_size() == 0 ? spec.global_shape(d) : spec.shard(d).size();
+}
+
+// Extent of a viewed shard along buffer dimension d (leading dimensions take one element).
+int64_t ViewExtent(const v1::TensorSpec& spec, int d) {
+  const int lead = spec.view().shape_size() - spec.global_shape_size();
+  return d < lead ? 1 : ShardExtent(spec, d - lead);
+}
+
+absl::Status ValidateView(const v1::TensorSpec& spec, uint64_t esize, uint64_t length) {
+  const v1::BufferView& v = spec.view();
+  const std::string where = absl::StrCat("tensor '", spec.name(), "' (part of buffer '", v.buffer(),
+                                         "' [", absl::StrJoin(v.shape(), ", "), "])");
+  const int n = v.shape_size();
+  if (n < 1 || n > 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the buffer has ", n, " dimensions (1 to 8)"));
+  }
+  if (spec.global_shape_size() > n) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": the shard has ",
+                                                   spec.global_shape_size(),
+                                                   " dimensions, more than the buffer's ", n));
+  }
+  if (v.offset_size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": the view has ", v.offset_size(),
+                                                   " offsets for ", n, " buffer dimensions"));
+  }
+  uint64_t volume = 1;
+  for (int d = 0; d < n; ++d) {
+    const int64_t extent = v.shape(d);
+    if (extent <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": buffer dimension ", d, " is ", extent, " (must be positive)"));
+    }
+    if (volume > kMaxVolume / static_cast<uint64_t>(extent)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the buffer is too large"));
+    }
+    volume *= static_cast<uint64_t>(extent);
+    const int64_t off = v.offset(d), size = ViewExtent(spec, d);
+    // size <= extent first, so extent - size cannot overflow and offset <= it is exact.
+    if (off < 0 || size > extent || off > extent - size) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the shard spans [", off, ", ", off,
+                                                     " + ", size, ") of buffer dimension ", d,
+                                                     " whose extent is ", extent));
+    }
+  }
+  if (volume > kMaxVolume / esize || volume * esize != length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": the buffer of ", DTypeName(spec.dtype()), " needs ",
+        volume > kMaxVolume / esize ? std::string("too many") : absl::StrCat(volume * esize),
+        " bytes but the memory handle covers ", length));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool ViewPartsOverlap(const v1::TensorSpec& a, const v1::TensorSpec& b) {
+  const int n = a.view().shape_size();
+  if (n != b.view().shape_size()) return true;  // not one buffer: treat as a conflict
+  for (int d = 0; d < n; ++d) {
+    const int64_t lo = std::max(a.view().offset(d), b.view().offset(d));
+    const int64_t hi =
+        std::min(a.view().offset(d) + ViewExtent(a, d), b.view().offset(d) + ViewExtent(b, d));
+    if (hi <= lo) return false;
+  }
+  return true;
+}
+
 uint64_t ShardElements(const v1::TensorSpec& spec) {
   uint64_t n = 1;
   if (spec.shard_size() == 0) {
@@ -75,8 +152,7 @@ absl::Status ValidateTensorSpec(const v1::TensorSpec& spec, uint64_t length) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": ", spec.global_shape_size(), " dimensions (at most 8)"));
   }
-  // Products are checked against 2^62 so element and byte counts cannot overflow.
-  constexpr uint64_t kMax = uint64_t{1} << 62;
+  constexpr uint64_t kMax = kMaxVolume;
   uint64_t volume = 1;
   for (int d = 0; d < spec.global_shape_size(); ++d) {
     int64_t n = spec.global_shape(d);
@@ -103,6 +179,7 @@ absl::Status ValidateTensorSpec(const v1::TensorSpec& spec, uint64_t length) {
           " is outside the global extent ", spec.global_shape(d)));
     }
   }
+  if (spec.has_view()) return ValidateView(spec, esize, length);
   const uint64_t expected = ShardElements(spec) * esize;
   if (expected != length) {
     return absl::InvalidArgumentError(

@@ -2,7 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/tensor/tensor_checks.h"
 
 namespace wb::registry {
@@ -22,6 +25,17 @@ std::string OwnerName(const v1::Owner& o) {
   return absl::StrCat("inference replica ", o.replica(), " rank ", o.rank());
 }
 
+// The memory range a part of a buffer shares with the buffer's other parts.
+std::string BufferKey(const v1::TensorSpec& spec, const v1::MemoryHandle& h) {
+  if (!spec.has_view()) return "";
+  if (h.has_host_shm()) {
+    return absl::StrCat("shm:", h.host_shm().offset(), ":", h.host_shm().length(), ":",
+                        h.host_shm().shm_name());
+  }
+  return absl::StrCat("cuda:", h.cuda_ipc().device(), ":", h.cuda_ipc().offset(), ":",
+                      h.cuda_ipc().length(), ":", h.cuda_ipc().ipc_handle());
+}
+
 }  // namespace
 
 RegionRegistry::RegionRegistry(std::vector<transport::Transport*> transports, MemoryOpener opener)
@@ -34,7 +48,30 @@ void RegionRegistry::Changed() {
 }
 
 absl::Status RegionRegistry::CheckConflicts(uint64_t session, const v1::Owner& owner,
-                                            const v1::TensorSpec& spec) const {
+                                            const v1::TensorSpec& spec,
+                                            const std::string& buffer_key) const {
+  // Parts of one buffer agree on its dtype and shape and never share an element.
+  if (auto parts = by_buffer_.find(buffer_key); !buffer_key.empty() && parts != by_buffer_.end()) {
+    for (uint64_t id : parts->second) {
+      const v1::TensorSpec& other = by_region_.at(id)->spec;
+      const std::string buffer = absl::StrCat("buffer '", spec.view().buffer(), "'");
+      if (other.dtype() != spec.dtype() ||
+          !std::equal(other.view().shape().begin(), other.view().shape().end(),
+                      spec.view().shape().begin(), spec.view().shape().end())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", spec.name(), "': its view of ", buffer, " (",
+                         DTypeName(spec.dtype()), " [", absl::StrJoin(spec.view().shape(), ", "),
+                         "]) disagrees with part '", other.name(), "' (", DTypeName(other.dtype()),
+                         " [", absl::StrJoin(other.view().shape(), ", "), "]) in the same memory"));
+      }
+      if (ViewPartsOverlap(spec, other)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", spec.name(), "' at offset [", absl::StrJoin(spec.view().offset(), ", "),
+            "] overlaps part '", other.name(), "' at offset [",
+            absl::StrJoin(other.view().offset(), ", "), "] inside ", buffer));
+      }
+    }
+  }
   auto named = by_name_.find(spec.name());
   if (named == by_name_.end()) return absl::OkStatus();
   for (uint64_t id : named->second) {
@@ -53,6 +90,7 @@ absl::Status RegionRegistry::CheckConflicts(uint64_t session, const v1::Owner& o
 void RegionRegistry::IndexLocked(const RegisteredTensor& t) {
   by_name_[t.spec.name()].push_back(t.region_id);
   by_session_[t.session].push_back(t.region_id);
+  if (!t.buffer_key.empty()) by_buffer_[t.buffer_key].push_back(t.region_id);
 }
 
 void RegionRegistry::UnindexLocked(const RegisteredTensor& t) {
@@ -71,6 +109,7 @@ void RegionRegistry::UnindexLocked(const RegisteredTensor& t) {
   };
   drop(by_name_, t.spec.name(), t.region_id);
   drop(by_session_, t.session, t.region_id);
+  if (!t.buffer_key.empty()) drop(by_buffer_, t.buffer_key, t.region_id);
 }
 
 absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
@@ -85,9 +124,10 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
         absl::StrCat("tensor '", spec.name(), "': no memory handle (host_shm or cuda_ipc)"));
   }
   if (auto s = ValidateTensorSpec(spec, HandleLength(registration.memory())); !s.ok()) return s;
+  const std::string buffer_key = BufferKey(spec, registration.memory());
   {
     absl::MutexLock lock(&mu_);
-    if (auto s = CheckConflicts(session, owner, spec); !s.ok()) return s;
+    if (auto s = CheckConflicts(session, owner, spec, buffer_key); !s.ok()) return s;
   }
   auto opened = opener_(registration.memory());
   if (!opened.ok()) {
@@ -97,6 +137,7 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
   auto t = std::make_shared<RegisteredTensor>();
   t->session = session;
   t->spec = spec;
+  t->buffer_key = buffer_key;
   t->owner = owner;
   t->memory = opened->ref;
   t->location = opened->location;
@@ -123,7 +164,7 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
   {
     absl::MutexLock lock(&mu_);
     // Re-check: another session may have registered the same name meanwhile.
-    if (auto s = CheckConflicts(session, owner, spec); !s.ok()) {
+    if (auto s = CheckConflicts(session, owner, spec, buffer_key); !s.ok()) {
       Release(*t);
       return s;
     }

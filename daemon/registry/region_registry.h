@@ -45,6 +45,9 @@ struct RegisteredTensor {
   // transport name -> the region id that transport assigned
   std::map<std::string, uint64_t> transport_regions;
   weightbeam::v1::RegionDescriptor descriptor;  // merged keys of all transports
+  // For a part of a buffer (a spec with a view): the memory range it shares with the
+  // buffer's other parts; empty otherwise.
+  std::string buffer_key;
 };
 
 class RegionRegistry {
@@ -70,7 +73,8 @@ class RegionRegistry {
 
  private:
   absl::Status CheckConflicts(uint64_t session, const weightbeam::v1::Owner& owner,
-                              const weightbeam::v1::TensorSpec& spec) const
+                              const weightbeam::v1::TensorSpec& spec,
+                              const std::string& buffer_key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(const RegisteredTensor& t);
   void IndexLocked(const RegisteredTensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -85,6 +89,8 @@ class RegionRegistry {
   // withdrawal touches only its own: name -> region ids, session -> region ids.
   std::unordered_map<std::string, std::vector<uint64_t>> by_name_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::vector<uint64_t>> by_session_ ABSL_GUARDED_BY(mu_);
+  // buffer key -> region ids of the parts registered in that memory range.
+  std::unordered_map<std::string, std::vector<uint64_t>> by_buffer_ ABSL_GUARDED_BY(mu_);
   uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> on_change_;

@@ -190,6 +190,60 @@ TEST_CASE("bad registrations are refused with the tensor named; the agent keeps 
   CHECK(found);
 }
 
+TEST_CASE("parts of one buffer share its memory; overlaps and bad views are refused") {
+  AgentUnderTest agent;
+  auto buf = SharedBuffer::Create(1 << 16, "view");
+  REQUIRE(buf.ok());
+  auto session = LocalSession::Connect(agent.socket, Identity{v1::ROLE_INFERENCE, 0, 0});
+  REQUIRE(session.ok());
+  auto message = [](const absl::Status& s) { return std::string(s.message()); };
+  // qkv [12, 8] bf16 = 192 bytes: q rows 0..8, k rows 8..10, v rows 10..12.
+  auto part = [](const std::string& name, int64_t rows, int64_t start, int64_t at) {
+    TensorInfo t = Bf16(name, {8, 8}, {{start, rows}, {0, 8}});
+    t.view_shape = {12, 8};
+    t.view_offset = {at, 0};
+    t.view_buffer = "qkv_proj.weight";
+    return t;
+  };
+  REQUIRE(session->Register(part("q.weight", 8, 0, 0), *buf, 0, 192).ok());
+  REQUIRE(session->Register(part("k.weight", 2, 4, 8), *buf, 0, 192).ok());
+  int parts = 0;
+  const v1::AgentLayout layout = agent.Layout();
+  for (const auto& t : layout.tensors()) {
+    if (!t.spec().has_view()) continue;
+    ++parts;
+    CHECK(t.spec().view().buffer() == "qkv_proj.weight");
+    CHECK(t.region().length() == 192);
+  }
+  CHECK(parts == 2);
+
+  SECTION("a part overlapping another inside the buffer") {
+    auto s = session->Register(part("v.weight", 2, 0, 9), *buf, 0, 192);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(message(s), Catch::Contains("tensor 'v.weight'") &&
+                               Catch::Contains("overlaps part 'k.weight'") &&
+                               Catch::Contains("buffer 'qkv_proj.weight'"));
+  }
+  SECTION("a part sticking out of the buffer") {
+    auto s = session->Register(part("v.weight", 2, 0, 11), *buf, 0, 192);
+    CHECK_THAT(message(s), Catch::Contains("tensor 'v.weight' (part of buffer 'qkv_proj.weight'") &&
+                               Catch::Contains("spans [11, 11 + 2) of buffer dimension 0"));
+  }
+  SECTION("memory that is not the whole buffer") {
+    auto s = session->Register(part("v.weight", 2, 0, 10), *buf, 256, 32);
+    CHECK_THAT(message(s), Catch::Contains("needs 192 bytes but the memory handle covers 32"));
+  }
+  SECTION("a view with more shard dims than buffer dims") {
+    TensorInfo t = part("v.weight", 2, 0, 10);
+    t.view_shape = {96};
+    t.view_offset = {0};
+    CHECK_THAT(message(session->Register(t, *buf, 0, 192)),
+               Catch::Contains("the shard has 2 dimensions, more than the buffer's 1"));
+  }
+  // The last part fits exactly.
+  CHECK(session->Register(part("v.weight", 2, 6, 10), *buf, 0, 192).ok());
+}
+
 TEST_CASE("a second agent on the same socket is refused clearly") {
   AgentUnderTest agent;
   std::string log = agent.dir + "/second.log";

@@ -70,11 +70,14 @@ class LocalSession:
     # ---- registration -------------------------------------------------------------------
 
     def register(self, name, dtype, global_shape, shard=None, buffer=None, offset=None,
-                 length=None):
+                 length=None, view=None):
         """Registers a tensor held in shared memory; returns the agent's TensorLayout.
 
         ``shard``: None for a full tensor, else one (start, size) per dimension; the memory holds
-        the shard densely in row-major order. ``buffer``: a SharedBuffer (``offset`` bytes in,
+        the shard densely in row-major order. ``view``: None, or ``(buffer_shape, offset,
+        buffer_name)`` when the memory holds a whole buffer (an engine parameter) and the shard
+        is a part of it: its dims map onto the buffer's last dims, element [0..0] at ``offset``
+        (one entry per buffer dim). ``buffer``: a SharedBuffer (``offset`` bytes in,
         ``length`` defaulting to what the shape needs), a NumPy view of one, or a host torch
         tensor made with ``torch.frombuffer`` on one; a CUDA tensor goes to register_cuda.
         The agent's refusal (shape mismatch, duplicate name...) raises WeightbeamError.
@@ -82,8 +85,8 @@ class LocalSession:
         if buffer is None:
             raise ValueError(f"tensor '{name}': no buffer given")
         if _is_cuda(buffer):
-            return self.register_cuda(name, dtype, global_shape, shard, tensor=buffer)
-        spec = _spec(name, dtype, global_shape, shard)
+            return self.register_cuda(name, dtype, global_shape, shard, tensor=buffer, view=view)
+        spec = _spec(name, dtype, global_shape, shard, view)
         if isinstance(buffer, SharedBuffer):
             shm, offset = buffer, 0 if offset is None else int(offset)
             if length is None:
@@ -106,7 +109,7 @@ class LocalSession:
         return self._register(spec, memory)
 
     def register_cuda(self, name, dtype, global_shape, shard=None, tensor=None, device_ptr=None,
-                      length=None, device=None):
+                      length=None, device=None, view=None):
         """Registers GPU memory through a CUDA IPC handle: a CUDA torch tensor, or a raw
         ``device_ptr`` + ``length``. Needs libcudart here and an agent built with CUDA; without
         CUDA it raises WeightbeamError("CUDA not available: ...")."""
@@ -115,7 +118,7 @@ class LocalSession:
             length = nbytes if length is None else length
         if device_ptr is None or length is None:
             raise ValueError(f"tensor '{name}': give a CUDA tensor or device_ptr and length")
-        spec = _spec(name, dtype, global_shape, shard)
+        spec = _spec(name, dtype, global_shape, shard, view)
         handle, offset, dev = cuda_ipc.get_ipc_handle(int(device_ptr), int(length))
         if device is not None and int(device) != dev:
             raise WeightbeamError(
@@ -256,17 +259,26 @@ class LocalSession:
             raise WeightbeamError("the session is closed", "FAILED_PRECONDITION")
 
 
-def _spec(name, dtype, global_shape, shard):
+def _spec(name, dtype, global_shape, shard, view=None):
     spec = types_pb2.TensorSpec(name=name, dtype=to_dtype(dtype),
                                 global_shape=[int(d) for d in global_shape])
     for start, size in shard or ():
         spec.shard.add(start=int(start), size=int(size))
+    if view is not None:
+        shape, offset, buffer_name = view
+        spec.view.shape.extend(int(d) for d in shape)
+        spec.view.offset.extend(int(o) for o in offset)
+        spec.view.buffer = str(buffer_name)
     return spec
 
 
 def _spec_bytes(spec):
     n = 1
-    for d in (s.size for s in spec.shard) if spec.shard else spec.global_shape:
+    if spec.HasField("view"):
+        dims = spec.view.shape
+    else:
+        dims = (s.size for s in spec.shard) if spec.shard else spec.global_shape
+    for d in dims:
         n *= d
     return n * itemsize(spec.dtype)
 
