@@ -5,6 +5,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/engines/engine_layout_proto.h"
+#include "common/grpc/status_util.h"
 
 namespace wb::local {
 
@@ -160,6 +162,32 @@ grpc::ServerWriteReactor<v1::Event>* LocalService::WatchEvents(grpc::CallbackSer
     e.set_version(committed_version_ ? committed_version_() : 0);
     return e;
   });
+}
+
+namespace {
+
+// Answers a unary call with `answer`'s value or its error.
+template <typename Response>
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, absl::StatusOr<Response> answer,
+                                 Response* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (answer.ok()) *resp = *std::move(answer);
+  reactor->Finish(ToGrpc(answer.status()));
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* LocalService::EngineLayout(grpc::CallbackServerContext* ctx,
+                                                     const v1::EngineLayoutRequest* req,
+                                                     v1::EngineLayoutResponse* resp) {
+  return Finish(ctx, engines::AnswerEngineLayout(*req), resp);
+}
+
+grpc::ServerUnaryReactor* LocalService::SourceLayout(grpc::CallbackServerContext* ctx,
+                                                     const v1::SourceLayoutRequest* req,
+                                                     v1::SourceLayoutResponse* resp) {
+  return Finish(ctx, engines::AnswerSourceLayout(*req), resp);
 }
 
 }  // namespace wb::local

@@ -33,6 +33,14 @@ class LocalService final : public weightbeam::v1::Local::CallbackService {
   grpc::ServerWriteReactor<weightbeam::v1::Event>* WatchEvents(
       grpc::CallbackServerContext* ctx, const weightbeam::v1::WatchEventsRequest* req) override;
 
+  // Engine layouts (common/engines) for clients that do not link them (Python).
+  grpc::ServerUnaryReactor* EngineLayout(grpc::CallbackServerContext* ctx,
+                                         const weightbeam::v1::EngineLayoutRequest* req,
+                                         weightbeam::v1::EngineLayoutResponse* resp) override;
+  grpc::ServerUnaryReactor* SourceLayout(grpc::CallbackServerContext* ctx,
+                                         const weightbeam::v1::SourceLayoutRequest* req,
+                                         weightbeam::v1::SourceLayoutResponse* resp) override;
+
   int active_sessions() const { return active_sessions_.load(); }
 
   // Kernel credentials of the connection a call arrived on, by the call's peer string (see

@@ -17,6 +17,7 @@ from weightbeam.errors import StepFailed, WeightbeamError  # noqa: E402
 from weightbeam.shared_buffer import SharedBuffer  # noqa: E402
 from weightbeam.local_session import Event, LocalSession  # noqa: E402
 from weightbeam.controller_client import ControllerClient  # noqa: E402
+from weightbeam import engines  # noqa: E402,F401
 
 __all__ = [
     "ControllerClient", "Event", "LocalSession", "SharedBuffer", "StepFailed", "WeightbeamError",
