@@ -14,6 +14,9 @@
 #include "client/report_format.h"
 #include "client/table.h"
 #include "client/weightbeam/controller_client.h"
+#include "common/engines/dry_run.h"
+#include "common/planner/plan.h"
+#include "common/planner/plan_proto.h"
 
 namespace v1 = weightbeam::v1;
 using wb::client::HumanBytes;
@@ -36,6 +39,43 @@ int Fail(const absl::Status& s) {
 }
 
 }  // namespace
+
+// `wbctl plan --dry-run`: the planner on layouts built from config.json (common/engines).
+int DryRunPlan(const std::string& model_path, const std::string& engine_name,
+               wb::engines::DeploymentOptions options, bool json) {
+  if (model_path.empty()) return Fail(absl::InvalidArgumentError("--dry-run needs --model"));
+  auto config = wb::engines::LoadModelConfig(model_path);
+  if (!config.ok()) return Fail(config.status());
+  auto engine = wb::engines::ParseEngine(engine_name);
+  if (!engine.ok()) return Fail(engine.status());
+  options.engine = *engine;
+  auto layouts = wb::engines::DeploymentLayouts(*config, options);
+  if (!layouts.ok()) return Fail(layouts.status());
+  wb::planner::PlanOptions plan_options;
+  plan_options.cost.nic_gbps = options.nic_gbps;
+  auto plan = wb::planner::BuildPlan(*layouts, plan_options);
+  if (!plan.ok()) return Fail(plan.status());
+  v1::PlanSummary summary = wb::planner::SummaryToProto(*layouts, *plan, 0);
+  std::vector<wb::engines::NicLoad> nics = wb::engines::SenderNicLoads(*layouts, *plan);
+  std::string nic_json;
+  wb::client::Table t({"sender", "nic", "bytes", "ops"});
+  for (const auto& n : nics) {
+    absl::StrAppend(&nic_json, nic_json.empty() ? "" : ",", "{\"agent\":\"", n.agent,
+                    "\",\"nic\":\"", n.nic, "\",\"bytes\":", n.bytes, ",\"ops\":", n.ops, "}");
+    t.Add({n.agent, n.nic, wb::client::HumanBytes(n.bytes), absl::StrCat(n.ops)});
+  }
+  const std::string out =
+      absl::StrCat("{\"model\":\"", model_path, "\",\"engine\":\"", engine_name,
+                   "\",\"plan\":", Json(summary), ",\"sender_nics\":[", nic_json, "]}");
+  if (!json) {
+    std::printf("dry run: %s on %s, %d trainers -> %d inference GPUs (tp %d, ep %d, %s)\n%s\n%s\n",
+                model_path.c_str(), engine_name.c_str(), options.trainers, options.inference_gpus,
+                options.tp, options.ep, options.fp8 ? "fp8" : "bf16",
+                wb::client::FormatPlan(summary).c_str(), t.Render().c_str());
+  }
+  std::printf("%s\n", out.c_str());
+  return 0;
+}
 
 int main(int argc, char** argv) {
   // gRPC logs failed TLS handshakes on stderr; wbctl reports every failure in one line itself.
@@ -76,6 +116,21 @@ int main(int argc, char** argv) {
                    "with --create: delta mode on | off for this plan and later ones, or as the "
                    "controller's config says")
       ->check(CLI::IsMember({"on", "off", "config"}));
+  // Dry run: plan a deployment from a model's config.json, no cluster needed.
+  bool dry_run = false;
+  std::string model_path, engine_name = "vllm";
+  wb::engines::DeploymentOptions deployment;
+  plan->add_flag("--dry-run", dry_run,
+                 "plan from --model config.json without a cluster (bytes, ops, predicted time)");
+  plan->add_option("--model", model_path, "the model's Hugging Face config.json (--dry-run)");
+  plan->add_option("--engine", engine_name, "vllm | sglang (--dry-run)")
+      ->check(CLI::IsMember({"vllm", "sglang"}));
+  plan->add_option("--trainers", deployment.trainers, "training GPUs, FSDP (--dry-run)");
+  plan->add_option("--inference-gpus", deployment.inference_gpus, "inference GPUs (--dry-run)");
+  plan->add_option("--tp", deployment.tp, "tensor-parallel size of the engine (--dry-run)");
+  plan->add_option("--ep", deployment.ep, "expert-parallel size of the engine (--dry-run)");
+  plan->add_flag("--fp8", deployment.fp8, "FP8 128x128-block destinations (--dry-run)");
+  plan->add_option("--nic-gbps", deployment.nic_gbps, "GB/s per NIC rail (--dry-run)");
   auto* step = app.add_subcommand("step", "push a new version to the inference side");
   uint64_t version = 0;
   step->add_option("VERSION", version, "the version to commit (newer than the last)")->required();
@@ -83,6 +138,8 @@ int main(int argc, char** argv) {
   int count = 0;
   watch->add_option("--count", count, "stop after this many steps (0: forever)");
   CLI11_PARSE(app, argc, argv);
+
+  if (*plan && dry_run) return DryRunPlan(model_path, engine_name, deployment, json);
 
   auto client = wb::client::ControllerClient::Connect(controller, security);
   if (!client.ok()) return Fail(client.status());

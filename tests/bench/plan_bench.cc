@@ -9,6 +9,8 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
+#include "common/engines/dry_run.h"
 #include "common/planner/models.h"
 #include "common/planner/plan.h"
 
@@ -50,7 +52,11 @@ int main(int argc, char** argv) {
   inf.tp = 8;
   inf.ep = 1;
   bool bf16 = false;
-  app.add_option("--model", model_name, "qwen3-0.6b | qwen3-235b | kimi-k2");
+  app.add_option(
+      "--model", model_name,
+      "qwen3-0.6b | qwen3-235b | kimi-k2, or a Hugging Face config.json (engine layouts)");
+  std::string engine_name = "vllm";
+  app.add_option("--engine", engine_name, "with a config.json: vllm | sglang");
   app.add_option("--trainers", tr.ranks, "training GPUs");
   app.add_option("--trainer-replicas", tr.replicas, "data-parallel trainer replicas (HSDP)");
   app.add_option("--trainer-ep", tr.ep, "expert-parallel groups per trainer replica");
@@ -70,13 +76,45 @@ int main(int argc, char** argv) {
   tr.nic_gbps = inf.nic_gbps = opt.cost.nic_gbps;
   opt.fusions = wb::planner::DefaultFusionRules();
 
-  auto model = wb::planner::ModelByName(model_name);
+  const bool from_config = absl::EndsWith(model_name, ".json");
+  absl::StatusOr<wb::planner::ModelSpec> model = wb::planner::ModelSpec{model_name, 0, {}};
+  absl::StatusOr<wb::engines::ModelConfig> config;
+  if (from_config) {
+    config = wb::engines::LoadModelConfig(model_name);
+    if (!config.ok()) {
+      std::cerr << config.status() << "\n";
+      return 2;
+    }
+    opt.fusions.clear();  // engine parameters arrive as HF-named parts (views)
+  } else {
+    model = wb::planner::ModelByName(model_name);
+  }
   if (!model.ok()) {
     std::cerr << model.status() << "\n";
     return 2;
   }
   auto t0 = std::chrono::steady_clock::now();
-  auto layouts = wb::planner::BuildLayouts(*model, tr, inf);
+  absl::StatusOr<std::vector<wb::planner::AgentLayout>> layouts;
+  if (from_config) {
+    auto engine = wb::engines::ParseEngine(engine_name);
+    if (!engine.ok()) {
+      std::cerr << engine.status() << "\n";
+      return 2;
+    }
+    wb::engines::DeploymentOptions d;
+    d.engine = *engine;
+    d.trainers = tr.ranks;
+    d.inference_gpus = inf.gpus;
+    d.tp = inf.tp;
+    d.ep = inf.ep;
+    d.fp8 = inf.fp8;
+    d.gpus_per_agent = tr.gpus_per_agent;
+    d.nics_per_agent = tr.nics_per_agent;
+    d.nic_gbps = opt.cost.nic_gbps;
+    layouts = wb::engines::DeploymentLayouts(*config, d);
+  } else {
+    layouts = wb::planner::BuildLayouts(*model, tr, inf);
+  }
   if (!layouts.ok()) {
     std::cerr << layouts.status() << "\n";
     return 2;
@@ -100,7 +138,8 @@ int main(int argc, char** argv) {
   }
   nlohmann::json j;
   j["model"] = model_name;
-  j["params"] = model->Params();
+  if (from_config) j["engine"] = engine_name;
+  if (!from_config) j["params"] = model->Params();
   j["trainers"] = tr.ranks;
   j["trainer_replicas"] = tr.replicas;
   j["trainer_ep"] = tr.ep;

@@ -1,0 +1,127 @@
+#include "common/engines/dry_run.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+
+namespace wb::engines {
+namespace {
+
+std::string AgentName(const char* prefix, int index) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%s-%03d", prefix, index);
+  return buf;
+}
+
+int64_t Volume(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Agents for `gpus` GPUs, `per_agent` each, each with `nics` rails.
+std::vector<planner::AgentLayout> Agents(const char* prefix, int gpus, const DeploymentOptions& o) {
+  std::vector<planner::AgentLayout> out((gpus + o.gpus_per_agent - 1) / o.gpus_per_agent);
+  for (size_t a = 0; a < out.size(); ++a) {
+    out[a].name = AgentName(prefix, static_cast<int>(a));
+    for (int n = 0; n < o.nics_per_agent; ++n) {
+      out[a].nics.push_back({absl::StrCat("nic", n), o.nic_gbps});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelConfig& config,
+                                                                    const DeploymentOptions& o) {
+  if (o.trainers < 1 || o.inference_gpus < 1 || o.tp < 1 || o.gpus_per_agent < 1) {
+    return absl::InvalidArgumentError(
+        "trainers, inference GPUs, tp and GPUs per node must be >= 1");
+  }
+  if (o.inference_gpus % o.tp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tp ", o.tp, " does not divide the ", o.inference_gpus, " inference GPUs"));
+  }
+  const int replicas = o.inference_gpus / o.tp;
+  // vLLM EP beyond tp: consecutive groups of ep / tp replicas form one EP group.
+  const int dp = o.engine == Engine::kVllm && o.ep > o.tp ? o.ep / o.tp : 1;
+  if (replicas % dp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("vllm ep ", o.ep, " needs the ", replicas,
+                                                   " replicas in groups of ", dp, " (ep / tp)"));
+  }
+  uint64_t region = 1;
+
+  std::vector<planner::AgentLayout> trainers = Agents("trainer", o.trainers, o);
+  for (const SourceTensor& t : SourceTensors(config)) {
+    const int64_t row_elems = Volume(t.shape) / t.shape[0];
+    for (int r = 0; r < o.trainers; ++r) {
+      DimSlice rows = FsdpRows(t.shape[0], o.trainers, r, o.align_rows);
+      if (rows.size == 0) continue;
+      planner::TensorEntry e;
+      e.name = t.name;
+      e.dtype = t.dtype;
+      e.shape = t.shape;
+      e.shard.push_back(rows);
+      for (size_t d = 1; d < t.shape.size(); ++d) e.shard.push_back({0, t.shape[d]});
+      e.owner = {planner::Role::kTrainer, r, 0};
+      e.region = region++;
+      e.region_bytes = rows.size * row_elems * planner::DTypeBytes(t.dtype);
+      e.gpu = r % o.gpus_per_agent;
+      trainers[r / o.gpus_per_agent].tensors.push_back(std::move(e));
+    }
+  }
+
+  std::vector<planner::AgentLayout> inference = Agents("infer", o.inference_gpus, o);
+  for (int k = 0; k < replicas; ++k) {
+    for (int r = 0; r < o.tp; ++r) {
+      EngineOptions eo{o.engine, o.tp, r, o.ep, dp > 1 ? (k % dp) * o.tp + r : -1, o.fp8};
+      absl::StatusOr<std::vector<EngineParam>> params = EngineLayout(config, eo);
+      if (!params.ok()) return params.status();
+      const int gpu = k * o.tp + r;
+      for (const EngineParam& p : *params) {
+        const uint64_t id = region++;
+        for (const ParamPart& part : p.parts) {
+          planner::TensorEntry e;
+          e.name = part.source;
+          e.dtype = p.dtype;
+          e.shape = part.source_shape;
+          e.shard = part.box;
+          e.view.shape = p.shape;
+          e.view.offset = part.offset;
+          e.view.buffer = p.name;
+          e.owner = {planner::Role::kInference, r, k};
+          e.region = id;
+          e.region_bytes = Volume(p.shape) * planner::DTypeBytes(p.dtype);
+          e.gpu = gpu % o.gpus_per_agent;
+          inference[gpu / o.gpus_per_agent].tensors.push_back(std::move(e));
+        }
+      }
+    }
+  }
+  for (auto& a : inference) trainers.push_back(std::move(a));
+  return trainers;
+}
+
+std::vector<NicLoad> SenderNicLoads(const std::vector<planner::AgentLayout>& agents,
+                                    const planner::Plan& plan) {
+  std::vector<NicLoad> out;
+  for (size_t a = 0; a < plan.ops.size() && a < agents.size(); ++a) {
+    if (plan.ops[a].empty()) continue;
+    std::vector<NicLoad> rails(std::max<size_t>(agents[a].nics.size(), 1));
+    for (size_t n = 0; n < rails.size(); ++n) {
+      rails[n].agent = agents[a].name;
+      rails[n].nic = n < agents[a].nics.size() ? agents[a].nics[n].name : "nic0";
+    }
+    for (const planner::PlannedOp& op : plan.ops[a]) {
+      NicLoad& l = rails[static_cast<size_t>(op.rail) % rails.size()];
+      l.bytes += op.DstBytes();
+      ++l.ops;
+    }
+    for (NicLoad& l : rails) out.push_back(std::move(l));
+  }
+  return out;
+}
+
+}  // namespace wb::engines

@@ -1,0 +1,44 @@
+// Planning from config.json without a cluster: the trainer layouts (FSDP dim-0 shards) and the
+// inference layouts (every rank's engine parameters as views, from EngineLayout) of a whole
+// deployment, ready for the planner. Used by `wbctl plan --dry-run` and plan_bench --model.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/engines/engine_layout.h"
+#include "common/planner/layout.h"
+#include "common/planner/plan.h"
+
+namespace wb::engines {
+
+struct DeploymentOptions {
+  Engine engine = Engine::kVllm;
+  int trainers = 8;        // training GPUs, one FSDP group
+  int inference_gpus = 8;  // inference_gpus / tp engine replicas
+  int tp = 8;
+  // vLLM: ep = dp * tp (ep / tp replicas form one EP group); SGLang: ep divides tp.
+  int ep = 1;
+  bool fp8 = false;
+  int64_t align_rows = 128;  // trainer shard boundaries (FP8 blocks never span two trainers)
+  int gpus_per_agent = 8;
+  int nics_per_agent = 8;
+  double nic_gbps = 50;
+};
+
+// Agents "trainer-NNN" (one per gpus_per_agent training GPUs) and "infer-NNN". Errors: the
+// model config's and EngineLayout's, or GPU counts that do not divide.
+absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(
+    const ModelConfig& config, const DeploymentOptions& options);
+
+// Bytes (landing at the destinations, FP8 scales included) and ops per sending NIC rail.
+struct NicLoad {
+  std::string agent;
+  std::string nic;
+  uint64_t bytes = 0;
+  uint64_t ops = 0;
+};
+std::vector<NicLoad> SenderNicLoads(const std::vector<planner::AgentLayout>& agents,
+                                    const planner::Plan& plan);
+
+}  // namespace wb::engines
