@@ -36,23 +36,13 @@ uint64_t Load64(const uint8_t* p) {
 }
 
 template <typename T>
-void Put(std::vector<uint8_t>& out, size_t at, T v) {
-  std::memcpy(out.data() + at, &v, sizeof(T));
-}
-
-template <typename T>
 T Get(const uint8_t* p) {
   T v;
   std::memcpy(&v, p, sizeof(T));
   return v;
 }
 
-int WidthFor(uint64_t max_gap) {
-  if (max_gap <= 0xff) return 1;
-  if (max_gap <= 0xffff) return 2;
-  if (max_gap <= 0xffffffffull) return 4;
-  return 8;
-}
+int WidthFor(uint64_t max_gap) { return DeltaIndexWidth(max_gap); }
 
 // Records found by one scanner, packed once the index width of the whole buffer is known.
 // Gaps are kept as u32 (gaps of 2^32 - 1 elements or more are kBigGap there and their true
@@ -402,6 +392,28 @@ void ScatterFor(int elem_size, const uint8_t* gaps, const uint8_t* values, uint6
 
 }  // namespace
 
+int DeltaIndexWidth(uint64_t max_gap) {
+  if (max_gap <= 0xff) return 1;
+  if (max_gap <= 0xffff) return 2;
+  if (max_gap <= 0xffffffffull) return 4;
+  return 8;
+}
+
+uint64_t PackedDeltaBytes(const DeltaHeader& h) {
+  return kDeltaHeaderBytes + h.count * static_cast<uint64_t>(h.index_width + h.elem_size);
+}
+
+void WriteDeltaHeader(const DeltaHeader& h, uint8_t* out) {
+  const uint32_t magic = kDeltaMagic;
+  std::memcpy(out, &magic, 4);
+  out[4] = kDeltaVersion;
+  out[5] = static_cast<uint8_t>(h.elem_size);
+  out[6] = static_cast<uint8_t>(h.index_width);
+  out[7] = 0;
+  std::memcpy(out + 8, &h.total_elems, 8);
+  std::memcpy(out + 16, &h.count, 8);
+}
+
 absl::StatusOr<DeltaEncoding> EncodeDelta(absl::Span<uint8_t> shadow,
                                           absl::Span<const uint8_t> next, int elem_size,
                                           int threads) {
@@ -455,13 +467,7 @@ absl::StatusOr<DeltaEncoding> EncodeDelta(absl::Span<uint8_t> shadow,
   }
   std::vector<uint8_t>& out = result.packed;
   out.resize(packed_size);
-  Put<uint32_t>(out, 0, kDeltaMagic);
-  Put<uint8_t>(out, 4, kDeltaVersion);
-  Put<uint8_t>(out, 5, static_cast<uint8_t>(elem_size));
-  Put<uint8_t>(out, 6, static_cast<uint8_t>(width));
-  Put<uint8_t>(out, 7, 0);
-  Put<uint64_t>(out, 8, dense / elem_size);
-  Put<uint64_t>(out, 16, count);
+  WriteDeltaHeader({elem_size, width, dense / elem_size, count}, out.data());
   uint8_t* gaps = out.data() + kDeltaHeaderBytes;
   switch (width) {
     case 1:

@@ -42,6 +42,14 @@ struct DeltaEncoding {
   uint64_t changed_elems = 0;
 };
 
+// The narrowest index width (1, 2, 4 or 8 bytes) that holds `max_gap`.
+int DeltaIndexWidth(uint64_t max_gap);
+
+// Bytes of the packed form with `count` records (header included), and its header written at
+// `out` (kDeltaHeaderBytes bytes). The CPU and the GPU encoders share both.
+uint64_t PackedDeltaBytes(const DeltaHeader& h);
+void WriteDeltaHeader(const DeltaHeader& h, uint8_t* out);
+
 // Compares `shadow` (the previous version) with `next` element by element (elem_size 1, 2 or
 // 4), encodes the changed elements and updates `shadow` to equal `next` in both outcomes.
 // Buffers of several 8 MiB split across up to `threads` threads (0: hardware concurrency);

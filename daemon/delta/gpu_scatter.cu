@@ -3,6 +3,7 @@
 
 #include <map>
 
+#include "daemon/delta/gpu_encode_geometry.h"
 #include "daemon/delta/gpu_scatter.h"
 
 namespace wb::delta::cuda {
@@ -87,9 +88,8 @@ ScatterCode DeviceScatter::Scatter(int device, void* base, const uint64_t* offse
              "cudaMemcpyAsync of the delta values", device, error)) {
     return ScatterCode::kCudaError;
   }
-  const int threads = 256;
-  const uint64_t blocks_needed = (count + threads - 1) / threads;
-  const int blocks = static_cast<int>(blocks_needed < 65535 ? blocks_needed : 65535);
+  const int threads = gpu_geometry::kScatterThreads;
+  const int blocks = gpu_geometry::ScatterBlocks(count);
   ScatterKernel<<<blocks, threads, 0, d.stream>>>(static_cast<uint8_t*>(base),
                                                   reinterpret_cast<const uint64_t*>(staging),
                                                   staging + offset_bytes, count, elem_size);

@@ -20,7 +20,9 @@ uint64_t RandomU64() {
 RegionTable::Pin::Pin(Pin&& other) noexcept
     : table_(std::exchange(other.table_, nullptr)),
       slot_(std::exchange(other.slot_, nullptr)),
-      data_(std::exchange(other.data_, nullptr)) {}
+      data_(std::exchange(other.data_, nullptr)),
+      kind_(other.kind_),
+      device_(other.device_) {}
 
 RegionTable::Pin& RegionTable::Pin::operator=(Pin&& other) noexcept {
   if (this != &other) {
@@ -28,6 +30,8 @@ RegionTable::Pin& RegionTable::Pin::operator=(Pin&& other) noexcept {
     table_ = std::exchange(other.table_, nullptr);
     slot_ = std::exchange(other.slot_, nullptr);
     data_ = std::exchange(other.data_, nullptr);
+    kind_ = other.kind_;
+    device_ = other.device_;
   }
   return *this;
 }
@@ -64,6 +68,7 @@ absl::StatusOr<RegionInfo> RegionTable::Add(const MemoryRef& mem, Access access)
   slot->info.length = mem.length;
   slot->info.access = access;
   slot->info.kind = mem.kind;
+  slot->info.device = mem.kind == MemoryKind::kCuda ? mem.device : -1;
   slot->info.key = RandomU64();
   std::lock_guard<std::mutex> lock(mu_);
   slot->info.id = next_id_++;
@@ -99,7 +104,7 @@ absl::StatusOr<RegionTable::Pin> RegionTable::PinLocked(uint64_t id, uint64_t of
                                               slot->info.length, ")"));
   }
   ++slot->in_flight;
-  return Pin(this, slot, slot->info.addr + offset);
+  return Pin(this, slot, slot->info.addr + offset, slot->info.kind, slot->info.device);
 }
 
 absl::StatusOr<RegionTable::Pin> RegionTable::PinRemoteWrite(uint64_t id, uint64_t key,

@@ -25,6 +25,7 @@ struct RegionInfo {
   uint64_t length = 0;
   Access access = Access::kSource;
   MemoryKind kind = MemoryKind::kHost;
+  int device = -1;  // CUDA device for kCuda
   uint64_t key = 0;
 };
 
@@ -45,15 +46,21 @@ class RegionTable {
 
     // The first byte of the pinned range (region base + offset).
     uint8_t* data() const { return data_; }
+    // Where the pinned bytes live: host memory, or device memory on `device()`.
+    MemoryKind kind() const { return kind_; }
+    int device() const { return device_; }
 
    private:
     friend class RegionTable;
-    Pin(RegionTable* table, Slot* slot, uint8_t* data) : table_(table), slot_(slot), data_(data) {}
+    Pin(RegionTable* table, Slot* slot, uint8_t* data, MemoryKind kind, int device)
+        : table_(table), slot_(slot), data_(data), kind_(kind), device_(device) {}
     void Release();
 
     RegionTable* table_ = nullptr;
     Slot* slot_ = nullptr;
     uint8_t* data_ = nullptr;
+    MemoryKind kind_ = MemoryKind::kHost;
+    int device_ = -1;
   };
 
   // `transport` names the owner in error messages ("tcp", "local").

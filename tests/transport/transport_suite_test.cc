@@ -342,15 +342,6 @@ TEST_CASE("a source region does not accept remote writes", "[transport]") {
   CHECK(other->bytes == before);
 }
 
-TEST_CASE("registering GPU memory without CUDA support says so", "[transport]") {
-  auto transport = MakeBackend();
-  if (transport->caps().gpu_memory) return;  // a CUDA build: covered by the GPU tests
-  static uint8_t fake[64];
-  MemoryRef mem{fake, sizeof(fake), MemoryKind::kCuda, 0};
-  auto desc = transport->Register(mem, Access::kDestination);
-  CHECK(desc.status().code() == absl::StatusCode::kUnimplemented);
-}
-
 TEST_CASE("an unknown transport name lists the known ones", "[transport][factory]") {
   auto transport = MakeTransport("carrier-pigeon", TestConfig());
   CHECK(transport.status().code() == absl::StatusCode::kInvalidArgument);

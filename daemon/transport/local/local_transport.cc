@@ -11,6 +11,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/gpu/staging.h"
+#include "daemon/transport/gpu_memory.h"
 #include "daemon/transport/region_table.h"
 
 namespace wb::transport::local {
@@ -128,7 +130,21 @@ class LocalPeer : public Peer {
         bytes += op.length;
       }
       for (size_t i = 0; i < checked.size(); ++i) {
-        std::memmove(pins[i].second.data(), pins[i].first.data(), checked[i].first.length);
+        const RegionTable::Pin& src = pins[i].first;
+        const RegionTable::Pin& dst = pins[i].second;
+        if (src.kind() == MemoryKind::kHost && dst.kind() == MemoryKind::kHost) {
+          std::memmove(dst.data(), src.data(), checked[i].first.length);
+          continue;
+        }
+        // GPU memory on either side: one copy by the CUDA driver (device to device directly;
+        // to or from host memory staged by the driver, since no network waits to overlap).
+        if (auto st = gpu::CopyAnyToAny(dst.data(), src.data(), checked[i].first.length);
+            !st.ok()) {
+          pins.clear();
+          done(absl::Status(
+              st.code(), absl::StrCat("local peer '", peer, "': write ", i, ": ", st.message())));
+          return;
+        }
       }
       pins.clear();
       done(absl::OkStatus());
@@ -182,7 +198,7 @@ LocalTransport::~LocalTransport() = default;
 
 Capabilities LocalTransport::caps() const {
   Capabilities caps;
-  caps.gpu_memory = false;  // TODO(cuda): cudaMemcpy / CUDA IPC when built with CUDA
+  caps.gpu_memory = SoftwareGpuMemorySupported();
   caps.remote = false;
   return caps;
 }
@@ -197,10 +213,8 @@ std::vector<weightbeam::v1::NicInfo> LocalTransport::Nics() const {
 
 absl::StatusOr<weightbeam::v1::RegionDescriptor> LocalTransport::Register(const MemoryRef& mem,
                                                                           Access access) {
-  if (mem.kind != MemoryKind::kHost) {
-    return absl::UnimplementedError(
-        absl::StrCat("local transport: GPU memory (cuda:", mem.device,
-                     ") is not supported in this build (no cudaMemcpy path yet)"));
+  if (mem.kind == MemoryKind::kCuda) {
+    if (absl::Status s = CheckGpuMemory("local", mem); !s.ok()) return s;
   }
   auto info = engine_->regions().Add(mem, access);
   if (!info.ok()) return info.status();

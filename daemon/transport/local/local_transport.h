@@ -1,6 +1,8 @@
 // The local transport: writes between regions registered in the same agent process (memcpy).
 // It applies the same checks as a remote backend (key, bounds, withdrawn regions) and
-// connects only to itself. GPU memory is refused with UNIMPLEMENTED in this build.
+// connects only to itself. GPU memory (a CUDA build on a host with a device) is copied by the
+// CUDA driver; without CUDA it is refused with UNIMPLEMENTED, without a device with
+// FAILED_PRECONDITION.
 #pragma once
 
 #include <memory>

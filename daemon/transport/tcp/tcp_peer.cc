@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/transport/tcp/frame.h"
+#include "daemon/transport/tcp/gpu_io.h"
 #include "weightbeam/v1/transport.pb.h"
 
 namespace wb::transport::tcp {
@@ -308,6 +309,13 @@ absl::Status TcpPeer::SendJob(Connection* conn, Job& job) {
     header.offset = chunk.remote_offset;
     header.length = chunk.length;
     EncodeFrameHeader(header, raw);
+    if (pin->kind() == MemoryKind::kCuda) {
+      absl::Status st =
+          SendDevicePayload(conn->staging, conn->fd.get(), raw, sizeof(raw), pin->device(),
+                            pin->data(), chunk.length, [this] { last_progress_ns_ = NowNs(); });
+      if (!st.ok()) return WithContext(st, absl::StrCat(Where(), ": connection ", conn->index));
+      continue;
+    }
     // Large payloads go out in slices so that the stall detector sees progress as it happens.
     uint64_t sent = std::min<uint64_t>(chunk.length, kSendSliceBytes);
     iovec iov[2] = {{raw, sizeof(raw)}, {pin->data(), sent}};

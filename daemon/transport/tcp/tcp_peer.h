@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/gpu/staging.h"
 #include "daemon/transport/region_table.h"
 #include "daemon/transport/tcp/socket_util.h"
 #include "daemon/transport/tcp/tcp_options.h"
@@ -73,6 +74,7 @@ class TcpPeer : public Peer {
     std::deque<Job> jobs;                             // waiting to be sent
     std::deque<std::shared_ptr<Batch>> awaiting_ack;  // FLUSH sent, in order
     bool closed = false;
+    gpu::LazyStaging staging;  // pinned ring for GPU sources, used by `sender` only
   };
   struct RemoteRegion {
     uint64_t key = 0;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/transport/tcp/gpu_io.h"
 #include "weightbeam/v1/transport.pb.h"
 
 namespace wb::transport::tcp {
@@ -270,7 +271,13 @@ absl::Status TcpReceiver::HandleWrite(Connection* conn, const FrameHeader& heade
   }
   size_t got = 0;
   int err = 0;
-  RecvOutcome outcome = RecvExact(conn->fd.get(), pin->data(), header.length, &got, &err);
+  absl::Status staging_error;
+  RecvOutcome outcome =
+      pin->kind() == MemoryKind::kCuda
+          ? RecvDevicePayload(conn->staging, conn->fd.get(), pin->device(), pin->data(),
+                              header.length, &got, &err, &staging_error)
+          : RecvExact(conn->fd.get(), pin->data(), header.length, &got, &err);
+  if (!staging_error.ok()) return staging_error;
   if (outcome != RecvOutcome::kOk) {
     return absl::UnavailableError(
         absl::StrCat("payload of region ", header.region_id, " [", header.offset, ", +",

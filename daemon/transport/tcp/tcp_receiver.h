@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "daemon/gpu/staging.h"
 #include "daemon/transport/region_table.h"
 #include "daemon/transport/tcp/frame.h"
 #include "daemon/transport/tcp/socket_util.h"
@@ -45,6 +46,7 @@ class TcpReceiver {
     std::string peer;    // set after HELLO
     std::thread thread;
     std::atomic<bool> finished{false};
+    gpu::LazyStaging staging;  // pinned ring for GPU destinations
   };
   struct BatchProgress {
     uint32_t parts_seen = 0;

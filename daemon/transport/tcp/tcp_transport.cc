@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/transport/gpu_memory.h"
 #include "daemon/transport/tcp/socket_util.h"
 #include "weightbeam/v1/transport.pb.h"
 
@@ -44,7 +45,7 @@ TcpTransport::~TcpTransport() {
 
 Capabilities TcpTransport::caps() const {
   Capabilities caps;
-  caps.gpu_memory = false;
+  caps.gpu_memory = SoftwareGpuMemorySupported();  // staged through pinned host buffers
   caps.remote = true;
   caps.max_write_bytes = 0;  // split into max_frame_bytes frames internally
   return caps;
@@ -61,9 +62,8 @@ std::vector<weightbeam::v1::NicInfo> TcpTransport::Nics() const {
 
 absl::StatusOr<weightbeam::v1::RegionDescriptor> TcpTransport::Register(const MemoryRef& mem,
                                                                         Access access) {
-  if (mem.kind != MemoryKind::kHost) {
-    return absl::UnimplementedError(absl::StrCat("tcp transport: GPU memory (cuda:", mem.device,
-                                                 ") is not supported; stage it in host memory"));
+  if (mem.kind == MemoryKind::kCuda) {
+    if (absl::Status s = CheckGpuMemory("tcp", mem); !s.ok()) return s;
   }
   auto info = regions_->Add(mem, access);
   if (!info.ok()) return info.status();

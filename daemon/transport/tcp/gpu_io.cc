@@ -1,0 +1,58 @@
+#include "daemon/transport/tcp/gpu_io.h"
+
+#include <sys/uio.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace wb::transport::tcp {
+
+absl::Status SendDevicePayload(gpu::LazyStaging& staging, int fd, const uint8_t* raw,
+                               size_t raw_bytes, int device, const uint8_t* src, uint64_t length,
+                               const std::function<void()>& progress) {
+  auto ring = staging.Get();
+  if (!ring.ok()) return ring.status();
+  bool header_sent = false;
+  return (*ring)->ReadFromDevice(device, src, length,
+                                 [&](const uint8_t* data, uint64_t, uint64_t bytes) {
+                                   absl::Status st;
+                                   if (!header_sent) {
+                                     // The header rides with the first chunk, as in the host path.
+                                     iovec iov[2] = {{const_cast<uint8_t*>(raw), raw_bytes},
+                                                     {const_cast<uint8_t*>(data), bytes}};
+                                     st = SendAll(fd, iov, 2);
+                                     header_sent = true;
+                                   } else {
+                                     st = SendAll(fd, data, bytes);
+                                   }
+                                   if (st.ok()) progress();
+                                   return st;
+                                 });
+}
+
+RecvOutcome RecvDevicePayload(gpu::LazyStaging& staging, int fd, int device, uint8_t* dst,
+                              uint64_t length, size_t* received, int* error,
+                              absl::Status* staging_error) {
+  *received = 0;
+  auto ring = staging.Get();
+  if (!ring.ok()) {
+    *staging_error = ring.status();
+    return RecvOutcome::kError;
+  }
+  RecvOutcome outcome = RecvOutcome::kOk;
+  absl::Status st =
+      (*ring)->WriteToDevice(device, dst, length, [&](uint8_t* data, uint64_t, uint64_t bytes) {
+        size_t got = 0;
+        outcome = RecvExact(fd, data, bytes, &got, error);
+        *received += got;
+        if (outcome != RecvOutcome::kOk) return absl::UnavailableError("socket");
+        return absl::OkStatus();
+      });
+  if (outcome != RecvOutcome::kOk) return outcome;
+  if (!st.ok()) {
+    *staging_error = st;
+    return RecvOutcome::kError;
+  }
+  return RecvOutcome::kOk;
+}
+
+}  // namespace wb::transport::tcp
