@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/table.h"
 
 namespace wb::client {
@@ -66,6 +67,16 @@ std::string FormatDeltaHistory(const google::protobuf::RepeatedPtrField<v1::Step
   return steps.empty() ? "no steps yet\n" : "recent steps:\n" + t.Render();
 }
 
+std::string FormatReplicas(const v1::StatusResponse& s) {
+  if (s.replicas_size() == 0) return "";
+  Table t({"REPLICA", "STATE", "COMMITTED", "STALENESS", "AGENTS"});
+  for (const auto& r : s.replicas()) {
+    t.Add({std::to_string(r.replica()), r.state(), std::to_string(r.committed_version()),
+           std::to_string(r.staleness()), absl::StrJoin(r.agents(), ",")});
+  }
+  return absl::StrCat("inference replicas (min_replicas ", s.min_replicas(), "):\n", t.Render());
+}
+
 std::string FormatStep(const v1::StepResult& r) {
   std::string out =
       absl::StrCat("step ", r.version(), ": ", r.ok() ? "committed" : "FAILED", ", ",
@@ -73,6 +84,14 @@ std::string FormatStep(const v1::StepResult& r) {
                    FixedPoint(r.seconds() > 0 ? r.bytes() / r.seconds() / 1e9 : 0, 2), " GB/s)\n");
   if (std::string d = DeltaLine(r); !d.empty()) out += "  " + d + "\n";
   if (!r.ok()) out += absl::StrCat("  error: ", r.error(), "\n");
+  if (r.committed_replicas_size() > 0 || r.skipped_replicas_size() > 0) {
+    out += absl::StrCat(
+        "  committed to replica(s): ",
+        r.committed_replicas_size() ? absl::StrJoin(r.committed_replicas(), ", ") : "none", "\n");
+  }
+  for (const auto& s : r.skipped_replicas()) {
+    out += absl::StrCat("  skipped replica ", s.replica(), ": ", s.reason(), "\n");
+  }
   Table t({"AGENT", "OK", "BYTES", "DENSE", "OPS", "SECONDS", "PREPARE", "WRITE", "PEAK STAGING"});
   for (const auto& a : r.agents()) {
     t.Add({a.agent(), a.ok() ? "yes" : "no", HumanBytes(a.bytes_sent()),

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -134,6 +135,10 @@ int main(int argc, char** argv) {
   auto* step = app.add_subcommand("step", "push a new version to the inference side");
   uint64_t version = 0;
   step->add_option("VERSION", version, "the version to commit (newer than the last)")->required();
+  int64_t max_staleness = -1;
+  step->add_option("--max-staleness", max_staleness,
+                   "wait (within the step timeout) until no inference replica left out would be "
+                   "more than this many versions behind (docs/elastic.md)");
   auto* watch = app.add_subcommand("watch", "print step results as they happen");
   int count = 0;
   watch->add_option("--count", count, "stop after this many steps (0: forever)");
@@ -166,6 +171,9 @@ int main(int argc, char** argv) {
     }
     std::printf("%s", t.Render().c_str());
     if (*status) {
+      if (std::string r = wb::client::FormatReplicas(*s); !r.empty()) {
+        std::printf("\n%s", r.c_str());
+      }
       if (s->has_plan())
         std::printf("\n%s", wb::client::FormatPlan(s->plan()).c_str());
       else
@@ -244,7 +252,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "\r\033[K");
       });
     }
-    auto r = client->Step(version);
+    std::optional<uint32_t> bound;
+    if (max_staleness >= 0) bound = static_cast<uint32_t>(max_staleness);
+    auto r = client->Step(version, {}, bound);
     done = true;
     if (progress.joinable()) progress.join();
     if (!r.ok()) return Fail(r.status());

@@ -196,6 +196,7 @@ absl::StatusOr<ControllerConfig> ParseControllerConfig(const std::string& yaml,
   r.ReadUint32("heartbeat_timeout_ms", 50, 3600000, &c.heartbeat_timeout_ms);
   r.ReadUint32("step_timeout_ms", 10, 3600000, &c.step_timeout_ms);
   r.ReadUint32("plan_wait_ms", 0, 3600000, &c.plan_wait_ms);
+  r.ReadUint32("min_replicas", 1, 1 << 20, &c.min_replicas);
   r.ReadString("metrics_listen", &c.metrics_listen);
   CheckHostPort(r, "metrics_listen", c.metrics_listen);
 

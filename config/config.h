@@ -110,6 +110,9 @@ struct ControllerConfig {
   uint32_t heartbeat_timeout_ms = 5000;
   uint32_t step_timeout_ms = 60000;
   uint32_t plan_wait_ms = 30000;
+  // Elastic fleet (docs/elastic.md): a step fails unless it commits to at least this many
+  // inference replicas; the others are skipped and catch up later.
+  uint32_t min_replicas = 1;
   std::string metrics_listen;
   WorldConfig world;
   std::vector<RenameRule> renames;

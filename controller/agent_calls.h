@@ -54,6 +54,11 @@ class AgentChannels {
       grpc::ChannelArguments args;
       args.SetMaxReceiveMessageSize(kMaxControlMessageBytes);  // Describe of 10^6 tensors
       args.SetMaxSendMessageSize(kMaxControlMessageBytes);     // plans with millions of ops
+      // An agent that was down for minutes and restarts on the same endpoint must be reachable
+      // at once: gRPC's default reconnect backoff grows to 120 s, during which every call to
+      // it fails fast ("failed to connect") and each step re-plans without it.
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
       stub = weightbeam::v1::Agent::NewStub(factory_.Create(endpoint, args));
     }
     return stub.get();

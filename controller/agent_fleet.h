@@ -36,6 +36,10 @@ class AgentFleet {
   virtual std::vector<CallResult<weightbeam::v1::CommitResponse>> Commit(
       const std::vector<AgentCall<weightbeam::v1::CommitRequest>>& calls,
       std::chrono::milliseconds timeout) = 0;
+  // Agent.Health: the commit policy asks receivers whether they are there after a sender failed.
+  virtual std::vector<CallResult<weightbeam::v1::HealthResponse>> Health(
+      const std::vector<AgentCall<weightbeam::v1::HealthRequest>>& calls,
+      std::chrono::milliseconds timeout) = 0;
   // Best effort: agents the fleet cannot reach are skipped.
   virtual std::vector<CallResult<weightbeam::v1::AbortResponse>> Abort(
       const std::vector<AgentCall<weightbeam::v1::AbortRequest>>& calls,

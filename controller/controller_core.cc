@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -65,7 +66,20 @@ ControllerCore::ControllerCore(config::ControllerConfig config, uint64_t epoch,
                                PlanFunction planner)
     : config_(std::move(config)),
       membership_(epoch, std::chrono::milliseconds(config_.heartbeat_timeout_ms)),
-      planner_(std::move(planner)) {}
+      planner_(std::move(planner)) {
+  world_.set_trainer_ranks(config_.world.trainer_ranks);
+  world_.set_inference_replicas(config_.world.inference_replicas);
+  world_.set_inference_ranks_per_replica(config_.world.inference_ranks_per_replica);
+}
+
+namespace {
+// What is left until `deadline`, capped at `cap` and at least 1 ms: calls a step makes while
+// planning never outlive the step.
+std::chrono::milliseconds Until(Clock::time_point deadline, std::chrono::milliseconds cap) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return std::clamp(left, std::chrono::milliseconds(1), cap);
+}
+}  // namespace
 
 void ControllerCore::Sweep() { membership_.Sweep(); }
 
@@ -84,42 +98,114 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::Plan(const v1::PlanRequest& req)
     world.set_inference_replicas(config_.world.inference_replicas);
     world.set_inference_ranks_per_replica(config_.world.inference_ranks_per_replica);
   }
-  return PlanLocked(
-      world, std::chrono::milliseconds(req.wait_ms() ? req.wait_ms() : config_.plan_wait_ms));
+  world_ = world;
+  const auto wait = std::chrono::milliseconds(req.wait_ms() ? req.wait_ms() : config_.plan_wait_ms);
+  // After the wait: Describe (60 s), Introduce (10 s), LoadPlan (30 s) at most.
+  return PlanLocked(world, wait, Clock::now() + wait + std::chrono::seconds(100),
+                    /*elastic=*/false);
+}
+
+absl::StatusOr<std::vector<AgentRecord>> ControllerCore::PlanInput(
+    const v1::ExpectedWorld& world, const std::set<std::string>& silent, bool elastic,
+    std::map<int, std::string>* left_out, std::map<int, ReplicaView>* replicas) {
+  std::vector<AgentRecord> agents;
+  for (auto& a : membership_.Snapshot()) {
+    // An agent that did not describe its layout is planned as if lost.
+    if (silent.count(a.info.name())) a.lost = true;
+    agents.push_back(std::move(a));
+  }
+  const int ranks = world.inference_ranks_per_replica();
+  *replicas = CensusReplicas(agents, ranks);
+  std::vector<AgentRecord> alive;
+  for (auto& a : agents) {
+    if (!a.lost) alive.push_back(std::move(a));
+  }
+  std::string missing;
+  if (!elastic) {
+    // An agent lost while the layouts were pulled would silently drop its tensors from the plan
+    // (an empty plan "commits" nothing): check the world again on what the planner will see.
+    if (!WorldComplete(alive, world, &missing)) {
+      return absl::UnavailableError(
+          absl::StrCat("the world changed while planning; missing: ", missing));
+    }
+    return alive;
+  }
+  // Trainers: all of them (a missing source fails the step). Inference: the complete replicas.
+  v1::ExpectedWorld trainers_only;
+  trainers_only.set_trainer_ranks(world.trainer_ranks());
+  if (world.trainer_ranks() > 0 && !WorldComplete(alive, trainers_only, &missing)) {
+    std::vector<std::string> lost;
+    for (const auto& a : agents) {
+      if (a.lost) lost.push_back(a.info.name());
+    }
+    if (!lost.empty()) {
+      absl::StrAppend(&missing, " (agents lost, no heartbeat: ", absl::StrJoin(lost, ", "), ")");
+    }
+    return absl::UnavailableError(absl::StrCat("missing: ", missing));
+  }
+  std::set<int> drop;
+  size_t complete = 0;
+  for (const auto& [k, view] : *replicas) {
+    if (view.complete) {
+      ++complete;
+      continue;
+    }
+    drop.insert(k);
+    (*left_out)[k] = DescribeIncomplete(k, view, ranks);
+  }
+  // Replicas the world expects that never registered a tensor.
+  for (int k = 0; k < world.inference_replicas(); ++k) {
+    if (!replicas->count(k)) (*left_out)[k] = absl::StrCat("replica ", k, " (not registered)");
+  }
+  if (complete < std::max<uint32_t>(1, config_.min_replicas)) {
+    std::vector<std::string> why;
+    for (const auto& [k, reason] : *left_out) why.push_back(reason);
+    return absl::UnavailableError(
+        absl::StrCat("below min_replicas (", config_.min_replicas, "): ", complete,
+                     " inference replica(s) complete",
+                     why.empty() ? "" : "; skipped: ", absl::StrJoin(why, "; ")));
+  }
+  return WithoutReplicas(std::move(alive), drop);
 }
 
 absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWorld& world,
-                                                           std::chrono::milliseconds wait) {
+                                                           std::chrono::milliseconds wait,
+                                                           Clock::time_point deadline,
+                                                           bool elastic) {
   std::string missing;
-  bool complete = membership_.WaitFor(
-      [&] { return WorldComplete(membership_.Snapshot(), world, &missing); }, wait);
-  if (!complete) {
-    return absl::DeadlineExceededError(absl::StrCat("the world is incomplete after waiting ",
-                                                    wait.count(), " ms; missing: ", missing));
+  if (!elastic) {
+    bool complete = membership_.WaitFor(
+        [&] { return WorldComplete(membership_.Snapshot(), world, &missing); }, wait);
+    if (!complete) {
+      return absl::DeadlineExceededError(absl::StrCat("the world is incomplete after waiting ",
+                                                      wait.count(), " ms; missing: ", missing));
+    }
   }
   // Layouts are pushed by heartbeats; pull them now so the plan sees every registration.
-  if (auto s = RefreshLayouts(); !s.ok()) return s;
+  const std::set<std::string> silent = RefreshLayouts(deadline);
+  if (!silent.empty() && !elastic) {
+    return absl::UnavailableError(absl::StrCat("agent ", *silent.begin(),
+                                               " did not describe its layout before the deadline"));
+  }
   const uint64_t layout_version = membership_.layout_version();
-  std::vector<AgentRecord> agents;
-  for (auto& a : membership_.Snapshot()) {
-    if (!a.lost) agents.push_back(std::move(a));
-  }
-  // An agent lost while the layouts were pulled would silently drop its tensors from the plan
-  // (an empty plan "commits" nothing): check the world again on what the planner will see.
-  if (!WorldComplete(agents, world, &missing)) {
-    return absl::UnavailableError(
-        absl::StrCat("the world changed while planning; missing: ", missing));
-  }
+  std::map<int, std::string> left_out;
+  std::map<int, ReplicaView> census;
+  auto input = PlanInput(world, silent, elastic, &left_out, &census);
+  if (!input.ok()) return input.status();
+  std::vector<AgentRecord> agents = std::move(*input);
   const uint64_t plan_id = next_plan_id_++;
+  const auto planning = Clock::now();
   auto built = planner_(agents, config_, plan_id);
   if (!built.ok()) return built.status();
+  const double planner_seconds = std::chrono::duration<double>(Clock::now() - planning).count();
+  const auto loading = Clock::now();
 
   std::set<std::string> receivers;
   const auto endpoints = membership_.Endpoints();
   const bool delta = delta_choice_ == v1::DELTA_CHOICE_ON ||
                      (delta_choice_ == v1::DELTA_CHOICE_CONFIG && config_.delta.enabled);
   if (delta) {
-    if (auto s = LoadDeltaReceivers(&*built, endpoints); !s.ok()) {
+    if (auto s = LoadDeltaReceivers(&*built, endpoints, deadline); !s.ok()) {
       has_plan_ = false;
       return s;
     }
@@ -128,11 +214,12 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
     for (const auto& op : plan.ops()) receivers.insert(op.dst_agent());
   }
   // Receivers accept handshakes only from the senders introduced here, so this goes first.
-  if (auto s = IntroduceSenders(*built, agents, plan_id, endpoints); !s.ok()) {
+  if (auto s = IntroduceSenders(*built, agents, plan_id, endpoints, deadline); !s.ok()) {
     has_plan_ = false;
     return s;
   }
-  if (std::string failed = FailedCalls(LoadPlans(built->agent_plans, endpoints)); !failed.empty()) {
+  if (std::string failed = FailedCalls(LoadPlans(built->agent_plans, endpoints, deadline));
+      !failed.empty()) {
     has_plan_ = false;
     return absl::UnavailableError(absl::StrCat("loading the plan failed: ", failed));
   }
@@ -141,26 +228,40 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
   delta_need_anchor_ = true;
   delta_since_anchor_ = 0;
   plan_layout_version_ = layout_version;
+  plan_partial_ = !silent.empty();
   senders_.clear();
   for (const auto& [agent, plan] : plan_.agent_plans) senders_.push_back(agent);
   receivers_.assign(receivers.begin(), receivers.end());
+  plan_replicas_.clear();
+  plan_left_out_ = std::move(left_out);
+  for (const auto& [k, view] : census) {
+    if (view.complete && !plan_left_out_.count(k)) {
+      plan_replicas_[k].assign(view.agents.begin(), view.agents.end());
+    }
+  }
   {
     absl::MutexLock slock(&state_mu_);
     summary_ = plan_.summary;
     summary_valid_ = true;
     summary_layout_version_ = layout_version;
+    for (const auto& [k, view] : census) ledger_.Saw(k);
   }
-  spdlog::info("plan {} ({}): {} ops, {} bytes, {} sender(s), {} receiver(s), predicted {:.3f} s",
-               plan_.summary.plan_id(), plan_.summary.plan_hash(), plan_.summary.total_ops(),
-               plan_.summary.total_bytes(), senders_.size(), receivers_.size(),
-               plan_.summary.predicted_step_seconds());
+  spdlog::info(
+      "plan {} ({}): {} ops, {} bytes, {} sender(s), {} receiver(s), {} inference replica(s){}, "
+      "predicted {:.3f} s; planner {:.3f} s, loading {:.3f} s",
+      plan_.summary.plan_id(), plan_.summary.plan_hash(), plan_.summary.total_ops(),
+      plan_.summary.total_bytes(), senders_.size(), receivers_.size(), plan_replicas_.size(),
+      plan_left_out_.empty() ? "" : absl::StrCat(" (", plan_left_out_.size(), " left out)"),
+      plan_.summary.predicted_step_seconds(), planner_seconds,
+      std::chrono::duration<double>(Clock::now() - loading).count());
   return plan_.summary;
 }
 
 absl::Status ControllerCore::IntroduceSenders(const BuiltPlan& built,
                                               const std::vector<AgentRecord>& agents,
                                               uint64_t plan_id,
-                                              const std::map<std::string, std::string>& endpoints) {
+                                              const std::map<std::string, std::string>& endpoints,
+                                              Clock::time_point deadline) {
   std::map<std::string, std::set<std::string>> senders_of;  // receiver -> senders
   for (const auto& [agent, plan] : built.agent_plans) {
     for (const auto& op : plan.ops()) senders_of[op.dst_agent()].insert(agent);
@@ -175,15 +276,15 @@ absl::Status ControllerCore::IntroduceSenders(const BuiltPlan& built,
     targets.push_back(std::move(t));
   }
   const std::string failed = FailedCalls(CallAll<v1::IntroduceRequest, v1::IntroduceResponse>(
-      &channels_, targets, std::chrono::milliseconds(10000),
+      &channels_, targets, Until(deadline, std::chrono::milliseconds(10000)),
       [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Introduce(c, q, r, d); }));
   if (failed.empty()) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat("introducing senders to receivers failed: ", failed));
 }
 
 std::vector<CallResult<v1::LoadPlanResponse>> ControllerCore::LoadPlans(
-    std::map<std::string, v1::AgentPlan> plans,
-    const std::map<std::string, std::string>& endpoints) {
+    std::map<std::string, v1::AgentPlan> plans, const std::map<std::string, std::string>& endpoints,
+    Clock::time_point deadline) {
   std::vector<CallTarget<v1::LoadPlanRequest>> targets;
   for (auto& [agent, plan] : plans) {
     CallTarget<v1::LoadPlanRequest> t{agent, Endpoint(endpoints, agent), {}};
@@ -191,12 +292,13 @@ std::vector<CallResult<v1::LoadPlanResponse>> ControllerCore::LoadPlans(
     targets.push_back(std::move(t));
   }
   return CallAll<v1::LoadPlanRequest, v1::LoadPlanResponse>(
-      &channels_, targets, std::chrono::milliseconds(30000),
+      &channels_, targets, Until(deadline, std::chrono::milliseconds(30000)),
       [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->LoadPlan(c, q, r, d); });
 }
 
-absl::Status ControllerCore::LoadDeltaReceivers(
-    BuiltPlan* built, const std::map<std::string, std::string>& endpoints) {
+absl::Status ControllerCore::LoadDeltaReceivers(BuiltPlan* built,
+                                                const std::map<std::string, std::string>& endpoints,
+                                                Clock::time_point deadline) {
   v1::DeltaSettings settings;
   settings.set_enabled(true);
   settings.set_anchor_every(config_.delta.anchor_every);
@@ -219,7 +321,7 @@ absl::Status ControllerCore::LoadDeltaReceivers(
     half.set_delta_receive(true);
     *half.mutable_delta() = settings;
   }
-  const auto results = LoadPlans(std::move(halves), endpoints);
+  const auto results = LoadPlans(std::move(halves), endpoints, deadline);
   for (const auto& r : results) {
     if (!r.status.ok()) continue;
     for (const auto& slot : r.response.delta_slots()) {
@@ -239,7 +341,7 @@ absl::Status ControllerCore::LoadDeltaReceivers(
   return absl::OkStatus();
 }
 
-absl::Status ControllerCore::RefreshLayouts() {
+std::set<std::string> ControllerCore::RefreshLayouts(Clock::time_point deadline) {
   std::vector<CallTarget<v1::DescribeRequest>> targets;
   for (const auto& a : membership_.Snapshot()) {
     if (a.lost) continue;
@@ -249,12 +351,14 @@ absl::Status ControllerCore::RefreshLayouts() {
     targets.push_back(std::move(t));
   }
   auto results = CallAll<v1::DescribeRequest, v1::DescribeResponse>(
-      &channels_, targets, std::chrono::milliseconds(60000),
+      &channels_, targets, Until(deadline, std::chrono::milliseconds(60000)),
       [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Describe(c, q, r, d); });
+  std::set<std::string> silent;
   for (auto& r : results) {
     if (!r.status.ok()) {
-      return absl::UnavailableError(absl::StrCat(
-          "agent ", r.agent, " did not describe its layout: ", r.status.error_message()));
+      spdlog::warn("agent {} did not describe its layout: {}", r.agent, r.status.error_message());
+      silent.insert(r.agent);
+      continue;
     }
     if (r.response.layout_unchanged()) continue;
     v1::AgentLayout* layout = r.response.mutable_layout();
@@ -262,7 +366,7 @@ absl::Status ControllerCore::RefreshLayouts() {
     if (auto s = CheckLayout(r.agent, *layout); !s.ok()) return s;
     membership_.ReportLayout(std::move(*layout));
   }
-  return absl::OkStatus();
+  return silent;
 }
 
 void ControllerCore::Record(const v1::StepResult& r) {
@@ -275,7 +379,42 @@ void ControllerCore::Record(const v1::StepResult& r) {
   steps_.Publish(r);
 }
 
-absl::Status ControllerCore::ReadyForStep(uint64_t version) {
+absl::Status ControllerCore::ReplanIfChanged(uint64_t version, Clock::time_point deadline) {
+  membership_.Sweep();
+  if (has_plan_ && !plan_partial_ && membership_.layout_version() == plan_layout_version_) {
+    return absl::OkStatus();
+  }
+  spdlog::info("step {}: {}; planning", version,
+               !has_plan_      ? "no plan yet"
+               : plan_partial_ ? "the last plan left out an agent that did not answer"
+                               : "the layout or membership changed since the plan");
+  // Planning may take half of what is left of the step: the step itself needs the rest.
+  const auto plan_deadline = Clock::now() + (deadline - Clock::now()) / 2;
+  auto planned = PlanLocked(world_, std::chrono::milliseconds(0), plan_deadline, /*elastic=*/true);
+  if (!planned.ok()) {
+    return absl::Status(planned.status().code(),
+                        absl::StrCat("cannot plan: ", planned.status().message()));
+  }
+  return absl::OkStatus();
+}
+
+std::string ControllerCore::TooStale(uint32_t bound) {
+  absl::MutexLock slock(&state_mu_);
+  std::vector<std::string> behind;
+  for (int k : ledger_.Known()) {
+    if (plan_replicas_.count(k)) continue;  // gets this step
+    const uint64_t after = ledger_.Staleness(k) + 1;
+    if (after <= bound) continue;
+    auto it = plan_left_out_.find(k);
+    behind.push_back(
+        absl::StrCat("replica ", k, " would be ", after, " version(s) behind",
+                     it == plan_left_out_.end() ? "" : absl::StrCat(": ", it->second)));
+  }
+  return absl::StrJoin(behind, "; ");
+}
+
+absl::Status ControllerCore::ReadyForStep(uint64_t version, Clock::time_point deadline,
+                                          std::optional<uint32_t> max_staleness) {
   uint64_t last_committed;
   {
     absl::MutexLock slock(&state_mu_);
@@ -285,23 +424,23 @@ absl::Status ControllerCore::ReadyForStep(uint64_t version) {
     return absl::FailedPreconditionError(absl::StrCat(
         "version ", version, " is not newer than the last committed ", "version ", last_committed));
   }
-  membership_.Sweep();
-  if (!has_plan_ || membership_.layout_version() != plan_layout_version_) {
-    spdlog::info("step {}: {}; planning", version,
-                 has_plan_ ? "the layout changed since the plan" : "no plan yet");
-    v1::ExpectedWorld world;
-    world.set_trainer_ranks(config_.world.trainer_ranks);
-    world.set_inference_replicas(config_.world.inference_replicas);
-    world.set_inference_ranks_per_replica(config_.world.inference_ranks_per_replica);
-    auto planned = PlanLocked(world, std::chrono::milliseconds(0));
-    if (!planned.ok()) {
-      return absl::Status(planned.status().code(),
-                          absl::StrCat("cannot plan: ", planned.status().message()));
+  if (auto s = ReplanIfChanged(version, deadline); !s.ok()) return s;
+  // Async RL: block (within the step's deadline) while a replica left out would fall too far
+  // behind; a membership change (it returns) replans and checks again.
+  while (max_staleness) {
+    const std::string behind = TooStale(*max_staleness);
+    if (behind.empty()) break;
+    const uint64_t seen = membership_.layout_version();
+    const auto left = Until(deadline, std::chrono::milliseconds(3600000));
+    if (Clock::now() >= deadline ||
+        !membership_.WaitFor([&] { return membership_.layout_version() != seen; }, left)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("max_staleness ", *max_staleness, " would be exceeded: ", behind,
+                       "; waited until the step deadline for it to return"));
     }
+    if (auto s = ReplanIfChanged(version, deadline); !s.ok()) return s;
   }
-  std::vector<std::string> involved = senders_;
-  involved.insert(involved.end(), receivers_.begin(), receivers_.end());
-  if (std::string lost = membership_.FirstLost(involved); !lost.empty()) {
+  if (std::string lost = membership_.FirstLost(senders_); !lost.empty()) {
     return absl::UnavailableError(absl::StrCat("agent ", lost, " is lost (no heartbeat)"));
   }
   return absl::OkStatus();
@@ -318,6 +457,8 @@ StepSpec ControllerCore::NextStep(uint64_t version, Clock::time_point started,
   spec.timeout = timeout;
   // Delta mode: anchors (dense, shadows refreshed) after a new plan or a failed step and every
   // anchor_every steps; a random nonce marks this attempt's receive slots.
+  spec.replicas = plan_replicas_;
+  spec.min_replicas = std::max<uint32_t>(1, config_.min_replicas);
   spec.delta = plan_.summary.delta().enabled();
   spec.anchor = spec.delta && (delta_need_anchor_ ||
                                delta_since_anchor_ + 1 >=
@@ -325,11 +466,16 @@ StepSpec ControllerCore::NextStep(uint64_t version, Clock::time_point started,
   if (spec.delta) {
     static thread_local std::mt19937_64 rng(std::random_device{}());
     while (spec.nonce == 0) spec.nonce = rng();
+    absl::MutexLock slock(&state_mu_);
+    // Every receiver of a delta step got every step since the anchor (any that did not forced
+    // an anchor): the deltas apply on the last committed version.
+    if (!spec.anchor) spec.delta_base_version = last_committed_;
   }
   return spec;
 }
 
-v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds timeout) {
+v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds timeout,
+                                    std::optional<uint32_t> max_staleness) {
   v1::StepResult result;
   result.set_version(version);
   result.set_started_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -352,26 +498,57 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
     absl::Mutex* mu;
     ~Unlock() { mu->Unlock(); }
   } unlock{&plan_mu_};
-  if (auto s = ReadyForStep(version); !s.ok()) return fail(std::string(s.message()));
+  if (auto s = ReadyForStep(version, t0 + timeout, max_staleness); !s.ok()) {
+    return fail(std::string(s.message()));
+  }
   const StepSpec spec = NextStep(version, t0, timeout);
-  if (auto s = protocol_.Run(spec, &result); !s.ok()) return fail(std::string(s.message()));
+  // Replicas the plan left out (lost, incomplete) are skipped by this step too.
+  for (const auto& [k, why] : plan_left_out_) {
+    v1::SkippedReplica* skipped = result.add_skipped_replicas();
+    skipped->set_replica(k);
+    skipped->set_reason(absl::StrCat("left out of plan ", spec.plan_id, ": ", why));
+  }
+  const absl::Status run = protocol_.Run(spec, &result);
+  {
+    absl::MutexLock slock(&state_mu_);
+    if (result.committed_replicas_size() > 0) {
+      ledger_.Committed(version,
+                        {result.committed_replicas().begin(), result.committed_replicas().end()});
+    }
+  }
+  if (!run.ok()) return fail(std::string(run.message()));
   if (spec.delta) {
-    delta_since_anchor_ = spec.anchor ? 0 : delta_since_anchor_ + 1;
-    delta_need_anchor_ = false;
+    delta_since_anchor_ = spec.anchor || result.delta_anchor() ? 0 : delta_since_anchor_ + 1;
+    // A replica dropped from this step holds an older version than the senders' shadows: the
+    // next step must be dense for it, so it is an anchor.
+    delta_need_anchor_ = result.skipped_replicas_size() > static_cast<int>(plan_left_out_.size());
   }
   result.set_ok(true);
   result.set_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
-  spdlog::info("step {} committed: {} bytes ({} dense{}) in {:.3f} s", version, result.bytes(),
-               result.bytes_dense(),
-               !spec.delta   ? ""
-               : spec.anchor ? ", delta anchor"
-                             : ", delta",
+  spdlog::info("step {} committed to {} replica(s){}: {} bytes ({} dense{}) in {:.3f} s", version,
+               result.committed_replicas_size(),
+               result.skipped_replicas_size() == 0
+                   ? ""
+                   : absl::StrCat(", ", result.skipped_replicas_size(), " skipped"),
+               result.bytes(), result.bytes_dense(),
+               !spec.delta             ? ""
+               : result.delta_anchor() ? ", delta anchor"
+                                       : ", delta",
                result.seconds());
   Record(result);
   return result;
 }
 
 void ControllerCore::AbortInFlight(const std::string& reason) { protocol_.AbortInFlight(reason); }
+
+std::vector<ControllerCore::ReplicaVersion> ControllerCore::ReplicaVersions() const {
+  absl::MutexLock lock(&state_mu_);
+  std::vector<ReplicaVersion> out;
+  for (int k : ledger_.Known()) {
+    out.push_back({k, ledger_.committed_version(k), ledger_.Staleness(k)});
+  }
+  return out;
+}
 
 v1::PlanSummary ControllerCore::CurrentPlan() const {
   absl::MutexLock lock(&state_mu_);
@@ -397,6 +574,29 @@ v1::StatusResponse ControllerCore::Status() const {
   s.set_layout_changed(!summary_valid_ || membership_.layout_version() != summary_layout_version_);
   s.set_last_committed_version(last_committed_);
   for (const auto& r : recent_) *s.add_recent_steps() = r;
+  s.set_min_replicas(config_.min_replicas);
+  // Replica states from the layouts as they are now (docs/elastic.md).
+  const auto census =
+      CensusReplicas(membership_.Snapshot(), config_.world.inference_ranks_per_replica);
+  std::set<int> known;
+  for (int k : ledger_.Known()) known.insert(k);
+  for (const auto& [k, view] : census) known.insert(k);
+  for (int k : known) {
+    v1::ReplicaStatus* r = s.add_replicas();
+    r->set_replica(k);
+    r->set_committed_version(ledger_.committed_version(k));
+    r->set_staleness(ledger_.Staleness(k));
+    auto it = census.find(k);
+    const bool complete = it != census.end() && it->second.complete;
+    if (it != census.end()) {
+      for (const auto& a : it->second.agents) r->add_agents(a);
+      for (const auto& a : it->second.lost_agents) r->add_agents(a);
+    }
+    r->set_state(!complete ? "lost"
+                 : r->committed_version() == ledger_.latest() && ledger_.latest() > 0
+                     ? "serving"
+                     : "catching_up");
+  }
   return s;
 }
 

@@ -9,6 +9,8 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,7 @@
 #include "controller/agent_calls.h"
 #include "controller/grpc_agent_fleet.h"
 #include "controller/membership.h"
+#include "controller/replica_census.h"
 #include "controller/step_protocol.h"
 #include "weightbeam/v1/controller.pb.h"
 
@@ -45,36 +48,69 @@ class ControllerCore {
   AgentChannels& agent_channels() { return channels_; }
 
   absl::StatusOr<weightbeam::v1::PlanSummary> Plan(const weightbeam::v1::PlanRequest& req);
-  weightbeam::v1::StepResult Step(uint64_t version, std::chrono::milliseconds timeout);
+  // Commits `version` to the healthy inference replicas (docs/elastic.md). With
+  // `max_staleness`, first waits (within `timeout`) until no known replica left out of the step
+  // would be more than that many committed versions behind.
+  weightbeam::v1::StepResult Step(uint64_t version, std::chrono::milliseconds timeout,
+                                  std::optional<uint32_t> max_staleness = std::nullopt);
   // Aborts the step in flight, if any, on every agent it involves (SIGTERM): its senders
   // cancel, so Step returns promptly with the failure, and watchers see abort(`reason`).
   void AbortInFlight(const std::string& reason);
   weightbeam::v1::StatusResponse Status() const;
+  // Each known inference replica's committed version and staleness (no layout census: cheap).
+  struct ReplicaVersion {
+    int replica = 0;
+    uint64_t committed_version = 0;
+    uint64_t staleness = 0;
+  };
+  std::vector<ReplicaVersion> ReplicaVersions() const;
   // The summary of the current plan (all zero before the first plan).
   weightbeam::v1::PlanSummary CurrentPlan() const;
   // Marks lost agents; run periodically.
   void Sweep();
 
  private:
-  absl::StatusOr<weightbeam::v1::PlanSummary> PlanLocked(const weightbeam::v1::ExpectedWorld& w,
-                                                         std::chrono::milliseconds wait)
+  // Plans for `w`: an explicit Plan waits (up to `wait`) for all of it; a step's replan
+  // (`elastic`) takes the inference replicas that are complete now, at least min_replicas.
+  // Every call to an agent ends by `deadline`.
+  absl::StatusOr<weightbeam::v1::PlanSummary> PlanLocked(
+      const weightbeam::v1::ExpectedWorld& w, std::chrono::milliseconds wait,
+      std::chrono::steady_clock::time_point deadline, bool elastic)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
+  // The agents and replicas a plan covers: the alive agents that described their layout, with
+  // the tensors of incomplete inference replicas left out (elastic) and why each was left out.
+  absl::StatusOr<std::vector<AgentRecord>> PlanInput(const weightbeam::v1::ExpectedWorld& world,
+                                                     const std::set<std::string>& silent,
+                                                     bool elastic,
+                                                     std::map<int, std::string>* left_out,
+                                                     std::map<int, ReplicaView>* replicas);
   // `agent`'s control endpoint in `endpoints` (from Membership::Endpoints), or "".
   static std::string Endpoint(const std::map<std::string, std::string>& endpoints,
                               const std::string& agent);
   // Tells every agent in `agents` which senders of `built` will connect to it (Agent.Introduce).
   absl::Status IntroduceSenders(const BuiltPlan& built, const std::vector<AgentRecord>& agents,
                                 uint64_t plan_id,
-                                const std::map<std::string, std::string>& endpoints);
+                                const std::map<std::string, std::string>& endpoints,
+                                std::chrono::steady_clock::time_point deadline);
   // Loads each agent's plan (Agent.LoadPlan, in parallel) and returns every answer.
   std::vector<CallResult<weightbeam::v1::LoadPlanResponse>> LoadPlans(
       std::map<std::string, weightbeam::v1::AgentPlan> plans,
-      const std::map<std::string, std::string>& endpoints);
-  // Asks every alive agent for its current layout (Describe) and records changes.
-  absl::Status RefreshLayouts();
+      const std::map<std::string, std::string>& endpoints,
+      std::chrono::steady_clock::time_point deadline);
+  // Asks every alive agent for its current layout (Describe) and records changes; returns the
+  // agents that did not answer (left out of the plan being made).
+  std::set<std::string> RefreshLayouts(std::chrono::steady_clock::time_point deadline);
   // Before a step: `version` is new, a plan for the current layout is loaded (planning again
   // when the layout changed) and no agent it involves is lost.
-  absl::Status ReadyForStep(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
+  absl::Status ReadyForStep(uint64_t version, std::chrono::steady_clock::time_point deadline,
+                            std::optional<uint32_t> max_staleness)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
+  // Plans again when the layout or membership changed since the plan.
+  absl::Status ReplanIfChanged(uint64_t version, std::chrono::steady_clock::time_point deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
+  // max_staleness: the known replicas the plan leaves out that would be more than `bound`
+  // versions behind after one more commit ("" when none).
+  std::string TooStale(uint32_t bound) ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
   // The plan's senders and receivers, the step's deadline and its delta anchor choice.
   StepSpec NextStep(uint64_t version, std::chrono::steady_clock::time_point started,
                     std::chrono::milliseconds timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
@@ -82,7 +118,8 @@ class ControllerCore {
   // Delta mode: loads the receiving half of the plan (receive regions) on the receivers and
   // adds their regions and slots to the senders' plans.
   absl::Status LoadDeltaReceivers(BuiltPlan* built,
-                                  const std::map<std::string, std::string>& endpoints);
+                                  const std::map<std::string, std::string>& endpoints,
+                                  std::chrono::steady_clock::time_point deadline);
 
   const config::ControllerConfig config_;
   Membership membership_;
@@ -99,6 +136,14 @@ class ControllerCore {
   uint64_t next_plan_id_ ABSL_GUARDED_BY(plan_mu_) = 1;
   std::vector<std::string> senders_ ABSL_GUARDED_BY(plan_mu_);
   std::vector<std::string> receivers_ ABSL_GUARDED_BY(plan_mu_);
+  // The world the last Plan asked for (the config's until then); steps replan for it.
+  weightbeam::v1::ExpectedWorld world_ ABSL_GUARDED_BY(plan_mu_);
+  // The plan's inference replicas and their receiving agents, and the known replicas it left
+  // out with the reason (lost, incomplete). A plan that left out an agent that did not answer
+  // Describe is made again at the next step.
+  std::map<int, std::vector<std::string>> plan_replicas_ ABSL_GUARDED_BY(plan_mu_);
+  std::map<int, std::string> plan_left_out_ ABSL_GUARDED_BY(plan_mu_);
+  bool plan_partial_ ABSL_GUARDED_BY(plan_mu_) = false;
   // Delta mode: the next step must be a dense anchor (new plan, or a step failed: the
   // destinations may hold part of it); committed delta steps since the last anchor.
   std::atomic<bool> delta_need_anchor_{true};
@@ -109,6 +154,7 @@ class ControllerCore {
 
   mutable absl::Mutex state_mu_;
   uint64_t last_committed_ ABSL_GUARDED_BY(state_mu_) = 0;
+  ReplicaLedger ledger_ ABSL_GUARDED_BY(state_mu_);
   std::deque<weightbeam::v1::StepResult> recent_ ABSL_GUARDED_BY(state_mu_);
   weightbeam::v1::PlanSummary summary_ ABSL_GUARDED_BY(state_mu_);
   bool summary_valid_ ABSL_GUARDED_BY(state_mu_) = false;

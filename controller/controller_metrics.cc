@@ -27,9 +27,21 @@ ControllerMetrics::ControllerMetrics(ControllerCore* core, metrics::Registry* re
   registry->AddCallbackGauge("weightbeam_plan_predicted_step_seconds",
                              "The cost model's prediction for one step of the current plan.",
                              [core] { return core->CurrentPlan().predicted_step_seconds(); });
+  replica_version_ = &registry->AddGauge(
+      "weightbeam_replica_committed_version",
+      "The version each inference replica last committed (docs/elastic.md).", {"replica"});
+  replica_staleness_ = &registry->AddGauge(
+      "weightbeam_replica_staleness_steps",
+      "Committed versions since each inference replica's own (0: serving the latest).",
+      {"replica"});
   subscription_ = core->steps().Subscribe([this](const weightbeam::v1::StepResult& r) {
     step_seconds_->Observe(r.seconds());
     (r.ok() ? committed_ : failed_)->Increment();
+    for (const auto& v : core_->ReplicaVersions()) {
+      const std::string label = std::to_string(v.replica);
+      replica_version_->WithLabels({label})->Set(static_cast<double>(v.committed_version));
+      replica_staleness_->WithLabels({label})->Set(static_cast<double>(v.staleness));
+    }
   });
 }
 

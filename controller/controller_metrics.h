@@ -23,6 +23,8 @@ class ControllerMetrics {
   metrics::Histogram* step_seconds_;
   metrics::Counter* committed_;
   metrics::Counter* failed_;
+  metrics::Family<metrics::Gauge>* replica_version_;
+  metrics::Family<metrics::Gauge>* replica_staleness_;
   uint64_t subscription_ = 0;
 };
 

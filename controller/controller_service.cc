@@ -94,7 +94,9 @@ grpc::ServerUnaryReactor* ControllerService::Step(grpc::CallbackServerContext* c
   std::thread([this, reactor, req, resp] {
     auto timeout =
         std::chrono::milliseconds(req->timeout_ms() ? req->timeout_ms() : step_timeout_ms_);
-    *resp->mutable_result() = core_->Step(req->version(), timeout);
+    std::optional<uint32_t> max_staleness;
+    if (req->has_max_staleness()) max_staleness = req->max_staleness();
+    *resp->mutable_result() = core_->Step(req->version(), timeout, max_staleness);
     reactor->Finish(grpc::Status::OK);
   }).detach();
   return reactor;

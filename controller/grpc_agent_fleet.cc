@@ -40,6 +40,13 @@ std::vector<CallResult<v1::CommitResponse>> GrpcAgentFleet::Commit(
       [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Commit(c, q, r, d); });
 }
 
+std::vector<CallResult<v1::HealthResponse>> GrpcAgentFleet::Health(
+    const std::vector<AgentCall<v1::HealthRequest>>& calls, std::chrono::milliseconds timeout) {
+  return CallAll<v1::HealthRequest, v1::HealthResponse>(
+      channels_, Targets(calls, false), timeout,
+      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Health(c, q, r, d); });
+}
+
 std::vector<CallResult<v1::AbortResponse>> GrpcAgentFleet::Abort(
     const std::vector<AgentCall<v1::AbortRequest>>& calls, std::chrono::milliseconds timeout) {
   return CallAll<v1::AbortRequest, v1::AbortResponse>(

@@ -23,6 +23,9 @@ class GrpcAgentFleet : public AgentFleet {
   std::vector<CallResult<weightbeam::v1::CommitResponse>> Commit(
       const std::vector<AgentCall<weightbeam::v1::CommitRequest>>& calls,
       std::chrono::milliseconds timeout) override;
+  std::vector<CallResult<weightbeam::v1::HealthResponse>> Health(
+      const std::vector<AgentCall<weightbeam::v1::HealthRequest>>& calls,
+      std::chrono::milliseconds timeout) override;
   // Skips agents without a known endpoint.
   std::vector<CallResult<weightbeam::v1::AbortResponse>> Abort(
       const std::vector<AgentCall<weightbeam::v1::AbortRequest>>& calls,

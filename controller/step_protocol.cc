@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -37,7 +39,113 @@ std::string CallError(const grpc::Status& s) {
 
 }  // namespace
 
-absl::Status StepProtocol::Run(const StepSpec& spec, v1::StepResult* result) {
+ReplicaBook::ReplicaBook(const StepSpec& spec) : receivers_(spec.receivers) {
+  std::set<std::string> receiving(spec.receivers.begin(), spec.receivers.end());
+  for (const auto& [replica, agents] : spec.replicas) {
+    for (const auto& a : agents) {
+      if (!receiving.count(a)) continue;  // a replica part this plan sends nothing to
+      replicas_[replica].push_back(a);
+      replicas_of_[a].insert(replica);
+    }
+  }
+  int loose = -1;
+  for (const auto& a : spec.receivers) {
+    if (replicas_of_.count(a)) continue;
+    replicas_[loose].push_back(a);
+    replicas_of_[a].insert(loose--);
+  }
+}
+
+std::vector<std::string> ReplicaBook::Drop(const std::map<std::string, std::string>& failed) {
+  std::vector<std::string> pending;
+  for (const auto& [agent, why] : failed) {
+    pending.push_back(agent);
+    for (int r : replicas_of_[agent]) {
+      if (!dropped_.count(r)) dropped_[r] = absl::StrCat("agent ", agent, ": ", why);
+    }
+  }
+  // Close over shared agents: every agent of a dropped replica leaves, with its replicas.
+  std::set<std::string> newly;
+  while (!pending.empty()) {
+    const std::string agent = pending.back();
+    pending.pop_back();
+    if (excluded_.count(agent)) continue;
+    excluded_.insert(agent);
+    newly.insert(agent);
+    for (int r : replicas_of_[agent]) {
+      if (!dropped_.count(r)) {
+        dropped_[r] = absl::StrCat("shares agent ", agent, " with a dropped replica");
+      }
+      for (const auto& other : replicas_[r]) {
+        if (!excluded_.count(other)) pending.push_back(other);
+      }
+    }
+  }
+  return {newly.begin(), newly.end()};
+}
+
+std::vector<std::string> ReplicaBook::LiveReceivers() const {
+  std::vector<std::string> out;
+  for (const auto& a : receivers_) {
+    if (!excluded_.count(a)) out.push_back(a);
+  }
+  return out;
+}
+
+std::vector<std::string> ReplicaBook::ExcludedReceivers() const {
+  return {excluded_.begin(), excluded_.end()};
+}
+
+std::vector<int> ReplicaBook::LiveReplicas() const {
+  std::vector<int> out;
+  for (const auto& [r, agents] : replicas_) {
+    if (!dropped_.count(r)) out.push_back(r);
+  }
+  return out;
+}
+
+void ReplicaBook::Fill(v1::StepResult* result) const {
+  for (const auto& [r, agents] : replicas_) {
+    auto it = dropped_.find(r);
+    if (it == dropped_.end()) {
+      if (r >= 0) result->add_committed_replicas(r);
+      continue;
+    }
+    v1::SkippedReplica* s = result->add_skipped_replicas();
+    s->set_replica(r);
+    for (const auto& a : agents) s->add_agents(a);
+    s->set_reason(it->second);
+  }
+}
+
+std::string ReplicaBook::DroppedSummary() const {
+  std::vector<std::string> parts;
+  for (const auto& [r, why] : dropped_) {
+    parts.push_back(r >= 0 ? absl::StrCat("replica ", r, " (", why, ")")
+                           : absl::StrCat("receiver ", replicas_.at(r).front(), " (", why, ")"));
+  }
+  return absl::StrJoin(parts, "; ");
+}
+
+namespace {
+
+// The error of a step that committed (or could commit) to fewer replicas than the floor.
+absl::Status BelowFloor(const StepSpec& spec, const ReplicaBook& book, const std::string& what,
+                        const std::string& cause) {
+  std::string msg = absl::StrCat("below min_replicas (", spec.min_replicas, "): ", what, " ",
+                                 book.live(), " of ", book.total(), " inference replica(s)");
+  if (!book.DroppedSummary().empty()) absl::StrAppend(&msg, "; skipped: ", book.DroppedSummary());
+  if (!cause.empty()) absl::StrAppend(&msg, "; ", cause);
+  return absl::AbortedError(msg);
+}
+
+// A fresh attempt's nonce: never 0, never the previous one.
+uint64_t NextNonce(uint64_t nonce) { return nonce + 1 == 0 ? 1 : nonce + 1; }
+
+}  // namespace
+
+absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) {
+  StepSpec spec = spec_in;  // a retried execute changes the nonce and the anchor choice
   std::vector<std::string> involved = spec.senders;
   involved.insert(involved.end(), spec.receivers.begin(), spec.receivers.end());
   struct InFlight {
@@ -52,37 +160,112 @@ absl::Status StepProtocol::Run(const StepSpec& spec, v1::StepResult* result) {
     absl::MutexLock lock(&mu_);
     inflight_version_ = spec.version;
     inflight_agents_ = involved;
+    inflight_aborted_ = false;
   }
-  if (auto s = BeginOnReceivers(spec); !s.ok()) {
-    AbortEverywhere(spec.version, involved, std::string(s.message()));
-    return s;
+  ReplicaBook book(spec);
+  // Aborts the agents `book` just excluded, so their watchers learn `version` is not coming.
+  auto abort_dropped = [&](const std::vector<std::string>& agents, const std::string& why) {
+    if (!agents.empty()) AbortEverywhere(spec.version, agents, why);
+  };
+
+  // Phase 1: begin. A receiver that fails it leaves the step with its replicas.
+  if (auto failed = BeginOnReceivers(spec, spec.receivers); !failed.empty()) {
+    auto excluded = book.Drop(failed);
+    const std::string why =
+        absl::StrCat("agent ", failed.begin()->first, ": ", failed.begin()->second);
+    if (book.live() < spec.min_replicas) {
+      const absl::Status s = BelowFloor(spec, book, "began on", "");
+      AbortEverywhere(spec.version, involved, std::string(s.message()));
+      return s;
+    }
+    spdlog::warn("step {}: dropped {}", spec.version, book.DroppedSummary());
+    abort_dropped(excluded, why);
   }
   result->set_delta_anchor(spec.anchor);
-  if (auto s = ExecuteOnSenders(spec, result); !s.ok()) {
-    AbortEverywhere(spec.version, involved, std::string(s.message()));
-    return s;
+
+  // Phase 2: execute, again without the receivers that drop out while it runs.
+  while (true) {
+    v1::StepResult attempt;
+    const absl::Status s = ExecuteOnSenders(spec, book.ExcludedReceivers(), &attempt);
+    // The result tells of the attempt that decided the step.
+    result->clear_agents();
+    for (const auto& r : attempt.agents()) *result->add_agents() = r;
+    result->set_bytes(attempt.bytes());
+    result->set_bytes_dense(attempt.bytes_dense());
+    result->set_delta_ops(attempt.delta_ops());
+    result->set_dense_ops(attempt.dense_ops());
+    if (s.ok()) break;
+    bool aborted;
+    {
+      absl::MutexLock lock(&mu_);
+      aborted = inflight_aborted_;
+    }
+    auto gone = aborted ? std::map<std::string, std::string>()
+                        : UnreachableReceivers(spec, book.LiveReceivers());
+    if (gone.empty()) {  // the senders' own failure
+      AbortEverywhere(spec.version, involved, std::string(s.message()));
+      return s;
+    }
+    auto excluded = book.Drop(gone);
+    if (book.live() < spec.min_replicas) {
+      const absl::Status floor = BelowFloor(spec, book, "reachable:", std::string(s.message()));
+      AbortEverywhere(spec.version, involved, std::string(floor.message()));
+      return floor;
+    }
+    spdlog::warn("step {}: {}; dropped {}; executing again without them", spec.version,
+                 std::string(s.message()), book.DroppedSummary());
+    abort_dropped(excluded, std::string(s.message()));
+    // The failed attempt may have left slots and shadows half-updated: a fresh, dense attempt.
+    spec.nonce = spec.delta ? NextNonce(spec.nonce) : 0;
+    spec.anchor = spec.delta;
+    spec.delta_base_version = 0;
+    result->set_delta_anchor(spec.anchor);
   }
-  return CommitOnReceivers(spec, result);
+
+  // Phase 3: commit on the receivers still in the step.
+  auto failed = CommitOnReceivers(spec, book.LiveReceivers(), result);
+  if (!failed.empty()) {
+    std::vector<std::string> errors;
+    for (const auto& [agent, why] : failed) {
+      errors.push_back(absl::StrCat("agent ", agent, ": commit failed: ", why));
+    }
+    const std::string why = absl::StrJoin(errors, "; ");
+    std::map<std::string, std::string> as_commit;
+    for (const auto& [agent, e] : failed) as_commit[agent] = absl::StrCat("commit failed: ", e);
+    book.Drop(as_commit);
+    // Failed receivers tell their watchers; in delta mode the senders drop their shadows.
+    std::vector<std::string> to_abort;
+    for (const auto& [agent, e] : failed) to_abort.push_back(agent);
+    if (spec.delta) to_abort.insert(to_abort.end(), spec.senders.begin(), spec.senders.end());
+    AbortEverywhere(spec.version, to_abort, why);
+    book.Fill(result);
+    if (book.live() < spec.min_replicas) return BelowFloor(spec, book, "committed to", "");
+    spdlog::warn("step {}: {}", spec.version, why);
+    return absl::OkStatus();
+  }
+  book.Fill(result);
+  return absl::OkStatus();
 }
 
-absl::Status StepProtocol::BeginOnReceivers(const StepSpec& spec) {
+std::map<std::string, std::string> StepProtocol::BeginOnReceivers(
+    const StepSpec& spec, const std::vector<std::string>& receivers) {
   std::vector<AgentCall<v1::BeginRequest>> calls;
-  for (const auto& a : spec.receivers) {
+  for (const auto& a : receivers) {
     AgentCall<v1::BeginRequest> c{a, {}};
     c.request.set_version(spec.version);
     c.request.set_plan_id(spec.plan_id);
     calls.push_back(std::move(c));
   }
+  std::map<std::string, std::string> failed;
   for (const auto& r : fleet_->Begin(calls, QuickCallTimeout(spec))) {
-    if (!r.status.ok()) {
-      return absl::AbortedError(
-          absl::StrCat("agent ", r.agent, ": begin failed: ", CallError(r.status)));
-    }
+    if (!r.status.ok()) failed[r.agent] = absl::StrCat("begin failed: ", CallError(r.status));
   }
-  return absl::OkStatus();
+  return failed;
 }
 
-absl::Status StepProtocol::ExecuteOnSenders(const StepSpec& spec, v1::StepResult* result) {
+absl::Status StepProtocol::ExecuteOnSenders(const StepSpec& spec,
+                                            const std::vector<std::string>& skip,
+                                            v1::StepResult* result) {
   std::vector<AgentCall<v1::ExecuteRequest>> calls;
   for (const auto& a : spec.senders) {
     AgentCall<v1::ExecuteRequest> c{a, {}};
@@ -91,6 +274,7 @@ absl::Status StepProtocol::ExecuteOnSenders(const StepSpec& spec, v1::StepResult
     c.request.set_timeout_ms(static_cast<uint32_t>(Remaining(spec).count()));
     c.request.set_delta_anchor(spec.anchor);
     c.request.set_step_nonce(spec.nonce);
+    for (const auto& s : skip) c.request.add_skip_agents(s);
     calls.push_back(std::move(c));
   }
   // The barrier: every sender answers (its executor stops at the deadline it was given; 2 s
@@ -118,12 +302,32 @@ absl::Status StepProtocol::ExecuteOnSenders(const StepSpec& spec, v1::StepResult
   return absl::AbortedError(absl::StrJoin(errors, "; "));
 }
 
-absl::Status StepProtocol::CommitOnReceivers(const StepSpec& spec, v1::StepResult* result) {
+std::map<std::string, std::string> StepProtocol::UnreachableReceivers(
+    const StepSpec& spec, const std::vector<std::string>& receivers) {
+  std::vector<AgentCall<v1::HealthRequest>> calls;
+  for (const auto& a : receivers) calls.push_back({a, {}});
+  // Short: a receiver that is there answers at once; never more than a quarter of what is left.
+  const auto timeout = std::clamp(Remaining(spec) / 4, std::chrono::milliseconds(200),
+                                  std::chrono::milliseconds(1000));
+  std::map<std::string, std::string> gone;
+  for (const auto& r : fleet_->Health(calls, timeout)) {
+    if (!r.status.ok()) {
+      gone[r.agent] = absl::StrCat("unreachable during execute: ", CallError(r.status));
+    } else if (!r.response.serving()) {
+      gone[r.agent] = absl::StrCat("not serving during execute (", r.response.state(), ")");
+    }
+  }
+  return gone;
+}
+
+std::map<std::string, std::string> StepProtocol::CommitOnReceivers(
+    const StepSpec& spec, const std::vector<std::string>& receivers, v1::StepResult* result) {
   std::vector<AgentCall<v1::CommitRequest>> calls;
-  for (const auto& a : spec.receivers) {
+  for (const auto& a : receivers) {
     AgentCall<v1::CommitRequest> c{a, {}};
     c.request.set_version(spec.version);
     c.request.set_step_nonce(spec.nonce);
+    if (spec.delta && !spec.anchor) c.request.set_delta_base_version(spec.delta_base_version);
     for (const auto& report : result->agents()) {
       for (const auto& h : report.hashes()) {
         if (h.dst_agent() == a) *c.request.add_expected_hashes() = h;
@@ -133,23 +337,11 @@ absl::Status StepProtocol::CommitOnReceivers(const StepSpec& spec, v1::StepResul
   }
   // The hashes travelled to the receivers; the step result does not need them.
   for (auto& report : *result->mutable_agents()) report.clear_hashes();
-  std::vector<std::string> errors;
-  std::vector<std::string> failed;
+  std::map<std::string, std::string> failed;
   for (const auto& r : fleet_->Commit(calls, QuickCallTimeout(spec))) {
-    if (!r.status.ok()) {
-      errors.push_back(absl::StrCat("agent ", r.agent, ": commit failed: ", CallError(r.status)));
-      failed.push_back(r.agent);
-    }
+    if (!r.status.ok()) failed[r.agent] = CallError(r.status);
   }
-  if (errors.empty()) return absl::OkStatus();
-  const std::string why = absl::StrJoin(errors, "; ");
-  if (spec.delta) {
-    // Senders drop their shadows; failed receivers tell their watchers.
-    std::vector<std::string> to_abort = spec.senders;
-    to_abort.insert(to_abort.end(), failed.begin(), failed.end());
-    AbortEverywhere(spec.version, to_abort, why);
-  }
-  return absl::AbortedError(why);
+  return failed;
 }
 
 void StepProtocol::AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
@@ -173,6 +365,10 @@ void StepProtocol::AbortInFlight(const std::string& reason) {
     agents = inflight_agents_;
   }
   if (version == 0) return;
+  {
+    absl::MutexLock lock(&mu_);
+    inflight_aborted_ = true;
+  }
   spdlog::warn("aborting step {} in flight: {}", version, reason);
   AbortEverywhere(version, agents, reason);
 }

@@ -1,10 +1,14 @@
 // One step's commit protocol over an AgentFleet, as named phases: begin on the receivers, execute
-// on the senders (the barrier: every sender answers), commit on the receivers. A failure aborts
-// the agents it may have touched and fails the step with an error naming the agent and the cause.
+// on the senders (the barrier: every sender answers), commit on the receivers. The commit policy
+// (docs/elastic.md): a receiving replica that fails in any phase is dropped from the step (its
+// agents aborted) and the step goes on with the others while at least `min_replicas` remain; a
+// failing sender fails the step. Errors name the agent and the cause.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,6 +32,44 @@ struct StepSpec {
   bool delta = false;
   bool anchor = false;
   uint64_t nonce = 0;
+  // Delta mode, not an anchor: the version every receiver must hold for the deltas to apply.
+  uint64_t delta_base_version = 0;
+  // The receiving agents of each inference replica. A replica is committed only when all of its
+  // agents commit; one failing agent drops every replica it holds a part of. Receivers in no
+  // replica count as one replica each (numbered from -1 down).
+  std::map<int, std::vector<std::string>> replicas;
+  // The step fails unless at least this many replicas commit.
+  uint32_t min_replicas = 1;
+};
+
+// Which replicas of a step are still in it, and why the others were dropped. Dropping is closed
+// over shared agents: an agent leaves with every replica it holds a part of, and a replica
+// leaves with all of its agents.
+class ReplicaBook {
+ public:
+  explicit ReplicaBook(const StepSpec& spec);
+
+  // Drops every replica holding one of `failed` (agent -> why); returns the agents newly
+  // excluded from the step (the failed ones and their replicas' other agents), sorted.
+  std::vector<std::string> Drop(const std::map<std::string, std::string>& failed);
+  // Receivers still in the step, in the spec's order.
+  std::vector<std::string> LiveReceivers() const;
+  std::vector<std::string> ExcludedReceivers() const;
+  std::vector<int> LiveReplicas() const;
+  size_t live() const { return replicas_.size() - dropped_.size(); }
+  size_t total() const { return replicas_.size(); }
+  bool excluded(const std::string& agent) const { return excluded_.count(agent) > 0; }
+  // Adds the committed and skipped replicas to `result`.
+  void Fill(weightbeam::v1::StepResult* result) const;
+  // "replica 1 (agent inference-1: begin failed: ...); replica 2 (...)".
+  std::string DroppedSummary() const;
+
+ private:
+  std::vector<std::string> receivers_;
+  std::map<int, std::vector<std::string>> replicas_;
+  std::map<std::string, std::set<int>> replicas_of_;  // agent -> replicas it holds part of
+  std::map<int, std::string> dropped_;                // replica -> reason
+  std::set<std::string> excluded_;
 };
 
 class StepProtocol {
@@ -35,17 +77,29 @@ class StepProtocol {
   explicit StepProtocol(AgentFleet* fleet) : fleet_(fleet) {}
 
   // Runs the phases of one step. Adds the senders' reports, bytes and op counts to `result`
-  // (and the delta anchor choice once begin succeeded). An error names the agent; by then the
-  // agents involved were told to abort (after a commit failure: in delta mode only, the senders
-  // and the receivers that failed). One step at a time.
+  // (and the delta anchor choice once begin succeeded), and which replicas committed and which
+  // were skipped. A receiver failing begin or commit, or unreachable when a sender failed,
+  // drops its replicas (their agents are told to abort); a sender failure that no receiver
+  // explains fails the step. When a receiver drops out during execute the senders run again
+  // without it (a fresh attempt: dense in delta mode) while the deadline allows. An error names
+  // the agent; by then the agents involved were told to abort. One step at a time.
   absl::Status Run(const StepSpec& spec, weightbeam::v1::StepResult* result);
   // Aborts the step in flight, if any, on every agent it involves (callable from any thread).
   void AbortInFlight(const std::string& reason);
 
-  // The phases, in order.
-  absl::Status BeginOnReceivers(const StepSpec& spec);
-  absl::Status ExecuteOnSenders(const StepSpec& spec, weightbeam::v1::StepResult* result);
-  absl::Status CommitOnReceivers(const StepSpec& spec, weightbeam::v1::StepResult* result);
+  // The phases, in order. Begin and commit go to `receivers` and return the failed ones (agent
+  // -> error); execute skips the destinations in `skip`.
+  std::map<std::string, std::string> BeginOnReceivers(const StepSpec& spec,
+                                                      const std::vector<std::string>& receivers);
+  absl::Status ExecuteOnSenders(const StepSpec& spec, const std::vector<std::string>& skip,
+                                weightbeam::v1::StepResult* result);
+  std::map<std::string, std::string> CommitOnReceivers(const StepSpec& spec,
+                                                       const std::vector<std::string>& receivers,
+                                                       weightbeam::v1::StepResult* result);
+  // After a sender failed: the receivers among `receivers` that do not answer a health check
+  // (agent -> why), i.e. the ones the failure is most likely about.
+  std::map<std::string, std::string> UnreachableReceivers(
+      const StepSpec& spec, const std::vector<std::string>& receivers);
   // Tells `agents` to abort `version` (best effort, 2 s).
   void AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
                        const std::string& reason);
@@ -56,6 +110,7 @@ class StepProtocol {
   // The step in flight (version 0: none) and the agents it involves, for AbortInFlight.
   uint64_t inflight_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> inflight_agents_ ABSL_GUARDED_BY(mu_);
+  bool inflight_aborted_ ABSL_GUARDED_BY(mu_) = false;  // no more attempts
 };
 
 }  // namespace wb::controller

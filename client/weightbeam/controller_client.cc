@@ -100,7 +100,8 @@ absl::StatusOr<v1::PlanSummary> ControllerClient::Plan(const v1::ExpectedWorld& 
 }
 
 absl::StatusOr<v1::StepResult> ControllerClient::Step(uint64_t version,
-                                                      std::chrono::milliseconds timeout) {
+                                                      std::chrono::milliseconds timeout,
+                                                      std::optional<uint32_t> max_staleness) {
   grpc::ClientContext ctx;
   // The controller enforces `timeout`; this deadline only guards against a controller that
   // stalls. Its slack covers a re-plan inside the step and the abort round.
@@ -110,6 +111,7 @@ absl::StatusOr<v1::StepResult> ControllerClient::Step(uint64_t version,
   v1::StepRequest req;
   req.set_version(version);
   req.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
+  if (max_staleness) req.set_max_staleness(*max_staleness);
   v1::StepResponse resp;
   grpc::Status s = impl_->stub->Step(&ctx, req, &resp);
   if (!s.ok()) return impl_->Convert(s);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -44,8 +45,11 @@ class ControllerClient {
   // names the agent and cause. `timeout` 0 uses the controller's configured step timeout.
   // The call itself gives up (DEADLINE_EXCEEDED) 60 s after `timeout`, or after 15 minutes
   // when `timeout` is 0, should the controller stall.
-  absl::StatusOr<weightbeam::v1::StepResult> Step(uint64_t version,
-                                                  std::chrono::milliseconds timeout = {});
+  // `max_staleness` (docs/elastic.md): the step first waits, within `timeout`, until no
+  // inference replica left out of it would be more than that many versions behind.
+  absl::StatusOr<weightbeam::v1::StepResult> Step(
+      uint64_t version, std::chrono::milliseconds timeout = {},
+      std::optional<uint32_t> max_staleness = std::nullopt);
   absl::StatusOr<weightbeam::v1::StatusResponse> Status();
   absl::StatusOr<weightbeam::v1::ListTensorsResponse> ListTensors(const std::string& agent);
   // Calls `on_step` for every step result until it returns false or the stream ends.

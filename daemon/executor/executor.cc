@@ -455,7 +455,7 @@ void Executor::AwaitCompletions(PhaseRun* run, Clock::time_point deadline) {
 }
 
 v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::milliseconds timeout,
-                                      delta::StepDelta step) {
+                                      delta::StepDelta step, const std::set<std::string>& skip) {
   v1::AgentStepReport report;
   const auto t0 = Clock::now();
   const auto deadline = t0 + timeout;
@@ -476,11 +476,17 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   std::shared_ptr<delta::DeltaSender> delta;
   {
     absl::MutexLock lock(&mu_);
-    ops = ops_;  // a copy: a concurrent Load must not pull the plan from under the step
+    // A copy: a concurrent Load must not pull the plan from under the step.
+    for (const auto& op : ops_) {
+      if (!skip.count(op.dst_agent())) ops.push_back(op);
+    }
     if (step.enabled) delta = delta_;
   }
   // After an abort or a failed step the destination may hold part of a step: anchor.
   if (delta && delta->TakeInvalidated()) step.anchor = true;
+  // A destination dropped from this step holds an older version than the shadows will: every
+  // later step must be dense until an anchor refreshes them all (the controller anchors).
+  if (delta && !skip.empty()) delta->Invalidate();
   step.version = version;
   for (size_t i = 0; i < ops.size() && status.ok(); ++i) {
     phase.push_back(&ops[i]);

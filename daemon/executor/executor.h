@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -66,10 +67,12 @@ class Executor {
             std::shared_ptr<delta::DeltaSender> delta = nullptr);
   bool loaded() const;
 
-  // Runs every op of the loaded plan, phase by phase (a barrier between phases). Fails with
-  // the first error, naming the operation (source -> destination tensor, peer).
+  // Runs every op of the loaded plan, phase by phase (a barrier between phases), except the
+  // ops to the destination agents in `skip` (dropped from this step). Fails with the first
+  // error, naming the operation (source -> destination tensor, peer).
   weightbeam::v1::AgentStepReport Execute(uint64_t version, std::chrono::milliseconds timeout,
-                                          delta::StepDelta step = {});
+                                          delta::StepDelta step = {},
+                                          const std::set<std::string>& skip = {});
   // Makes a running Execute fail promptly with `reason`.
   void Cancel(const std::string& reason);
   // Operations whose writes are posted and not yet acknowledged (all steps together).

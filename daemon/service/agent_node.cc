@@ -319,8 +319,12 @@ absl::Status AgentNode::LoadPlan(const v1::AgentPlan& plan, v1::LoadPlanResponse
   return absl::OkStatus();
 }
 
-absl::Status AgentNode::ConnectAndLoad(const v1::AgentPlan& plan) {
-  std::vector<v1::PeerIntro> peers(plan.peers().begin(), plan.peers().end());
+absl::Status AgentNode::ConnectAndLoad(const v1::AgentPlan& plan,
+                                       const std::set<std::string>& skip) {
+  std::vector<v1::PeerIntro> peers;
+  for (const auto& p : plan.peers()) {
+    if (!skip.count(p.agent())) peers.push_back(p);
+  }
   auto routes = connector_->Connect(peers);
   if (!routes.ok()) {
     metrics_.Error(AgentMetrics::kPlanLoadFailed);
@@ -335,6 +339,8 @@ absl::Status AgentNode::ConnectAndLoad(const v1::AgentPlan& plan) {
   }
   executor_->Load(std::vector<v1::TransferOp>(plan.ops().begin(), plan.ops().end()),
                   std::move(*routes), std::move(delta));
+  absl::MutexLock lock(&mu_);
+  unconnected_ = skip;
   return absl::OkStatus();
 }
 
@@ -343,6 +349,7 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
   failed.set_agent(config_.name);
   bool reconnect = false;
   v1::AgentPlan plan;
+  const std::set<std::string> skip(req.skip_agents().begin(), req.skip_agents().end());
   delta::StepDelta step;
   {
     absl::MutexLock lock(&mu_);
@@ -353,7 +360,9 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
       return failed;
     }
     state_ = "executing";
+    // Connect again after a failure, or when this step needs a peer left out before.
     reconnect = reconnect_;
+    for (const auto& peer : unconnected_) reconnect = reconnect || !skip.count(peer);
     if (reconnect) plan = plan_;
     step.enabled = delta_sending_;
     step.anchor = req.delta_anchor();
@@ -363,7 +372,7 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
   // A failed step may have left connections broken (a peer restarted, a link went down):
   // connect afresh before trying again, so the step can succeed once the cause is gone.
   if (reconnect) {
-    if (auto s = ConnectAndLoad(plan); !s.ok()) {
+    if (auto s = ConnectAndLoad(plan, skip); !s.ok()) {
       failed.set_error(absl::StrCat("reconnecting to peers: ", s.message()));
       metrics_.Error(AgentMetrics::kStepFailed);
       absl::MutexLock lock(&mu_);
@@ -372,7 +381,7 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
     }
   }
   auto timeout = std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 60000);
-  v1::AgentStepReport report = executor_->Execute(req.version(), timeout, step);
+  v1::AgentStepReport report = executor_->Execute(req.version(), timeout, step, skip);
   report.set_agent(config_.name);
   for (auto& h : *report.mutable_hashes()) h.set_src_agent(config_.name);
   metrics_.StepFinished(report.seconds(), report.ok());
@@ -418,6 +427,14 @@ absl::Status AgentNode::Commit(const v1::CommitRequest& req) {
       return absl::FailedPreconditionError(absl::StrCat("version ", req.version(),
                                                         " is not newer than the committed version ",
                                                         committed_version_));
+    }
+    // Deltas patch the version they were computed against; any other base ends up wrong.
+    if (req.delta_base_version() != 0 && req.delta_base_version() != committed_version_) {
+      metrics_.Error(AgentMetrics::kCommitRefused);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "delta mode on agent ", config_.name, ": the deltas of version ", req.version(),
+          " apply on version ", req.delta_base_version(), " but this agent holds version ",
+          committed_version_, "; refusing them (the next anchor brings it up to date)"));
     }
   }
   delta::ApplyStats stats;

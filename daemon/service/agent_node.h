@@ -74,8 +74,10 @@ class AgentNode {
  private:
   absl::Status CreateTransports();
   absl::Status BindLocalSocket();
-  // Connects to the plan's peers and hands its operations to the executor.
-  absl::Status ConnectAndLoad(const weightbeam::v1::AgentPlan& plan);
+  // Connects to the plan's peers (except those in `skip`, dropped from the step) and hands its
+  // operations to the executor.
+  absl::Status ConnectAndLoad(const weightbeam::v1::AgentPlan& plan,
+                              const std::set<std::string>& skip = {});
   // Begin and Commit: refuse versions not newer than the committed one, then tell watchers.
   absl::Status Advance(weightbeam::v1::Event::Kind kind, uint64_t version);
   void Publish(weightbeam::v1::Event::Kind kind, uint64_t version, const std::string& reason);
@@ -108,6 +110,9 @@ class AgentNode {
   uint64_t plan_id_ ABSL_GUARDED_BY(mu_) = 0;
   weightbeam::v1::AgentPlan plan_ ABSL_GUARDED_BY(mu_);  // kept to reconnect after a failure
   bool reconnect_ ABSL_GUARDED_BY(mu_) = false;
+  // Peers of the plan left unconnected by the last (re)connect: a step that needs one
+  // connects again.
+  std::set<std::string> unconnected_ ABSL_GUARDED_BY(mu_);
   uint64_t committed_version_ ABSL_GUARDED_BY(mu_) = 0;
   bool delta_sending_ ABSL_GUARDED_BY(mu_) = false;  // the loaded plan sends deltas
   std::string state_ ABSL_GUARDED_BY(mu_) = "idle";

@@ -19,7 +19,7 @@
 
 namespace wb::controller::testing {
 
-enum class Phase { kBegin, kExecute, kCommit, kAbort };
+enum class Phase { kBegin, kExecute, kCommit, kAbort, kHealth };
 
 inline const char* PhaseName(Phase p) {
   switch (p) {
@@ -31,6 +31,8 @@ inline const char* PhaseName(Phase p) {
       return "commit";
     case Phase::kAbort:
       return "abort";
+    case Phase::kHealth:
+      return "health";
   }
   return "?";
 }
@@ -51,14 +53,23 @@ class FakeAgentFleet : public AgentFleet {
     scripts_[{agent, phase}] = std::move(reply);
   }
 
-  // What `agent` received, in arrival order: "begin 7", "execute 7", "commit 7", "abort 7".
+  // What `agent` received, in arrival order: "begin 7", "execute 7", "commit 7", "abort 7"
+  // (health checks are left out; see Received).
   std::vector<std::string> Events(const std::string& agent) const {
     absl::MutexLock lock(&mu_);
     std::vector<std::string> out;
     for (const auto& e : log_) {
-      if (e.agent == agent) out.push_back(absl::StrCat(PhaseName(e.phase), " ", e.version));
+      if (e.agent == agent && e.phase != Phase::kHealth) {
+        out.push_back(absl::StrCat(PhaseName(e.phase), " ", e.version));
+      }
     }
     return out;
+  }
+  // Every execute request `agent` received, in order.
+  std::vector<weightbeam::v1::ExecuteRequest> ExecuteRequestsOf(const std::string& agent) const {
+    absl::MutexLock lock(&mu_);
+    auto it = all_executes_.find(agent);
+    return it == all_executes_.end() ? std::vector<weightbeam::v1::ExecuteRequest>() : it->second;
   }
   // Every call any agent received, in arrival order: "r0 begin", "s1 execute", ...
   std::vector<std::string> Log() const {
@@ -118,6 +129,12 @@ class FakeAgentFleet : public AgentFleet {
     return FanOut<weightbeam::v1::CommitRequest, weightbeam::v1::CommitResponse>(Phase::kCommit,
                                                                                  calls, timeout);
   }
+  std::vector<CallResult<weightbeam::v1::HealthResponse>> Health(
+      const std::vector<AgentCall<weightbeam::v1::HealthRequest>>& calls,
+      std::chrono::milliseconds timeout) override {
+    return FanOut<weightbeam::v1::HealthRequest, weightbeam::v1::HealthResponse>(Phase::kHealth,
+                                                                                 calls, timeout);
+  }
   std::vector<CallResult<weightbeam::v1::AbortResponse>> Abort(
       const std::vector<AgentCall<weightbeam::v1::AbortRequest>>& calls,
       std::chrono::milliseconds timeout) override {
@@ -146,7 +163,10 @@ class FakeAgentFleet : public AgentFleet {
   void Remember(const std::string& agent, const weightbeam::v1::ExecuteRequest& r, Event* e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     executes_[agent] = r;
+    all_executes_[agent].push_back(r);
   }
+  void Remember(const std::string& agent, const weightbeam::v1::HealthRequest& r, Event* e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {}
   void Remember(const std::string& agent, const weightbeam::v1::CommitRequest& r, Event* e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     commits_[agent] = r;
@@ -163,8 +183,14 @@ class FakeAgentFleet : public AgentFleet {
       resp->mutable_report()->set_ok(true);
     }
   }
+  static void Fill(const Reply&, weightbeam::v1::HealthResponse* resp) { resp->set_serving(true); }
   template <typename Resp>
   static void Fill(const Reply&, Resp*) {}
+  template <typename Req>
+  static uint64_t VersionOf(const Req& r) {
+    return r.version();
+  }
+  static uint64_t VersionOf(const weightbeam::v1::HealthRequest&) { return 0; }
 
   // Logs the call, then answers it as the script says.
   template <typename Req, typename Resp>
@@ -174,7 +200,7 @@ class FakeAgentFleet : public AgentFleet {
     Reply reply;
     {
       absl::MutexLock lock(&mu_);
-      Event e{call.agent, phase, call.request.version(), ""};
+      Event e{call.agent, phase, VersionOf(call.request), ""};
       Remember(call.agent, call.request, &e);
       log_.push_back(std::move(e));
       timeouts_[{call.agent, phase}] = timeout;
@@ -210,6 +236,8 @@ class FakeAgentFleet : public AgentFleet {
   std::map<std::pair<std::string, Phase>, Reply> scripts_ ABSL_GUARDED_BY(mu_);
   std::vector<Event> log_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, weightbeam::v1::ExecuteRequest> executes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<weightbeam::v1::ExecuteRequest>> all_executes_
+      ABSL_GUARDED_BY(mu_);
   std::map<std::string, weightbeam::v1::CommitRequest> commits_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, Phase>, std::chrono::milliseconds> timeouts_ ABSL_GUARDED_BY(mu_);
 };

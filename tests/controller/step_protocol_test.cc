@@ -34,7 +34,20 @@ StepSpec Spec(uint64_t version, milliseconds timeout = milliseconds(10000)) {
   spec.receivers = kReceivers;
   spec.started = std::chrono::steady_clock::now();
   spec.timeout = timeout;
+  // Each receiver holds one replica; both must commit (the strict floor) unless a test lowers it.
+  spec.replicas = {{0, {"r0"}}, {1, {"r1"}}};
+  spec.min_replicas = 2;
   return spec;
+}
+
+std::vector<int> Committed(const v1::StepResult& r) {
+  return {r.committed_replicas().begin(), r.committed_replicas().end()};
+}
+
+std::vector<int> Skipped(const v1::StepResult& r) {
+  std::vector<int> out;
+  for (const auto& s : r.skipped_replicas()) out.push_back(s.replica());
+  return out;
 }
 
 v1::AgentStepReport Report(bool ok, uint64_t bytes, uint64_t dense, const std::string& error = "") {
@@ -187,12 +200,15 @@ TEST_CASE("a receiver failing begin fails the step naming it; no sender executes
   v1::StepResult result;
   const absl::Status s = protocol.Run(spec, &result);
   REQUIRE_FALSE(s.ok());
-  CHECK(std::string(s.message()) == expected);
+  // Below the floor of 2 replicas: the step fails, naming the floor and the receiver.
+  CHECK_THAT(std::string(s.message()),
+             Catch::StartsWith("below min_replicas (2): began on 1 of 2 inference replica(s)") &&
+                 Catch::Contains("replica 1 (" + expected + ")"));
   CHECK_FALSE(result.delta_anchor());  // set once begin succeeded
   CHECK(result.agents_size() == 0);
   for (const auto& r : kReceivers) CHECK(fleet.Events(r) == Strings{"begin 10", "abort 10"});
   for (const auto& a : kSenders) CHECK(fleet.Events(a) == Strings{"abort 10"});
-  for (const auto& a : kEveryone) CHECK(fleet.AbortReasons(a) == Strings{expected});
+  for (const auto& a : kEveryone) CHECK(fleet.AbortReasons(a) == Strings{std::string(s.message())});
 }
 
 TEST_CASE("a commit failing after other receivers committed is reported by name") {
@@ -204,13 +220,17 @@ TEST_CASE("a commit failing after other receivers committed is reported by name"
   StepProtocol protocol(&fleet);
   const std::string expected =
       "agent r1: commit failed: delta mode on agent r1: op 2 hash mismatch";
-  SECTION("dense: nothing to undo, nobody is told to abort") {
+  SECTION("dense: the failed receiver's watchers are told; the senders have nothing to undo") {
     v1::StepResult result;
     const absl::Status s = protocol.Run(Spec(11), &result);
     REQUIRE_FALSE(s.ok());
-    CHECK(std::string(s.message()) == expected);
+    CHECK_THAT(std::string(s.message()),
+               Catch::StartsWith("below min_replicas (2): committed to 1 of 2") &&
+                   Catch::Contains(expected));
+    CHECK(Committed(result) == std::vector<int>{0});
+    CHECK(Skipped(result) == std::vector<int>{1});
     CHECK(fleet.Events("r0") == Strings{"begin 11", "commit 11"});
-    CHECK(fleet.Events("r1") == Strings{"begin 11", "commit 11"});
+    CHECK(fleet.Events("r1") == Strings{"begin 11", "commit 11", "abort 11"});
     for (const auto& a : kSenders) CHECK(fleet.Events(a) == Strings{"execute 11"});
   }
   SECTION("delta: the senders drop their shadows and the failed receiver is aborted") {
@@ -220,7 +240,7 @@ TEST_CASE("a commit failing after other receivers committed is reported by name"
     v1::StepResult result;
     const absl::Status s = protocol.Run(spec, &result);
     REQUIRE_FALSE(s.ok());
-    CHECK(std::string(s.message()) == expected);
+    CHECK_THAT(std::string(s.message()), Catch::Contains(expected));
     CHECK(fleet.Events("r0") == Strings{"begin 11", "commit 11"});
     CHECK(fleet.Events("r1") == Strings{"begin 11", "commit 11", "abort 11"});
     for (const auto& a : kSenders) CHECK(fleet.Events(a) == Strings{"execute 11", "abort 11"});
@@ -306,12 +326,16 @@ TEST_CASE("an abort from another thread reaches every agent of the step in fligh
     protocol.AbortInFlight(reason);
     release.Notify();
     step.join();
-    CHECK(std::string(s.message()) == "agent r1: commit failed: version 14 was aborted");
-    CHECK(fleet.Events("r1") == Strings{"begin 14", "commit 14", "abort 14"});
+    CHECK_THAT(std::string(s.message()),
+               Catch::Contains("agent r1: commit failed: version 14 was aborted"));
+    // r1 hears the in-flight abort, then its own (dropped from the step).
+    CHECK(fleet.Events("r1") == Strings{"begin 14", "commit 14", "abort 14", "abort 14"});
+    CHECK(fleet.AbortReasons("r1") ==
+          Strings{reason, "agent r1: commit failed: version 14 was aborted"});
     // r0 committed before the abort reached it; the abort still does.
     CHECK(fleet.Events("r0") == Strings{"begin 14", "commit 14", "abort 14"});
     for (const auto& a : kSenders) CHECK(fleet.Events(a) == Strings{"execute 14", "abort 14"});
-    for (const auto& a : kEveryone) CHECK(fleet.AbortReasons(a) == Strings{reason});
+    for (const auto& a : {"r0", "s0", "s1"}) CHECK(fleet.AbortReasons(a) == Strings{reason});
   }
 
   SECTION("after the commit answered: no step is in flight, nobody is aborted") {
@@ -320,6 +344,154 @@ TEST_CASE("an abort from another thread reaches every agent of the step in fligh
     protocol.AbortInFlight(reason);
     for (const auto& a : kEveryone) CHECK_FALSE(fleet.Received(a, Phase::kAbort));
   }
+}
+
+// The commit policy (docs/elastic.md): a receiving replica that fails is dropped from the step,
+// the others commit while at least min_replicas remain.
+
+TEST_CASE("a replica failing begin is dropped: its agents abort, the others commit") {
+  FakeAgentFleet fleet;
+  fleet.Script("r1", Phase::kBegin, Failing(grpc::StatusCode::UNAVAILABLE, "connection refused"));
+  StepProtocol protocol(&fleet);
+  StepSpec spec = Spec(20);
+  spec.min_replicas = 1;
+  v1::StepResult result;
+  REQUIRE(protocol.Run(spec, &result).ok());
+  CHECK(Committed(result) == std::vector<int>{0});
+  REQUIRE(Skipped(result) == std::vector<int>{1});
+  CHECK(result.skipped_replicas(0).agents(0) == "r1");
+  CHECK(result.skipped_replicas(0).reason() == "agent r1: begin failed: connection refused");
+  CHECK(fleet.Events("r1") == Strings{"begin 20", "abort 20"});
+  CHECK(fleet.Events("r0") == Strings{"begin 20", "commit 20"});
+  // The senders leave out its ops.
+  for (const auto& s : kSenders) {
+    const auto exec = fleet.ExecuteRequestOf(s);
+    REQUIRE(exec.skip_agents_size() == 1);
+    CHECK(exec.skip_agents(0) == "r1");
+  }
+}
+
+TEST_CASE(
+    "a replica unreachable when a sender fails is dropped; the senders run again without it") {
+  FakeAgentFleet fleet;
+  const bool delta = GENERATE(false, true);
+  // s0's first attempt fails writing to r1 (r1 died); its second attempt succeeds.
+  Reply first;
+  first.report = Report(false, 10, 10, "op 3 (w -> r1:w): connection reset by peer");
+  first.on_call = [&fleet] { fleet.Script("s0", Phase::kExecute, Reply{}); };
+  fleet.Script("s0", Phase::kExecute, first);
+  fleet.Script("r1", Phase::kHealth, Failing(grpc::StatusCode::UNAVAILABLE, "connection refused"));
+  StepProtocol protocol(&fleet);
+  StepSpec spec = Spec(21);
+  spec.min_replicas = 1;
+  spec.delta = delta;
+  spec.nonce = delta ? 77 : 0;
+  spec.delta_base_version = delta ? 20 : 0;
+  v1::StepResult result;
+  const absl::Status s = protocol.Run(spec, &result);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  CHECK(Committed(result) == std::vector<int>{0});
+  REQUIRE(Skipped(result) == std::vector<int>{1});
+  CHECK_THAT(result.skipped_replicas(0).reason(),
+             Catch::Contains("agent r1: unreachable during execute: connection refused"));
+  const auto attempts = fleet.ExecuteRequestsOf("s0");
+  REQUIRE(attempts.size() == 2);
+  CHECK(attempts[0].skip_agents_size() == 0);
+  REQUIRE(attempts[1].skip_agents_size() == 1);
+  CHECK(attempts[1].skip_agents(0) == "r1");
+  // A fresh attempt: dense in delta mode, with a nonce of its own; the commit says so.
+  CHECK(attempts[1].delta_anchor() == delta);
+  CHECK(result.delta_anchor() == delta);
+  if (delta) {
+    CHECK(attempts[1].step_nonce() != attempts[0].step_nonce());
+    CHECK(fleet.CommitRequestOf("r0").step_nonce() == attempts[1].step_nonce());
+    CHECK(fleet.CommitRequestOf("r0").delta_base_version() == 0);
+  }
+  // The result counts the attempt that committed.
+  CHECK(result.agents_size() == 2);
+  CHECK(fleet.Events("r1") == Strings{"begin 21", "abort 21"});
+  CHECK(fleet.Events("r0") == Strings{"begin 21", "commit 21"});
+}
+
+TEST_CASE("a sender failure that no receiver explains fails the step, with no second attempt") {
+  FakeAgentFleet fleet;
+  fleet.Script("s1", Phase::kExecute,
+               Reply{milliseconds(0), grpc::Status::OK, Report(false, 0, 0, "staging failed")});
+  StepProtocol protocol(&fleet);
+  StepSpec spec = Spec(22);
+  spec.min_replicas = 1;
+  v1::StepResult result;
+  const absl::Status s = protocol.Run(spec, &result);
+  REQUIRE_FALSE(s.ok());
+  CHECK(std::string(s.message()) == "agent s1: staging failed");
+  CHECK(fleet.ExecuteRequestsOf("s1").size() == 1);
+  CHECK(fleet.Received("r0", Phase::kHealth));
+  for (const auto& a : kEveryone) CHECK_FALSE(fleet.Received(a, Phase::kCommit));
+}
+
+TEST_CASE("a commit failing on one replica drops it; the step commits to the others") {
+  FakeAgentFleet fleet;
+  fleet.Script("r1", Phase::kCommit, Failing(grpc::StatusCode::UNAVAILABLE, "Socket closed"));
+  StepProtocol protocol(&fleet);
+  StepSpec spec = Spec(23);
+  spec.min_replicas = 1;
+  v1::StepResult result;
+  REQUIRE(protocol.Run(spec, &result).ok());
+  CHECK(Committed(result) == std::vector<int>{0});
+  CHECK(Skipped(result) == std::vector<int>{1});
+  CHECK(fleet.Events("r1") == Strings{"begin 23", "commit 23", "abort 23"});
+}
+
+TEST_CASE("a replica spread over two agents is dropped whole when one of them fails") {
+  FakeAgentFleet fleet;
+  fleet.Script("r2", Phase::kBegin, Failing(grpc::StatusCode::UNAVAILABLE, "connection refused"));
+  StepProtocol protocol(&fleet);
+  StepSpec spec = Spec(24);
+  spec.receivers = {"r0", "r1", "r2"};
+  spec.replicas = {{0, {"r0"}}, {1, {"r1", "r2"}}};
+  spec.min_replicas = 1;
+  v1::StepResult result;
+  REQUIRE(protocol.Run(spec, &result).ok());
+  CHECK(Committed(result) == std::vector<int>{0});
+  REQUIRE(Skipped(result) == std::vector<int>{1});
+  CHECK(result.skipped_replicas(0).agents_size() == 2);
+  // r1 began fine but its replica is gone: aborted, never committed.
+  CHECK(fleet.Events("r1") == Strings{"begin 24", "abort 24"});
+  CHECK(fleet.Events("r0") == Strings{"begin 24", "commit 24"});
+}
+
+TEST_CASE("a delta step tells the receivers the base version its deltas apply on") {
+  FakeAgentFleet fleet;
+  StepProtocol protocol(&fleet);
+  StepSpec spec = Spec(25);
+  spec.delta = true;
+  spec.nonce = 9;
+  spec.delta_base_version = 24;
+  v1::StepResult result;
+  REQUIRE(protocol.Run(spec, &result).ok());
+  CHECK(fleet.CommitRequestOf("r0").delta_base_version() == 24);
+  spec.anchor = true;
+  spec.version = 26;
+  REQUIRE(protocol.Run(spec, &result).ok());
+  CHECK(fleet.CommitRequestOf("r0").delta_base_version() == 0);  // an anchor: any base
+}
+
+TEST_CASE("dropping closes over shared agents") {
+  StepSpec spec;
+  spec.receivers = {"a", "b", "c", "d"};
+  // b holds parts of replicas 1 and 2; d is in no replica.
+  spec.replicas = {{0, {"a"}}, {1, {"b"}}, {2, {"b", "c"}}};
+  ReplicaBook book(spec);
+  CHECK(book.total() == 4);
+  auto excluded = book.Drop({{"c", "gone"}});
+  CHECK(excluded == Strings{"b", "c"});
+  CHECK(book.LiveReplicas() == std::vector<int>{-1, 0});
+  CHECK(book.LiveReceivers() == Strings{"a", "d"});
+  v1::StepResult r;
+  book.Fill(&r);
+  CHECK(Committed(r) == std::vector<int>{0});
+  CHECK(Skipped(r) == std::vector<int>{1, 2});
 }
 
 }  // namespace

@@ -77,6 +77,11 @@ bool Cluster::StartAgent(const std::string& name) {
   return WaitUntil([&] { return access(sock.c_str(), F_OK) == 0; }, std::chrono::seconds(15));
 }
 
+bool Cluster::AddAgent(const std::string& name) {
+  if (!agent_ports_.count(name)) agent_ports_[name] = FreePort();
+  return StartAgent(name);
+}
+
 void Cluster::KillAgent(const std::string& name, int sig) {
   agents_.at(name)->Signal(sig);
   if (sig == SIGKILL) agents_.at(name)->Wait(std::chrono::seconds(5));

@@ -33,6 +33,8 @@ class Cluster {
   std::string agent_address(const std::string& agent) const;
   // Starts (or restarts) an agent and waits for its socket.
   bool StartAgent(const std::string& agent);
+  // Starts an agent the options did not name (a node added mid-run), on a port of its own.
+  bool AddAgent(const std::string& agent);
   Process* agent(const std::string& name) { return agents_.at(name).get(); }
   Process* controller() { return controller_.get(); }
   void KillAgent(const std::string& name, int sig);

@@ -74,12 +74,16 @@ class ControllerClient:
                                              delta=choice)
         return self._unary(self._stub.Plan, request, "Plan", wait_s + 60).summary
 
-    def step(self, version, timeout_s=0):
+    def step(self, version, timeout_s=0, max_staleness=None):
         """Pushes ``version`` to the inference side and returns the StepResult once committed.
         A failed step raises StepFailed with the controller's message (agent and cause) and the
-        result. ``timeout_s`` 0 uses the controller's configured step timeout."""
+        result. ``timeout_s`` 0 uses the controller's configured step timeout. With
+        ``max_staleness`` the step first waits (within its timeout) until no inference replica
+        left out of it would be more than that many versions behind (docs/elastic.md)."""
         request = controller_pb2.StepRequest(version=int(version),
                                              timeout_ms=int(timeout_s * 1000))
+        if max_staleness is not None:
+            request.max_staleness = int(max_staleness)
         result = self._unary(self._stub.Step, request, "Step", None).result
         if not result.ok:
             raise StepFailed(result.error or f"step {version} failed", result)

@@ -1,0 +1,61 @@
+// The inference replicas behind the agents' layouts (docs/elastic.md): which agents hold each
+// replica's ranks, whether every rank is on an alive agent, and the ledger of what each replica
+// committed, from which the controller reports states and staleness.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "controller/membership.h"
+#include "weightbeam/v1/controller.pb.h"
+
+namespace wb::controller {
+
+struct ReplicaView {
+  std::set<std::string> agents;       // alive agents holding a rank of it
+  std::set<std::string> lost_agents;  // lost agents whose last layout held a rank of it
+  std::set<int> ranks;                // ranks registered on alive agents
+  bool complete = false;              // every rank 0..ranks_per_replica-1 on an alive agent
+};
+
+// Every inference replica named by a tensor in `agents`' layouts (lost agents' last layouts
+// too). `ranks_per_replica` 0: a replica is complete when its ranks are 0..max without a gap.
+std::map<int, ReplicaView> CensusReplicas(const std::vector<AgentRecord>& agents,
+                                          int ranks_per_replica);
+
+// "replica 1 (rank 0 missing; agents lost: inference-1)".
+std::string DescribeIncomplete(int replica, const ReplicaView& view, int ranks_per_replica);
+
+// `agents` without the tensors of the inference replicas in `drop` (layouts copied only where
+// they change).
+std::vector<AgentRecord> WithoutReplicas(std::vector<AgentRecord> agents,
+                                         const std::set<int>& drop);
+
+// What each inference replica committed under this controller. Not thread-safe (the controller
+// guards it).
+class ReplicaLedger {
+ public:
+  // A step committed `version` to `replicas` (the others did not get it).
+  void Committed(uint64_t version, const std::vector<int>& replicas);
+  // Records that a replica exists (it shows up in layouts) so it is reported before it commits.
+  void Saw(int replica);
+  uint64_t committed_version(int replica) const;
+  // Committed versions since the replica's own (all of them when it never committed).
+  uint64_t Staleness(int replica) const;
+  uint64_t latest() const { return latest_; }
+  std::vector<int> Known() const;
+
+ private:
+  struct Entry {
+    uint64_t version = 0;
+    uint64_t commits_at = 0;  // commits_ when it last committed
+  };
+  std::map<int, Entry> entries_;
+  uint64_t commits_ = 0;
+  uint64_t latest_ = 0;
+};
+
+}  // namespace wb::controller
