@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tensor/dtype.h"
 #include "weightbeam/v1/types.pb.h"
 
 namespace wb::planner {
@@ -59,10 +60,9 @@ struct AgentLayout {
   std::vector<TensorEntry> tensors;
 };
 
-// Bytes per element; 0 for an unknown dtype.
-int64_t DTypeBytes(DType dtype);
-// "bf16", "f8_e4m3", ...
-const char* DTypeName(DType dtype);
+// Bytes per element and "bf16"-style names: common/tensor/dtype.h.
+using tensor::DTypeBytes;
+using tensor::DTypeName;
 // "[2048, 1024]"
 std::string FormatShape(const std::vector<int64_t>& shape);
 // "[0:128, 0:1024]" (start:end per dimension); the full tensor when `shard` is empty.

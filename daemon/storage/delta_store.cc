@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/tensor/dtype.h"
 #include "config/config.h"
 #include "daemon/delta/delta_codec.h"
 #include "daemon/storage/safetensors.h"
@@ -98,23 +99,6 @@ void CopyRect(const uint8_t* src, const Rect& src_rect, uint8_t* dst, const Rect
     }
     if (d < 0) return;
   }
-}
-
-struct DtypeName {
-  v1::DType dtype;
-  const char* name;
-};
-constexpr DtypeName kDtypeNames[] = {
-    {v1::DTYPE_F32, "F32"},         {v1::DTYPE_F16, "F16"}, {v1::DTYPE_BF16, "BF16"},
-    {v1::DTYPE_F8_E4M3, "F8_E4M3"}, {v1::DTYPE_I32, "I32"}, {v1::DTYPE_I64, "I64"},
-    {v1::DTYPE_U8, "U8"},
-};
-
-std::string DtypeString(v1::DType d) {
-  for (const auto& n : kDtypeNames) {
-    if (n.dtype == d) return n.name;
-  }
-  return "";
 }
 
 const char* IndexDtype(int width) {
@@ -560,7 +544,7 @@ absl::StatusOr<PublishResult> DeltaPublisher::Publish(uint64_t version,
   std::set<std::string> seen;
   std::string set_key;
   for (const auto& s : sources) {
-    const std::string dtype = DtypeString(s.spec.dtype());
+    const std::string dtype = tensor::SafetensorsDTypeName(s.spec.dtype());
     const Rect rect = RectOf(s.spec);
     if (dtype.empty() || Elements(rect.size) * DtypeBytes(dtype) != s.data.size()) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", s.spec.name(), "' (rank ", s.rank,
@@ -604,7 +588,7 @@ absl::StatusOr<PublishResult> DeltaPublisher::Publish(uint64_t version,
         {"rank", absl::StrCat(rank)},
     };
     for (const ShardBuffer* s : shards) {
-      const std::string dtype = DtypeString(s->spec.dtype());
+      const std::string dtype = tensor::SafetensorsDTypeName(s->spec.dtype());
       const int elem = DtypeBytes(dtype);
       const Rect rect = RectOf(s->spec);
       const std::vector<int64_t> global = GlobalShape(s->spec);
@@ -894,7 +878,8 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
       return absl::NotFoundError(
           absl::StrCat(where, ": version ", v, " has no tensor of that name"));
     }
-    const std::string dtype = fp8.count(d.id) ? "BF16" : DtypeString(d.spec.dtype());
+    const std::string dtype =
+        fp8.count(d.id) ? "BF16" : tensor::SafetensorsDTypeName(d.spec.dtype());
     const Rect rect = RectOf(d.spec);
     uint64_t covered = 0;
     for (const Source& s : it->second) {
@@ -924,7 +909,7 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
     const Rect rect = RectOf(d.spec);
     auto f = fp8.find(d.id);
     uint8_t* out = d.data.data();
-    int elem = DtypeBytes(DtypeString(d.spec.dtype()));
+    int elem = tensor::DTypeBytes(d.spec.dtype());
     if (f != fp8.end()) {  // BF16 records land in the copy, which is quantised below
       auto& shadow = fp8_shadows_[d.id];
       shadow.resize(Elements(rect.size) * 2);
