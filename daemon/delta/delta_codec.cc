@@ -47,13 +47,6 @@ T Get(const uint8_t* p) {
   return v;
 }
 
-int WidthFor(uint64_t max_gap) {
-  if (max_gap <= 0xff) return 1;
-  if (max_gap <= 0xffff) return 2;
-  if (max_gap <= 0xffffffffull) return 4;
-  return 8;
-}
-
 // Records found by one scanner, packed once the index width of the whole buffer is known.
 // Gaps are kept as u32 (gaps of 2^32 - 1 elements or more are kBigGap there and their true
 // value is in `big_gaps`): 4 bytes per record instead of an 8-byte absolute index.
@@ -271,7 +264,7 @@ class ChangeScanner {
       unpublished_ = 0;
     }
     const uint64_t all = found_.load(std::memory_order_relaxed) + unpublished_;
-    return all * (1 + E) < budget_ && rec_.count * (WidthFor(rec_.max_gap) + E) < budget_;
+    return all * (1 + E) < budget_ && rec_.count * (GapWidth(rec_.max_gap) + E) < budget_;
   }
 
   static constexpr uint64_t kPublishBatch = 4096;
@@ -402,6 +395,13 @@ void ScatterFor(int elem_size, const uint8_t* gaps, const uint8_t* values, uint6
 
 }  // namespace
 
+int GapWidth(uint64_t max_gap) {
+  if (max_gap <= 0xff) return 1;
+  if (max_gap <= 0xffff) return 2;
+  if (max_gap <= 0xffffffffull) return 4;
+  return 8;
+}
+
 absl::StatusOr<DeltaEncoding> EncodeDelta(absl::Span<uint8_t> shadow,
                                           absl::Span<const uint8_t> next, int elem_size,
                                           int threads) {
@@ -446,7 +446,7 @@ absl::StatusOr<DeltaEncoding> EncodeDelta(absl::Span<uint8_t> shadow,
     prev = r.last;
   }
   result.changed_elems = count;
-  const int width = WidthFor(max_gap);
+  const int width = GapWidth(max_gap);
   const uint64_t packed_size = kDeltaHeaderBytes + count * (width + elem_size);
   if (!within || packed_size >= dense) {
     if (!within) std::memcpy(shadow.data(), next.data(), dense);  // the scan stopped early

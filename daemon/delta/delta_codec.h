@@ -50,6 +50,11 @@ absl::StatusOr<DeltaEncoding> EncodeDelta(absl::Span<uint8_t> shadow,
                                           absl::Span<const uint8_t> next, int elem_size,
                                           int threads = 0);
 
+// The index width of a record section (1, 2, 4 or 8 bytes): the narrowest unsigned integer
+// that holds `max_gap`, the largest gap between consecutive indices. The storage path's files
+// choose theirs the same way.
+int GapWidth(uint64_t max_gap);
+
 // Reads and checks the header, including that the record section has the size it announces.
 absl::StatusOr<DeltaHeader> ParseDeltaHeader(absl::Span<const uint8_t> packed);
 

@@ -156,7 +156,7 @@ int GlobalGaps(absl::Span<const uint8_t> packed, const delta::DeltaHeader& h, co
     max_gap = std::max(max_gap, g - prev);
     prev = g;
   }
-  const int width = max_gap <= 0xff ? 1 : max_gap <= 0xffff ? 2 : max_gap <= 0xffffffffull ? 4 : 8;
+  const int width = delta::GapWidth(max_gap);
   switch (width) {
     case 1:
       PutGaps<uint8_t>(global, out);
