@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tensor/box.h"
 #include "common/tensor/dtype.h"
 #include "weightbeam/v1/types.pb.h"
 
@@ -15,8 +16,8 @@ namespace wb::planner {
 using DType = weightbeam::v1::DType;
 using Transform = weightbeam::v1::Transform;
 
-// The most dimensions a tensor may have.
-inline constexpr int kMaxDims = 8;
+// The most dimensions a tensor may have (common/tensor/box.h).
+using tensor::kMaxDims;
 // FP8 block scaling works on 128x128 blocks (DeepSeek-V3 layout).
 inline constexpr int64_t kFp8Block = 128;
 

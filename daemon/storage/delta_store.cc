@@ -13,8 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/planner/name_rules.h"
+#include "common/tensor/box.h"
 #include "common/tensor/dtype.h"
-#include "config/config.h"
 #include "daemon/delta/delta_codec.h"
 #include "daemon/storage/safetensors.h"
 #include "daemon/transform/transform.h"
@@ -27,11 +28,7 @@ using json = nlohmann::json;
 
 namespace {
 
-// The part of a global tensor a buffer holds.
-struct Rect {
-  std::vector<int64_t> start;
-  std::vector<int64_t> size;
-};
+using tensor::Box;
 
 uint64_t Elements(const std::vector<int64_t>& size) {
   uint64_t n = 1;
@@ -39,32 +36,23 @@ uint64_t Elements(const std::vector<int64_t>& size) {
   return n;
 }
 
-Rect RectOf(const v1::TensorSpec& spec) {
-  Rect r;
-  for (int d = 0; d < spec.global_shape_size(); ++d) {
-    const bool sharded = spec.shard_size() == spec.global_shape_size();
-    r.start.push_back(sharded ? spec.shard(d).start() : 0);
-    r.size.push_back(sharded ? spec.shard(d).size() : spec.global_shape(d));
+// The part of the global tensor a buffer holds (registered specs have at most kMaxDims).
+Box BoxOf(const v1::TensorSpec& spec) {
+  Box b;
+  b.ndim = std::min(spec.global_shape_size(), tensor::kMaxDims);
+  const bool sharded = spec.shard_size() == spec.global_shape_size();
+  for (int d = 0; d < b.ndim; ++d) {
+    b.start[d] = sharded ? spec.shard(d).start() : 0;
+    b.size[d] = sharded ? spec.shard(d).size() : spec.global_shape(d);
   }
-  return r;
+  return b;
 }
+
+std::vector<int64_t> Starts(const Box& b) { return {b.start, b.start + b.ndim}; }
+std::vector<int64_t> Sizes(const Box& b) { return {b.size, b.size + b.ndim}; }
 
 std::vector<int64_t> GlobalShape(const v1::TensorSpec& spec) {
   return {spec.global_shape().begin(), spec.global_shape().end()};
-}
-
-// False when the rectangles do not intersect.
-bool Intersect(const Rect& a, const Rect& b, Rect* out) {
-  out->start.resize(a.start.size());
-  out->size.resize(a.start.size());
-  for (size_t d = 0; d < a.start.size(); ++d) {
-    const int64_t lo = std::max(a.start[d], b.start[d]);
-    const int64_t hi = std::min(a.start[d] + a.size[d], b.start[d] + b.size[d]);
-    if (hi <= lo) return false;
-    out->start[d] = lo;
-    out->size[d] = hi - lo;
-  }
-  return true;
 }
 
 // Row-major strides (in elements) of a box of `size`.
@@ -75,14 +63,14 @@ std::vector<uint64_t> Strides(const std::vector<int64_t>& size) {
 }
 
 // Copies the elements of `in` from a buffer holding `src_rect` to one holding `dst_rect`.
-void CopyRect(const uint8_t* src, const Rect& src_rect, uint8_t* dst, const Rect& dst_rect,
-              const Rect& in, int elem) {
-  const size_t n = in.size.size();
+void CopyRect(const uint8_t* src, const Box& src_rect, uint8_t* dst, const Box& dst_rect,
+              const Box& in, int elem) {
+  const size_t n = in.ndim;
   if (n == 0) {
     std::memcpy(dst, src, elem);
     return;
   }
-  const auto ss = Strides(src_rect.size), ds = Strides(dst_rect.size);
+  const auto ss = Strides(Sizes(src_rect)), ds = Strides(Sizes(dst_rect));
   const size_t run = static_cast<size_t>(in.size[n - 1]) * elem;
   std::vector<int64_t> c(n, 0);  // position within `in`, last dimension unused
   while (true) {
@@ -114,14 +102,6 @@ const char* IndexDtype(int width) {
   }
 }
 
-std::string RectString(const Rect& r) {
-  std::vector<std::string> parts;
-  for (size_t d = 0; d < r.start.size(); ++d) {
-    parts.push_back(absl::StrCat(r.start[d], ":", r.start[d] + r.size[d]));
-  }
-  return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
-}
-
 template <typename T>
 void PutGaps(const std::vector<uint64_t>& indices, std::vector<uint8_t>& out) {
   out.resize(indices.size() * sizeof(T));
@@ -135,9 +115,9 @@ void PutGaps(const std::vector<uint64_t>& indices, std::vector<uint8_t>& out) {
 
 // The codec's packed records (indices local to the shard buffer) as global indices of the
 // full tensor, delta-coded in the narrowest width. Returns the width.
-int GlobalGaps(absl::Span<const uint8_t> packed, const delta::DeltaHeader& h, const Rect& shard,
+int GlobalGaps(absl::Span<const uint8_t> packed, const delta::DeltaHeader& h, const Box& shard,
                const std::vector<int64_t>& global_shape, std::vector<uint8_t>& out) {
-  const auto local_strides = Strides(shard.size);
+  const auto local_strides = Strides(Sizes(shard));
   const auto global_strides = Strides(global_shape);
   const uint8_t* gaps = packed.data() + delta::kDeltaHeaderBytes;
   std::vector<uint64_t> global(h.count);
@@ -147,7 +127,7 @@ int GlobalGaps(absl::Span<const uint8_t> packed, const delta::DeltaHeader& h, co
     std::memcpy(&gap, gaps + i * h.index_width, h.index_width);  // little-endian
     local += gap;
     uint64_t g = 0, rest = local;
-    for (size_t d = 0; d < shard.size.size(); ++d) {
+    for (int d = 0; d < shard.ndim; ++d) {
       const uint64_t c = rest / local_strides[d];
       rest %= local_strides[d];
       g += (c + shard.start[d]) * global_strides[d];
@@ -267,7 +247,7 @@ struct Source {
   std::string file;
   std::string dtype;
   std::vector<int64_t> global_shape;
-  Rect rect;
+  Box rect;
   absl::Span<const uint8_t> dense;   // dense encoding: the shard's bytes
   std::vector<uint64_t> indices;     // sparse encoding: global indices ...
   absl::Span<const uint8_t> values;  // ... and their values
@@ -319,34 +299,39 @@ absl::Status CollectSources(const SafetensorsFile& f, uint64_t version,
     const std::string name = key.substr(6);
     Source s;
     s.file = f.source();
+    std::vector<int64_t> start, size;
     json j = json::parse(value, nullptr, false);
     try {
       s.dtype = j.at("dtype").get<std::string>();
       s.global_shape = j.at("global_shape").get<std::vector<int64_t>>();
-      s.rect.start = j.at("start").get<std::vector<int64_t>>();
-      s.rect.size = j.at("size").get<std::vector<int64_t>>();
+      start = j.at("start").get<std::vector<int64_t>>();
+      size = j.at("size").get<std::vector<int64_t>>();
       s.sparse = j.at("encoding").get<std::string>() == "sparse";
     } catch (const json::exception& e) {
       return absl::DataLossError(
           absl::StrCat(f.source(), ": metadata of tensor '", name, "' is malformed: ", e.what()));
     }
     const int elem = DtypeBytes(s.dtype);
-    bool shape_ok = elem > 0 && s.rect.start.size() == s.global_shape.size() &&
-                    s.rect.size.size() == s.global_shape.size();
+    bool shape_ok = elem > 0 && s.global_shape.size() <= tensor::kMaxDims &&
+                    start.size() == s.global_shape.size() && size.size() == s.global_shape.size();
     for (size_t d = 0; shape_ok && d < s.global_shape.size(); ++d) {
-      shape_ok = s.global_shape[d] >= 0 && s.rect.start[d] >= 0 && s.rect.size[d] >= 0 &&
-                 s.rect.start[d] + s.rect.size[d] <= s.global_shape[d];
+      shape_ok = s.global_shape[d] >= 0 && start[d] >= 0 && size[d] >= 0 &&
+                 start[d] + size[d] <= s.global_shape[d];
+      s.rect.start[d] = start[d];
+      s.rect.size[d] = size[d];
     }
+    s.rect.ndim = static_cast<int>(s.global_shape.size());
     if (!shape_ok) {
       return absl::DataLossError(absl::StrCat(f.source(), ": tensor '", name,
                                               "': shard metadata is inconsistent: ", value));
     }
     if (!s.sparse) {
       const TensorEntry* e = f.Find(name);
-      if (e == nullptr || e->dtype != s.dtype || e->elements() != Elements(s.rect.size)) {
+      if (e == nullptr || e->dtype != s.dtype ||
+          e->elements() != static_cast<uint64_t>(s.rect.Volume())) {
         return absl::DataLossError(absl::StrCat(f.source(), ": tensor '", name,
                                                 "' is missing or does not match its shard ",
-                                                RectString(s.rect)));
+                                                tensor::FormatBox(s.rect)));
       }
       s.dense = f.Data(*e);
     } else {
@@ -372,9 +357,9 @@ absl::Status CollectSources(const SafetensorsFile& f, uint64_t version,
 }
 
 // Writes the records of a sparse source that fall inside the destination shard.
-void ScatterInto(const Source& s, const Rect& dst_rect, int elem, uint8_t* dst) {
+void ScatterInto(const Source& s, const Box& dst_rect, int elem, uint8_t* dst) {
   const auto gs = Strides(s.global_shape);
-  const auto ls = Strides(dst_rect.size);
+  const auto ls = Strides(Sizes(dst_rect));
   const size_t n = gs.size();
   for (size_t i = 0; i < s.indices.size(); ++i) {
     uint64_t rest = s.indices[i], local = 0;
@@ -392,16 +377,17 @@ void ScatterInto(const Source& s, const Rect& dst_rect, int elem, uint8_t* dst) 
   }
 }
 
-// When `name` is a fused tensor of the default fusion rules (the controller's defaults) and
+// When `name` is a fused tensor of one of `fusions` (the planner's rules, storage.fusions) and
 // every part is in `sources`, adds the parts as sources of `name`: dense shards and sparse
 // records moved along the fusion dimension by the sizes of the parts before them.
-void AddFusedSources(const std::string& name, std::map<std::string, std::vector<Source>>& sources) {
-  for (const auto& rule : config::DefaultFusionRules()) {
-    if (!EndsWith(name, rule.fused)) continue;
-    const std::string prefix = name.substr(0, name.size() - rule.fused.size());
+void AddFusedSources(const std::string& name, const std::vector<planner::FusionRule>& fusions,
+                     std::map<std::string, std::vector<Source>>& sources) {
+  for (const auto& rule : fusions) {
+    const auto part_names = planner::FusionPartNames(name, rule);
+    if (!part_names) continue;
     std::vector<const std::vector<Source>*> parts;
-    for (const auto& p : rule.parts) {
-      auto it = sources.find(prefix + p);
+    for (const auto& p : *part_names) {
+      auto it = sources.find(p);
       if (it == sources.end() || it->second.empty()) return;
       parts.push_back(&it->second);
     }
@@ -463,13 +449,13 @@ absl::StatusOr<Fp8Target> PlanFp8(const ShardBuffer& d, const std::vector<ShardB
   constexpr int64_t kBlock = transform::kFp8BlockSize;
   const std::string where =
       absl::StrCat("FP8 destination tensor '", d.spec.name(), "' (rank ", d.rank, ")");
-  const Rect rect = RectOf(d.spec);
-  if (rect.size.size() != 2 || rect.start[0] % kBlock != 0 || rect.start[1] % kBlock != 0) {
+  const Box rect = BoxOf(d.spec);
+  if (rect.ndim != 2 || rect.start[0] % kBlock != 0 || rect.start[1] % kBlock != 0) {
     return absl::UnimplementedError(absl::StrCat(
         where, ": the storage path quantises 2-D shards that start on 128-element blocks, not ",
-        RectString(rect)));
+        tensor::FormatBox(rect)));
   }
-  const std::string scale_name = d.spec.name() + "_scale_inv";
+  const std::string scale_name = planner::ScaleTensorName(d.spec.name());
   Fp8Target t;
   for (const auto& c : all) {
     if (c.spec.name() == scale_name && c.rank == d.rank && c.replica == d.replica) t.scale = &c;
@@ -478,22 +464,22 @@ absl::StatusOr<Fp8Target> PlanFp8(const ShardBuffer& d, const std::vector<ShardB
     return absl::NotFoundError(
         absl::StrCat(where, " has no F32 scale tensor '", scale_name, "' registered by its owner"));
   }
-  const Rect srect = RectOf(t.scale->spec);
+  const Box srect = BoxOf(t.scale->spec);
   const int64_t b0 = rect.start[0] / kBlock, b1 = rect.start[1] / kBlock;
   const int64_t n0 = (rect.size[0] + kBlock - 1) / kBlock,
                 n1 = (rect.size[1] + kBlock - 1) / kBlock;
-  if (srect.size.size() != 2 || b0 < srect.start[0] || b1 < srect.start[1] ||
+  if (srect.ndim != 2 || b0 < srect.start[0] || b1 < srect.start[1] ||
       b0 + n0 > srect.start[0] + srect.size[0] || b1 + n1 > srect.start[1] + srect.size[1]) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": scale tensor '", scale_name,
-                                                   "' shard ", RectString(srect),
+                                                   "' shard ", tensor::FormatBox(srect),
                                                    " does not hold its blocks"));
   }
   if (!has_copy) {
     auto it = sources.find(d.spec.name());
     if (it != sources.end()) {
       for (const Source& s : it->second) {
-        Rect in;
-        if (s.sparse && Intersect(s.rect, rect, &in)) {
+        Box in;
+        if (s.sparse && tensor::Intersect(s.rect, rect, &in)) {
           return absl::FailedPreconditionError(
               absl::StrCat(where, " has no BF16 copy to apply a delta to; waiting for an anchor"));
         }
@@ -545,14 +531,14 @@ absl::StatusOr<PublishResult> DeltaPublisher::Publish(uint64_t version,
   std::string set_key;
   for (const auto& s : sources) {
     const std::string dtype = tensor::SafetensorsDTypeName(s.spec.dtype());
-    const Rect rect = RectOf(s.spec);
-    if (dtype.empty() || Elements(rect.size) * DtypeBytes(dtype) != s.data.size()) {
+    const Box rect = BoxOf(s.spec);
+    if (dtype.empty() || rect.Volume() * DtypeBytes(dtype) != static_cast<int64_t>(s.data.size())) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", s.spec.name(), "' (rank ", s.rank,
                                                      "): dtype or size cannot be published"));
     }
-    if (!seen.insert(s.spec.name() + RectString(rect)).second) continue;
+    if (!seen.insert(s.spec.name() + tensor::FormatBox(rect)).second) continue;
     by_rank[s.rank].push_back(&s);
-    absl::StrAppend(&set_key, s.id, "/", s.spec.name(), RectString(rect), ";");
+    absl::StrAppend(&set_key, s.id, "/", s.spec.name(), tensor::FormatBox(rect), ";");
   }
   if (by_rank.empty()) {
     return absl::FailedPreconditionError(
@@ -590,7 +576,7 @@ absl::StatusOr<PublishResult> DeltaPublisher::Publish(uint64_t version,
     for (const ShardBuffer* s : shards) {
       const std::string dtype = tensor::SafetensorsDTypeName(s->spec.dtype());
       const int elem = DtypeBytes(dtype);
-      const Rect rect = RectOf(s->spec);
+      const Box rect = BoxOf(s->spec);
       const std::vector<int64_t> global = GlobalShape(s->spec);
       result.dense_bytes += s->data.size();
       bool sparse = false;
@@ -630,12 +616,12 @@ absl::StatusOr<PublishResult> DeltaPublisher::Publish(uint64_t version,
           result.changed_elements += enc->changed_elems;
         }
       }
-      if (!sparse) tensors.push_back({s->spec.name(), dtype, rect.size, s->data});
+      if (!sparse) tensors.push_back({s->spec.name(), dtype, Sizes(rect), s->data});
       meta["shard:" + s->spec.name()] = json{
           {"dtype", dtype},
           {"global_shape", global},
-          {"start", rect.start},
-          {"size", rect.size},
+          {"start", Starts(rect)},
+          {"size", Sizes(rect)},
           {"encoding",
            sparse ? "sparse" : "dense"}}.dump();
     }
@@ -692,7 +678,10 @@ absl::StatusOr<PublishResult> DeltaPublisher::Publish(uint64_t version,
   return result;
 }
 
-DeltaSubscriber::DeltaSubscriber(StoreOptions options) : options_(std::move(options)) {}
+DeltaSubscriber::DeltaSubscriber(StoreOptions options) : options_(std::move(options)) {
+  std::vector<std::string> errors;  // the agent's configuration has checked the patterns
+  renames_ = planner::RenameRules::Compile(options_.renames, &errors);
+}
 
 namespace {
 std::string WhyNotApplicable(const std::map<std::string, Manifest>& manifests, uint64_t held_) {
@@ -726,7 +715,8 @@ PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer>& destinations,
   // A fresh FP8 tensor is written together with its scale tensor, even an older one.
   std::set<std::string> fresh_scales;
   for (const auto& f : fresh) {
-    if (f.spec.dtype() == v1::DTYPE_F8_E4M3) fresh_scales.insert(f.spec.name() + "_scale_inv");
+    if (f.spec.dtype() == v1::DTYPE_F8_E4M3)
+      fresh_scales.insert(planner::ScaleTensorName(f.spec.name()));
   }
   for (const auto& d : destinations) {
     if (applied_ids_.count(d.id) && fresh_scales.count(d.spec.name())) fresh.push_back(d);
@@ -854,9 +844,25 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
       if (auto s = CollectSources(files.back(), v, sources); !s.ok()) return s;
     }
   }
+  if (!renames_.empty()) {
+    // As in the planner: with rename rules, sources go by their renamed (destination) names.
+    std::map<std::string, std::vector<Source>> renamed;
+    std::map<std::string, std::string> renamed_from;
+    for (auto& [name, list] : sources) {
+      const std::string to = renames_.Apply(name);
+      auto [it, fresh] = renamed_from.try_emplace(to, name);
+      if (!fresh) {
+        return absl::InvalidArgumentError(absl::StrCat("version ", v, ": sources ", it->second,
+                                                       " and ", name,
+                                                       " both map to destination name ", to));
+      }
+      renamed[to] = std::move(list);
+    }
+    sources = std::move(renamed);
+  }
   // Fused destinations (qkv_proj = q ++ k ++ v, ...) take their parts' records, shifted.
   for (const auto& d : destinations) {
-    if (!sources.count(d.spec.name())) AddFusedSources(d.spec.name(), sources);
+    if (!sources.count(d.spec.name())) AddFusedSources(d.spec.name(), options_.fusions, sources);
   }
   // Check every destination against the sources before writing anything.
   // FP8 destinations: quantised from a BF16 copy kept here, with their scale tensors.
@@ -880,7 +886,7 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
     }
     const std::string dtype =
         fp8.count(d.id) ? "BF16" : tensor::SafetensorsDTypeName(d.spec.dtype());
-    const Rect rect = RectOf(d.spec);
+    const Box rect = BoxOf(d.spec);
     uint64_t covered = 0;
     for (const Source& s : it->second) {
       if (s.dtype != dtype) {
@@ -892,13 +898,13 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": its global shape differs from ", s.file, "'s"));
       }
-      Rect in;
-      if (Intersect(s.rect, rect, &in)) covered += Elements(in.size);
+      Box in;
+      if (tensor::Intersect(s.rect, rect, &in)) covered += in.Volume();
     }
-    if (covered < Elements(rect.size)) {
-      return absl::NotFoundError(absl::StrCat(where, " shard ", RectString(rect), ": version ", v,
-                                              " covers only ", covered, " of its ",
-                                              Elements(rect.size), " elements"));
+    if (covered < static_cast<uint64_t>(rect.Volume())) {
+      return absl::NotFoundError(absl::StrCat(where, " shard ", tensor::FormatBox(rect),
+                                              ": version ", v, " covers only ", covered, " of its ",
+                                              rect.Volume(), " elements"));
     }
   }
   if (hooks.begin) {
@@ -906,19 +912,19 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
   }
   for (const auto& d : destinations) {
     if (scale_ids.count(d.id)) continue;
-    const Rect rect = RectOf(d.spec);
+    const Box rect = BoxOf(d.spec);
     auto f = fp8.find(d.id);
     uint8_t* out = d.data.data();
     int elem = tensor::DTypeBytes(d.spec.dtype());
     if (f != fp8.end()) {  // BF16 records land in the copy, which is quantised below
       auto& shadow = fp8_shadows_[d.id];
-      shadow.resize(Elements(rect.size) * 2);
+      shadow.resize(rect.Volume() * 2);
       out = shadow.data();
       elem = 2;
     }
     for (const Source& s : sources[d.spec.name()]) {
-      Rect in;
-      if (!Intersect(s.rect, rect, &in)) continue;
+      Box in;
+      if (!tensor::Intersect(s.rect, rect, &in)) continue;
       if (s.sparse) {
         ScatterInto(s, rect, elem, out);
       } else {
