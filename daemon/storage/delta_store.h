@@ -9,6 +9,9 @@
 //   <v>.<writer>.json                 the manifest, written last: kind, base version, files
 //                                     with sizes and checksums. A version is complete when
 //                                     every expected writer's manifest is there.
+//
+// The implementation: store_layout (names, manifests), sparse_file (tensors in the files),
+// delta_publisher.cc and delta_subscriber.cc.
 #pragma once
 
 #include <cstdint>
