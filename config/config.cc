@@ -33,6 +33,39 @@ void ReadTls(YamlReader r, TlsConfig* tls) {
   r.RejectUnknownKeys();
 }
 
+// `renames` and `fusions` under `r` (the controller's top level, or an agent's `storage`).
+// Without a `fusions` key the default fusions apply.
+void ReadNameRules(YamlReader& r, std::vector<RenameRule>* renames,
+                   std::vector<FusionRule>* fusions) {
+  for (YamlReader& item : r.ChildList("renames")) {
+    RenameRule rule;
+    if (item.Require("pattern")) item.ReadString("pattern", &rule.pattern);
+    if (item.Require("replacement")) item.ReadString("replacement", &rule.replacement);
+    try {
+      std::regex re(rule.pattern);
+    } catch (const std::regex_error& e) {
+      item.Error("pattern", "a regular expression", absl::StrCat("'", rule.pattern, "'"));
+    }
+    item.RejectUnknownKeys();
+    renames->push_back(rule);
+  }
+  *fusions = DefaultFusionRules();
+  if (r.Has("fusions")) {
+    fusions->clear();
+    for (YamlReader& item : r.ChildList("fusions")) {
+      FusionRule rule;
+      if (item.Require("fused")) item.ReadString("fused", &rule.fused);
+      if (item.Require("parts")) item.ReadStringList("parts", &rule.parts);
+      item.ReadInt("dim", 0, 7, &rule.dim);
+      if (item.Has("parts") && rule.parts.size() < 2) {
+        item.Error("parts", "at least two part names", absl::StrCat(rule.parts.size(), " names"));
+      }
+      item.RejectUnknownKeys();
+      fusions->push_back(rule);
+    }
+  }
+}
+
 void ReadStorage(YamlReader r, StorageConfig* st) {
   r.ReadString("dir", &st->dir);
   r.ReadEnum("role", {"publish", "subscribe"}, &st->role);
@@ -40,6 +73,7 @@ void ReadStorage(YamlReader r, StorageConfig* st) {
   r.ReadBool("prune", &st->prune);
   r.ReadUint32("poll_ms", 1, 600000, &st->poll_ms);
   r.ReadInt("writers", 1, 100000, &st->writers);
+  ReadNameRules(r, &st->renames, &st->fusions);
   if (!st->dir.empty() && st->role.empty()) {
     r.Error("role", "publish or subscribe when storage.dir is set", "none");
   }
@@ -206,33 +240,7 @@ absl::StatusOr<ControllerConfig> ParseControllerConfig(const std::string& yaml,
   w.ReadInt("inference_ranks_per_replica", 0, 1 << 20, &c.world.inference_ranks_per_replica);
   w.RejectUnknownKeys();
 
-  for (YamlReader& item : r.ChildList("renames")) {
-    RenameRule rule;
-    if (item.Require("pattern")) item.ReadString("pattern", &rule.pattern);
-    if (item.Require("replacement")) item.ReadString("replacement", &rule.replacement);
-    try {
-      std::regex re(rule.pattern);
-    } catch (const std::regex_error& e) {
-      item.Error("pattern", "a regular expression", absl::StrCat("'", rule.pattern, "'"));
-    }
-    item.RejectUnknownKeys();
-    c.renames.push_back(rule);
-  }
-  if (r.Has("fusions")) {
-    for (YamlReader& item : r.ChildList("fusions")) {
-      FusionRule rule;
-      if (item.Require("fused")) item.ReadString("fused", &rule.fused);
-      if (item.Require("parts")) item.ReadStringList("parts", &rule.parts);
-      item.ReadInt("dim", 0, 7, &rule.dim);
-      if (item.Has("parts") && rule.parts.size() < 2) {
-        item.Error("parts", "at least two part names", absl::StrCat(rule.parts.size(), " names"));
-      }
-      item.RejectUnknownKeys();
-      c.fusions.push_back(rule);
-    }
-  } else {
-    c.fusions = DefaultFusionRules();
-  }
+  ReadNameRules(r, &c.renames, &c.fusions);
 
   YamlReader cm = r.Child("cost_model");
   cm.ReadDouble("nic_gbps", 0.001, 1e6, &c.cost_model.nic_gbps);

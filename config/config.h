@@ -49,6 +49,10 @@ struct StorageConfig {
   bool prune = true;       // publish: remove versions older than the previous anchor
   uint32_t poll_ms = 100;  // subscribe: how often the directory is listed
   int writers = 1;         // subscribe: publishing agents that make a version complete
+  // subscribe: how stored (trainer) names map to this agent's destinations; the same keys and
+  // defaults as the controller's `renames` and `fusions`.
+  std::vector<planner::RenameRule> renames;
+  std::vector<planner::FusionRule> fusions = planner::DefaultFusionRules();
 };
 
 // Delta mode on a sending agent: where it keeps the shadow of the bytes each destination holds.

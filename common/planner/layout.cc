@@ -8,45 +8,6 @@
 
 namespace wb::planner {
 
-int64_t DTypeBytes(DType dtype) {
-  switch (dtype) {
-    case weightbeam::v1::DTYPE_F32:
-    case weightbeam::v1::DTYPE_I32:
-      return 4;
-    case weightbeam::v1::DTYPE_F16:
-    case weightbeam::v1::DTYPE_BF16:
-      return 2;
-    case weightbeam::v1::DTYPE_F8_E4M3:
-    case weightbeam::v1::DTYPE_U8:
-      return 1;
-    case weightbeam::v1::DTYPE_I64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
-const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case weightbeam::v1::DTYPE_F32:
-      return "f32";
-    case weightbeam::v1::DTYPE_F16:
-      return "f16";
-    case weightbeam::v1::DTYPE_BF16:
-      return "bf16";
-    case weightbeam::v1::DTYPE_F8_E4M3:
-      return "f8_e4m3";
-    case weightbeam::v1::DTYPE_I32:
-      return "i32";
-    case weightbeam::v1::DTYPE_I64:
-      return "i64";
-    case weightbeam::v1::DTYPE_U8:
-      return "u8";
-    default:
-      return "unspecified";
-  }
-}
-
 std::string FormatShape(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }

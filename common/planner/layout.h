@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/tensor/box.h"
+#include "common/tensor/dtype.h"
 #include "weightbeam/v1/types.pb.h"
 
 namespace wb::planner {
@@ -14,8 +16,8 @@ namespace wb::planner {
 using DType = weightbeam::v1::DType;
 using Transform = weightbeam::v1::Transform;
 
-// The most dimensions a tensor may have.
-inline constexpr int kMaxDims = 8;
+// The most dimensions a tensor may have (common/tensor/box.h).
+using tensor::kMaxDims;
 // FP8 block scaling works on 128x128 blocks (DeepSeek-V3 layout).
 inline constexpr int64_t kFp8Block = 128;
 
@@ -72,10 +74,9 @@ struct AgentLayout {
   std::vector<TensorEntry> tensors;
 };
 
-// Bytes per element; 0 for an unknown dtype.
-int64_t DTypeBytes(DType dtype);
-// "bf16", "f8_e4m3", ...
-const char* DTypeName(DType dtype);
+// Bytes per element and "bf16"-style names: common/tensor/dtype.h.
+using tensor::DTypeBytes;
+using tensor::DTypeName;
 // "[2048, 1024]"
 std::string FormatShape(const std::vector<int64_t>& shape);
 // "[0:128, 0:1024]" (start:end per dimension); the full tensor when `shard` is empty.

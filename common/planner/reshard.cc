@@ -4,31 +4,6 @@
 
 namespace wb::planner {
 
-int64_t Box::Volume() const {
-  int64_t v = 1;
-  for (int d = 0; d < ndim; ++d) v *= size[d];
-  return v;
-}
-
-bool Box::operator==(const Box& o) const {
-  if (ndim != o.ndim) return false;
-  for (int d = 0; d < ndim; ++d) {
-    if (start[d] != o.start[d] || size[d] != o.size[d]) return false;
-  }
-  return true;
-}
-
-bool Box::operator<(const Box& o) const {
-  if (ndim != o.ndim) return ndim < o.ndim;
-  for (int d = 0; d < ndim; ++d) {
-    if (start[d] != o.start[d]) return start[d] < o.start[d];
-  }
-  for (int d = 0; d < ndim; ++d) {
-    if (size[d] != o.size[d]) return size[d] < o.size[d];
-  }
-  return false;
-}
-
 Box EntryBox(const TensorEntry& entry) {
   Box b;
   b.ndim = static_cast<int>(std::min<size_t>(entry.shape.size(), kMaxDims));
@@ -42,18 +17,6 @@ Box EntryBox(const TensorEntry& entry) {
     }
   }
   return b;
-}
-
-bool Intersect(const Box& a, const Box& b, Box* out) {
-  out->ndim = a.ndim;
-  for (int d = 0; d < a.ndim; ++d) {
-    int64_t lo = std::max(a.start[d], b.start[d]);
-    int64_t hi = std::min(a.End(d), b.End(d));
-    if (hi <= lo) return false;
-    out->start[d] = lo;
-    out->size[d] = hi - lo;
-  }
-  return true;
 }
 
 Placement DensePlacement(const Box& held) {

@@ -7,25 +7,16 @@
 #include <vector>
 
 #include "common/planner/layout.h"
+#include "common/tensor/box.h"
 
 namespace wb::planner {
 
-struct Box {
-  int ndim = 0;
-  int64_t start[kMaxDims] = {};
-  int64_t size[kMaxDims] = {};
-
-  int64_t End(int d) const { return start[d] + size[d]; }
-  int64_t Volume() const;
-  bool operator==(const Box& o) const;
-  bool operator<(const Box& o) const;  // lexicographic on starts, then sizes
-};
+// Boxes and their intersection: common/tensor/box.h.
+using tensor::Box;
+using tensor::Intersect;
 
 // The box a tensor entry holds (the full tensor when its shard is empty).
 Box EntryBox(const TensorEntry& entry);
-
-// Writes a ∩ b to *out; false when empty.
-bool Intersect(const Box& a, const Box& b, Box* out);
 
 // Offsets and strides in elements of the respective buffer.
 struct Run {

@@ -5,49 +5,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/tensor/dtype.h"
 
 namespace wb::registry {
 
 namespace v1 = weightbeam::v1;
 
-uint32_t DTypeSize(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_F32:
-    case v1::DTYPE_I32:
-      return 4;
-    case v1::DTYPE_F16:
-    case v1::DTYPE_BF16:
-      return 2;
-    case v1::DTYPE_F8_E4M3:
-    case v1::DTYPE_U8:
-      return 1;
-    case v1::DTYPE_I64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
-std::string DTypeName(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_F32:
-      return "f32";
-    case v1::DTYPE_F16:
-      return "f16";
-    case v1::DTYPE_BF16:
-      return "bf16";
-    case v1::DTYPE_F8_E4M3:
-      return "f8_e4m3";
-    case v1::DTYPE_I32:
-      return "i32";
-    case v1::DTYPE_I64:
-      return "i64";
-    case v1::DTYPE_U8:
-      return "u8";
-    default:
-      return absl::StrCat("unknown dtype ", static_cast<int>(dtype));
-  }
-}
+// The table in dtype.h is keyed by these values.
+static_assert(tensor::DTypeBytes(v1::DTYPE_F32) == 4 && tensor::DTypeBytes(v1::DTYPE_F16) == 2 &&
+              tensor::DTypeBytes(v1::DTYPE_BF16) == 2 &&
+              tensor::DTypeBytes(v1::DTYPE_F8_E4M3) == 1 &&
+              tensor::DTypeBytes(v1::DTYPE_I32) == 4 && tensor::DTypeBytes(v1::DTYPE_I64) == 8 &&
+              tensor::DTypeBytes(v1::DTYPE_U8) == 1 && v1::DType_MAX == v1::DTYPE_U8);
 
 namespace {
 
@@ -142,7 +111,7 @@ absl::Status ValidateTensorSpec(const v1::TensorSpec& spec, uint64_t length) {
     return absl::InvalidArgumentError(absl::StrCat("tensor name longer than 1024 characters: '",
                                                    spec.name().substr(0, 64), "...'"));
   }
-  const uint32_t esize = DTypeSize(spec.dtype());
+  const uint32_t esize = tensor::DTypeBytes(spec.dtype());
   if (esize == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": unknown dtype ", static_cast<int>(spec.dtype()),
@@ -192,7 +161,7 @@ absl::Status ValidateTensorSpec(const v1::TensorSpec& spec, uint64_t length) {
   if (expected != length) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": shape [", absl::StrJoin(spec.global_shape(), ", "), "]",
-                     spec.shard_size() ? " (shard)" : "", " of ", DTypeName(spec.dtype()),
+                     spec.shard_size() ? " (shard)" : "", " of ", tensor::DTypeName(spec.dtype()),
                      " needs ", expected, " bytes but the memory handle covers ", length));
   }
   return absl::OkStatus();

@@ -2,16 +2,11 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 #include "absl/status/status.h"
 #include "weightbeam/v1/types.pb.h"
 
 namespace wb::registry {
-
-// Bytes per element; 0 for DTYPE_UNSPECIFIED or unknown values.
-uint32_t DTypeSize(weightbeam::v1::DType dtype);
-std::string DTypeName(weightbeam::v1::DType dtype);
 
 // Elements the buffer holds: the shard's volume, or the global shape's when not sharded.
 uint64_t ShardElements(const weightbeam::v1::TensorSpec& spec);

@@ -42,8 +42,6 @@ T Get(const uint8_t* p) {
   return v;
 }
 
-int WidthFor(uint64_t max_gap) { return DeltaIndexWidth(max_gap); }
-
 // Records found by one scanner, packed once the index width of the whole buffer is known.
 // Gaps are kept as u32 (gaps of 2^32 - 1 elements or more are kBigGap there and their true
 // value is in `big_gaps`): 4 bytes per record instead of an 8-byte absolute index.
@@ -261,7 +259,7 @@ class ChangeScanner {
       unpublished_ = 0;
     }
     const uint64_t all = found_.load(std::memory_order_relaxed) + unpublished_;
-    return all * (1 + E) < budget_ && rec_.count * (WidthFor(rec_.max_gap) + E) < budget_;
+    return all * (1 + E) < budget_ && rec_.count * (DeltaIndexWidth(rec_.max_gap) + E) < budget_;
   }
 
   static constexpr uint64_t kPublishBatch = 4096;
@@ -458,7 +456,7 @@ absl::StatusOr<DeltaEncoding> EncodeDelta(absl::Span<uint8_t> shadow,
     prev = r.last;
   }
   result.changed_elems = count;
-  const int width = WidthFor(max_gap);
+  const int width = DeltaIndexWidth(max_gap);
   const uint64_t packed_size = kDeltaHeaderBytes + count * (width + elem_size);
   if (!within || packed_size >= dense) {
     if (!within) std::memcpy(shadow.data(), next.data(), dense);  // the scan stopped early

@@ -42,7 +42,9 @@ struct DeltaEncoding {
   uint64_t changed_elems = 0;
 };
 
-// The narrowest index width (1, 2, 4 or 8 bytes) that holds `max_gap`.
+// The index width of a record section (1, 2, 4 or 8 bytes): the narrowest unsigned integer
+// that holds `max_gap`, the largest gap between consecutive indices. The storage path's files
+// and the GPU encoder choose theirs the same way.
 int DeltaIndexWidth(uint64_t max_gap);
 
 // Bytes of the packed form with `count` records (header included), and its header written at

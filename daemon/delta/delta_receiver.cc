@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/parallel/parallel_for.h"
 
 namespace wb::delta {
 
@@ -22,24 +23,8 @@ std::string OpName(const std::string& src_agent, const v1::TransferOp& op) {
   return absl::StrCat("op ", op.op_id(), " from ", src_agent, " (tensor ", op.dst_tensor(), ")");
 }
 
-// Runs fn(i) for i in [0, n) on up to 4 threads.
-template <typename Fn>
-void ParallelFor(size_t n, Fn fn) {
-  const size_t threads =
-      std::min<size_t>({n, 4, std::max(1u, std::thread::hardware_concurrency())});
-  if (threads <= 1) {
-    for (size_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::atomic<size_t> next{0};
-  std::vector<std::thread> pool;
-  for (size_t t = 0; t < threads; ++t) {
-    pool.emplace_back([&] {
-      for (size_t i = next++; i < n; i = next++) fn(i);
-    });
-  }
-  for (auto& t : pool) t.join();
-}
+// Slots applied (and hashed) at once: a few threads, fewer on smaller machines.
+int ApplyThreads() { return static_cast<int>(std::min(4u, std::thread::hardware_concurrency())); }
 
 }  // namespace
 
@@ -225,7 +210,7 @@ absl::Status DeltaReceiver::Apply(uint64_t version, uint64_t nonce,
   const bool inject = fail_commit_version_ != 0 && fail_commit_version_ == version;
   size_t limit = incoming_.size();
   if (inject) limit = incoming_.size() / 2;
-  ParallelFor(limit, [&](size_t i) {
+  ParallelFor(limit, ApplyThreads(), [&](uint64_t i) {
     bool a = false;
     errors[i] = ApplySlot(incoming_[i], version, nonce, &a, &payload[i]);
     applied[i] = a;
@@ -265,7 +250,7 @@ absl::Status DeltaReceiver::Apply(uint64_t version, uint64_t nonce,
   }
   std::vector<char> mismatch(checks.size(), 0);
   std::vector<absl::Status> hash_errors(checks.size());
-  ParallelFor(checks.size(), [&](size_t i) {
+  ParallelFor(checks.size(), ApplyThreads(), [&](uint64_t i) {
     auto got = DestinationHash(incoming_[checks[i].first]);
     if (!got.ok()) {
       hash_errors[i] = got.status();

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/tensor/tensor_checks.h"
+#include "common/tensor/dtype.h"
 #include "daemon/delta/delta_codec.h"
 
 namespace wb::delta {
@@ -76,7 +76,7 @@ void ScatterWidth(int width, const uint8_t* gaps, const uint8_t* values, uint64_
 
 OpLayout LayoutOf(const v1::TransferOp& op) {
   OpLayout l;
-  const uint64_t dst_size = registry::DTypeSize(op.dst_dtype());
+  const uint64_t dst_size = tensor::DTypeBytes(op.dst_dtype());
   const uint64_t dst_row = op.row_elems() * dst_size;
   const uint64_t data = dst_row * op.rows();
   const uint64_t dst_stride = op.dst_stride() ? op.dst_stride() : dst_row;

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/tensor/tensor_checks.h"
+#include "common/tensor/dtype.h"
 #include "daemon/executor/blocking_queue.h"
 #include "daemon/executor/op_bounds.h"
 
@@ -99,8 +99,8 @@ void Executor::Cancel(const std::string& reason) {
 
 absl::Status Executor::BuildWrites(const Job& job, std::vector<transport::WriteOp>* writes) const {
   const v1::TransferOp& op = *job.op;
-  const uint32_t dst_size = registry::DTypeSize(op.dst_dtype());
-  const uint32_t src_size = registry::DTypeSize(op.src_dtype());
+  const uint32_t dst_size = tensor::DTypeBytes(op.dst_dtype());
+  const uint32_t src_size = tensor::DTypeBytes(op.src_dtype());
   const uint64_t dst_row = op.row_elems() * dst_size;
   auto remote = [&](uint64_t region) -> absl::StatusOr<uint64_t> {
     auto it = job.route->remote_regions.find(region);
@@ -171,7 +171,7 @@ absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
     return absl::InternalError(absl::StrCat(OpName(op), ": not in the delta state"));
   }
   const uint8_t* src = static_cast<const uint8_t*>(job->source->memory.addr);
-  const uint64_t row = op.row_elems() * registry::DTypeSize(op.dst_dtype());
+  const uint64_t row = op.row_elems() * tensor::DTypeBytes(op.dst_dtype());
   const uint64_t stride = op.src_stride() ? op.src_stride() : row;
   if (preparer_->StagingBytes(op) == 0 && stride == row) {
     // A contiguous copy: compare the source in place; staging only for a packed delta, and a
@@ -329,7 +329,7 @@ void Executor::StageIn(const std::vector<const v1::TransferOp*>& ops, PhaseRun* 
       break;
     }
     if (auto s = CheckSourceOp(*op, job.source->memory.length); !s.ok()) {
-      error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
+      run->error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
       break;
     }
     {

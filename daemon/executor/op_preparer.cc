@@ -1,7 +1,7 @@
 #include "daemon/executor/op_preparer.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/tensor/tensor_checks.h"
+#include "common/tensor/dtype.h"
 #include "daemon/transform/transform.h"
 
 namespace wb::executor {
@@ -22,7 +22,7 @@ absl::StatusOr<transform::DType> ToTransformDType(v1::DType d) {
       return transform::DType::kF8E4M3;
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat("dtype ", registry::DTypeName(d), " cannot be transformed"));
+          absl::StrCat("dtype ", tensor::DTypeName(d), " cannot be transformed"));
   }
 }
 
@@ -32,7 +32,7 @@ uint64_t OpPreparer::StagingBytes(const v1::TransferOp& op) const {
   if (op.transform() == v1::TRANSFORM_COPY || op.transform() == v1::TRANSFORM_UNSPECIFIED) {
     return 0;
   }
-  uint64_t bytes = op.rows() * op.row_elems() * registry::DTypeSize(op.dst_dtype());
+  uint64_t bytes = op.rows() * op.row_elems() * tensor::DTypeBytes(op.dst_dtype());
   if (op.transform() == v1::TRANSFORM_FP8_BLOCK) {
     bytes = Fp8ScaleOffset(bytes) +
             (op.rows() + 127) / 128 * ((op.row_elems() + 127) / 128) * sizeof(float);

@@ -9,6 +9,9 @@
 //   <v>.<writer>.json                 the manifest, written last: kind, base version, files
 //                                     with sizes and checksums. A version is complete when
 //                                     every expected writer's manifest is there.
+//
+// The implementation: store_layout (names, manifests), sparse_file (tensors in the files),
+// delta_publisher.cc and delta_subscriber.cc.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/planner/name_rules.h"
 #include "weightbeam/v1/types.pb.h"
 
 namespace wb::storage {
@@ -34,6 +38,9 @@ struct StoreOptions {
   bool prune = true;             // publisher: drop versions older than the previous anchor
   int writers = 1;               // subscriber: publishing agents that make a version complete
   int threads = 0;               // delta encoding threads (0: hardware concurrency)
+  // subscriber: how stored names map to destinations, as in the planner (common/planner).
+  std::vector<planner::RenameRule> renames;
+  std::vector<planner::FusionRule> fusions = planner::DefaultFusionRules();
 };
 
 // A registered buffer as the store sees it: the tensor (name, dtype, global shape, shard) and
@@ -110,6 +117,7 @@ class DeltaSubscriber {
                      const SubscriberHooks& hooks);
 
   StoreOptions options_;
+  planner::RenameRules renames_;
   uint64_t held_ = 0;
   uint64_t skip_through_ = 0;  // refused versions are not retried
   bool need_anchor_ = true;

@@ -50,6 +50,8 @@ absl::Status StorageAgent::Start() {
   options.anchor_every = config_.anchor_every;
   options.prune = config_.prune;
   options.writers = config_.writers;
+  options.renames = config_.renames;
+  options.fusions = config_.fusions;
   if (config_.role == "publish") {
     if (!SafeFileName(agent_name_)) {
       return absl::InvalidArgumentError(

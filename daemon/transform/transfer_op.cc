@@ -5,6 +5,12 @@
 
 namespace wb::transform {
 
+static_assert(static_cast<int>(DType::kF32) == weightbeam::v1::DTYPE_F32 &&
+                  static_cast<int>(DType::kF16) == weightbeam::v1::DTYPE_F16 &&
+                  static_cast<int>(DType::kBF16) == weightbeam::v1::DTYPE_BF16 &&
+                  static_cast<int>(DType::kF8E4M3) == weightbeam::v1::DTYPE_F8_E4M3,
+              "transform::DType's values index common/tensor/dtype.h");
+
 absl::StatusOr<DType> DTypeFromProto(weightbeam::v1::DType dtype) {
   switch (dtype) {
     case weightbeam::v1::DTYPE_F32:

@@ -6,14 +6,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
+#include "common/tensor/dtype.h"
 #include "daemon/transform/transform_types.h"
 
 namespace wb::transform {
 
-size_t ElementSize(DType dtype);
-const char* DTypeName(DType dtype);
+inline size_t ElementSize(DType dtype) { return tensor::DTypeBytes(static_cast<int>(dtype)); }
+inline std::string DTypeName(DType dtype) { return tensor::DTypeName(static_cast<int>(dtype)); }
 const char* KindName(Kind kind);
 
 // Checks dtypes against the kind, strides against row sizes; fills in zero strides.

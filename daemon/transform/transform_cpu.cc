@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/parallel/parallel_for.h"
 #include "daemon/transform/float_bits.h"
 #include "daemon/transform/fp8_avx2.h"
 #include "daemon/transform/transform.h"
@@ -16,24 +17,6 @@ namespace {
 
 // Below this many elements the threads cost more than they save.
 constexpr uint64_t kMinElemsPerThread = 1 << 18;
-
-// Runs fn(unit) for unit in [0, units) on up to `threads` threads, handing out units in order.
-void ParallelFor(uint64_t units, int threads, const std::function<void(uint64_t)>& fn) {
-  if (threads <= 1 || units <= 1) {
-    for (uint64_t u = 0; u < units; ++u) fn(u);
-    return;
-  }
-  std::atomic<uint64_t> next{0};
-  auto worker = [&] {
-    for (uint64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) fn(u);
-  };
-  const int n = static_cast<int>(std::min<uint64_t>(threads, units));
-  std::vector<std::thread> pool;
-  pool.reserve(n - 1);
-  for (int i = 1; i < n; ++i) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
-}
 
 int PickThreads(int requested, uint64_t elems) {
   int threads = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());

@@ -4,33 +4,6 @@
 
 namespace wb::transform {
 
-size_t ElementSize(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return 4;
-    case DType::kF16:
-    case DType::kBF16:
-      return 2;
-    case DType::kF8E4M3:
-      return 1;
-  }
-  return 0;
-}
-
-const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF16:
-      return "f16";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kF8E4M3:
-      return "f8_e4m3";
-  }
-  return "?";
-}
-
 const char* KindName(Kind kind) {
   switch (kind) {
     case Kind::kCopy:

@@ -6,7 +6,9 @@
 
 namespace wb::transform {
 
-enum class DType { kF32, kF16, kBF16, kF8E4M3 };
+// The values are weightbeam.v1.DType's, so element sizes and names come from the one table in
+// common/tensor/dtype.h (transfer_op.cc checks they agree).
+enum class DType { kF32 = 1, kF16 = 2, kBF16 = 3, kF8E4M3 = 4 };
 
 enum class Kind {
   kCopy,             // same dtype, bytes as they are

@@ -472,4 +472,55 @@ TEST_CASE("a fused destination (qkv_proj) takes its parts' anchors and deltas", 
   }
 }
 
+TEST_CASE("configured renames and fusions map stored names to destinations", "[store]") {
+  const std::string dir = wb::testing::TempDir("wb-store-");
+  StoreOptions o;
+  o.dir = dir;
+  o.writer = "t";
+  DeltaPublisher pub(o);
+  // The trainer publishes trainer.a and trainer.b (32 rows of 48 each); the engine holds the
+  // fused ab = a ++ b along rows.
+  std::vector<std::vector<uint16_t>> full(2, std::vector<uint16_t>(32 * 48));
+  std::mt19937 rng(5);
+  for (auto& t : full) {
+    for (auto& x : t) x = static_cast<uint16_t>(rng());
+  }
+  std::vector<ShardBuffer> srcs;
+  for (int p = 0; p < 2; ++p) {
+    v1::TensorSpec s;
+    s.set_name(p == 0 ? "trainer.a" : "trainer.b");
+    s.set_dtype(v1::DTYPE_BF16);
+    s.add_global_shape(32);
+    s.add_global_shape(48);
+    srcs.push_back({s, 0, absl::MakeSpan(reinterpret_cast<uint8_t*>(full[p].data()), 32 * 48 * 2),
+                    uint64_t(1 + p)});
+  }
+  REQUIRE(pub.Publish(1, srcs).ok());
+  std::vector<uint16_t> dst(64 * 48);
+  v1::TensorSpec ds;
+  ds.set_name("ab");
+  ds.set_dtype(v1::DTYPE_BF16);
+  ds.add_global_shape(64);
+  ds.add_global_shape(48);
+  const std::vector<ShardBuffer> dests = {
+      {ds, 0, absl::MakeSpan(reinterpret_cast<uint8_t*>(dst.data()), dst.size() * 2), 9}};
+
+  DeltaSubscriber plain(o);  // the default rules know neither name
+  PollResult refused = plain.Poll(dests, {});
+  REQUIRE(refused.refused.size() == 1);
+  CHECK(refused.refused[0].second ==
+        "version 1 refused: destination tensor 'ab' (rank 0): version 1 has no tensor of that "
+        "name");
+
+  o.renames = {{R"(trainer\.(.*))", R"(\1)"}};
+  o.fusions = {{"ab", {"a", "b"}, 0}};
+  DeltaSubscriber configured(o);
+  PollResult applied = configured.Poll(dests, {});
+  INFO((applied.refused.empty() ? "" : applied.refused[0].second));
+  REQUIRE(applied.committed == std::vector<uint64_t>{1});
+  std::vector<uint16_t> want = full[0];
+  want.insert(want.end(), full[1].begin(), full[1].end());
+  CHECK(dst == want);
+}
+
 }  // namespace wb::storage

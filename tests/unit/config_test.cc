@@ -241,6 +241,21 @@ TEST_CASE("the storage section: off by default, read when set, role required wit
   CHECK(c->storage.writers == 2);
   CHECK(c->storage.anchor_every == 8);
   CHECK_FALSE(c->storage.prune);
+  CHECK(c->storage.renames.empty());
+  CHECK(c->storage.fusions.size() == 2);  // the defaults, as for the controller
+  auto rules = ParseAgentConfig(
+      "storage:\n  dir: /x\n  role: subscribe\n  renames:\n    - pattern: 'trainer\\.(.*)'\n"
+      "      replacement: '\\1'\n  fusions:\n    - fused: ab\n      parts: [a, b]\n",
+      "agent.yaml");
+  INFO((rules.ok() ? "" : std::string(rules.status().message())));
+  REQUIRE(rules.ok());
+  REQUIRE(rules->storage.renames.size() == 1);
+  CHECK(rules->storage.renames[0].pattern == "trainer\\.(.*)");
+  REQUIRE(rules->storage.fusions.size() == 1);
+  CHECK(rules->storage.fusions[0].parts == std::vector<std::string>{"a", "b"});
+  CHECK_THAT(ErrorOf("storage:\n  dir: /x\n  role: subscribe\n  fusions:\n    - fused: ab\n"
+                     "      parts: [a]\n"),
+             Catch::Contains("key 'storage.fusions[0].parts'"));
   CHECK_THAT(ErrorOf("storage:\n  dir: /mnt/bucket\n"),
              Catch::Contains("agent.yaml: key 'storage.role': expected publish or subscribe when "
                              "storage.dir is set, got none"));
