@@ -363,7 +363,12 @@ std::set<std::string> ControllerCore::RefreshLayouts(Clock::time_point deadline)
     if (r.response.layout_unchanged()) continue;
     v1::AgentLayout* layout = r.response.mutable_layout();
     layout->set_agent(r.agent);
-    if (auto s = CheckLayout(r.agent, *layout); !s.ok()) return s;
+    if (auto s = CheckLayout(r.agent, *layout); !s.ok()) {
+      // A layout the controller refuses is not taken: plan as if the agent were silent.
+      spdlog::warn("agent {} described a layout that is refused: {}", r.agent, std::string(s.message()));
+      silent.insert(r.agent);
+      continue;
+    }
     membership_.ReportLayout(std::move(*layout));
   }
   return silent;

@@ -4,10 +4,15 @@
 // the healthy replicas (the step result lists the others), a replica that returns receives the
 // next step in full before it announces commit, and every committed byte is compared on every
 // serving replica, in dense and in delta mode. `min_replicas` refuses steps below the floor.
+#include <httplib.h>
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 #include <memory>
 #include <set>
 #include <thread>
@@ -94,6 +99,7 @@ struct Fleet {
   std::unique_ptr<ControllerClient> ctl;
   uint64_t version = 0;
   bool delta = false;
+  int metrics_port = 0;  // the controller's /metrics
 
   Fleet(int n, bool delta_mode, int min_replicas = 1) : delta(delta_mode) {
     wb::testing::ClusterOptions opts;
@@ -101,7 +107,9 @@ struct Fleet {
     for (int k = 0; k < n; ++k) opts.agents.push_back(ReplicaAgent(k));
     opts.inference_replicas = n;
     opts.heartbeat_timeout_ms = 1500;
-    opts.extra_controller_yaml = absl::StrCat("min_replicas: ", min_replicas, "\n");
+    metrics_port = wb::testing::FreePort();
+    opts.extra_controller_yaml = absl::StrCat("min_replicas: ", min_replicas,
+                                              "\nmetrics_listen: 127.0.0.1:", metrics_port, "\n");
     if (delta) {
       opts.extra_controller_yaml += "delta:\n  enabled: true\n  anchor_every: 8\n  verify: true\n";
     }
@@ -141,16 +149,52 @@ struct Fleet {
   }
 
   // One step with a fresh version; every Step answers within its deadline.
-  absl::StatusOr<v1::StepResult> Step() {
+  absl::StatusOr<v1::StepResult> Step(std::optional<uint32_t> max_staleness = std::nullopt,
+                                      std::chrono::milliseconds timeout = kStepTimeout) {
     ++version;
     trainer->Advance(version);
     const auto t0 = Clock::now();
-    auto r = ctl->Step(version, kStepTimeout);
+    auto r = ctl->Step(version, timeout, max_staleness);
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     INFO("step " << version << " took " << seconds
                  << " s: " << (r.ok() ? "committed" : Message(r.status())));
-    CHECK(seconds < std::chrono::duration<double>(kStepTimeout).count() + 3);
+    CHECK(seconds < std::chrono::duration<double>(timeout).count() + 3);
     return r;
+  }
+
+  // The value of `name{replica="k"}` on the controller's /metrics, or -1 when absent.
+  double Gauge(const std::string& name, int k) {
+    httplib::Client http("127.0.0.1", metrics_port);
+    auto res = http.Get("/metrics");
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    const std::string key = absl::StrCat(name, "{replica=\"", k, "\"} ");
+    std::istringstream lines(res->body);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind(key, 0) == 0) return std::strtod(line.c_str() + key.size(), nullptr);
+    }
+    return -1;
+  }
+
+  // `wbctl status`'s replica row for replica k: {state, committed, staleness}, from the
+  // human table (columns REPLICA STATE COMMITTED STALENESS AGENTS).
+  std::vector<std::string> WbctlRow(int k) {
+    auto o = wb::testing::Wbctl(cluster->dir(),
+                                {"--controller=" + cluster->controller_address(), "status"});
+    INFO(o.text);
+    REQUIRE(o.code == 0);
+    std::istringstream lines(o.text);
+    bool in_table = false;
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("inference replicas", 0) == 0) in_table = true;
+      if (!in_table) continue;
+      std::istringstream words(line);
+      std::vector<std::string> w;
+      for (std::string x; words >> x;) w.push_back(x);
+      if (w.size() >= 4 && w[0] == std::to_string(k)) return {w[1], w[2], w[3]};
+    }
+    FAIL("no row for replica " << k << " in wbctl status");
+    return {};
   }
 
   static std::set<int> Skipped(const v1::StepResult& r) {
@@ -326,4 +370,108 @@ TEST_CASE("below min_replicas a step fails with a named error; it commits again 
   REQUIRE(f.cluster->StartAgent("inference-1"));
   REQUIRE(f.replicas[1]->Register(*f.cluster).ok());
   f.StepUntilServing({0, 1});
+}
+
+TEST_CASE("wbctl status and /metrics show each replica's committed version, staleness and state") {
+  Fleet f(2, false);
+  f.StepUntilServing({0, 1});
+  const v1::StepResult both = f.StepUntilServing({0, 1});
+  const uint64_t v_both = both.version();
+  for (int k : {0, 1}) {
+    CHECK(f.WbctlRow(k) == std::vector<std::string>{"serving", std::to_string(v_both), "0"});
+    CHECK(f.Gauge("weightbeam_replica_committed_version", k) == double(v_both));
+    CHECK(f.Gauge("weightbeam_replica_staleness_steps", k) == 0);
+  }
+
+  f.cluster->KillAgent("inference-1", SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1800));  // past the heartbeat timeout
+  for (int i = 0; i < 2; ++i) {
+    auto r = f.Step();
+    INFO((r.ok() ? "" : Message(r.status())));
+    REQUIRE(r.ok());
+    CHECK(Fleet::Skipped(*r) == std::set<int>{1});
+    f.VerifyCommitted(*r);
+  }
+  CHECK(f.WbctlRow(0) == std::vector<std::string>{"serving", std::to_string(f.version), "0"});
+  CHECK(f.WbctlRow(1) == std::vector<std::string>{"lost", std::to_string(v_both), "2"});
+  // --json carries the same.
+  auto json = wb::testing::Wbctl(f.cluster->dir(),
+                                 {"--controller=" + f.cluster->controller_address(), "--json",
+                                  "status"});
+  REQUIRE(json.code == 0);
+  auto st = nlohmann::json::parse(json.text);
+  REQUIRE(st["replicas"].size() == 2);
+  CHECK(st["replicas"][1]["state"] == "lost");
+  CHECK(st["replicas"][1]["committed_version"] == std::to_string(v_both));
+  CHECK(f.Gauge("weightbeam_replica_committed_version", 0) == double(f.version));
+  CHECK(f.Gauge("weightbeam_replica_staleness_steps", 0) == 0);
+  CHECK(f.Gauge("weightbeam_replica_committed_version", 1) == double(v_both));
+  CHECK(f.Gauge("weightbeam_replica_staleness_steps", 1) == 2);
+
+  // Back (agent restarted, worker registered again): catching up until the next step.
+  REQUIRE(f.cluster->StartAgent("inference-1"));
+  REQUIRE(f.replicas[1]->Register(*f.cluster).ok());
+  REQUIRE(wb::testing::WaitUntil([&] { return f.ReplicaState(1).state() == "catching_up"; },
+                                 std::chrono::seconds(10)));
+  CHECK(f.WbctlRow(1) == std::vector<std::string>{"catching_up", std::to_string(v_both), "2"});
+  const v1::StepResult back = f.StepUntilServing({0, 1});
+  CHECK(f.WbctlRow(1) == std::vector<std::string>{"serving", std::to_string(back.version()), "0"});
+  CHECK(f.Gauge("weightbeam_replica_committed_version", 1) == double(back.version()));
+  CHECK(f.Gauge("weightbeam_replica_staleness_steps", 1) == 0);
+}
+
+TEST_CASE("max_staleness: a step that would leave a lost replica too far behind fails naming it") {
+  Fleet f(2, false);
+  const v1::StepResult both = f.StepUntilServing({0, 1});
+  f.cluster->KillAgent("inference-1", SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1800));  // lost: left out of the plan
+
+  // max_staleness 0: replica 1 would be 1 version behind; the step waits out its deadline and
+  // fails without sending anything.
+  const auto t0 = Clock::now();
+  auto r = f.Step(0u, std::chrono::seconds(3));
+  const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+  REQUIRE_FALSE(r.ok());
+  CHECK(waited > 2.5);
+  CHECK_THAT(Message(r.status()), Catch::Contains("max_staleness 0 would be exceeded") &&
+                                      Catch::Contains("replica 1 would be 1 version(s) behind") &&
+                                      Catch::Contains("inference-1") &&
+                                      Catch::Contains("waited until the step deadline"));
+  {
+    auto st = f.ctl->Status();
+    REQUIRE(st.ok());
+    CHECK(st->last_committed_version() == both.version());
+  }
+
+  // max_staleness 1: one version behind is allowed, so this step commits to replica 0 ...
+  auto ok = f.Step(1u);
+  INFO((ok.ok() ? "" : Message(ok.status())));
+  REQUIRE(ok.ok());
+  CHECK(Fleet::Skipped(*ok) == std::set<int>{1});
+  f.VerifyCommitted(*ok);
+  // ... and the next would make it two: refused, naming replica 1.
+  r = f.Step(1u, std::chrono::seconds(2));
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(Message(r.status()), Catch::Contains("max_staleness 1 would be exceeded") &&
+                                      Catch::Contains("replica 1 would be 2 version(s) behind"));
+  // Without max_staleness training goes on.
+  auto plain = f.Step();
+  INFO((plain.ok() ? "" : Message(plain.status())));
+  REQUIRE(plain.ok());
+  CHECK(Fleet::Skipped(*plain) == std::set<int>{1});
+  f.VerifyCommitted(*plain);
+
+  // A step that waits on the bound proceeds once the replica returns within its deadline, and
+  // reaches it.
+  std::thread back([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (f.cluster->StartAgent("inference-1")) (void)f.replicas[1]->Register(*f.cluster);
+  });
+  auto waited_ok = f.Step(1u, std::chrono::seconds(15));
+  back.join();
+  INFO((waited_ok.ok() ? "" : Message(waited_ok.status())));
+  REQUIRE(waited_ok.ok());
+  CHECK(waited_ok->committed_replicas_size() == 2);
+  f.VerifyCommitted(*waited_ok);
+  CHECK(f.ReplicaState(1).staleness() == 0);
 }
