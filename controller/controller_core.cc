@@ -365,7 +365,8 @@ std::set<std::string> ControllerCore::RefreshLayouts(Clock::time_point deadline)
     layout->set_agent(r.agent);
     if (auto s = CheckLayout(r.agent, *layout); !s.ok()) {
       // A layout the controller refuses is not taken: plan as if the agent were silent.
-      spdlog::warn("agent {} described a layout that is refused: {}", r.agent, std::string(s.message()));
+      spdlog::warn("agent {} described a layout that is refused: {}", r.agent,
+                   std::string(s.message()));
       silent.insert(r.agent);
       continue;
     }

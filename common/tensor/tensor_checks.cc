@@ -73,7 +73,7 @@ absl::Status ValidateView(const v1::TensorSpec& spec, uint64_t esize, uint64_t l
   }
   if (volume > kMaxVolume / esize || volume * esize != length) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": the buffer of ", DTypeName(spec.dtype()), " needs ",
+        where, ": the buffer of ", tensor::DTypeName(spec.dtype()), " needs ",
         volume > kMaxVolume / esize ? std::string("too many") : absl::StrCat(volume * esize),
         " bytes but the memory handle covers ", length));
   }
@@ -155,7 +155,7 @@ absl::Status ValidateTensorSpec(const v1::TensorSpec& spec, uint64_t length) {
   if (elements > std::numeric_limits<uint64_t>::max() / esize) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": shape [", absl::StrJoin(spec.global_shape(), ", "), "] of ",
-                     DTypeName(spec.dtype()), " needs more than 2^64 bytes"));
+                     tensor::DTypeName(spec.dtype()), " needs more than 2^64 bytes"));
   }
   const uint64_t expected = elements * esize;
   if (expected != length) {

@@ -1,6 +1,7 @@
 #include "daemon/executor/op_bounds.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/tensor/dtype.h"
 #include "common/tensor/tensor_checks.h"
 
 namespace wb::executor {
@@ -21,8 +22,8 @@ bool MulFits(uint64_t a, uint64_t b, uint64_t* out) {
 }  // namespace
 
 absl::Status CheckSourceOp(const v1::TransferOp& op, uint64_t source_length) {
-  const uint64_t src_size = registry::DTypeSize(op.src_dtype());
-  const uint64_t dst_size = registry::DTypeSize(op.dst_dtype());
+  const uint64_t src_size = tensor::DTypeBytes(op.src_dtype());
+  const uint64_t dst_size = tensor::DTypeBytes(op.dst_dtype());
   if (src_size == 0 || dst_size == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown dtype (source ", static_cast<int>(op.src_dtype()), ", destination ",
@@ -32,8 +33,8 @@ absl::Status CheckSourceOp(const v1::TransferOp& op, uint64_t source_length) {
       op.transform() == v1::TRANSFORM_COPY || op.transform() == v1::TRANSFORM_UNSPECIFIED;
   if (copy && src_size != dst_size) {
     return absl::InvalidArgumentError(
-        absl::StrCat("a copy from ", registry::DTypeName(op.src_dtype()), " to ",
-                     registry::DTypeName(op.dst_dtype()), " changes the element size"));
+        absl::StrCat("a copy from ", tensor::DTypeName(op.src_dtype()), " to ",
+                     tensor::DTypeName(op.dst_dtype()), " changes the element size"));
   }
   if (op.rows() == 0 || op.row_elems() == 0) {
     return absl::InvalidArgumentError(

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/tensor/dtype.h"
 #include "common/tensor/tensor_checks.h"
 
 namespace wb::registry {
@@ -58,11 +59,11 @@ absl::Status RegionRegistry::CheckConflicts(uint64_t session, const v1::Owner& o
       if (other.dtype() != spec.dtype() ||
           !std::equal(other.view().shape().begin(), other.view().shape().end(),
                       spec.view().shape().begin(), spec.view().shape().end())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tensor '", spec.name(), "': its view of ", buffer, " (",
-                         DTypeName(spec.dtype()), " [", absl::StrJoin(spec.view().shape(), ", "),
-                         "]) disagrees with part '", other.name(), "' (", DTypeName(other.dtype()),
-                         " [", absl::StrJoin(other.view().shape(), ", "), "]) in the same memory"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", spec.name(), "': its view of ", buffer, " (",
+            tensor::DTypeName(spec.dtype()), " [", absl::StrJoin(spec.view().shape(), ", "),
+            "]) disagrees with part '", other.name(), "' (", tensor::DTypeName(other.dtype()), " [",
+            absl::StrJoin(other.view().shape(), ", "), "]) in the same memory"));
       }
       if (ViewPartsOverlap(spec, other)) {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -10,11 +10,11 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
-#include <memory>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -395,9 +395,8 @@ TEST_CASE("wbctl status and /metrics show each replica's committed version, stal
   CHECK(f.WbctlRow(0) == std::vector<std::string>{"serving", std::to_string(f.version), "0"});
   CHECK(f.WbctlRow(1) == std::vector<std::string>{"lost", std::to_string(v_both), "2"});
   // --json carries the same.
-  auto json = wb::testing::Wbctl(f.cluster->dir(),
-                                 {"--controller=" + f.cluster->controller_address(), "--json",
-                                  "status"});
+  auto json = wb::testing::Wbctl(
+      f.cluster->dir(), {"--controller=" + f.cluster->controller_address(), "--json", "status"});
   REQUIRE(json.code == 0);
   auto st = nlohmann::json::parse(json.text);
   REQUIRE(st["replicas"].size() == 2);
