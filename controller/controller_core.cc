@@ -363,7 +363,12 @@ std::set<std::string> ControllerCore::RefreshLayouts(Clock::time_point deadline)
     if (r.response.layout_unchanged()) continue;
     v1::AgentLayout* layout = r.response.mutable_layout();
     layout->set_agent(r.agent);
-    if (auto s = CheckLayout(r.agent, *layout); !s.ok()) return s;
+    if (auto s = CheckLayout(r.agent, *layout); !s.ok()) {
+      // A malformed layout is not planned with: treat the agent like one that did not answer.
+      spdlog::warn("agent {} described an invalid layout: {}", r.agent, s.message());
+      silent.insert(r.agent);
+      continue;
+    }
     membership_.ReportLayout(std::move(*layout));
   }
   return silent;
