@@ -365,7 +365,7 @@ std::set<std::string> ControllerCore::RefreshLayouts(Clock::time_point deadline)
     layout->set_agent(r.agent);
     if (auto s = CheckLayout(r.agent, *layout); !s.ok()) {
       // A malformed layout is not planned with: treat the agent like one that did not answer.
-      spdlog::warn("agent {} described an invalid layout: {}", r.agent, s.message());
+      spdlog::warn("agent {} described an invalid layout: {}", r.agent, std::string(s.message()));
       silent.insert(r.agent);
       continue;
     }
