@@ -1,0 +1,29 @@
+#!/bin/bash
+# wbctl plan --dry-run: prints the plan's fields for a config.json; bad input is one error, exit 2.
+set -u
+W=client/wbctl
+M=tests/python/engine_configs
+fail() { echo "FAIL: $*"; exit 1; }
+
+out=$($W plan --dry-run --model $M/qwen3.json --engine vllm --trainers 4 --inference-gpus 8 --tp 4 --fp8) \
+  || fail "qwen3 dry run exited $?"
+for f in "dry run:" "ops" "sender" "receiver" "imbalance" "predicted step time" '"total_bytes"' \
+         '"predicted_step_seconds"' '"sender_nics"'; do
+  grep -qF -- "$f" <<<"$out" || fail "qwen3 dry run lacks '$f': $out"
+done
+out=$($W plan --dry-run --model $M/deepseek_v3.json --engine sglang --trainers 4 --inference-gpus 8 --tp 4 --ep 2 --fp8) \
+  || fail "deepseek_v3 dry run exited $?"
+grep -qF '"total_bytes"' <<<"$out" || fail "deepseek_v3 dry run lacks total_bytes"
+
+expect_error() {  # expect_error WORD args...
+  local word=$1; shift
+  local err rc
+  err=$($W plan --dry-run "$@" 2>&1 >/dev/null); rc=$?
+  [ "$rc" = 2 ] || fail "expected exit 2, got $rc for $*: $err"
+  [ "$(wc -l <<<"$err")" = 1 ] || fail "expected one error line for $*: $err"
+  grep -qiF -- "$word" <<<"$err" || fail "error for $* does not mention '$word': $err"
+}
+echo '{"architectures":["FooForCausalLM"],"hidden_size":64}' > "$TEST_TMPDIR/foo.json"
+expect_error "unknown architecture" --model "$TEST_TMPDIR/foo.json" --engine vllm --trainers 4 --inference-gpus 8 --tp 4
+expect_error "tp 3" --model $M/qwen3.json --engine vllm --trainers 4 --inference-gpus 6 --tp 3
+echo PASS
