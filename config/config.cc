@@ -1,6 +1,7 @@
 #include "config/config.h"
 
 #include <fstream>
+#include <limits>
 #include <regex>
 #include <sstream>
 
@@ -95,13 +96,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 }  // namespace
 
-std::vector<FusionRule> DefaultFusionRules() {
-  return {
-      {"qkv_proj.weight", {"q_proj.weight", "k_proj.weight", "v_proj.weight"}, 0},
-      {"gate_up_proj.weight", {"gate_proj.weight", "up_proj.weight"}, 0},
-  };
-}
-
 absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std::string& source) {
   auto node = ParseYaml(yaml, source);
   if (!node.ok()) return node.status();
@@ -180,6 +174,8 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std:
   {
     YamlReader d = r.Child("delta");
     d.ReadEnum("shadow", {"host", "none"}, &c.delta.shadow);
+    d.ReadInt("test_fail_commit_version", 0, std::numeric_limits<int64_t>::max(),
+              &c.delta.test_fail_commit_version);
     d.RejectUnknownKeys();
   }
   r.RejectUnknownKeys();

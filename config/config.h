@@ -8,6 +8,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/grpc/tls_config.h"
+#include "common/planner/cost_model.h"
+#include "common/planner/name_rules.h"
 
 namespace wb::config {
 
@@ -53,6 +55,9 @@ struct StorageConfig {
 // "host": host memory; "none": this agent always sends dense (delta off for it).
 struct AgentDeltaConfig {
   std::string shadow = "host";
+  // Test hook (receiving side): fail the commit of this version after applying half of its
+  // delta slots. 0: off. Set only by tests (tests/integration/delta_test.cc).
+  int64_t test_fail_commit_version = 0;
 };
 
 struct AgentConfig {
@@ -77,25 +82,12 @@ struct AgentConfig {
   AgentDeltaConfig delta;
 };
 
-// A rename rule: a source tensor whose name matches `pattern` (a regular expression) is
-// matched to the destination named `replacement` (with \1-style groups).
-struct RenameRule {
-  std::string pattern;
-  std::string replacement;
-};
-
-// A fusion rule: a destination whose name ends with `fused` is the concatenation along `dim`
-// of the sources whose names replace that suffix with each of `parts`, in order.
-struct FusionRule {
-  std::string fused;
-  std::vector<std::string> parts;
-  int dim = 0;
-};
-
-struct CostModelConfig {
-  double nic_gbps = 50.0;       // GB/s per NIC rail and direction
-  double op_overhead_us = 2.0;  // fixed cost per operation
-};
+// Name matching and the cost model belong to the planner (common/planner); the controller's
+// configuration holds them under these names.
+using RenameRule = ::wb::planner::RenameRule;
+using FusionRule = ::wb::planner::FusionRule;
+using CostModelConfig = ::wb::planner::CostModel;
+using ::wb::planner::DefaultFusionRules;
 
 struct WorldConfig {
   int trainer_ranks = 0;
@@ -135,6 +127,5 @@ absl::StatusOr<AgentConfig> LoadAgentConfig(const std::string& path);
 absl::StatusOr<ControllerConfig> LoadControllerConfig(const std::string& path);
 
 // The fusion rules a Qwen/Llama-style model needs (qkv_proj, gate_up_proj).
-std::vector<FusionRule> DefaultFusionRules();
 
 }  // namespace wb::config

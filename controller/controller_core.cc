@@ -61,31 +61,6 @@ bool WorldComplete(const std::vector<AgentRecord>& agents, const v1::ExpectedWor
   return gaps.empty();
 }
 
-namespace {
-
-// What is left of a step's `timeout` that started at `t0` (at least 1 ms).
-std::chrono::milliseconds Remaining(Clock::time_point t0, std::chrono::milliseconds timeout) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t0 + timeout - Clock::now());
-  return std::max(left, std::chrono::milliseconds(1));
-}
-
-// Begin and commit answer at once unless the agent stalls: 5 s, never past the step deadline
-// (but at least 1 s, so a commit after a long transfer still gets its chance).
-std::chrono::milliseconds QuickCallTimeout(Clock::time_point t0,
-                                           std::chrono::milliseconds timeout) {
-  return std::clamp(Remaining(t0, timeout), std::chrono::milliseconds(1000),
-                    std::chrono::milliseconds(5000));
-}
-
-std::string CallError(const grpc::Status& s) {
-  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    return "no answer before the deadline (agent stalled or overloaded)";
-  }
-  return s.error_message();
-}
-
-}  // namespace
-
 ControllerCore::ControllerCore(config::ControllerConfig config, uint64_t epoch,
                                PlanFunction planner)
     : config_(std::move(config)),
@@ -290,24 +265,6 @@ absl::Status ControllerCore::RefreshLayouts() {
   return absl::OkStatus();
 }
 
-void ControllerCore::AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
-                                     const std::string& reason) {
-  const auto endpoints = membership_.Endpoints();
-  std::vector<CallTarget<v1::AbortRequest>> targets;
-  for (const auto& a : agents) {
-    CallTarget<v1::AbortRequest> t;
-    t.agent = a;
-    t.endpoint = Endpoint(endpoints, a);
-    if (t.endpoint.empty()) continue;
-    t.request.set_version(version);
-    t.request.set_reason(reason);
-    targets.push_back(std::move(t));
-  }
-  CallAll<v1::AbortRequest, v1::AbortResponse>(
-      &channels_, targets, std::chrono::milliseconds(2000),
-      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Abort(c, q, r, d); });
-}
-
 void ControllerCore::Record(const v1::StepResult& r) {
   {
     absl::MutexLock lock(&state_mu_);
@@ -316,6 +273,60 @@ void ControllerCore::Record(const v1::StepResult& r) {
     while (recent_.size() > 16) recent_.pop_front();
   }
   steps_.Publish(r);
+}
+
+absl::Status ControllerCore::ReadyForStep(uint64_t version) {
+  uint64_t last_committed;
+  {
+    absl::MutexLock slock(&state_mu_);
+    last_committed = last_committed_;
+  }
+  if (version <= last_committed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", version, " is not newer than the last committed ", "version ", last_committed));
+  }
+  membership_.Sweep();
+  if (!has_plan_ || membership_.layout_version() != plan_layout_version_) {
+    spdlog::info("step {}: {}; planning", version,
+                 has_plan_ ? "the layout changed since the plan" : "no plan yet");
+    v1::ExpectedWorld world;
+    world.set_trainer_ranks(config_.world.trainer_ranks);
+    world.set_inference_replicas(config_.world.inference_replicas);
+    world.set_inference_ranks_per_replica(config_.world.inference_ranks_per_replica);
+    auto planned = PlanLocked(world, std::chrono::milliseconds(0));
+    if (!planned.ok()) {
+      return absl::Status(planned.status().code(),
+                          absl::StrCat("cannot plan: ", planned.status().message()));
+    }
+  }
+  std::vector<std::string> involved = senders_;
+  involved.insert(involved.end(), receivers_.begin(), receivers_.end());
+  if (std::string lost = membership_.FirstLost(involved); !lost.empty()) {
+    return absl::UnavailableError(absl::StrCat("agent ", lost, " is lost (no heartbeat)"));
+  }
+  return absl::OkStatus();
+}
+
+StepSpec ControllerCore::NextStep(uint64_t version, Clock::time_point started,
+                                  std::chrono::milliseconds timeout) {
+  StepSpec spec;
+  spec.version = version;
+  spec.plan_id = plan_.summary.plan_id();
+  spec.senders = senders_;
+  spec.receivers = receivers_;
+  spec.started = started;
+  spec.timeout = timeout;
+  // Delta mode: anchors (dense, shadows refreshed) after a new plan or a failed step and every
+  // anchor_every steps; a random nonce marks this attempt's receive slots.
+  spec.delta = plan_.summary.delta().enabled();
+  spec.anchor = spec.delta && (delta_need_anchor_ ||
+                               delta_since_anchor_ + 1 >=
+                                   std::max<uint32_t>(1, plan_.summary.delta().anchor_every()));
+  if (spec.delta) {
+    static thread_local std::mt19937_64 rng(std::random_device{}());
+    while (spec.nonce == 0) spec.nonce = rng();
+  }
+  return spec;
 }
 
 v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds timeout) {
@@ -341,183 +352,26 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
     absl::Mutex* mu;
     ~Unlock() { mu->Unlock(); }
   } unlock{&plan_mu_};
-  uint64_t last_committed;
-  {
-    absl::MutexLock slock(&state_mu_);
-    last_committed = last_committed_;
-  }
-  if (version <= last_committed) {
-    return fail(absl::StrCat("version ", version, " is not newer than the last committed ",
-                             "version ", last_committed));
-  }
-  membership_.Sweep();
-  if (!has_plan_ || membership_.layout_version() != plan_layout_version_) {
-    spdlog::info("step {}: {}; planning", version,
-                 has_plan_ ? "the layout changed since the plan" : "no plan yet");
-    v1::ExpectedWorld world;
-    world.set_trainer_ranks(config_.world.trainer_ranks);
-    world.set_inference_replicas(config_.world.inference_replicas);
-    world.set_inference_ranks_per_replica(config_.world.inference_ranks_per_replica);
-    auto planned = PlanLocked(world, std::chrono::milliseconds(0));
-    if (!planned.ok()) {
-      return fail(absl::StrCat("cannot plan: ", planned.status().message()));
-    }
-  }
-  std::vector<std::string> involved = senders_;
-  involved.insert(involved.end(), receivers_.begin(), receivers_.end());
-  if (std::string lost = membership_.FirstLost(involved); !lost.empty()) {
-    return fail(absl::StrCat("agent ", lost, " is lost (no heartbeat)"));
-  }
-  struct InFlight {
-    ControllerCore* core;
-    ~InFlight() {
-      absl::MutexLock slock(&core->state_mu_);
-      core->inflight_version_ = 0;
-      core->inflight_agents_.clear();
-    }
-  } in_flight{this};
-  {
-    absl::MutexLock slock(&state_mu_);
-    inflight_version_ = version;
-    inflight_agents_ = involved;
-  }
-
-  // Endpoints come from one name -> endpoint table per phase (a copy of the membership with its
-  // layouts per agent per call made a step O(agents^2)).
-  // 1. begin on receivers
-  auto endpoints = membership_.Endpoints();
-  std::vector<CallTarget<v1::BeginRequest>> begins;
-  for (const auto& a : receivers_) {
-    CallTarget<v1::BeginRequest> t{a, Endpoint(endpoints, a), {}};
-    t.request.set_version(version);
-    t.request.set_plan_id(plan_.summary.plan_id());
-    begins.push_back(std::move(t));
-  }
-  for (const auto& r : CallAll<v1::BeginRequest, v1::BeginResponse>(
-           &channels_, begins, QuickCallTimeout(t0, timeout),
-           [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Begin(c, q, r, d); })) {
-    if (!r.status.ok()) {
-      std::string why = absl::StrCat("agent ", r.agent, ": begin failed: ", CallError(r.status));
-      AbortEverywhere(version, involved, why);
-      return fail(why);
-    }
-  }
-
-  // Delta mode: anchors (dense, shadows refreshed) after a new plan or a failed step and every
-  // anchor_every steps; a random nonce marks this attempt's receive slots.
-  const bool delta = plan_.summary.delta().enabled();
-  const bool anchor = delta && (delta_need_anchor_ ||
-                                delta_since_anchor_ + 1 >=
-                                    std::max<uint32_t>(1, plan_.summary.delta().anchor_every()));
-  uint64_t nonce = 0;
-  if (delta) {
-    static thread_local std::mt19937_64 rng(std::random_device{}());
-    while (nonce == 0) nonce = rng();
-  }
-  result.set_delta_anchor(anchor);
-
-  // 2. execute on senders; 3. wait for all (the barrier)
-  endpoints = membership_.Endpoints();
-  std::vector<CallTarget<v1::ExecuteRequest>> execs;
-  for (const auto& a : senders_) {
-    CallTarget<v1::ExecuteRequest> t{a, Endpoint(endpoints, a), {}};
-    t.request.set_version(version);
-    t.request.set_plan_id(plan_.summary.plan_id());
-    t.request.set_timeout_ms(static_cast<uint32_t>(Remaining(t0, timeout).count()));
-    t.request.set_delta_anchor(anchor);
-    t.request.set_step_nonce(nonce);
-    execs.push_back(std::move(t));
-  }
-  std::vector<std::string> errors;
-  for (auto& r : CallAll<v1::ExecuteRequest, v1::ExecuteResponse>(
-           &channels_, execs, Remaining(t0, timeout) + std::chrono::milliseconds(2000),
-           [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Execute(c, q, r, d); })) {
-    v1::AgentStepReport* report = result.add_agents();
-    if (!r.status.ok()) {
-      report->set_agent(r.agent);
-      report->set_error(r.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-                            ? "no answer within the step timeout"
-                            : absl::StrCat("unreachable: ", r.status.error_message()));
-    } else {
-      *report = r.response.report();
-      report->set_agent(r.agent);
-      result.set_bytes(result.bytes() + report->bytes_sent());
-      result.set_bytes_dense(result.bytes_dense() + report->bytes_dense());
-      result.set_delta_ops(result.delta_ops() + report->delta_ops());
-      result.set_dense_ops(result.dense_ops() + report->dense_ops());
-      if (report->ok()) continue;
-    }
-    errors.push_back(absl::StrCat("agent ", r.agent, ": ", report->error()));
-  }
-  if (!errors.empty()) {
-    std::string why = absl::StrJoin(errors, "; ");
-    AbortEverywhere(version, involved, why);
-    return fail(why);
-  }
-
-  // 4. commit on receivers
-  endpoints = membership_.Endpoints();
-  std::vector<CallTarget<v1::CommitRequest>> commits;
-  for (const auto& a : receivers_) {
-    CallTarget<v1::CommitRequest> t{a, Endpoint(endpoints, a), {}};
-    t.request.set_version(version);
-    t.request.set_step_nonce(nonce);
-    for (const auto& report : result.agents()) {
-      for (const auto& h : report.hashes()) {
-        if (h.dst_agent() == a) *t.request.add_expected_hashes() = h;
-      }
-    }
-    commits.push_back(std::move(t));
-  }
-  // The hashes travelled to the receivers; the step result does not need them.
-  for (auto& report : *result.mutable_agents()) report.clear_hashes();
-  std::vector<std::string> failed_commits;
-  for (const auto& r : CallAll<v1::CommitRequest, v1::CommitResponse>(
-           &channels_, commits, QuickCallTimeout(t0, timeout),
-           [](auto*s, auto*c, auto*q, auto*r, auto d) { s->async()->Commit(c, q, r, d); })) {
-    if (!r.status.ok()) {
-      errors.push_back(absl::StrCat("agent ", r.agent, ": commit failed: ", CallError(r.status)));
-      failed_commits.push_back(r.agent);
-    }
-  }
-  if (!errors.empty()) {
-    std::string why = absl::StrJoin(errors, "; ");
-    if (delta) {
-      // Senders drop their shadows; failed receivers tell their watchers.
-      std::vector<std::string> to_abort = senders_;
-      to_abort.insert(to_abort.end(), failed_commits.begin(), failed_commits.end());
-      AbortEverywhere(version, to_abort, why);
-    }
-    return fail(why);
-  }
-  if (delta) {
-    delta_since_anchor_ = anchor ? 0 : delta_since_anchor_ + 1;
+  if (auto s = ReadyForStep(version); !s.ok()) return fail(std::string(s.message()));
+  const StepSpec spec = NextStep(version, t0, timeout);
+  if (auto s = protocol_.Run(spec, &result); !s.ok()) return fail(std::string(s.message()));
+  if (spec.delta) {
+    delta_since_anchor_ = spec.anchor ? 0 : delta_since_anchor_ + 1;
     delta_need_anchor_ = false;
   }
   result.set_ok(true);
   result.set_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
   spdlog::info("step {} committed: {} bytes ({} dense{}) in {:.3f} s", version, result.bytes(),
                result.bytes_dense(),
-               !delta   ? ""
-               : anchor ? ", delta anchor"
-                        : ", delta",
+               !spec.delta   ? ""
+               : spec.anchor ? ", delta anchor"
+                             : ", delta",
                result.seconds());
   Record(result);
   return result;
 }
 
-void ControllerCore::AbortInFlight(const std::string& reason) {
-  uint64_t version;
-  std::vector<std::string> agents;
-  {
-    absl::MutexLock slock(&state_mu_);
-    version = inflight_version_;
-    agents = inflight_agents_;
-  }
-  if (version == 0) return;
-  spdlog::warn("aborting step {} in flight: {}", version, reason);
-  AbortEverywhere(version, agents, reason);
-}
+void ControllerCore::AbortInFlight(const std::string& reason) { protocol_.AbortInFlight(reason); }
 
 v1::PlanSummary ControllerCore::CurrentPlan() const {
   absl::MutexLock lock(&state_mu_);

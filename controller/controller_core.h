@@ -1,7 +1,7 @@
 // The controller's state machine: builds the plan from the agents' layouts (once, again only
-// after the layout changed), loads it onto the senders, and runs steps with a commit protocol:
-// begin on receivers -> execute on senders -> wait for all (the barrier) -> commit on receivers,
-// or abort everywhere with an error naming the agent and the cause.
+// after the layout changed), loads it onto the senders, and runs steps with the commit protocol
+// of step_protocol.h (begin on receivers -> execute on senders -> commit on receivers, or abort
+// everywhere with an error naming the agent and the cause) over the agents' gRPC services.
 #pragma once
 
 #include <atomic>
@@ -17,7 +17,9 @@
 #include "common/grpc/broadcast.h"
 #include "config/config.h"
 #include "controller/agent_calls.h"
+#include "controller/grpc_agent_fleet.h"
 #include "controller/membership.h"
+#include "controller/step_protocol.h"
 #include "weightbeam/v1/controller.pb.h"
 
 namespace wb::controller {
@@ -70,8 +72,12 @@ class ControllerCore {
       const std::map<std::string, std::string>& endpoints);
   // Asks every alive agent for its current layout (Describe) and records changes.
   absl::Status RefreshLayouts();
-  void AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
-                       const std::string& reason);
+  // Before a step: `version` is new, a plan for the current layout is loaded (planning again
+  // when the layout changed) and no agent it involves is lost.
+  absl::Status ReadyForStep(uint64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
+  // The plan's senders and receivers, the step's deadline and its delta anchor choice.
+  StepSpec NextStep(uint64_t version, std::chrono::steady_clock::time_point started,
+                    std::chrono::milliseconds timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
   void Record(const weightbeam::v1::StepResult& r);
   // Delta mode: loads the receiving half of the plan (receive regions) on the receivers and
   // adds their regions and slots to the senders' plans.
@@ -82,6 +88,8 @@ class ControllerCore {
   Membership membership_;
   PlanFunction planner_;
   AgentChannels channels_;
+  GrpcAgentFleet fleet_{&channels_, &membership_};
+  StepProtocol protocol_{&fleet_};  // tracks the step in flight for AbortInFlight
   Broadcaster<weightbeam::v1::StepResult> steps_;
 
   absl::Mutex plan_mu_;  // held for a whole Plan or Step: one at a time
@@ -105,9 +113,6 @@ class ControllerCore {
   weightbeam::v1::PlanSummary summary_ ABSL_GUARDED_BY(state_mu_);
   bool summary_valid_ ABSL_GUARDED_BY(state_mu_) = false;
   uint64_t summary_layout_version_ ABSL_GUARDED_BY(state_mu_) = 0;
-  // The step in flight (version 0: none) and the agents it involves, for AbortInFlight.
-  uint64_t inflight_version_ ABSL_GUARDED_BY(state_mu_) = 0;
-  std::vector<std::string> inflight_agents_ ABSL_GUARDED_BY(state_mu_);
 };
 
 // True when the layouts hold every trainer rank and every inference (replica, rank) of `world`;

@@ -13,10 +13,10 @@
 #include "common/process/daemon_lifecycle.h"
 #include "common/process/logging.h"
 #include "config/config.h"
+#include "controller/agent_plans.h"
 #include "controller/controller_core.h"
 #include "controller/controller_metrics.h"
 #include "controller/controller_service.h"
-#include "controller/plan_builder.h"
 #include "security/call_guard.h"
 
 int main(int argc, char** argv) {
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  wb::controller::ControllerCore core(config, epoch, wb::controller::BuildPlan);
+  wb::controller::ControllerCore core(config, epoch, wb::controller::PlanForAgents);
   core.agent_channels().SetFactory(agent_channels->WithServerName(""));
   wb::controller::ControllerService service(&core, 1000, config.step_timeout_ms);
   service.SetGuard(*guard);

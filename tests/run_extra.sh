@@ -9,6 +9,11 @@ log() { printf '[wb] %s\n' "$*" >&2; }
 log "end-to-end demo (./wb demo): Qwen3-0.6B shape over tcp, verified bit for bit"
 if tests/demo/demo.sh --steps 3; then log "demo: PASS"; else log "demo: FAIL"; failed=1; fi
 
+log "cluster in miniature (./wb cluster, short): 4 agents in network namespaces, shaped links"
+if [ "$(id -u)" -ne 0 ] || ! ip netns list >/dev/null 2>&1; then
+  log "cluster: SKIPPED (needs root and ip netns)"
+elif tests/cluster/short.sh; then log "cluster: PASS"; else log "cluster: FAIL"; failed=1; fi
+
 if [ -x tests/fuzz/run.sh ]; then
   log "fuzzing (bounded): tcp frame parser and config loader, 15 s each"
   if tests/fuzz/run.sh --seconds 15; then log "fuzz: PASS"; else log "fuzz: FAIL"; failed=1; fi

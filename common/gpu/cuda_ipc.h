@@ -1,8 +1,7 @@
 // CUDA IPC: the client library exports GPU buffers with GetIpcHandle, and the agent opens them
 // through IpcMemoryCache, which opens each allocation (the handle names an allocator block)
 // once, counts its users and closes it when the last lease goes away.
-#ifndef WB_DAEMON_GPU_CUDA_IPC_H_
-#define WB_DAEMON_GPU_CUDA_IPC_H_
+#pragma once
 
 #include <cstddef>
 #include <cstdint>
@@ -86,5 +85,3 @@ class IpcMemoryCache {
 };
 
 }  // namespace wb::gpu
-
-#endif  // WB_DAEMON_GPU_CUDA_IPC_H_

@@ -14,8 +14,8 @@
 #include <thread>
 
 // WB_DELTA_NO_AVX2 builds only the portable scan, to test it on an AVX2 machine:
-//   bazel test --per_file_copt=daemon/delta/delta_codec.cc@-DWB_DELTA_NO_AVX2 \
-//       //tests/transform:delta_codec_test
+//   bazel test --per_file_copt=daemon/delta/delta_codec.cc@-DWB_DELTA_NO_AVX2
+//       //tests/transform:delta_codec_test   (one command line)
 #if defined(__x86_64__) && !defined(WB_DELTA_NO_AVX2)
 #define WB_DELTA_AVX2 1
 #include <immintrin.h>

@@ -10,8 +10,7 @@
 //   offset 16 u64 record count      offset 24 count gaps, then count values
 // Gap i is index[i] - index[i-1] (gap 0 is index[0]); indices strictly increase. Width 8 only
 // appears for gaps of 2^32 elements or more.
-#ifndef WB_DAEMON_DELTA_DELTA_CODEC_H_
-#define WB_DAEMON_DELTA_DELTA_CODEC_H_
+#pragma once
 
 #include <cstddef>
 #include <cstdint>
@@ -59,5 +58,3 @@ absl::StatusOr<DeltaHeader> ParseDeltaHeader(absl::Span<const uint8_t> packed);
 absl::Status ApplyDelta(absl::Span<const uint8_t> packed, absl::Span<uint8_t> dst);
 
 }  // namespace wb::delta
-
-#endif  // WB_DAEMON_DELTA_DELTA_CODEC_H_

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -18,11 +17,6 @@ namespace wb::delta {
 namespace v1 = weightbeam::v1;
 
 namespace {
-
-uint64_t EnvVersion(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::strtoull(v, nullptr, 10) : 0;
-}
 
 std::string OpName(const std::string& src_agent, const v1::TransferOp& op) {
   return absl::StrCat("op ", op.op_id(), " from ", src_agent, " (tensor ", op.dst_tensor(), ")");
@@ -50,11 +44,11 @@ void ParallelFor(size_t n, Fn fn) {
 }  // namespace
 
 DeltaReceiver::DeltaReceiver(std::string agent, std::vector<transport::Transport*> transports,
-                             const registry::RegionRegistry* registry)
+                             const registry::RegionRegistry* registry, DeltaReceiverOptions options)
     : agent_(std::move(agent)),
       transports_(std::move(transports)),
       registry_(registry),
-      fail_commit_version_(EnvVersion("WB_TEST_DELTA_FAIL_COMMIT")) {}
+      fail_commit_version_(options.fail_commit_version) {}
 
 DeltaReceiver::~DeltaReceiver() {
   absl::MutexLock lock(&mu_);
@@ -246,7 +240,7 @@ absl::Status DeltaReceiver::Apply(uint64_t version, uint64_t nonce,
     }
   }
   if (inject) {
-    messages.push_back(absl::StrCat("injected failure (WB_TEST_DELTA_FAIL_COMMIT=", version,
+    messages.push_back(absl::StrCat("injected failure (delta.test_fail_commit_version=", version,
                                     ") after applying ", stats->slots_applied, " delta slot(s)"));
   }
   if (!messages.empty()) {

@@ -3,8 +3,7 @@
 // commit the slots of that attempt are scattered into the destination tensors (CPU for host
 // memory, a CUDA kernel for GPU memory), and with verification on, the destinations are hashed
 // and compared with the senders' hashes.
-#ifndef WB_DAEMON_DELTA_DELTA_RECEIVER_H_
-#define WB_DAEMON_DELTA_DELTA_RECEIVER_H_
+#pragma once
 
 #include <cstdint>
 #include <map>
@@ -33,10 +32,16 @@ struct ApplyStats {
   double seconds = 0;
 };
 
+struct DeltaReceiverOptions {
+  // Test hook: the commit of this version fails after half of its slots are applied (a
+  // destination left half-written, which the next anchor must heal). 0: off.
+  uint64_t fail_commit_version = 0;
+};
+
 class DeltaReceiver {
  public:
   DeltaReceiver(std::string agent, std::vector<transport::Transport*> transports,
-                const registry::RegionRegistry* registry);
+                const registry::RegionRegistry* registry, DeltaReceiverOptions options = {});
   ~DeltaReceiver();
 
   // Replaces the receive region with one sized for `plan.incoming()` and fills `resp` with its
@@ -67,7 +72,7 @@ class DeltaReceiver {
   const std::string agent_;
   const std::vector<transport::Transport*> transports_;
   const registry::RegionRegistry* registry_;
-  const uint64_t fail_commit_version_;  // test hook: WB_TEST_DELTA_FAIL_COMMIT
+  const uint64_t fail_commit_version_;  // test hook: DeltaReceiverOptions
   mutable GpuApplier gpu_;              // staging buffers and streams for GPU destinations
 
   absl::Mutex mu_;
@@ -79,5 +84,3 @@ class DeltaReceiver {
 };
 
 }  // namespace wb::delta
-
-#endif  // WB_DAEMON_DELTA_DELTA_RECEIVER_H_

@@ -1,8 +1,7 @@
 // Delta mode, sending side: per plan operation a shadow of the bytes its destination holds (host
 // memory), change detection of each step's transformed output against it, and the decision to
 // ship the op as a packed delta into the receiver's slot or dense as usual.
-#ifndef WB_DAEMON_DELTA_DELTA_SENDER_H_
-#define WB_DAEMON_DELTA_DELTA_SENDER_H_
+#pragma once
 
 #include <atomic>
 #include <cstdint>
@@ -81,5 +80,3 @@ class DeltaSender {
 };
 
 }  // namespace wb::delta
-
-#endif  // WB_DAEMON_DELTA_DELTA_SENDER_H_

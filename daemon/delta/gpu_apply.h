@@ -2,8 +2,7 @@
 // (ScatterList) scattered into device memory by the CUDA scatter, and the destination hash of
 // device memory (landed ranges copied back to the host). Errors name the tensor, the device
 // and the CUDA error; without CUDA every call says why it cannot run.
-#ifndef WB_DAEMON_DELTA_GPU_APPLY_H_
-#define WB_DAEMON_DELTA_GPU_APPLY_H_
+#pragma once
 
 #include <cstdint>
 
@@ -43,5 +42,3 @@ class GpuApplier {
 };
 
 }  // namespace wb::delta
-
-#endif  // WB_DAEMON_DELTA_GPU_APPLY_H_

@@ -3,8 +3,7 @@
 // kernel), plus device -> host copies for verification. Plain C++ (no absl) so that nvcc never
 // sees absl; gpu_apply.h wraps it into absl::Status. Without the CUDA toolkit
 // gpu_scatter_nocuda.cc stands in and reports kBuiltWithoutCuda.
-#ifndef WB_DAEMON_DELTA_GPU_SCATTER_H_
-#define WB_DAEMON_DELTA_GPU_SCATTER_H_
+#pragma once
 
 #include <cstdint>
 #include <mutex>
@@ -40,5 +39,3 @@ class DeviceScatter {
 };
 
 }  // namespace wb::delta::cuda
-
-#endif  // WB_DAEMON_DELTA_GPU_SCATTER_H_

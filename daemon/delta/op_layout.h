@@ -3,8 +3,7 @@
 // receive slot, a destination hash for verification, and applying a packed delta into strided
 // destination memory (straight, or resolved to offsets + values for a GPU scatter). Shared by
 // the sending and the receiving agent.
-#ifndef WB_DAEMON_DELTA_OP_LAYOUT_H_
-#define WB_DAEMON_DELTA_OP_LAYOUT_H_
+#pragma once
 
 #include <cstdint>
 #include <vector>
@@ -83,5 +82,3 @@ absl::StatusOr<ScatterList> ResolveDelta(absl::Span<const uint8_t> packed, const
 void ScatterHost(const ScatterList& list, uint8_t* dst_region, uint8_t* scale_region);
 
 }  // namespace wb::delta
-
-#endif  // WB_DAEMON_DELTA_OP_LAYOUT_H_

@@ -56,7 +56,7 @@ class ErrorSlot {
 struct Executor::Job {
   const v1::TransferOp* op = nullptr;
   std::shared_ptr<const registry::RegisteredTensor> source;
-  std::shared_ptr<StagingBuffer> staging;  // null for zero-copy ops
+  StagingLease staging;  // empty for zero-copy ops; dropping the job gives it back
   const Route* route = nullptr;
   uint64_t dense_bytes = 0;  // what a dense write of this op lands
   // Delta mode: the staging buffer holds slot header + packed delta for this slot.
@@ -185,16 +185,16 @@ absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
     }
     const double encode_s = Since(t0);
     if (out->packed) {
-      auto buf = staging_->Acquire(slot.size(), &cancelled_);
-      if (!buf.ok()) return buf.status();
-      job->staging = *buf;
+      auto lease = staging_->Acquire(slot.size(), &cancelled_);
+      if (!lease.ok()) return lease.status();
+      job->staging = std::move(*lease);
       std::memcpy(job->staging->data, slot.data(), slot.size());
     }
     return RecordDelta(job, *out, encode_s, step, report, report_mu);
   }
-  auto buf = staging_->Acquire(layout->flat_bytes, &cancelled_);
-  if (!buf.ok()) return buf.status();
-  job->staging = *buf;
+  auto lease = staging_->Acquire(layout->flat_bytes, &cancelled_);
+  if (!lease.ok()) return lease.status();
+  job->staging = std::move(*lease);
   if (preparer_->StagingBytes(op) > 0) {
     if (auto s = preparer_->Prepare(op, src, job->staging->data); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(OpName(op), ": ", s.message()));
@@ -239,29 +239,91 @@ absl::Status Executor::RecordDelta(Job* job, const delta::OpOutcome& out, double
   return absl::OkStatus();
 }
 
-absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
-                                Clock::time_point deadline, const delta::StepDelta& step,
-                                delta::DeltaSender* delta, v1::AgentStepReport* report) {
+// One phase in flight: the queues between its stages, its first error, and what the stages
+// add to the report. Lives in RunPhase's frame, which outlives every stage and completion.
+struct Executor::PhaseRun {
+  PhaseRun(const delta::StepDelta& step, delta::DeltaSender* delta, v1::AgentStepReport* report,
+           int prepare_threads)
+      : step(step),
+        delta(delta),
+        report(report),
+        preparers_left(prepare_threads),
+        preparers_running(prepare_threads) {}
+
+  const delta::StepDelta& step;
+  delta::DeltaSender* delta;  // null unless this step runs in delta mode
+  v1::AgentStepReport* report;
   absl::Mutex report_mu;  // preparers add delta counts and hashes
-  std::atomic<uint64_t> bytes_dense{0};
+  const Clock::time_point t0 = Clock::now();
   BlockingQueue<Job> to_prepare;
   BlockingQueue<Job> to_write;
   ErrorSlot error;
   std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<uint64_t> bytes_dense{0};
   std::atomic<int64_t> prepare_ns{0}, complete_ns{0};
   // The write stage's wall time: from the first post to the last completion of the phase.
   std::atomic<int64_t> first_post_ns{0}, last_done_ns{0};
-  const auto phase_t0 = Clock::now();
+  // The last preparer to finish closes the write queue.
+  std::atomic<int> preparers_left;
+  // A std::mutex latch: an absl::Mutex made and destroyed per phase costs a deadlock-graph
+  // update each time with the system absl.
+  std::mutex preparers_mu;
+  std::condition_variable preparers_done;
+  int preparers_running;  // guarded by preparers_mu
+  absl::Mutex done_mu;
+  int64_t outstanding ABSL_GUARDED_BY(done_mu) = 0;  // batches posted and not yet completed
+};
 
-  // Stage-in: resolve sources. On hosts without CUDA every transform runs on the CPU from the
-  // mapped source, so there is no host->device copy to make here.
+// What a posted batch's completion needs.
+struct Executor::Posted {
+  const v1::TransferOp* op = nullptr;
+  uint64_t bytes = 0;
+  uint64_t dense = 0;
+  metrics::Counter* peer_bytes = nullptr;
+  std::shared_ptr<StagingLease> staging;  // shared: transport callbacks must be copyable
+};
+
+absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
+                                Clock::time_point deadline, const delta::StepDelta& step,
+                                delta::DeltaSender* delta, v1::AgentStepReport* report) {
+  PhaseRun run(step, delta, report, options_.prepare_threads);
+  StageIn(ops, &run);
+  for (int i = 0; i < options_.prepare_threads; ++i) {
+    prepare_pool_.Submit([this, &run] { PrepareStage(&run); });
+  }
+  WriteStage(&run);
+  {
+    // The prepare tasks reference this frame: wait until every one has returned.
+    std::unique_lock<std::mutex> lock(run.preparers_mu);
+    run.preparers_done.wait(lock, [&] { return run.preparers_running == 0; });
+  }
+  AwaitCompletions(&run, deadline);
+  auto* st = report->mutable_stages();
+  st->set_prepare_seconds(st->prepare_seconds() + run.prepare_ns.load() * 1e-9);
+  if (run.first_post_ns.load() > 0 && run.last_done_ns.load() > run.first_post_ns.load()) {
+    st->set_write_seconds(st->write_seconds() +
+                          (run.last_done_ns.load() - run.first_post_ns.load()) * 1e-9);
+  }
+  st->set_complete_seconds(st->complete_seconds() + run.complete_ns.load() * 1e-9);
+  report->set_bytes_sent(report->bytes_sent() + run.bytes_sent.load());
+  report->set_bytes_dense(report->bytes_dense() + run.bytes_dense.load());
+  if (cancelled_ && run.error.Get().ok()) {
+    absl::MutexLock lock(&mu_);
+    return absl::AbortedError(absl::StrCat("step cancelled: ", cancel_reason_));
+  }
+  return run.error.Get();
+}
+
+void Executor::StageIn(const std::vector<const v1::TransferOp*>& ops, PhaseRun* run) {
+  // On hosts without CUDA every transform runs on the CPU from the mapped source, so there is
+  // no host->device copy to make here.
   const auto t_in = Clock::now();
   for (const v1::TransferOp* op : ops) {
     Job job;
     job.op = op;
     job.source = registry_->Find(op->src_region());
     if (!job.source) {
-      error.Set(absl::FailedPreconditionError(
+      run->error.Set(absl::FailedPreconditionError(
           absl::StrCat(OpName(*op), ": source region ", op->src_region(),
                        " is gone (its process unregistered or exited)")));
       break;
@@ -274,158 +336,122 @@ absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
       absl::MutexLock lock(&mu_);
       auto it = routes_.find(op->dst_agent());
       if (it == routes_.end()) {
-        error.Set(absl::FailedPreconditionError(
+        run->error.Set(absl::FailedPreconditionError(
             absl::StrCat(OpName(*op), ": no connection to agent ", op->dst_agent())));
         break;
       }
       job.route = &it->second;
     }
-    to_prepare.Push(std::move(job));
+    run->to_prepare.Push(std::move(job));
   }
-  to_prepare.Close();
-  report->mutable_stages()->set_stage_in_seconds(report->stages().stage_in_seconds() + Since(t_in));
+  run->to_prepare.Close();
+  auto* st = run->report->mutable_stages();
+  st->set_stage_in_seconds(st->stage_in_seconds() + Since(t_in));
+}
 
-  // Prepare: transform into staging (blocking on the watermark), or pass zero-copy ops on.
-  std::atomic<int> preparers_left{options_.prepare_threads};
-  // A std::mutex latch: an absl::Mutex made and destroyed per phase costs a deadlock-graph
-  // update each time with the system absl.
-  std::mutex preparers_mu;
-  std::condition_variable preparers_done;
-  int preparers_running = options_.prepare_threads;  // guarded by preparers_mu
-  for (int i = 0; i < options_.prepare_threads; ++i) {
-    prepare_pool_.Submit([&] {
-      while (auto job = to_prepare.Pop()) {
-        if (error.failed() || cancelled_) continue;
-        const auto t0 = Clock::now();
-        if (delta != nullptr) {
-          const delta::OpLayout* layout = delta->Layout(job->op->op_id());
-          job->dense_bytes = layout ? layout->dense_bytes : 0;
-          auto s = PrepareDelta(&*job, step, delta, report, &report_mu);
-          if (!s.ok()) {
-            if (job->staging) staging_->Release(job->staging);
-            error.Set(s);
-            continue;
-          }
-          prepare_ns += (Clock::now() - t0).count();
-          to_write.Push(std::move(*job));
-          continue;
-        }
-        uint64_t need = preparer_->StagingBytes(*job->op);
-        if (need > 0) {
-          auto buf = staging_->Acquire(need, &cancelled_);
-          if (!buf.ok()) {
-            error.Set(buf.status());
-            continue;
-          }
-          job->staging = *buf;
-          const uint8_t* src = static_cast<const uint8_t*>(job->source->memory.addr);
-          auto s = preparer_->Prepare(*job->op, src, job->staging->data);
-          if (!s.ok()) {
-            staging_->Release(job->staging);
-            error.Set(absl::Status(s.code(), absl::StrCat(OpName(*job->op), ": ", s.message())));
-            continue;
-          }
-        }
-        prepare_ns += (Clock::now() - t0).count();
-        to_write.Push(std::move(*job));
-      }
-      if (--preparers_left == 0) to_write.Close();
-      std::lock_guard<std::mutex> lock(preparers_mu);
-      if (--preparers_running == 0) preparers_done.notify_all();
-    });
+void Executor::PrepareStage(PhaseRun* run) {
+  while (auto job = run->to_prepare.Pop()) {
+    if (run->error.failed() || cancelled_) continue;
+    const auto t0 = Clock::now();
+    if (auto s = Prepare(&*job, run); !s.ok()) {
+      run->error.Set(s);
+      continue;  // the job, and its staging with it, is dropped
+    }
+    run->prepare_ns += (Clock::now() - t0).count();
+    run->to_write.Push(std::move(*job));
   }
+  if (--run->preparers_left == 0) run->to_write.Close();
+  std::lock_guard<std::mutex> lock(run->preparers_mu);
+  if (--run->preparers_running == 0) run->preparers_done.notify_all();
+}
 
-  // Write: post each op's writes; completion (on a transport thread) releases staging.
-  absl::Mutex done_mu;
-  int64_t outstanding = 0;
-  while (auto job = to_write.Pop()) {
-    if (error.failed() || cancelled_) {
-      if (job->staging) staging_->Release(job->staging);
-      continue;
-    }
-    std::vector<transport::WriteOp> writes;
-    if (auto s = BuildWrites(*job, &writes); !s.ok()) {
-      if (job->staging) staging_->Release(job->staging);
-      error.Set(s);
-      continue;
-    }
-    uint64_t bytes = 0;
-    for (const auto& w : writes) bytes += w.length;
-    const uint64_t dense = job->dense_bytes ? job->dense_bytes : bytes;
-    {
-      absl::MutexLock lock(&done_mu);
-      ++outstanding;
-    }
-    auto staging = job->staging;
-    const v1::TransferOp* op = job->op;
-    metrics::Counter* peer_bytes = job->route->bytes_sent;
-    const auto posted = Clock::now();
-    if (first_post_ns.load() == 0) {
-      first_post_ns = std::max<int64_t>(1, (posted - phase_t0).count());
-    }
-    ops_in_flight_.fetch_add(1, std::memory_order_relaxed);
-    job->route->peer->PostBatch(
-        std::move(writes), [&, staging, op, bytes, dense, peer_bytes](absl::Status s) {
-          const auto c0 = Clock::now();
-          int64_t done_ns = (c0 - phase_t0).count(), prev = last_done_ns.load();
-          while (done_ns > prev && !last_done_ns.compare_exchange_weak(prev, done_ns)) {
-          }
-          ops_in_flight_.fetch_sub(1, std::memory_order_relaxed);
-          if (staging) staging_->Release(staging);
-          if (s.ok()) {
-            bytes_sent += bytes;
-            bytes_dense += dense;
-            if (peer_bytes) peer_bytes->Increment(bytes);
-          } else {
-            error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
-          }
-          complete_ns += (Clock::now() - c0).count();
-          absl::MutexLock lock(&done_mu);
-          --outstanding;
-        });
+absl::Status Executor::Prepare(Job* job, PhaseRun* run) {
+  if (run->delta != nullptr) {
+    const delta::OpLayout* layout = run->delta->Layout(job->op->op_id());
+    job->dense_bytes = layout ? layout->dense_bytes : 0;
+    return PrepareDelta(job, run->step, run->delta, run->report, &run->report_mu);
   }
+  const uint64_t need = preparer_->StagingBytes(*job->op);
+  if (need == 0) return absl::OkStatus();  // written zero-copy from the source
+  auto lease = staging_->Acquire(need, &cancelled_);
+  if (!lease.ok()) return lease.status();
+  job->staging = std::move(*lease);
+  const uint8_t* src = static_cast<const uint8_t*>(job->source->memory.addr);
+  if (auto s = preparer_->Prepare(*job->op, src, job->staging->data); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(OpName(*job->op), ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+void Executor::WriteStage(PhaseRun* run) {
+  while (auto job = run->to_write.Pop()) {
+    if (run->error.failed() || cancelled_) continue;  // dropped: its staging goes back
+    if (auto s = Post(std::move(*job), run); !s.ok()) run->error.Set(s);
+  }
+}
+
+absl::Status Executor::Post(Job job, PhaseRun* run) {
+  std::vector<transport::WriteOp> writes;
+  if (auto s = BuildWrites(job, &writes); !s.ok()) return s;
+  Posted posted;
+  posted.op = job.op;
+  for (const auto& w : writes) posted.bytes += w.length;
+  posted.dense = job.dense_bytes ? job.dense_bytes : posted.bytes;
+  posted.peer_bytes = job.route->bytes_sent;
+  posted.staging = std::make_shared<StagingLease>(std::move(job.staging));
   {
-    // The prepare tasks reference this frame: wait until every one has returned.
-    std::unique_lock<std::mutex> lock(preparers_mu);
-    preparers_done.wait(lock, [&] { return preparers_running == 0; });
+    absl::MutexLock lock(&run->done_mu);
+    ++run->outstanding;
   }
+  if (run->first_post_ns.load() == 0) {
+    run->first_post_ns = std::max<int64_t>(1, (Clock::now() - run->t0).count());
+  }
+  ops_in_flight_.fetch_add(1, std::memory_order_relaxed);
+  job.route->peer->PostBatch(std::move(writes), [this, run, posted](absl::Status s) {
+    Complete(run, posted, std::move(s));
+  });
+  return absl::OkStatus();
+}
 
-  // Complete: wait for every posted batch (the barrier that ends the phase).
-  {
-    absl::MutexLock lock(&done_mu);
-    auto all_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) { return outstanding == 0; };
-    while (!all_done()) {
-      if (Clock::now() >= deadline) break;
-      done_mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Milliseconds(50));
-    }
-    if (outstanding != 0) {
-      error.Set(absl::DeadlineExceededError(
-          absl::StrCat(outstanding, " operation(s) still unacknowledged at the step deadline")));
-      // Callbacks still reference this frame: wait for the transports' own write timeout.
-      auto wait_until = Clock::now() + options_.write_timeout + std::chrono::seconds(5);
-      while (!all_done() && Clock::now() < wait_until) {
-        done_mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Milliseconds(50));
-      }
-      if (!all_done()) {
-        spdlog::critical("transport never completed {} batch(es); aborting", outstanding);
-        std::abort();
-      }
-    }
+void Executor::Complete(PhaseRun* run, const Posted& posted, absl::Status s) {
+  const auto c0 = Clock::now();
+  int64_t done_ns = (c0 - run->t0).count(), prev = run->last_done_ns.load();
+  while (done_ns > prev && !run->last_done_ns.compare_exchange_weak(prev, done_ns)) {
   }
-  auto* st = report->mutable_stages();
-  st->set_prepare_seconds(st->prepare_seconds() + prepare_ns.load() * 1e-9);
-  if (first_post_ns.load() > 0 && last_done_ns.load() > first_post_ns.load()) {
-    st->set_write_seconds(st->write_seconds() +
-                          (last_done_ns.load() - first_post_ns.load()) * 1e-9);
+  ops_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  posted.staging->Release();  // the watermark frees as each batch lands
+  if (s.ok()) {
+    run->bytes_sent += posted.bytes;
+    run->bytes_dense += posted.dense;
+    if (posted.peer_bytes) posted.peer_bytes->Increment(posted.bytes);
+  } else {
+    run->error.Set(absl::Status(s.code(), absl::StrCat(OpName(*posted.op), ": ", s.message())));
   }
-  st->set_complete_seconds(st->complete_seconds() + complete_ns.load() * 1e-9);
-  report->set_bytes_sent(report->bytes_sent() + bytes_sent.load());
-  report->set_bytes_dense(report->bytes_dense() + bytes_dense.load());
-  if (cancelled_ && error.Get().ok()) {
-    absl::MutexLock lock(&mu_);
-    return absl::AbortedError(absl::StrCat("step cancelled: ", cancel_reason_));
+  run->complete_ns += (Clock::now() - c0).count();
+  absl::MutexLock lock(&run->done_mu);
+  --run->outstanding;
+}
+
+void Executor::AwaitCompletions(PhaseRun* run, Clock::time_point deadline) {
+  absl::MutexLock lock(&run->done_mu);
+  auto all_done = [run]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run->done_mu) { return run->outstanding == 0; };
+  while (!all_done()) {
+    if (Clock::now() >= deadline) break;
+    run->done_mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Milliseconds(50));
   }
-  return error.Get();
+  if (run->outstanding == 0) return;
+  run->error.Set(absl::DeadlineExceededError(
+      absl::StrCat(run->outstanding, " operation(s) still unacknowledged at the step deadline")));
+  // Callbacks still reference the phase: wait for the transports' own write timeout.
+  auto wait_until = Clock::now() + options_.write_timeout + std::chrono::seconds(5);
+  while (!all_done() && Clock::now() < wait_until) {
+    run->done_mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Milliseconds(50));
+  }
+  if (!all_done()) {
+    spdlog::critical("transport never completed {} batch(es); aborting", run->outstanding);
+    std::abort();
+  }
 }
 
 v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::milliseconds timeout,

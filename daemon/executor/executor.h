@@ -77,10 +77,26 @@ class Executor {
 
  private:
   struct Job;
+  struct PhaseRun;
+  struct Posted;
+  // One phase through the pipeline; returns its first error.
   absl::Status RunPhase(const std::vector<const weightbeam::v1::TransferOp*>& ops,
                         std::chrono::steady_clock::time_point deadline,
                         const delta::StepDelta& step, delta::DeltaSender* delta,
                         weightbeam::v1::AgentStepReport* report);
+  // The stages. Stage-in: resolve each op's source and route, in plan order.
+  void StageIn(const std::vector<const weightbeam::v1::TransferOp*>& ops, PhaseRun* run);
+  // Prepare (on the prepare pool): transform into staging, blocking on the watermark, or pass
+  // zero-copy ops on. A job that fails is dropped, its staging lease with it.
+  void PrepareStage(PhaseRun* run);
+  absl::Status Prepare(Job* job, PhaseRun* run);
+  // Write: post each op's writes; its staging lease travels to the completion.
+  void WriteStage(PhaseRun* run);
+  absl::Status Post(Job job, PhaseRun* run);
+  // Complete (on a transport thread): staging goes back, bytes count, one batch fewer is out.
+  void Complete(PhaseRun* run, const Posted& posted, absl::Status s);
+  // The barrier that ends a phase: every posted batch completed, or the deadline passed.
+  void AwaitCompletions(PhaseRun* run, std::chrono::steady_clock::time_point deadline);
   // Delta mode: the op's transformed bytes into `staging`, then change detection.
   absl::Status PrepareDelta(Job* job, const delta::StepDelta& step, delta::DeltaSender* delta,
                             weightbeam::v1::AgentStepReport* report, absl::Mutex* report_mu);

@@ -17,6 +17,26 @@ uint64_t RoundUp(uint64_t bytes) {
 }
 }  // namespace
 
+StagingLease::StagingLease(StagingLease&& other) noexcept
+    : pool_(other.pool_), buffer_(std::move(other.buffer_)) {
+  other.buffer_ = nullptr;
+}
+
+StagingLease& StagingLease::operator=(StagingLease&& other) noexcept {
+  if (this != &other) {
+    Release();
+    pool_ = other.pool_;
+    buffer_ = std::move(other.buffer_);
+    other.buffer_ = nullptr;
+  }
+  return *this;
+}
+
+void StagingLease::Release() {
+  if (buffer_) pool_->Release(std::move(buffer_));
+  buffer_ = nullptr;
+}
+
 StagingPool::StagingPool(uint64_t watermark_bytes, std::vector<transport::Transport*> transports)
     : watermark_(watermark_bytes), transports_(std::move(transports)) {}
 
@@ -43,8 +63,8 @@ std::shared_ptr<StagingBuffer> StagingPool::Allocate(uint64_t bytes) {
   return b;
 }
 
-absl::StatusOr<std::shared_ptr<StagingBuffer>> StagingPool::Acquire(
-    uint64_t bytes, const std::atomic<bool>* cancelled) {
+absl::StatusOr<StagingLease> StagingPool::Acquire(uint64_t bytes,
+                                                  const std::atomic<bool>* cancelled) {
   std::shared_ptr<StagingBuffer> buffer;
   {
     absl::MutexLock lock(&mu_);
@@ -89,7 +109,7 @@ absl::StatusOr<std::shared_ptr<StagingBuffer>> StagingPool::Acquire(
     }
   }
   buffer->used = bytes;
-  return buffer;
+  return StagingLease(this, std::move(buffer));
 }
 
 void StagingPool::Release(std::shared_ptr<StagingBuffer> buffer) {

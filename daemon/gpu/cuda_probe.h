@@ -1,8 +1,7 @@
 // What GPUs this host has (count, names, PCI bus ids, memory) for the agent's AgentInfo.
 // Never fails: without the CUDA toolkit at build time, or without a driver or device at run
 // time, the list is empty and `unavailable_reason` says why.
-#ifndef WB_DAEMON_GPU_CUDA_PROBE_H_
-#define WB_DAEMON_GPU_CUDA_PROBE_H_
+#pragma once
 
 #include <string>
 #include <vector>
@@ -20,5 +19,3 @@ struct GpuProbe {
 GpuProbe ProbeGpus();
 
 }  // namespace wb::gpu
-
-#endif  // WB_DAEMON_GPU_CUDA_PROBE_H_

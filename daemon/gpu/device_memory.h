@@ -1,8 +1,7 @@
 // Device memory for the agent's staging buffers, tests and benchmarks: an owning DeviceBuffer
 // and host <-> device copies. Without CUDA every call returns FailedPrecondition
 // "built without CUDA" or "no CUDA device (...)".
-#ifndef WB_DAEMON_GPU_DEVICE_MEMORY_H_
-#define WB_DAEMON_GPU_DEVICE_MEMORY_H_
+#pragma once
 
 #include <cstddef>
 
@@ -57,5 +56,3 @@ absl::Status CopyDeviceToHostAsync(void* host_dst, const void* device_src, size_
 absl::Status SynchronizeStream(void* stream);
 
 }  // namespace wb::gpu
-
-#endif  // WB_DAEMON_GPU_DEVICE_MEMORY_H_

@@ -192,7 +192,10 @@ absl::Status AgentNode::Start() {
   // tls.server_name names the controller; peers are checked against the host dialled.
   connector_ =
       std::make_unique<PeerConnector>(config_.name, by_name_, channels->WithServerName(""));
-  delta_receiver_ = std::make_unique<delta::DeltaReceiver>(config_.name, raw, registry_.get());
+  delta::DeltaReceiverOptions delta_options;
+  delta_options.fail_commit_version = static_cast<uint64_t>(config_.delta.test_fail_commit_version);
+  delta_receiver_ =
+      std::make_unique<delta::DeltaReceiver>(config_.name, raw, registry_.get(), delta_options);
   local_service_ = std::make_unique<local::LocalService>(
       registry_.get(), &events_,
       [this](const std::string&) { metrics_.Error(AgentMetrics::kRegistrationRefused); },

@@ -9,8 +9,7 @@
 //   <v>.<writer>.json                 the manifest, written last: kind, base version, files
 //                                     with sizes and checksums. A version is complete when
 //                                     every expected writer's manifest is there.
-#ifndef WB_DAEMON_STORAGE_DELTA_STORE_H_
-#define WB_DAEMON_STORAGE_DELTA_STORE_H_
+#pragma once
 
 #include <cstdint>
 #include <functional>
@@ -124,5 +123,3 @@ std::string VersionPrefix(uint64_t version);
 std::string ManifestName(uint64_t version, const std::string& writer);
 
 }  // namespace wb::storage
-
-#endif  // WB_DAEMON_STORAGE_DELTA_STORE_H_

@@ -2,8 +2,7 @@
 // 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape and
 // data_offsets plus a `__metadata__` string map, then the data. Writes are atomic (tmp, fsync,
 // rename); reads validate everything and name the file and tensor in every error.
-#ifndef WB_DAEMON_STORAGE_SAFETENSORS_H_
-#define WB_DAEMON_STORAGE_SAFETENSORS_H_
+#pragma once
 
 #include <cstdint>
 #include <map>
@@ -91,5 +90,3 @@ absl::StatusOr<std::vector<uint8_t>> ReadWholeFile(const std::string& path);
 absl::Status WriteFileAtomically(const std::string& path, absl::Span<const uint8_t> bytes);
 
 }  // namespace wb::storage
-
-#endif  // WB_DAEMON_STORAGE_SAFETENSORS_H_

@@ -2,8 +2,7 @@
 // requests write the registered trainer tensors into the directory; on a subscribing agent a
 // thread polls the directory and applies complete versions into the registered inference
 // tensors, announcing begin / commit (or abort with the reason) like a network step.
-#ifndef WB_DAEMON_STORAGE_STORAGE_AGENT_H_
-#define WB_DAEMON_STORAGE_STORAGE_AGENT_H_
+#pragma once
 
 #include <cstdint>
 #include <functional>
@@ -66,5 +65,3 @@ class StorageAgent {
 };
 
 }  // namespace wb::storage
-
-#endif  // WB_DAEMON_STORAGE_STORAGE_AGENT_H_

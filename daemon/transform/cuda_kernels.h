@@ -1,8 +1,7 @@
 // Launchers of the transform kernels, with a plain (absl-free) interface so that nvcc never
 // sees absl; transform_cuda.cc wraps them into absl::Status. The no-CUDA build links
 // cuda_kernels_nocuda.cc instead, which reports kBuiltWithoutCuda.
-#ifndef WB_DAEMON_TRANSFORM_CUDA_KERNELS_H_
-#define WB_DAEMON_TRANSFORM_CUDA_KERNELS_H_
+#pragma once
 
 #include <string>
 
@@ -18,5 +17,3 @@ LaunchCode LaunchTransform(const TransformDesc& desc, const void* src, void* dst
                            void* stream, std::string* error);
 
 }  // namespace wb::transform::cuda
-
-#endif  // WB_DAEMON_TRANSFORM_CUDA_KERNELS_H_

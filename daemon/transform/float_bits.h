@@ -1,8 +1,7 @@
 // Scalar number-format conversions (f32, bf16, f16, fp8 e4m3fn) done on integer bit patterns.
 // The CPU transforms and the CUDA kernels both include this header, so every conversion rounds
 // identically on both sides (round-to-nearest-even, no fast-math, no FMA involved).
-#ifndef WB_DAEMON_TRANSFORM_FLOAT_BITS_H_
-#define WB_DAEMON_TRANSFORM_FLOAT_BITS_H_
+#pragma once
 
 #include <cstdint>
 #include <cstring>
@@ -129,5 +128,3 @@ WB_HOST_DEVICE float FiniteAbs(float x) {
 }
 
 }  // namespace wb::transform::bits
-
-#endif  // WB_DAEMON_TRANSFORM_FLOAT_BITS_H_

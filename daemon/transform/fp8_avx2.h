@@ -1,8 +1,7 @@
 // AVX2 versions of the fp8 block quantiser's two hot loops (block amax, row quantisation).
 // They compute exactly what the scalar code in float_bits.h computes (same IEEE division,
 // same integer rounding), eight elements at a time; callers pick them when HaveAvx2().
-#ifndef WB_DAEMON_TRANSFORM_FP8_AVX2_H_
-#define WB_DAEMON_TRANSFORM_FP8_AVX2_H_
+#pragma once
 
 #include <cstdint>
 
@@ -21,5 +20,3 @@ uint16_t BlockAmaxBitsAvx2(const uint8_t* src, uint64_t stride, uint64_t rows, u
 void QuantizeRowSegmentAvx2(const uint8_t* src, uint8_t* dst, uint64_t n, float scale);
 
 }  // namespace wb::transform
-
-#endif  // WB_DAEMON_TRANSFORM_FP8_AVX2_H_

@@ -1,7 +1,6 @@
 // Bridges the planner's wire TransferOp to a TransformDesc, so the agent's executor can run a
 // planned operation with ApplyTransformCpu / ApplyTransformCuda.
-#ifndef WB_DAEMON_TRANSFORM_TRANSFER_OP_H_
-#define WB_DAEMON_TRANSFORM_TRANSFER_OP_H_
+#pragma once
 
 #include "absl/status/statusor.h"
 #include "daemon/transform/transform.h"
@@ -15,5 +14,3 @@ absl::StatusOr<DType> DTypeFromProto(weightbeam::v1::DType dtype);
 absl::StatusOr<TransformDesc> DescFromTransferOp(const weightbeam::v1::TransferOp& op);
 
 }  // namespace wb::transform
-
-#endif  // WB_DAEMON_TRANSFORM_TRANSFER_OP_H_

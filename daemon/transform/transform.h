@@ -2,8 +2,7 @@
 // bf16 -> fp8 e4m3fn with 128x128 float32 block scales. Each works on a 2-D strided block (the
 // planner's TransferOp: `rows` runs of `cols` elements), on the CPU or as a CUDA kernel, and
 // the two produce identical bytes.
-#ifndef WB_DAEMON_TRANSFORM_TRANSFORM_H_
-#define WB_DAEMON_TRANSFORM_TRANSFORM_H_
+#pragma once
 
 #include <cstddef>
 #include <cstdint>
@@ -53,5 +52,3 @@ absl::Status ApplyTransformCuda(const TransformDesc& desc, const void* src, void
                                 float* scales = nullptr, void* stream = nullptr);
 
 }  // namespace wb::transform
-
-#endif  // WB_DAEMON_TRANSFORM_TRANSFORM_H_

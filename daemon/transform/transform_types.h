@@ -1,7 +1,6 @@
 // Plain descriptor types of the transforms (no absl), shared by the host code and the CUDA
 // kernels: what to convert, the block's shape and its strides.
-#ifndef WB_DAEMON_TRANSFORM_TRANSFORM_TYPES_H_
-#define WB_DAEMON_TRANSFORM_TRANSFORM_TYPES_H_
+#pragma once
 
 #include <cstdint>
 
@@ -35,5 +34,3 @@ struct TransformDesc {
 };
 
 }  // namespace wb::transform
-
-#endif  // WB_DAEMON_TRANSFORM_TRANSFORM_TYPES_H_

@@ -9,8 +9,8 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "controller/planner/models.h"
-#include "controller/planner/plan.h"
+#include "common/planner/models.h"
+#include "common/planner/plan.h"
 
 namespace {
 
@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   inf.gpus_per_agent = tr.gpus_per_agent;
   inf.nics_per_agent = tr.nics_per_agent;
   tr.nic_gbps = inf.nic_gbps = opt.cost.nic_gbps;
-  opt.fusions = wb::config::DefaultFusionRules();
+  opt.fusions = wb::planner::DefaultFusionRules();
 
   auto model = wb::planner::ModelByName(model_name);
   if (!model.ok()) {

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "controller/planner/models.h"
+#include "common/planner/models.h"
 #include "daemon/storage/delta_store.h"
 #include "tests/demo/synthetic_weights.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "controller/planner/models.h"
+#include "common/planner/models.h"
 
 namespace wb::demo {
 

@@ -88,7 +88,7 @@ struct Fixture {
   explicit Fixture(const std::string& transport_name, uint64_t watermark) {
     config::AgentConfig cfg;
     cfg.tcp.listen = "127.0.0.1:0";
-    for (const std::string name : {std::string("local"), transport_name}) {
+    for (const std::string& name : {std::string("local"), transport_name}) {
       if (by_name.count(name)) continue;
       auto t = transport::MakeTransport(name, cfg);
       REQUIRE(t.ok());
@@ -307,6 +307,27 @@ TEST_CASE("an operation larger than the watermark runs alone instead of deadlock
   INFO(report.error());
   REQUIRE(report.ok());
   CHECK(report.stages().peak_staging_bytes() == 64 * 256 * 4);  // one at a time
+}
+
+TEST_CASE("a staging lease holds its bytes against the watermark until it goes away") {
+  executor::StagingPool pool(8192, {});
+  const std::atomic<bool> cancelled{false};
+  {
+    auto a = pool.Acquire(4096, &cancelled);
+    REQUIRE(a.ok());
+    CHECK(pool.in_flight() == 4096);
+    executor::StagingLease moved = std::move(*a);  // the charge moves with the lease
+    CHECK_FALSE(*a);
+    CHECK(pool.in_flight() == 4096);
+    auto b = pool.Acquire(4096, &cancelled);
+    REQUIRE(b.ok());
+    CHECK(pool.in_flight() == 8192);
+    b->Release();
+    CHECK_FALSE(*b);
+    CHECK(pool.in_flight() == 4096);
+  }
+  CHECK(pool.in_flight() == 0);
+  CHECK(pool.peak_in_flight() == 8192);
 }
 
 TEST_CASE("an injected transport failure aborts the step naming the operation") {

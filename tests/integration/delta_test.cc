@@ -128,11 +128,11 @@ v1::Event NextEvent(Inference& inf) {
 
 TEST_CASE("delta mode: Adam steps land bit for bit, anchors heal a failed and a scribbled step") {
   // The receiving agent fails the commit of kFailVersion after applying half of its slots.
-  setenv("WB_TEST_DELTA_FAIL_COMMIT", std::to_string(kFailVersion).c_str(), 1);
   wb::testing::ClusterOptions opts;
   opts.extra_controller_yaml = "delta:\n  enabled: true\n  anchor_every: 4\n  verify: true\n";
+  opts.agent_yaml["inference-node"] =
+      "delta:\n  test_fail_commit_version: " + std::to_string(kFailVersion) + "\n";
   Cluster cluster(wb::testing::Runfile(""), opts);
-  unsetenv("WB_TEST_DELTA_FAIL_COMMIT");
   Trainer trainer = OpenTrainer(cluster.socket("trainer-node"));
   Inference inference = OpenInference(cluster.socket("inference-node"));
   auto ctl = ControllerClient::Connect(cluster.controller_address());

@@ -2,7 +2,7 @@
 // and the clear errors when source or destination shards split a block.
 #include <catch2/catch.hpp>
 
-#include "controller/planner/plan.h"
+#include "common/planner/plan.h"
 #include "tests/planner/layout_builder.h"
 
 using namespace wb::planner;
@@ -12,7 +12,7 @@ namespace {
 
 absl::StatusOr<Plan> PlanIt(const std::vector<AgentLayout>& agents) {
   PlanOptions options;
-  options.fusions = wb::config::DefaultFusionRules();
+  options.fusions = wb::planner::DefaultFusionRules();
   return BuildPlan(agents, options);
 }
 

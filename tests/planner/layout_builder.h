@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "controller/planner/layout.h"
-#include "controller/planner/plan.h"
+#include "common/planner/layout.h"
+#include "common/planner/plan.h"
 
 namespace wb::planner::testing {
 

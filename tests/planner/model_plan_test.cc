@@ -3,9 +3,9 @@
 #include <catch2/catch.hpp>
 #include <map>
 
-#include "controller/planner/models.h"
-#include "controller/planner/plan.h"
-#include "controller/planner/plan_proto.h"
+#include "common/planner/models.h"
+#include "common/planner/plan.h"
+#include "common/planner/plan_proto.h"
 #include "tests/planner/layout_builder.h"
 
 using namespace wb::planner;
@@ -21,7 +21,7 @@ ModelSpec SmallQwen3() {
 
 PlanOptions Options() {
   PlanOptions o;
-  o.fusions = wb::config::DefaultFusionRules();
+  o.fusions = wb::planner::DefaultFusionRules();
   return o;
 }
 

@@ -4,7 +4,7 @@
 #include <catch2/catch.hpp>
 #include <random>
 
-#include "controller/planner/plan.h"
+#include "common/planner/plan.h"
 #include "tests/planner/layout_builder.h"
 
 using namespace wb::planner;
@@ -101,7 +101,7 @@ TEST_CASE("a cast destination converts on the way and lands in its own dtype's b
 TEST_CASE("fusion: q, k and v land at their offsets of qkv_proj, split across TP ranks") {
   // q [4, 8], k [2, 8], v [2, 8] -> qkv [8, 8]; TP rank 0 holds rows [0,4), rank 1 [4,8).
   PlanOptions options;
-  options.fusions = wb::config::DefaultFusionRules();
+  options.fusions = wb::planner::DefaultFusionRules();
   auto agents = LayoutBuilder()
                     .Src("t0", 0, "l.q_proj.weight", {4, 8})
                     .Src("t0", 0, "l.k_proj.weight", {2, 8})

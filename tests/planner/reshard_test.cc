@@ -1,5 +1,5 @@
 // Resharding geometry: the exact runs for dim-0, dim-1 and 3-D boxes.
-#include "controller/planner/reshard.h"
+#include "common/planner/reshard.h"
 
 #include <catch2/catch.hpp>
 

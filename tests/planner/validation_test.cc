@@ -2,7 +2,7 @@
 // shapes or slices and who holds them; several problems are reported together.
 #include <catch2/catch.hpp>
 
-#include "controller/planner/plan.h"
+#include "common/planner/plan.h"
 #include "tests/planner/layout_builder.h"
 
 using namespace wb::planner;
@@ -11,7 +11,7 @@ using namespace wb::planner::testing;
 namespace {
 
 std::string Rejection(const std::vector<AgentLayout>& agents, PlanOptions options = {}) {
-  options.fusions = wb::config::DefaultFusionRules();
+  options.fusions = wb::planner::DefaultFusionRules();
   auto plan = BuildPlan(agents, options);
   REQUIRE_FALSE(plan.ok());
   CHECK(plan.status().code() == absl::StatusCode::kInvalidArgument);

@@ -18,7 +18,6 @@ finish() {
 for arg in $(cat /proc/cmdline); do
   case "$arg" in
     wb_job=*) JOB=${arg#wb_job=} ;;
-    wb_repo=*) REPO=${arg#wb_repo=} ;;
   esac
 done
 
@@ -38,13 +37,19 @@ mount --bind /dev "$R/dev"
 mount -t tmpfs tmpfs "$R/dev/shm"
 mount -t tmpfs tmpfs "$R/tmp"
 mount -t tmpfs tmpfs "$R/run"
-# A repository under /tmp (a CI clone, say) would be hidden by that tmpfs: bind it back.
-case "${REPO:-}" in
-  /tmp/* | /run/*)
-    mkdir -p "$R$REPO"
-    mount --bind "$H$REPO" "$R$REPO" || { echo "binding $REPO failed" >"$OUT"; finish 125; }
-    ;;
-esac
+# What those tmpfs hide that the job needs (a clone under /tmp, Bazel's output base under
+# /tmp/...: vm.sh lists them in $JOB/binds, the job directory itself is inside the repository)
+# is bound back from the host's view.
+[ -f "$H$JOB/binds" ] || { echo "the job's $JOB/binds is not visible over 9p" >"$OUT"; finish 125; }
+while IFS= read -r p; do
+  [ -n "$p" ] || continue
+  if [ ! -d "$H$p" ]; then
+    echo "[vm] $p: not found on the host (over 9p), not mapped into the VM" >"$OUT"
+    continue
+  fi
+  mkdir -p "$R$p" && mount --bind "$H$p" "$R$p" ||
+    { echo "[vm] binding $p into the VM failed" >"$OUT"; finish 125; }
+done <"$H$JOB/binds"
 
 chroot "$R" /bin/sh "$JOB/cmd.sh" >"$OUT" 2>&1 </dev/null
 finish $?

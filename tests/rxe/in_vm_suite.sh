@@ -7,21 +7,44 @@ failed=0
 
 section() { printf '\n=== %s ===\n' "$*"; }
 
+# need FILE...: each must be an executable here; otherwise say which, where bazel-bin points and
+# why it may be missing, and fail the suite.
+need() {
+  local f ok=0
+  for f in "$@"; do
+    [ -x "$f" ] && continue
+    ok=1
+    failed=1
+    if [ -e "$BIN" ]; then
+      echo "missing inside the VM: $f (bazel-bin -> $(readlink -f "$BIN")): not built on the host?" \
+        "tests/rxe/run_suite.sh builds every target this suite runs"
+    else
+      echo "missing inside the VM: $f: bazel-bin -> $(readlink "$BIN" 2>/dev/null || echo '(no link)')" \
+        "is not visible here (tests/rxe/vm.sh maps the repository and Bazel's output base into" \
+        "the guest; see the [vm] lines above)"
+    fi
+  done
+  return $ok
+}
+
 section "shared transport suite, WB_TEST_TRANSPORT=rdma on rxe0"
-WB_TEST_TRANSPORT=rdma WB_TEST_RDMA_DEVICE=rxe0 timeout 600 \
-  "$BIN/tests/transport/transport_suite" --use-colour no || failed=1
+need "$BIN/tests/transport/transport_suite" &&
+  { WB_TEST_TRANSPORT=rdma WB_TEST_RDMA_DEVICE=rxe0 timeout 600 \
+    "$BIN/tests/transport/transport_suite" --use-colour no || failed=1; }
 
 section "rdma device tests (rxe0, rxe0+rxe1 rails)"
-timeout 600 "$BIN/tests/rxe/rdma_device_test" --use-colour no || failed=1
+need "$BIN/tests/rxe/rdma_device_test" &&
+  { timeout 600 "$BIN/tests/rxe/rdma_device_test" --use-colour no || failed=1; }
 
+DEMO_BINS=("$BIN/tests/demo/wb-demo" "$BIN/daemon/wb-agent" "$BIN/controller/wb-controller")
 section "end-to-end demo over rdma (rxe0): ./wb demo --transport=rdma, 1 layer, 2 steps"
-if [ "${WB_RXE_DEMO:-1}" = "1" ]; then
+if [ "${WB_RXE_DEMO:-1}" = "1" ] && need "${DEMO_BINS[@]}"; then
   timeout 900 "$BIN/tests/demo/wb-demo" --bin-dir "$BIN" --transport=rdma --rdma-device rxe0 \
     --layers 1 --steps 2 || failed=1
 fi
 
 section "delta mode over rdma (rxe0): packed records into receive slots, 1 layer, 3 steps"
-if [ "${WB_RXE_DEMO:-1}" = "1" ]; then
+if [ "${WB_RXE_DEMO:-1}" = "1" ] && need "${DEMO_BINS[@]}"; then
   timeout 900 "$BIN/tests/demo/wb-demo" --bin-dir "$BIN" --transport=rdma --rdma-device rxe0 \
     --delta --layers 1 --steps 3 || failed=1
 fi
@@ -48,6 +71,7 @@ if [ "${WB_RXE_BENCH:-1}" = "1" ]; then
   for round in 1 2; do
     ibw=$(ib_write_bw_once "$MIB")
     echo "ib_write_bw -d rxe0 -x 1 -s 1048576 -n $MIB -F: ${ibw:-failed} MB/s"
+    need "$BIN/tests/bench/transport_bench" || break
     tb=$(timeout 300 "$BIN/tests/bench/transport_bench" --transport=rdma --device=rxe0 \
       --msg=1048576 --bytes=$((MIB << 20)) 2>&1 | tail -n1)
     echo "transport_bench --transport=rdma --device=rxe0 --msg=1048576 --bytes=$((MIB << 20)): $tb"

@@ -108,6 +108,35 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# The guest sees this machine's root read-only over 9p, but mounts fresh tmpfs on /tmp and /run.
+# What it needs from under those (a clone in /tmp; Bazel's output base when the output root is
+# there, e.g. --output_user_root=/tmp/x, which every bazel-* link and runfiles tree point into)
+# is listed in $JOB/binds, and guest_init.sh bind-mounts each from the host view back in place.
+guest_paths() {
+  echo "$ROOT"
+  local link target
+  for link in "$ROOT"/bazel-*; do
+    [ -L "$link" ] || continue
+    target=$(readlink -f "$link") && [ -d "$target" ] || continue
+    # bazel-out, bazel-bin, ...: all inside <output base>/execroot/<workspace>/.
+    case "$target" in */execroot/*) echo "${target%%/execroot/*}" ;; *) echo "$target" ;; esac
+  done
+}
+listed() {
+  local q
+  while IFS= read -r q; do
+    case "$1/" in "$q"/*) return 0 ;; esac
+  done <"$JOB/binds"
+  return 1
+}
+: >"$JOB/binds"
+while IFS= read -r p; do
+  case "$p" in /tmp/* | /run/*) ;; *) continue ;; esac
+  # Shortest first: a path inside one already listed comes with it.
+  listed "$p" || echo "$p" >>"$JOB/binds"
+done < <(guest_paths | awk '{ print length($0) "\t" $0 }' | sort -n | cut -f2- | uniq)
+[ -s "$JOB/binds" ] && log "mapping into the guest (under its fresh /tmp, /run): $(paste -sd' ' "$JOB/binds")"
+
 {
   echo "#!/bin/sh"
   echo "export HOME=/tmp PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -116,6 +145,14 @@ trap 'exit 130' INT TERM
     case "$name" in WB_* | CI) echo "export $name=$(printf '%q' "${!name}")" ;; esac
   done < <(env)
   echo "cd $(printf '%q' "$ROOT") || exit 125"
+  # A bazel-* link whose target the guest cannot see: say so before the command fails on it.
+  cat <<'CHECK'
+for l in bazel-*; do
+  [ -L "$l" ] && [ ! -e "$l" ] && echo "[vm] $l -> $(readlink "$l"): not visible inside the VM" \
+    "(the guest sees the host root read-only with fresh /tmp and /run; tests/rxe/vm.sh maps" \
+    "the repository and Bazel's output base back in: is the output base elsewhere, or gone?)"
+done
+CHECK
   echo "tests/rxe/guest_setup.sh || { echo 'Soft-RoCE setup failed'; exit 125; }"
   printf 'exec'
   printf ' %q' "$@"
@@ -129,7 +166,7 @@ log "booting $KVER (TCG, $CPUS cpus, $MEM); timeout ${TIMEOUT}s"
 timeout --kill-after=10 "$TIMEOUT" qemu-system-x86_64 \
   -accel tcg,thread=multi -cpu max -smp "$CPUS" -m "$MEM" \
   -kernel "$VMLINUZ" -initrd "$INITRD" \
-  -append "console=ttyS0 loglevel=4 panic=-1 wb_job=$JOB wb_repo=$ROOT" \
+  -append "console=ttyS0 loglevel=4 panic=-1 wb_job=$JOB" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
   -display none -monitor none -nic none -no-reboot \
   -serial "file:$JOB/console.log" -serial "file:$JOB/out.log" </dev/null &

@@ -1,7 +1,6 @@
 // Golden vectors for the transforms, shared by the CPU test and the CUDA test. Expected bytes
 // are derived by hand from the format definitions (not produced by the code under test).
-#ifndef WB_TESTS_TRANSFORM_GOLDEN_VECTORS_H_
-#define WB_TESTS_TRANSFORM_GOLDEN_VECTORS_H_
+#pragma once
 
 #include <algorithm>
 #include <cstdint>
@@ -202,5 +201,3 @@ inline RaggedCase MakeRaggedCase() {
 }
 
 }  // namespace wb::transform::golden
-
-#endif  // WB_TESTS_TRANSFORM_GOLDEN_VECTORS_H_

@@ -270,6 +270,10 @@ TEST_CASE("delta mode keys: controller plan settings and the agent's shadow plac
   auto a = ParseAgentConfig("delta:\n  shadow: none\n", "agent.yaml");
   REQUIRE(a.ok());
   CHECK(a->delta.shadow == "none");
+  CHECK(a->delta.test_fail_commit_version == 0);
   CHECK_THAT(ErrorOf("delta:\n  shadow: cuda\n"),
              Catch::Contains("key 'delta.shadow'") && Catch::Contains("host"));
+  auto hook = ParseAgentConfig("delta:\n  test_fail_commit_version: 6\n", "agent.yaml");
+  REQUIRE(hook.ok());
+  CHECK(hook->delta.test_fail_commit_version == 6);
 }

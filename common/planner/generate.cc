@@ -1,0 +1,250 @@
+// Planner step: intersect destination shards with source slices into ops (FP8 block checks).
+#include <algorithm>
+#include <cstdio>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/planner/planner_internal.h"
+
+namespace wb::planner {
+namespace internal {
+
+int32_t Planner::FindScaleEntry(int32_t scale_name, EntryRef w) const {
+  for (const EntryRef& r : infos_[scale_name].dst) {
+    const Owner &a = E(r).owner, &b = E(w).owner;
+    if (r.agent == w.agent && a.replica == b.replica && a.rank == b.rank) return r.tensor;
+  }
+  return -1;
+}
+
+void Planner::ReportFp8(int32_t n, const std::string& msg) {
+  NameInfo& info = infos_[n];
+  if (!info.fp8_error_reported) problems_.Add(msg);
+  info.fp8_error_reported = true;
+}
+
+bool Planner::CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor) {
+  const NameInfo& info = infos_[n];
+  const TensorEntry& w = E(ref);
+  for (int d = 0; d < 2; ++d) {
+    int64_t cut = SplitBoundary(dbox, d, w.shape[d]);
+    if (cut >= 0) {
+      ReportFp8(
+          n, absl::StrCat("FP8 destination ", Name(n), ": ", Who(ref), " holds ", BoxString(dbox),
+                          " whose ", d == 0 ? "row" : "column", " boundary ", cut,
+                          " splits a 128x128 scale block; FP8 destination shards must be "
+                          "cut at multiples of 128"));
+      return false;
+    }
+  }
+  *scale_tensor = FindScaleEntry(info.scale_name, ref);
+  if (*scale_tensor < 0) {
+    ReportFp8(n, absl::StrCat("FP8 destination ", Name(n), " on ", Who(ref),
+                              " has no scale tensor ", Name(info.scale_name), " beside it"));
+    return false;
+  }
+  Box sbox = EntryBox(agents_[ref.agent].tensors[*scale_tensor]);
+  Box want;
+  want.ndim = 2;
+  for (int d = 0; d < 2; ++d) {
+    want.start[d] = dbox.start[d] / kFp8Block;
+    want.size[d] = (dbox.End(d) + kFp8Block - 1) / kFp8Block - want.start[d];
+  }
+  if (!(sbox == want)) {
+    ReportFp8(n, absl::StrCat("FP8 scale tensor ", Name(info.scale_name), " on ", Who(ref),
+                              " holds blocks ", BoxString(sbox), " but its weight shard ",
+                              BoxString(dbox), " needs blocks ", BoxString(want)));
+    return false;
+  }
+  return true;
+}
+
+Box Planner::SliceBox(const Slice& slice, int fdim, int64_t offset) const {
+  Box sb;
+  if (slice.ndim <= 2) {
+    sb.ndim = slice.ndim;
+    sb.start[0] = slice.start0, sb.size[0] = slice.size0;
+    sb.start[1] = slice.start1, sb.size[1] = slice.size1;
+  } else {
+    sb = EntryBox(E(holders_[slice.holder_begin]));
+  }
+  sb.start[fdim] += offset;
+  return sb;
+}
+
+size_t Planner::OrderKey(int32_t src_agent, int32_t dst_agent, int32_t phase) const {
+  const int32_t na = static_cast<int32_t>(agents_.size());
+  const int32_t rot = (agent_rank_[dst_agent] - agent_rank_[src_agent] + na) % na;
+  return static_cast<size_t>(phase) * na + rot;
+}
+
+// Counts, per sender and order key (phase, rotated receiver), the ops Generate will emit for
+// single-holder slices, and sizes each sender's list so that Generate writes every op
+// straight into its final position: no reallocation and no sorting pass at Kimi-K2 scale.
+void Planner::ReserveOps() {
+  const size_t na = agents_.size();
+  phases_ = 1;
+  for (int32_t n : dst_names_) {
+    const NameInfo& info = infos_[n];
+    if (!info.bad && !info.derived_scale && !info.parts.empty()) {
+      phases_ = std::max(phases_, info.phase + 1);
+    }
+  }
+  const size_t nkeys = static_cast<size_t>(phases_) * na;
+  std::vector<std::vector<uint64_t>> count(na);
+  std::vector<Run> runs;
+  for (int32_t n : dst_names_) {
+    const NameInfo& info = infos_[n];
+    if (info.bad || info.derived_scale || info.parts.empty()) continue;
+    const bool fp8 = info.transform == weightbeam::v1::TRANSFORM_FP8_BLOCK;
+    for (const EntryRef& dref : info.dst) {
+      const Box dbox = EntryBox(E(dref));
+      for (const Part& part : info.parts) {
+        const NameInfo& src = infos_[part.src_name];
+        const int64_t off0 = info.fusion_dim == 0 ? part.offset : 0;
+        const Slice* first = slices_.data() + src.slice_begin;
+        const Slice* last = first + src.slice_count;
+        const Slice* it = std::upper_bound(first, last, dbox.start[0] - off0 - src.max_len0,
+                                           [](int64_t v, const Slice& s) { return v < s.start0; });
+        for (; it != last && it->start0 + off0 < dbox.End(0); ++it) {
+          if (it->holder_count != 1 || it->start0 + off0 + it->size0 <= dbox.start[0]) continue;
+          const Box sb = SliceBox(*it, info.fusion_dim, part.offset);
+          Box b;
+          if (!Intersect(dbox, sb, &b)) continue;
+          uint64_t n_runs = 1;  // 1-D, 2-D and FP8 boxes are always a single op
+          if (!fp8 && dbox.ndim > 2) {
+            runs.clear();
+            BoxRuns(b, sb, dbox, &runs);
+            n_runs = runs.size();
+          }
+          const int32_t sender = holders_[it->holder_begin].agent;
+          if (count[sender].empty()) count[sender].assign(nkeys, 0);
+          count[sender][OrderKey(sender, dref.agent, info.phase)] += n_runs;
+        }
+      }
+    }
+  }
+  plan_.ops.resize(na);
+  slot_.assign(na, {});
+  for (size_t a = 0; a < na; ++a) {
+    if (count[a].empty()) continue;
+    uint64_t total = 0;
+    slot_[a].resize(nkeys);
+    for (size_t k = 0; k < nkeys; ++k) {
+      slot_[a][k] = total;
+      total += count[a][k];
+    }
+    plan_.ops[a].resize(total);
+  }
+}
+
+void Planner::Generate() {
+  ReserveOps();
+  std::vector<Run> runs;
+  for (int32_t n : dst_names_) {
+    NameInfo& info = infos_[n];
+    if (info.bad || info.derived_scale || info.parts.empty()) continue;
+    const bool fp8 = info.transform == weightbeam::v1::TRANSFORM_FP8_BLOCK;
+    const DType dst_dtype = E(info.dst[0]).dtype;
+    const DType src_dtype = E(infos_[info.parts[0].src_name].src[0]).dtype;
+    const uint64_t de = DTypeBytes(dst_dtype), se = DTypeBytes(src_dtype);
+    const std::vector<int64_t>& shape = E(info.dst[0]).shape;
+    const int fdim = info.fusion_dim;
+    for (const EntryRef& dref : info.dst) {
+      const Box dbox = EntryBox(E(dref));
+      int32_t scale_tensor = -1;
+      Box sbox;
+      if (fp8) {
+        if (!CheckFp8Entry(n, dref, dbox, &scale_tensor)) continue;
+        sbox = EntryBox(agents_[dref.agent].tensors[scale_tensor]);
+      }
+      for (const Part& part : info.parts) {
+        const NameInfo& src = infos_[part.src_name];
+        const int64_t off0 = fdim == 0 ? part.offset : 0;
+        const Slice* first = slices_.data() + src.slice_begin;
+        const Slice* last = first + src.slice_count;
+        const int64_t lo = dbox.start[0] - off0 - src.max_len0;
+        const Slice* it = std::upper_bound(first, last, lo,
+                                           [](int64_t v, const Slice& s) { return v < s.start0; });
+        for (; it != last && it->start0 + off0 < dbox.End(0); ++it) {
+          if (it->start0 + off0 + it->size0 <= dbox.start[0]) continue;
+          const EntryRef holder = holders_[it->holder_begin];
+          const Box sb = SliceBox(*it, fdim, part.offset);
+          Box b;
+          if (!Intersect(dbox, sb, &b)) continue;
+          if (fp8) {
+            for (int d = 0; d < 2; ++d) {
+              int64_t cut = SplitBoundary(b, d, shape[d]);
+              if (cut < 0) continue;
+              ReportFp8(
+                  n, absl::StrCat("FP8 destination ", Name(n), " (", Who(dref), "): source ",
+                                  Name(part.src_name), " held by ", Who(holder), " as ",
+                                  BoxString(EntryBox(E(holder))), " gives ",
+                                  d == 0 ? "rows" : "columns", " [", b.start[d], ", ", b.End(d),
+                                  ") of the destination, splitting the 128-",
+                                  d == 0 ? "row" : "column", " block at ",
+                                  d == 0 ? "row " : "column ", cut,
+                                  "; FP8 block scaling needs each 128x128 block from one source, "
+                                  "so source shards must be cut at multiples of 128"));
+              break;
+            }
+            if (info.fp8_error_reported) break;
+          }
+          runs.clear();
+          if (fp8) {
+            // Keep the 2-D shape (never fold rows into one run): the executor computes
+            // 128x128 block scales from rows x row_elems.
+            Run r;
+            r.rows = b.size[0];
+            r.row_elems = b.size[1];
+            r.src_offset = (b.start[0] - sb.start[0]) * sb.size[1] + (b.start[1] - sb.start[1]);
+            r.src_stride = sb.size[1];
+            r.dst_offset =
+                (b.start[0] - dbox.start[0]) * dbox.size[1] + (b.start[1] - dbox.start[1]);
+            r.dst_stride = dbox.size[1];
+            runs.push_back(r);
+          } else {
+            BoxRuns(b, sb, dbox, &runs);
+          }
+          for (const Run& r : runs) {
+            PlannedOp op;
+            op.src_offset = r.src_offset * se;
+            op.src_stride = r.src_stride * se;
+            op.dst_offset = r.dst_offset * de;
+            op.dst_stride = r.dst_stride * de;
+            op.rows = r.rows;
+            op.row_elems = r.row_elems;
+            op.dst_agent = dref.agent;
+            op.dst_tensor = dref.tensor;
+            op.phase = static_cast<int16_t>(info.phase);
+            op.src_dtype = static_cast<uint8_t>(src_dtype);
+            op.dst_dtype = static_cast<uint8_t>(dst_dtype);
+            op.transform = static_cast<uint8_t>(info.transform);
+            if (fp8) {
+              op.scale_tensor = scale_tensor;
+              op.scale_stride = static_cast<uint32_t>(sbox.size[1] * 4);
+              op.scale_offset = ((b.start[0] / kFp8Block - sbox.start[0]) * sbox.size[1] +
+                                 (b.start[1] / kFp8Block - sbox.start[1])) *
+                                4;
+            }
+            if (it->holder_count == 1) {
+              op.src_agent = holder.agent;
+              op.src_tensor = holder.tensor;
+              plan_.ops[holder.agent]
+                       [slot_[holder.agent][OrderKey(holder.agent, dref.agent, info.phase)]++] = op;
+            } else {
+              pending_.push_back(PendingChoice{op, static_cast<int32_t>(it - slices_.data())});
+            }
+          }
+        }
+        if (info.fp8_error_reported) break;
+      }
+      if (info.fp8_error_reported) break;
+    }
+  }
+}
+
+}  // namespace internal
+
+}  // namespace wb::planner

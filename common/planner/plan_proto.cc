@@ -1,0 +1,178 @@
+#include "common/planner/plan_proto.h"
+
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace wb::planner {
+
+namespace v1 = weightbeam::v1;
+
+absl::StatusOr<AgentLayout> LayoutFromProto(const v1::AgentInfo& info,
+                                            const v1::AgentLayout& layout) {
+  if (!info.name().empty() && info.name() != layout.agent()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("agent info names ", info.name(), " but its layout names ", layout.agent()));
+  }
+  AgentLayout out;
+  out.name = layout.agent();
+  for (const v1::NicInfo& n : info.nics()) out.nics.push_back(Nic{n.name(), n.gbps()});
+  out.tensors.reserve(layout.tensors_size());
+  for (const v1::TensorLayout& t : layout.tensors()) {
+    TensorEntry e;
+    e.name = t.spec().name();
+    e.dtype = t.spec().dtype();
+    e.shape.assign(t.spec().global_shape().begin(), t.spec().global_shape().end());
+    for (const v1::DimSlice& s : t.spec().shard()) e.shard.push_back(DimSlice{s.start(), s.size()});
+    switch (t.owner().role()) {
+      case v1::ROLE_TRAINER:
+        e.owner.role = Role::kTrainer;
+        break;
+      case v1::ROLE_INFERENCE:
+        e.owner.role = Role::kInference;
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("agent ", layout.agent(), " tensor ", e.name,
+                                                       ": owner role is unspecified"));
+    }
+    e.owner.rank = t.owner().rank();
+    e.owner.replica = t.owner().replica();
+    e.region = t.region().region_id();
+    e.region_bytes = t.region().length();
+    if (!ParseLocation(t.location(), &e.gpu)) {
+      return absl::InvalidArgumentError(absl::StrCat("agent ", layout.agent(), " tensor ", e.name,
+                                                     ": location \"", t.location(),
+                                                     "\" is neither host nor cuda:N"));
+    }
+    out.tensors.push_back(std::move(e));
+  }
+  return out;
+}
+
+void LayoutToProto(const AgentLayout& in, v1::AgentInfo* info, v1::AgentLayout* layout) {
+  info->set_name(in.name);
+  for (const Nic& n : in.nics) {
+    v1::NicInfo* p = info->add_nics();
+    p->set_name(n.name);
+    p->set_gbps(n.gbps);
+  }
+  layout->set_agent(in.name);
+  for (const TensorEntry& e : in.tensors) {
+    v1::TensorLayout* t = layout->add_tensors();
+    t->mutable_spec()->set_name(e.name);
+    t->mutable_spec()->set_dtype(e.dtype);
+    for (int64_t d : e.shape) t->mutable_spec()->add_global_shape(d);
+    for (const DimSlice& s : e.shard) {
+      v1::DimSlice* p = t->mutable_spec()->add_shard();
+      p->set_start(s.start);
+      p->set_size(s.size);
+    }
+    t->mutable_owner()->set_role(e.owner.role == Role::kTrainer ? v1::ROLE_TRAINER
+                                                                : v1::ROLE_INFERENCE);
+    t->mutable_owner()->set_rank(e.owner.rank);
+    t->mutable_owner()->set_replica(e.owner.replica);
+    t->mutable_region()->set_region_id(e.region);
+    t->mutable_region()->set_length(e.region_bytes);
+    t->set_location(FormatLocation(e.gpu));
+  }
+}
+
+v1::TransferOp OpToProto(const std::vector<AgentLayout>& agents, const PlannedOp& op,
+                         uint64_t op_id) {
+  const TensorEntry& src = agents[op.src_agent].tensors[op.src_tensor];
+  const AgentLayout& dst_agent = agents[op.dst_agent];
+  const TensorEntry& dst = dst_agent.tensors[op.dst_tensor];
+  v1::TransferOp p;
+  p.set_op_id(op_id);
+  p.set_dst_agent(dst_agent.name);
+  p.set_src_tensor(src.name);
+  p.set_dst_tensor(dst.name);
+  p.set_src_region(src.region);
+  p.set_src_offset(op.src_offset);
+  p.set_src_stride(op.src_stride);
+  p.set_dst_region(dst.region);
+  p.set_dst_offset(op.dst_offset);
+  p.set_dst_stride(op.dst_stride);
+  p.set_rows(op.rows);
+  p.set_row_elems(op.row_elems);
+  p.set_src_dtype(op.SrcDType());
+  p.set_dst_dtype(op.DstDType());
+  p.set_transform(op.GetTransform());
+  if (op.scale_tensor >= 0) {
+    p.set_scale_region(dst_agent.tensors[op.scale_tensor].region);
+    p.set_scale_offset(op.scale_offset);
+    p.set_scale_stride(op.scale_stride);
+  }
+  p.set_phase(op.phase);
+  p.set_rail(op.rail);
+  p.set_dst_bytes(op.DstBytes());
+  return p;
+}
+
+std::vector<v1::AgentPlan> PlanToProto(const std::vector<AgentLayout>& agents, const Plan& plan,
+                                       uint64_t plan_id) {
+  std::vector<v1::AgentPlan> out;
+  for (int32_t a : plan.agent_order) {
+    const OpList& ops = plan.ops[a];
+    if (ops.empty()) continue;
+    v1::AgentPlan p;
+    p.set_agent(agents[a].name);
+    p.set_plan_id(plan_id);
+    p.set_phases(plan.phases);
+    std::map<std::string, std::map<uint64_t, uint64_t>> peers;  // agent -> region -> length
+    for (size_t i = 0; i < ops.size(); ++i) {
+      *p.add_ops() = OpToProto(agents, ops[i], i);
+      const AgentLayout& d = agents[ops[i].dst_agent];
+      auto& regions = peers[d.name];
+      const TensorEntry& t = d.tensors[ops[i].dst_tensor];
+      regions[t.region] = t.region_bytes;
+      if (ops[i].scale_tensor >= 0) {
+        const TensorEntry& s = d.tensors[ops[i].scale_tensor];
+        regions[s.region] = s.region_bytes;
+      }
+    }
+    for (const auto& [name, regions] : peers) {
+      v1::PeerIntro* peer = p.add_peers();
+      peer->set_agent(name);
+      for (const auto& [id, length] : regions) {
+        v1::RegionDescriptor* r = peer->add_regions();
+        r->set_region_id(id);
+        r->set_length(length);
+      }
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+v1::PlanSummary SummaryToProto(const std::vector<AgentLayout>& agents, const Plan& plan,
+                               uint64_t plan_id) {
+  const PlanStats& s = plan.stats;
+  v1::PlanSummary p;
+  p.set_plan_id(plan_id);
+  p.set_plan_hash(plan.hash_hex);
+  p.set_total_bytes(s.total_bytes);
+  p.set_total_ops(s.total_ops);
+  for (int32_t a : plan.agent_order) {
+    if (s.is_sender[a]) {
+      v1::PeerBytes* b = p.add_senders();
+      b->set_agent(agents[a].name);
+      b->set_bytes(s.send_bytes[a]);
+      b->set_ops(s.send_ops[a]);
+    }
+    if (s.is_receiver[a]) {
+      v1::PeerBytes* b = p.add_receivers();
+      b->set_agent(agents[a].name);
+      b->set_bytes(s.recv_bytes[a]);
+      b->set_ops(s.recv_ops[a]);
+    }
+  }
+  p.set_sender_imbalance(s.sender_imbalance);
+  p.set_receiver_imbalance(s.receiver_imbalance);
+  p.set_predicted_step_seconds(s.predicted_step_seconds);
+  p.set_phases(plan.phases);
+  return p;
+}
+
+}  // namespace wb::planner

@@ -1,0 +1,104 @@
+// BuildPlan: index -> validate -> match names -> intersect shards -> choose sources ->
+// order into phases -> rails, statistics and hash. See README.md. This file: the driver and
+// the index of entries by name.
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/planner/planner_internal.h"
+
+namespace wb::planner {
+uint64_t PlannedOp::DstBytes() const {
+  uint64_t bytes = rows * row_elems * static_cast<uint64_t>(DTypeBytes(DstDType()));
+  if (transform == weightbeam::v1::TRANSFORM_FP8_BLOCK) {
+    bytes += ((rows + kFp8Block - 1) / kFp8Block) * ((row_elems + kFp8Block - 1) / kFp8Block) * 4;
+  }
+  return bytes;
+}
+
+namespace internal {
+
+void Planner::OrderAgents() {
+  plan_.agent_order.resize(agents_.size());
+  std::iota(plan_.agent_order.begin(), plan_.agent_order.end(), 0);
+  std::sort(plan_.agent_order.begin(), plan_.agent_order.end(),
+            [&](int32_t a, int32_t b) { return agents_[a].name < agents_[b].name; });
+  agent_rank_.resize(agents_.size());
+  for (size_t i = 0; i < plan_.agent_order.size(); ++i) {
+    agent_rank_[plan_.agent_order[i]] = static_cast<int32_t>(i);
+    if (i > 0 && agents_[plan_.agent_order[i]].name == agents_[plan_.agent_order[i - 1]].name) {
+      problems_.Add(absl::StrCat("agent name ", agents_[plan_.agent_order[i]].name,
+                                 " appears more than once"));
+    }
+  }
+}
+
+void Planner::IndexEntries() {
+  size_t total = 0;
+  for (const AgentLayout& a : agents_) total += a.tensors.size();
+  name_ids_.reserve(total / 2 + 16);
+  tensor_name_.resize(agents_.size());
+  for (size_t ai = 0; ai < agents_.size(); ++ai) {
+    const AgentLayout& agent = agents_[ai];
+    tensor_name_[ai].assign(agent.tensors.size(), -1);
+    for (size_t ti = 0; ti < agent.tensors.size(); ++ti) {
+      const TensorEntry& t = agent.tensors[ti];
+      EntryRef ref{static_cast<int32_t>(ai), static_cast<int32_t>(ti)};
+      if (!CheckEntry(ref)) continue;
+      auto [it, inserted] = name_ids_.try_emplace(t.name, static_cast<int32_t>(names_.size()));
+      if (inserted) {
+        names_.push_back(t.name);
+        infos_.emplace_back();
+      }
+      tensor_name_[ai][ti] = it->second;
+      if (EntryBox(t).Volume() == 0) continue;  // holds nothing
+      NameInfo& info = infos_[it->second];
+      (t.owner.role == Role::kTrainer ? info.src : info.dst).push_back(ref);
+    }
+  }
+}
+
+bool Planner::CheckEntry(EntryRef ref) {
+  const TensorEntry& t = E(ref);
+  auto fail = [&](const std::string& why) {
+    problems_.Add(absl::StrCat("tensor ", t.name, " (", Who(ref), "): ", why));
+    return false;
+  };
+  if (t.name.empty()) return fail("empty name");
+  if (DTypeBytes(t.dtype) == 0) return fail("unknown dtype");
+  if (t.shape.empty() || t.shape.size() > kMaxDims) {
+    return fail(
+        absl::StrCat("shape ", FormatShape(t.shape), " must have 1 to ", kMaxDims, " dimensions"));
+  }
+  for (int64_t s : t.shape) {
+    if (s <= 0)
+      return fail(absl::StrCat("shape ", FormatShape(t.shape), " has an empty dimension"));
+  }
+  if (!t.shard.empty()) {
+    if (t.shard.size() != t.shape.size()) {
+      return fail(absl::StrCat("shard has ", t.shard.size(), " dimensions but shape ",
+                               FormatShape(t.shape), " has ", t.shape.size()));
+    }
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      if (t.shard[d].start < 0 || t.shard[d].size < 0 ||
+          t.shard[d].start + t.shard[d].size > t.shape[d]) {
+        return fail(absl::StrCat("shard ", FormatSlice(t.shard, t.shape),
+                                 " lies outside the global shape ", FormatShape(t.shape)));
+      }
+    }
+  }
+  uint64_t need = static_cast<uint64_t>(EntryBox(t).Volume() * DTypeBytes(t.dtype));
+  if (t.region_bytes < need) {
+    return fail(absl::StrCat("region ", t.region, " has ", t.region_bytes,
+                             " bytes but the shard needs ", need));
+  }
+  return true;
+}
+
+}  // namespace internal
+
+absl::StatusOr<Plan> BuildPlan(const std::vector<AgentLayout>& agents, const PlanOptions& options) {
+  return internal::Planner(agents, options).Build();
+}
+
+}  // namespace wb::planner

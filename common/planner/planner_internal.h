@@ -1,0 +1,250 @@
+// Internal to the planner: the state of one BuildPlan call, shared by its steps (index,
+// validate, match, generate, schedule), each in its own file. Not part of the public API.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/planner/plan.h"
+#include "common/planner/problems.h"
+#include "common/planner/reshard.h"
+
+namespace wb::planner::internal {
+
+struct EntryRef {
+  int32_t agent;
+  int32_t tensor;
+};
+
+// A distinct slice of a source tensor and the entries (replicas) holding exactly it.
+struct Slice {
+  int64_t start0;
+  int64_t size0;
+  int64_t start1;  // dimension 1 when ndim == 2, so 1-D and 2-D slices need no entry lookup
+  int64_t size1;
+  int32_t ndim;
+  int32_t holder_begin;
+  int32_t holder_count;
+};
+
+struct Part {
+  int32_t src_name;
+  int64_t offset;  // along the fusion dimension, in the destination
+};
+
+struct NameInfo {
+  std::vector<EntryRef> src;
+  std::vector<EntryRef> dst;
+  bool bad = false;
+  // Sources: distinct slices sorted by start along dim 0.
+  int32_t slice_begin = 0;
+  int32_t slice_count = 0;
+  int64_t max_len0 = 0;
+  // Destinations.
+  bool derived_scale = false;  // an FP8 scale tensor written by its weight's ops
+  bool fp8_error_reported = false;
+  int32_t fusion_dim = 0;
+  std::vector<Part> parts;
+  Transform transform = weightbeam::v1::TRANSFORM_UNSPECIFIED;
+  int32_t scale_name = -1;
+  int32_t phase = 0;
+};
+
+// An op whose source range several holders (replicas) have; chosen when balancing.
+struct PendingChoice {
+  PlannedOp op;
+  int32_t slice;
+};
+
+inline uint64_t Mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  return h;
+}
+
+inline constexpr uint64_t kPrime = 0x100000001b3ULL * 0x9e3779b1ULL + 2;  // odd multiplier
+
+inline uint64_t HashString(std::string_view s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+inline bool IsFloat(DType d) {
+  return d == weightbeam::v1::DTYPE_F32 || d == weightbeam::v1::DTYPE_F16 ||
+         d == weightbeam::v1::DTYPE_BF16;
+}
+
+inline int32_t LayerPhase(std::string_view name, int layers_per_phase) {
+  size_t pos = name.find("layers.");
+  if (pos == std::string_view::npos || layers_per_phase <= 0) return 0;
+  pos += 7;
+  int64_t layer = 0;
+  bool digits = false;
+  while (pos < name.size() && name[pos] >= '0' && name[pos] <= '9') {
+    layer = layer * 10 + (name[pos++] - '0');
+    digits = true;
+  }
+  return digits ? static_cast<int32_t>(layer / layers_per_phase) : 0;
+}
+
+inline bool Aligned(int64_t boundary, int64_t extent) {
+  return boundary % kFp8Block == 0 || boundary == extent;
+}
+
+inline std::string BoxString(const Box& b) {
+  std::string out = "[";
+  for (int d = 0; d < b.ndim; ++d) absl::StrAppend(&out, d ? ", " : "", b.start[d], ":", b.End(d));
+  return out + "]";
+}
+
+// The first block boundary `box` cuts along dimension d, or -1.
+inline int64_t SplitBoundary(const Box& box, int d, int64_t extent) {
+  if (!Aligned(box.start[d], extent)) return box.start[d];
+  if (!Aligned(box.End(d), extent)) return box.End(d);
+  return -1;
+}
+
+class Planner {
+ public:
+  Planner(const std::vector<AgentLayout>& agents, const PlanOptions& options)
+      : agents_(agents), options_(options) {}
+
+  absl::StatusOr<Plan> Build() {
+    OrderAgents();
+    IndexEntries();
+    for (size_t n = 0; n < infos_.size(); ++n) {
+      if (!infos_[n].src.empty()) CheckSources(static_cast<int32_t>(n));
+      if (!infos_[n].dst.empty()) CheckDestinations(static_cast<int32_t>(n));
+    }
+    ApplyRenames();
+    ResolveRecipes();
+    Generate();
+    if (!problems_.empty()) return problems_.ToStatus();
+    BuildDevices();
+    ChooseSources();
+    OrderOps();
+    Finish();
+    return std::move(plan_);
+  }
+
+ private:
+  const TensorEntry& E(EntryRef r) const { return agents_[r.agent].tensors[r.tensor]; }
+  std::string Who(EntryRef r) const { return FormatOwner(E(r).owner, agents_[r.agent].name); }
+  absl::string_view Name(int32_t id) const {
+    return absl::string_view(names_[id].data(), names_[id].size());
+  }
+
+  void OrderAgents();
+
+  // Per-entry checks, then the name index (sources = trainer role, destinations = inference).
+  void IndexEntries();
+
+  bool CheckEntry(EntryRef ref);
+
+  // Every entry of a name on one side agrees on dtype and global shape.
+  bool CheckConsistent(int32_t name, const std::vector<EntryRef>& refs);
+
+  // `boxes` sorted and distinct: report partial overlaps and holes. `side` says whose shards.
+  // replica < 0: the trainers' shards; else those of that inference replica.
+  bool CheckTiling(int32_t name, int32_t replica,
+                   const std::vector<std::pair<Box, EntryRef>>& boxes);
+
+  void SortedBoxes(const EntryRef* begin, const EntryRef* end,
+                   std::vector<std::pair<Box, EntryRef>>* boxes);
+
+  bool HolderLess(EntryRef a, EntryRef b) const;
+
+  // Sources: identical slices are alternatives (replicas); distinct slices must tile exactly.
+  void CheckSources(int32_t name);
+
+  // Destinations: within each inference replica, distinct slices tile exactly (identical
+  // slices on several ranks are replicated copies, each written).
+  void CheckDestinations(int32_t name);
+
+  // canonical (destination-space) name -> source name id.
+  void ApplyRenames();
+
+  int32_t FindSource(const std::string& dst_name) const;
+
+  std::string SrcWho(int32_t src_name) const;
+
+  void ResolveRecipes();
+
+  void Resolve(int32_t n);
+
+  void SetTransform(int32_t n, DType src);
+
+  // The scale entry beside an FP8 destination entry: same agent and owner.
+  int32_t FindScaleEntry(int32_t scale_name, EntryRef w) const;
+
+  void ReportFp8(int32_t n, const std::string& msg);
+
+  // Checks one FP8 destination entry and its scale entry; false when unusable.
+  bool CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor);
+
+  // Reserves each sender's op vector from a count of dim-0 overlaps (exact for the usual
+  // 1-D/2-D cases), so that generation does not reallocate gigabytes at Kimi-K2 scale.
+  Box SliceBox(const Slice& slice, int fdim, int64_t offset) const;
+  size_t OrderKey(int32_t src_agent, int32_t dst_agent, int32_t phase) const;
+  void ReserveOps();
+
+  void Generate();
+
+  // Devices: one per (agent, GPU) plus one per agent for host memory. Per tensor: its device
+  // and a hash of its identity, in dense arrays so the passes over ops stay cache friendly.
+  void BuildDevices();
+
+  double RailGbps(int32_t agent, int rail) const;
+
+  // Bytes-equivalent cost of an op on a sender (the per-op overhead at the NIC's rate).
+  double OpCost(const PlannedOp& op) const;
+
+  // Greedy, largest first: each multi-holder op goes to its least loaded source device.
+  void ChooseSources();
+
+  // Per sender, stable by (phase, destination agent rotated by the sender's position) so that
+  // senders start on different receivers instead of all hitting the first one.
+  void OrderOps();
+
+  static double Imbalance(const std::vector<uint64_t>& v);
+
+  // One pass over the ordered ops: rails (least loaded of the source device's rails, in
+  // execution order), statistics, and the hash (over names, owners, regions and op fields,
+  // never over input positions).
+  void Finish();
+
+  const std::vector<AgentLayout>& agents_;
+  const PlanOptions& options_;
+  Problems problems_;
+  Plan plan_;
+  std::vector<int32_t> agent_rank_;
+  std::unordered_map<std::string_view, int32_t> name_ids_;
+  std::vector<std::string_view> names_;
+  std::vector<NameInfo> infos_;
+  std::vector<std::vector<int32_t>> tensor_name_;
+  std::vector<Slice> slices_;
+  std::vector<EntryRef> holders_;
+  std::unordered_map<std::string, int32_t> canonical_;
+  std::vector<int32_t> dst_names_;
+  std::vector<PendingChoice> pending_;
+  int32_t phases_ = 1;
+  std::vector<std::pair<Box, EntryRef>> scratch_boxes_, scratch_distinct_;
+  std::vector<std::vector<uint64_t>> slot_;  // per sender, next position per order key
+  std::vector<char> needs_order_;            // senders that got ops appended when balancing
+  std::vector<int32_t> dev_base_;
+  std::vector<std::vector<int32_t>> tensor_dev_;
+  std::vector<int32_t> dev_rail_first_, dev_rail_step_, dev_rail_count_;
+  std::vector<int32_t> rail_base_;
+};
+
+}  // namespace wb::planner::internal

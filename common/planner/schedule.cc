@@ -1,0 +1,248 @@
+// Planner steps after generation: source choice (balancing), ordering, rails, statistics,
+// cost model and hash.
+#include <algorithm>
+#include <cstdio>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/planner/planner_internal.h"
+
+namespace wb::planner {
+namespace internal {
+
+void Planner::BuildDevices() {
+  dev_base_.assign(agents_.size() + 1, 0);
+  tensor_dev_.resize(agents_.size());
+  for (size_t a = 0; a < agents_.size(); ++a) {
+    int32_t max_gpu = -1;
+    for (const TensorEntry& t : agents_[a].tensors) max_gpu = std::max(max_gpu, t.gpu);
+    dev_base_[a + 1] = dev_base_[a] + max_gpu + 2;
+    tensor_dev_[a].resize(agents_[a].tensors.size());
+    for (size_t t = 0; t < agents_[a].tensors.size(); ++t) {
+      tensor_dev_[a][t] = dev_base_[a] + agents_[a].tensors[t].gpu + 1;
+    }
+  }
+  // Rails of a device: its GPU's own NIC(s) by position among the agent's GPUs (GPU i of G
+  // uses rails i, i+G, ...; with fewer NICs than GPUs, rail i mod N); host memory any rail.
+  dev_rail_first_.assign(dev_base_.back(), 0);
+  dev_rail_step_.assign(dev_base_.back(), 1);
+  dev_rail_count_.assign(dev_base_.back(), 1);
+  rail_base_.assign(agents_.size() + 1, 0);
+  for (size_t a = 0; a < agents_.size(); ++a) {
+    const int nics = std::max<int>(1, agents_[a].nics.size());
+    rail_base_[a + 1] = rail_base_[a] + nics;
+    std::vector<int32_t> gpus;
+    for (const TensorEntry& t : agents_[a].tensors) {
+      if (t.gpu >= 0) gpus.push_back(t.gpu);
+    }
+    std::sort(gpus.begin(), gpus.end());
+    gpus.erase(std::unique(gpus.begin(), gpus.end()), gpus.end());
+    const int g = static_cast<int>(gpus.size());
+    dev_rail_count_[dev_base_[a]] = nics;  // host memory
+    for (int pos = 0; pos < g; ++pos) {
+      const int32_t d = dev_base_[a] + gpus[pos] + 1;
+      if (nics >= g) {
+        dev_rail_first_[d] = pos, dev_rail_step_[d] = g,
+        dev_rail_count_[d] = (nics - pos + g - 1) / g;
+      } else {
+        dev_rail_first_[d] = pos % nics;
+      }
+    }
+  }
+}
+
+double Planner::RailGbps(int32_t agent, int rail) const {
+  const auto& nics = agents_[agent].nics;
+  if (rail < static_cast<int>(nics.size()) && nics[rail].gbps > 0) return nics[rail].gbps;
+  return options_.cost.nic_gbps;
+}
+
+double Planner::OpCost(const PlannedOp& op) const {
+  return static_cast<double>(op.DstBytes()) +
+         options_.cost.op_overhead_us * 1e-6 * options_.cost.nic_gbps * 1e9;
+}
+
+void Planner::ChooseSources() {
+  if (pending_.empty()) return;
+  std::vector<double> load(dev_base_.back(), 0.0);
+  for (const auto& ops : plan_.ops) {
+    for (const PlannedOp& op : ops) load[tensor_dev_[op.src_agent][op.src_tensor]] += OpCost(op);
+  }
+  // Largest first; ties in generation order. Sorting (bytes, index) pairs keeps it cheap.
+  std::vector<std::pair<uint64_t, uint32_t>> order(pending_.size());
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    order[i] = {~pending_[i].op.DstBytes(), static_cast<uint32_t>(i)};
+  }
+  std::sort(order.begin(), order.end());
+  for (const auto& [key, i] : order) {
+    PlannedOp& op = pending_[i].op;
+    const Slice& s = slices_[pending_[i].slice];
+    EntryRef best = holders_[s.holder_begin];
+    double best_load = load[tensor_dev_[best.agent][best.tensor]];
+    for (int32_t h = 1; h < s.holder_count; ++h) {
+      EntryRef c = holders_[s.holder_begin + h];
+      double l = load[tensor_dev_[c.agent][c.tensor]];
+      if (l < best_load) best = c, best_load = l;
+    }
+    op.src_agent = best.agent;
+    op.src_tensor = best.tensor;
+    load[tensor_dev_[best.agent][best.tensor]] += OpCost(op);
+  }
+  // Appended in generation order, so each sender's list stays in a canonical order.
+  std::vector<size_t> extra(agents_.size(), 0);
+  for (const PendingChoice& p : pending_) ++extra[p.op.src_agent];
+  for (size_t a = 0; a < agents_.size(); ++a) plan_.ops[a].reserve(plan_.ops[a].size() + extra[a]);
+  needs_order_.assign(agents_.size(), 0);
+  for (const PendingChoice& p : pending_) {
+    plan_.ops[p.op.src_agent].push_back(p.op);
+    needs_order_[p.op.src_agent] = 1;
+  }
+  pending_.clear();
+  pending_.shrink_to_fit();
+}
+
+void Planner::OrderOps() {
+  const int32_t na = static_cast<int32_t>(agents_.size());
+  const int32_t phases = phases_;
+  plan_.phases = phases;
+  std::vector<uint64_t> key_count;
+  OpList sorted;
+  for (int32_t a = 0; a < na; ++a) {
+    OpList& ops = plan_.ops[a];
+    // Directly placed ops are in order already; only balanced (appended) ones need sorting.
+    if (ops.empty() || a >= static_cast<int32_t>(needs_order_.size()) || !needs_order_[a]) {
+      continue;
+    }
+    auto key = [&](const PlannedOp& op) {
+      int32_t rot = (agent_rank_[op.dst_agent] - agent_rank_[a] + na) % na;
+      return static_cast<size_t>(op.phase) * na + rot;
+    };
+    key_count.assign(static_cast<size_t>(phases) * na + 1, 0);
+    for (const PlannedOp& op : ops) ++key_count[key(op) + 1];
+    for (size_t k = 1; k < key_count.size(); ++k) key_count[k] += key_count[k - 1];
+    // Sort through one scratch buffer reused by every sender (cache-warm, no page faults).
+    if (sorted.size() < ops.size()) sorted.resize(ops.size());
+    for (const PlannedOp& op : ops) sorted[key_count[key(op)]++] = op;
+    std::copy(sorted.begin(), sorted.begin() + ops.size(), ops.begin());
+  }
+}
+
+double Planner::Imbalance(const std::vector<uint64_t>& v) {
+  if (v.empty()) return 0;
+  double sum = 0, mx = 0;
+  for (uint64_t x : v) sum += x, mx = std::max<double>(mx, x);
+  return sum > 0 ? mx / (sum / v.size()) : 0;
+}
+
+void Planner::Finish() {
+  PlanStats& s = plan_.stats;
+  const size_t na = agents_.size();
+  s.send_bytes.assign(na, 0);
+  s.send_ops.assign(na, 0);
+  s.recv_bytes.assign(na, 0);
+  s.recv_ops.assign(na, 0);
+  s.is_sender.assign(na, false);
+  s.is_receiver.assign(na, false);
+  const size_t nd = dev_base_.back();
+  std::vector<uint64_t> dev_send(nd, 0), dev_recv(nd, 0);
+  std::vector<char> dev_src(nd, 0), dev_dst(nd, 0);
+  std::vector<double> send_rail(rail_base_.back(), 0), recv_rail(rail_base_.back(), 0);
+  std::vector<uint64_t> send_rail_ops(rail_base_.back(), 0);
+
+  std::vector<uint64_t> name_hash(names_.size());
+  for (size_t n = 0; n < names_.size(); ++n) name_hash[n] = HashString(names_[n]);
+  std::vector<uint64_t> agent_hash(na);
+  std::vector<std::vector<uint64_t>> tensor_hash(na);
+  for (size_t a = 0; a < na; ++a) {
+    agent_hash[a] = HashString(agents_[a].name);
+    tensor_hash[a].resize(agents_[a].tensors.size());
+    for (size_t t = 0; t < agents_[a].tensors.size(); ++t) {
+      const TensorEntry& e = agents_[a].tensors[t];
+      bool src = e.owner.role == Role::kTrainer;
+      (src ? s.is_sender : s.is_receiver)[a] = true;
+      (src ? dev_src : dev_dst)[tensor_dev_[a][t]] = 1;
+      int32_t name = tensor_name_[a][t];
+      uint64_t h = Mix(name < 0 ? 0 : name_hash[name], e.region);
+      tensor_hash[a][t] = Mix(Mix(h, e.owner.replica), e.owner.rank);
+    }
+  }
+  uint64_t h = Mix(0, plan_.phases);
+  for (int32_t a : plan_.agent_order) {
+    h = Mix(Mix(h, agent_hash[a]), plan_.ops[a].size());
+    const int32_t rb = rail_base_[a];
+    for (PlannedOp& op : plan_.ops[a]) {
+      const uint64_t b = op.DstBytes();
+      const int32_t sd = tensor_dev_[a][op.src_tensor];
+      int best = dev_rail_first_[sd];
+      for (int k = 1; k < dev_rail_count_[sd]; ++k) {
+        int r = dev_rail_first_[sd] + k * dev_rail_step_[sd];
+        if (send_rail[rb + r] < send_rail[rb + best]) best = r;
+      }
+      op.rail = static_cast<int16_t>(best);
+      send_rail[rb + best] += b;
+      send_rail_ops[rb + best] += 1;
+      const int32_t dd = tensor_dev_[op.dst_agent][op.dst_tensor];
+      const double share = static_cast<double>(b) / dev_rail_count_[dd];
+      for (int k = 0; k < dev_rail_count_[dd]; ++k) {
+        recv_rail[rail_base_[op.dst_agent] + dev_rail_first_[dd] + k * dev_rail_step_[dd]] += share;
+      }
+      s.send_bytes[a] += b;
+      s.send_ops[a] += 1;
+      s.recv_bytes[op.dst_agent] += b;
+      s.recv_ops[op.dst_agent] += 1;
+      dev_send[sd] += b;
+      dev_recv[dd] += b;
+      s.total_bytes += b;
+      s.total_ops += 1;
+
+      // Word-wise polynomial over the op's fields, mixed once per op.
+      uint64_t w = tensor_hash[a][op.src_tensor];
+      w = w * kPrime + agent_hash[op.dst_agent];
+      w = w * kPrime + tensor_hash[op.dst_agent][op.dst_tensor];
+      w = w * kPrime + (op.scale_tensor >= 0 ? tensor_hash[op.dst_agent][op.scale_tensor] : 0);
+      w = w * kPrime + op.src_offset;
+      w = w * kPrime + op.src_stride;
+      w = w * kPrime + op.dst_offset;
+      w = w * kPrime + op.dst_stride;
+      w = w * kPrime + op.rows;
+      w = w * kPrime + op.row_elems;
+      w = w * kPrime + op.scale_offset;
+      w = w * kPrime + ((uint64_t{op.scale_stride} << 32) ^ (uint64_t{op.src_dtype} << 24) ^
+                        (uint64_t{op.dst_dtype} << 16) ^ (uint64_t{op.transform} << 8));
+      w = w * kPrime + ((uint64_t(uint16_t(op.rail)) << 16) | uint64_t(uint16_t(op.phase)));
+      h = Mix(h, w);
+    }
+  }
+  plan_.hash = h;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  plan_.hash_hex = buf;
+
+  std::vector<uint64_t> senders, receivers;
+  for (size_t a = 0; a < na; ++a) {
+    if (s.is_sender[a]) senders.push_back(s.send_bytes[a]);
+    if (s.is_receiver[a]) receivers.push_back(s.recv_bytes[a]);
+  }
+  for (size_t d = 0; d < nd; ++d) {
+    if (dev_src[d]) s.sender_device_bytes.push_back(dev_send[d]);
+    if (dev_dst[d]) s.receiver_device_bytes.push_back(dev_recv[d]);
+  }
+  s.sender_imbalance = Imbalance(senders);
+  s.receiver_imbalance = Imbalance(receivers);
+  s.sender_device_imbalance = Imbalance(s.sender_device_bytes);
+  double step = 0;
+  for (size_t a = 0; a < na; ++a) {
+    for (int r = 0; r < rail_base_[a + 1] - rail_base_[a]; ++r) {
+      const double gbps = RailGbps(a, r) * 1e9;
+      const double send = send_rail[rail_base_[a] + r] / gbps +
+                          send_rail_ops[rail_base_[a] + r] * options_.cost.op_overhead_us * 1e-6;
+      step = std::max({step, send, recv_rail[rail_base_[a] + r] / gbps});
+    }
+  }
+  s.predicted_step_seconds = step;
+}
+
+}  // namespace internal
+
+}  // namespace wb::planner

@@ -1,0 +1,152 @@
+// Planner step: per-side consistency and tiling checks; distinct source slices and holders.
+#include <algorithm>
+#include <cstdio>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/planner/planner_internal.h"
+
+namespace wb::planner {
+namespace internal {
+
+bool Planner::CheckConsistent(int32_t name, const std::vector<EntryRef>& refs) {
+  const TensorEntry& first = E(refs[0]);
+  for (const EntryRef& r : refs) {
+    const TensorEntry& t = E(r);
+    if (t.dtype != first.dtype || t.shape != first.shape) {
+      problems_.Add(absl::StrCat("tensor ", Name(name),
+                                 " is registered inconsistently: ", DTypeName(first.dtype), " ",
+                                 FormatShape(first.shape), " on ", Who(refs[0]), " but ",
+                                 DTypeName(t.dtype), " ", FormatShape(t.shape), " on ", Who(r)));
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Planner::CheckTiling(int32_t name, int32_t replica,
+                          const std::vector<std::pair<Box, EntryRef>>& boxes) {
+  auto side = [&] {
+    return replica < 0 ? std::string("the trainers") : absl::StrCat("inference replica ", replica);
+  };
+  const std::vector<int64_t>& shape = E(boxes[0].second).shape;
+  // The first partially overlapping pair is reported (one line per tensor, not per pair).
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    for (size_t j = i + 1; j < boxes.size() && boxes[j].first.start[0] < boxes[i].first.End(0);
+         ++j) {
+      Box tmp;
+      if (Intersect(boxes[i].first, boxes[j].first, &tmp)) {
+        problems_.Add(absl::StrCat("shards of ", Name(name), " overlap among ", side(), ": ",
+                                   Who(boxes[i].second), " holds ", BoxString(boxes[i].first),
+                                   " and ", Who(boxes[j].second), " holds ",
+                                   BoxString(boxes[j].first)));
+        return false;
+      }
+    }
+  }
+  int64_t total = 1, covered = 0;
+  for (int64_t s : shape) total *= s;
+  bool dim0_only = true;
+  for (const auto& [b, ref] : boxes) {
+    covered += b.Volume();
+    for (int d = 1; d < b.ndim; ++d) dim0_only &= (b.start[d] == 0 && b.size[d] == shape[d]);
+  }
+  if (covered == total) return true;
+  std::string where;
+  if (dim0_only) {
+    int64_t next = 0;
+    for (const auto& [b, ref] : boxes) {
+      if (b.start[0] > next)
+        absl::StrAppend(&where, where.empty() ? "" : ", ", "rows [", next, ", ", b.start[0], ")");
+      next = b.End(0);
+    }
+    if (next < shape[0])
+      absl::StrAppend(&where, where.empty() ? "" : ", ", "rows [", next, ", ", shape[0], ")");
+  } else {
+    where = absl::StrCat(total - covered, " of ", total, " elements");
+  }
+  problems_.Add(absl::StrCat("shards of ", Name(name), " ", FormatShape(shape), " among ", side(),
+                             " leave holes: ", where, " held by no rank"));
+  return false;
+}
+
+void Planner::SortedBoxes(const EntryRef* begin, const EntryRef* end,
+                          std::vector<std::pair<Box, EntryRef>>* boxes) {
+  boxes->clear();
+  for (const EntryRef* r = begin; r != end; ++r) boxes->emplace_back(EntryBox(E(*r)), *r);
+  std::sort(boxes->begin(), boxes->end(), [&](const auto& a, const auto& b) {
+    if (!(a.first == b.first)) return a.first < b.first;
+    return HolderLess(a.second, b.second);
+  });
+}
+
+bool Planner::HolderLess(EntryRef a, EntryRef b) const {
+  if (agent_rank_[a.agent] != agent_rank_[b.agent]) {
+    return agent_rank_[a.agent] < agent_rank_[b.agent];
+  }
+  const Owner &oa = E(a).owner, &ob = E(b).owner;
+  if (oa.replica != ob.replica) return oa.replica < ob.replica;
+  if (oa.rank != ob.rank) return oa.rank < ob.rank;
+  return E(a).gpu < E(b).gpu;
+}
+
+void Planner::CheckSources(int32_t name) {
+  NameInfo& info = infos_[name];
+  if (!CheckConsistent(name, info.src)) {
+    info.bad = true;
+    return;
+  }
+  std::vector<std::pair<Box, EntryRef>>& boxes = scratch_boxes_;
+  std::vector<std::pair<Box, EntryRef>>& distinct = scratch_distinct_;
+  SortedBoxes(info.src.data(), info.src.data() + info.src.size(), &boxes);
+  distinct.clear();
+  info.slice_begin = static_cast<int32_t>(slices_.size());
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    if (i == 0 || !(boxes[i].first == boxes[i - 1].first)) {
+      distinct.push_back(boxes[i]);
+      const Box& b = boxes[i].first;
+      slices_.push_back(Slice{b.start[0], b.size[0], b.ndim > 1 ? b.start[1] : 0,
+                              b.ndim > 1 ? b.size[1] : 0, b.ndim,
+                              static_cast<int32_t>(holders_.size()), 0});
+      info.max_len0 = std::max(info.max_len0, boxes[i].first.size[0]);
+    }
+    holders_.push_back(boxes[i].second);
+    ++slices_.back().holder_count;
+  }
+  info.slice_count = static_cast<int32_t>(slices_.size()) - info.slice_begin;
+  if (!CheckTiling(name, -1, distinct)) info.bad = true;
+}
+
+void Planner::CheckDestinations(int32_t name) {
+  NameInfo& info = infos_[name];
+  if (!CheckConsistent(name, info.dst)) {
+    info.bad = true;
+    return;
+  }
+  std::sort(info.dst.begin(), info.dst.end(), [&](EntryRef a, EntryRef b) {
+    const Owner &oa = E(a).owner, &ob = E(b).owner;
+    if (oa.replica != ob.replica) return oa.replica < ob.replica;
+    if (oa.rank != ob.rank) return oa.rank < ob.rank;
+    return HolderLess(a, b);
+  });
+  size_t i = 0;
+  while (i < info.dst.size()) {
+    size_t j = i;
+    int32_t replica = E(info.dst[i]).owner.replica;
+    while (j < info.dst.size() && E(info.dst[j]).owner.replica == replica) ++j;
+    std::vector<std::pair<Box, EntryRef>>& boxes = scratch_boxes_;
+    std::vector<std::pair<Box, EntryRef>>& distinct = scratch_distinct_;
+    SortedBoxes(info.dst.data() + i, info.dst.data() + j, &boxes);
+    distinct.clear();
+    for (size_t k = 0; k < boxes.size(); ++k) {
+      if (k == 0 || !(boxes[k].first == boxes[k - 1].first)) distinct.push_back(boxes[k]);
+    }
+    if (!CheckTiling(name, replica, distinct)) info.bad = true;
+    i = j;
+  }
+}
+
+}  // namespace internal
+
+}  // namespace wb::planner

@@ -1,0 +1,65 @@
+#include "controller/agent_plans.h"
+
+#include <map>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "common/planner/plan.h"
+#include "common/planner/plan_proto.h"
+
+namespace wb::controller {
+
+namespace v1 = weightbeam::v1;
+
+absl::StatusOr<BuiltPlan> PlanForAgents(const std::vector<AgentRecord>& agents,
+                                        const config::ControllerConfig& config, uint64_t plan_id) {
+  std::vector<planner::AgentLayout> layouts;
+  std::map<std::string, const AgentRecord*> by_name;
+  for (const auto& a : agents) {
+    auto layout = planner::LayoutFromProto(a.info, *a.layout);
+    if (!layout.ok()) {
+      return absl::Status(layout.status().code(),
+                          absl::StrCat("agent ", a.info.name(), ": ", layout.status().message()));
+    }
+    layouts.push_back(std::move(*layout));
+    by_name[a.info.name()] = &a;
+  }
+  planner::PlanOptions options;
+  options.renames = config.renames;
+  options.fusions = config.fusions;
+  options.cost = config.cost_model;
+  auto plan = planner::BuildPlan(layouts, options);
+  if (!plan.ok()) return plan.status();
+
+  BuiltPlan built;
+  built.summary = planner::SummaryToProto(layouts, *plan, plan_id);
+  std::map<std::string, std::unordered_map<uint64_t, const v1::RegionDescriptor*>> regions_of;
+  for (v1::AgentPlan& agent_plan : planner::PlanToProto(layouts, *plan, plan_id)) {
+    // Introduce each receiver: where to reach it and the keys of the regions we may write.
+    for (v1::PeerIntro& peer : *agent_plan.mutable_peers()) {
+      const AgentRecord* receiver = by_name.at(peer.agent());
+      peer.set_control_endpoint(receiver->info.control_endpoint());
+      *peer.mutable_nics() = receiver->info.nics();
+      // Built once per receiver (not per sender-receiver pair): 10^6 tensors are common.
+      auto& regions = regions_of[peer.agent()];
+      if (regions.empty()) {
+        regions.reserve(receiver->layout->tensors_size());
+        for (const auto& t : receiver->layout->tensors())
+          regions[t.region().region_id()] = &t.region();
+      }
+      for (v1::RegionDescriptor& r : *peer.mutable_regions()) {
+        auto it = regions.find(r.region_id());
+        if (it == regions.end()) {
+          return absl::InternalError(absl::StrCat("plan names region ", r.region_id(),
+                                                  " that agent ", peer.agent(), " did not report"));
+        }
+        r = *it->second;
+      }
+    }
+    std::string name = agent_plan.agent();
+    built.agent_plans[name] = std::move(agent_plan);
+  }
+  return built;
+}
+
+}  // namespace wb::controller

@@ -1,0 +1,850 @@
+// wb-cluster: a cluster in miniature. The real daemons, each agent in its own network namespace
+// with its own IP on a bridge, every link rate-limited with tc (tbf, both directions), so the
+// links and not the CPU are the bottleneck. tests/cluster/cluster.sh makes the namespaces and
+// tears them down; this driver runs inside the controller's namespace, shapes the links,
+// starts the controller, the agents and the synthetic trainer ranks / inference workers of a
+// scaled-down Kimi-K2-shaped MoE, runs the scenarios and reports every step against the
+// link-limited ideal and the planner's prediction. See docs/cluster.md.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/report_format.h"
+#include "client/table.h"
+#include "client/weightbeam/controller_client.h"
+#include "tests/cluster/cluster_model.h"
+#include "tests/cluster/cluster_roles.h"
+#include "tests/support/process.h"
+
+namespace v1 = weightbeam::v1;
+using wb::client::FixedPoint;
+using wb::client::HumanBytes;
+using wb::cluster::ClusterShape;
+using wb::testing::Process;
+
+namespace {
+
+// ---------------------------------------------------------------- processes and commands
+
+// A child speaking the line protocol on its stdin/stdout (as in wb-demo).
+class Child {
+ public:
+  Child(std::vector<std::string> argv, const std::string& log) {
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) dup2(fd, 2);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to_ = fdopen(in[1], "w");
+    from_ = fdopen(out[0], "r");
+  }
+  ~Child() {
+    if (to_) fclose(to_);
+    if (pid_ > 0) {
+      for (int i = 0; i < 100 && waitpid(pid_, nullptr, WNOHANG) == 0; ++i) usleep(50000);
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (from_) fclose(from_);
+  }
+  void Send(const std::string& line) {
+    std::fprintf(to_, "%s\n", line.c_str());
+    std::fflush(to_);
+  }
+  // The next line, or "" when the child is gone.
+  std::string Receive() {
+    char buf[4096];
+    if (!std::fgets(buf, sizeof(buf), from_)) return "";
+    std::string s(buf);
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  // The next line that does not start with "aborted" (abort events are expected in fault
+  // scenarios), or "" when the child is gone.
+  std::string ReceiveSkippingAborts() {
+    for (;;) {
+      std::string s = Receive();
+      if (s.rfind("aborted ", 0) != 0) return s;
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* to_ = nullptr;
+  FILE* from_ = nullptr;
+};
+
+std::string SelfPath() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : "";
+}
+
+// Runs a shell command; its output (stdout) or "" on failure, with *ok set.
+std::string Run(const std::string& cmd, bool* ok = nullptr) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) {
+    if (ok) *ok = false;
+    return "";
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int rc = pclose(p);
+  if (ok) *ok = rc == 0;
+  return out;
+}
+
+void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU seconds (user + system) a process has used, from /proc/PID/stat; 0 when it is gone.
+double CpuSeconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto close_paren = s.rfind(')');
+  if (close_paren == std::string::npos) return 0;
+  std::istringstream in(s.substr(close_paren + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
+// Busy and total jiffies of the whole machine, from /proc/stat.
+std::pair<double, double> HostCpu() {
+  std::ifstream f("/proc/stat");
+  std::string cpu;
+  double v[10] = {0};
+  f >> cpu;
+  double total = 0;
+  for (double& x : v) {
+    f >> x;
+    total += x;
+  }
+  const double idle = v[3] + v[4];
+  return {total - idle, total};
+}
+
+// ---------------------------------------------------------------- the network
+
+struct Link {
+  std::string agent;  // agent name, e.g. trainer-0
+  std::string ns;     // its namespace
+  std::string ip;
+  std::string port;  // the switch-side veth in the switch namespace (eth0 inside `ns`)
+  double mbit = 0;
+};
+
+class Network {
+ public:
+  Network(std::string prefix, double switch_queue_s)
+      : prefix_(std::move(prefix)), switch_queue_s(switch_queue_s) {}
+  std::string Ns(const std::string& suffix) const { return prefix_ + "-" + suffix; }
+
+  // tbf on both ends of the agent's veth: egress of eth0 in its namespace (what it sends) and
+  // egress of its port on the bridge (what it receives). Burst: 10 ms of the rate, at least
+  // 128 KiB (veth hands tbf 64 KiB GSO packets); queue: 50 ms of the rate.
+  absl::Status Shape(Link& link, double mbit) {
+    const double bytes_per_s = mbit * 1e6 / 8;
+    const uint64_t burst = std::max<uint64_t>(128 << 10, static_cast<uint64_t>(bytes_per_s / 100));
+    auto tbf = [&](double queue_s) {
+      return absl::StrCat(" root tbf rate ", static_cast<uint64_t>(mbit * 1000), "kbit burst ",
+                          burst, " limit ", burst + static_cast<uint64_t>(bytes_per_s * queue_s));
+    };
+    bool ok1 = false, ok2 = false;
+    std::string e1 = Run("tc -n " + link.ns + " qdisc replace dev eth0" + tbf(0.05), &ok1);
+    std::string e2 =
+        Run("tc -n " + Ns("sw") + " qdisc replace dev " + link.port + tbf(switch_queue_s), &ok2);
+    if (!ok1 || !ok2) {
+      return absl::InternalError(absl::StrCat("tc on ", link.agent, "'s link: ", e1, e2));
+    }
+    link.mbit = mbit;
+    return absl::OkStatus();
+  }
+
+  // Bytes through every switch port: rx = what the agent sent, tx = what it received.
+  std::map<std::string, std::pair<uint64_t, uint64_t>> Counters() const {
+    std::map<std::string, std::pair<uint64_t, uint64_t>> out;
+    std::istringstream in(
+        Run("ip netns exec " + Ns("sw") +
+            " sh -c 'for d in /sys/class/net/*; do echo ${d##*/} $(cat $d/statistics/rx_bytes) "
+            "$(cat $d/statistics/tx_bytes); done'"));
+    std::string name;
+    uint64_t rx, tx;
+    while (in >> name >> rx >> tx) out[name] = {rx, tx};
+    return out;
+  }
+
+ private:
+  std::string prefix_;
+  double switch_queue_s;
+};
+
+// ---------------------------------------------------------------- report
+
+struct LinkBytes {
+  uint64_t sent = 0, received = 0;     // payload (the plan's / the step's bytes)
+  uint64_t wire_out = 0, wire_in = 0;  // through the link (headers, control traffic)
+  bool received_known = true;
+};
+
+std::string Json(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      out += ' ';
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string Num(double v, int digits = 3) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+// ---------------------------------------------------------------- the cluster
+
+struct Options {
+  ClusterShape shape;
+  double link_mbit = 0;
+  double link_seconds = 8;  // auto-sized model: the busiest link carries this long per step
+  int steps = 3;
+  std::vector<std::string> scenarios;
+  std::string prefix, bin_dir, subnet = "10.213.0", json_out;
+  bool keep_logs = false;
+  int trace_ms = 0;
+  double switch_queue_ms = 250;
+};
+
+class Cluster {
+ public:
+  explicit Cluster(Options o) : o_(std::move(o)), net_(o_.prefix, o_.switch_queue_ms / 1000.0) {}
+  ~Cluster() {
+    workers_.clear();
+    trainers_.clear();
+    agents_.clear();
+    controller_.reset();
+  }
+
+  int Main();
+
+ private:
+  const ClusterShape& shape() const { return o_.shape; }
+  std::string AgentName(int i) const {
+    const int t = shape().trainer_nodes;
+    return i < t ? absl::StrCat("trainer-", i) : absl::StrCat("infer-", i - t);
+  }
+  int AgentCount() const { return shape().trainer_nodes + shape().inference_nodes; }
+  std::string Socket(int i) const { return dir_ + "/" + AgentName(i) + ".sock"; }
+  std::string Ctl() const { return o_.subnet + ".1:7100"; }
+
+  absl::Status SetUp();
+  absl::Status StartAgent(int i);
+  absl::Status StartWorkers(int node);
+  absl::Status StartTrainers();
+  absl::Status MakePlan(v1::DeltaChoice delta);
+  std::vector<std::unique_ptr<Child>*> WorkersOf(int node);
+
+  // One step: perturb, Step, verify, report. `fault` runs on a thread while the step is in
+  // flight. Returns false when the step failed (reported as such).
+  bool RunStep(const std::string& scenario, const std::function<void()>& fault = nullptr,
+               const std::string& note = "");
+  bool Scenario(const std::string& name);
+
+  Options o_;
+  Network net_;
+  std::string dir_;
+  std::vector<Link> links_;
+  std::unique_ptr<Process> controller_;
+  std::vector<std::unique_ptr<Process>> agents_;
+  std::vector<std::unique_ptr<Child>> trainers_;
+  std::vector<std::unique_ptr<Child>> workers_;  // index replica * tp + rank
+  std::vector<uint64_t> worker_bytes_;
+  std::unique_ptr<wb::client::ControllerClient> client_;
+  v1::ExpectedWorld world_;
+  v1::PlanSummary plan_;
+  double nominal_gbps_ = 1.0;  // what the agents' tcp rails report to the planner
+  uint32_t version_ = 0;
+  std::vector<std::string> json_;
+  bool all_verified_ = true;
+};
+
+absl::Status Cluster::SetUp() {
+  const int n = AgentCount();
+  for (int i = 0; i < n; ++i) {
+    const bool trainer = i < shape().trainer_nodes;
+    const int k = trainer ? i : i - shape().trainer_nodes;
+    Link l;
+    l.agent = AgentName(i);
+    l.ns = net_.Ns(absl::StrCat(trainer ? "t" : "i", k));
+    l.port = absl::StrCat(trainer ? "t" : "i", k);
+    l.ip = absl::StrCat(o_.subnet, ".", trainer ? 10 + k : 100 + k);
+    if (auto s = net_.Shape(l, o_.link_mbit); !s.ok()) return s;
+    links_.push_back(l);
+  }
+  // Agents run without the local transport: every transfer here crosses a link, and the
+  // planner would count its "local" NIC as a second rail for them (halving its prediction).
+  // The controller's own link stays unshaped (a management network).
+  const std::string ctl_yaml = absl::StrCat(
+      "listen: ", Ctl(), "\nlog_level: warn\nheartbeat_timeout_ms: 3000\nstep_timeout_ms: 300000\n",
+      "plan_wait_ms: 60000\nworld:\n  trainer_ranks: ", shape().trainer_ranks(),
+      "\n  inference_replicas: ", shape().inference_replicas(),
+      "\n  inference_ranks_per_replica: ", shape().inference_tp(),
+      "\ncost_model:\n  nic_gbps: ", Num(o_.link_mbit / 8000, 6),
+      "\ndelta:\n  enabled: false\n  verify: true\n");
+  WriteFile(dir_ + "/controller.yaml", ctl_yaml);
+  controller_ =
+      std::make_unique<Process>(std::vector<std::string>{o_.bin_dir + "/controller/wb-controller",
+                                                         "--config", dir_ + "/controller.yaml"},
+                                dir_ + "/controller.log");
+  for (int i = 0; i < n; ++i) {
+    const Link& l = links_[i];
+    WriteFile(
+        dir_ + "/" + l.agent + ".yaml",
+        absl::StrCat(
+            "name: ", l.agent, "\nlog_level: warn\nlocal_socket: ", Socket(i), "\nlisten: ", l.ip,
+            ":7101\ncontroller: ", Ctl(),
+            "\nheartbeat_interval_ms: 500\ntransports:\n  tcp:\n    listen: ", l.ip,
+            ":7201\n  local:\n    enabled: false\nexecutor:\n  staging_watermark_bytes: 256MiB\n"));
+    agents_.emplace_back();
+    if (auto s = StartAgent(i); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::StartAgent(int i) {
+  const Link& l = links_[i];
+  unlink(Socket(i).c_str());  // a killed agent leaves its socket file behind
+  agents_[i] = std::make_unique<Process>(
+      std::vector<std::string>{"/usr/sbin/ip", "netns", "exec", l.ns,
+                               o_.bin_dir + "/daemon/wb-agent", "--config",
+                               dir_ + "/" + l.agent + ".yaml"},
+      dir_ + "/" + l.agent + ".log");
+  const std::string sock = Socket(i);
+  if (!wb::testing::WaitUntil([&] { return access(sock.c_str(), F_OK) == 0; },
+                              std::chrono::seconds(30))) {
+    return absl::UnavailableError(
+        absl::StrCat("agent ", l.agent, " did not start (see ", dir_, "/", l.agent, ".log)"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ShapeArgs(const ClusterShape& s) {
+  return {"--model",           s.model,
+          "--layers",          std::to_string(s.layers),
+          "--trainer-nodes",   std::to_string(s.trainer_nodes),
+          "--inference-nodes", std::to_string(s.inference_nodes),
+          "--gpus-per-node",   std::to_string(s.gpus_per_node)};
+}
+
+absl::Status Cluster::StartTrainers() {
+  for (int r = 0; r < shape().trainer_ranks(); ++r) {
+    const int node = r / shape().gpus_per_node;
+    std::vector<std::string> argv = {"/usr/sbin/ip",    "netns",    "exec",      links_[node].ns,
+                                     SelfPath(),        "--role",   "trainer",   "--rank",
+                                     std::to_string(r), "--socket", Socket(node)};
+    for (auto& a : ShapeArgs(shape())) argv.push_back(a);
+    trainers_.push_back(
+        std::make_unique<Child>(argv, absl::StrCat(dir_, "/trainer-rank-", r, ".log")));
+  }
+  for (auto& t : trainers_) {
+    if (t->Receive().rfind("ready ", 0) != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("a trainer rank did not register its tensors (see ", dir_, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The workers on inference node `node` (its index among inference nodes).
+std::vector<std::unique_ptr<Child>*> Cluster::WorkersOf(int node) {
+  std::vector<std::unique_ptr<Child>*> out;
+  for (int g = node * shape().gpus_per_node; g < (node + 1) * shape().gpus_per_node; ++g) {
+    out.push_back(&workers_[g]);
+  }
+  return out;
+}
+
+absl::Status Cluster::StartWorkers(int node) {
+  const int tp = shape().inference_tp();
+  const int agent = shape().trainer_nodes + node;
+  workers_.resize(shape().inference_nodes * shape().gpus_per_node);
+  worker_bytes_.resize(workers_.size());
+  for (int g = node * shape().gpus_per_node; g < (node + 1) * shape().gpus_per_node; ++g) {
+    std::vector<std::string> argv = {"/usr/sbin/ip",
+                                     "netns",
+                                     "exec",
+                                     links_[agent].ns,
+                                     SelfPath(),
+                                     "--role",
+                                     "inference",
+                                     "--replica",
+                                     std::to_string(g / tp),
+                                     "--rank",
+                                     std::to_string(g % tp),
+                                     "--socket",
+                                     Socket(agent)};
+    for (auto& a : ShapeArgs(shape())) argv.push_back(a);
+    workers_[g].reset();
+    workers_[g] = std::make_unique<Child>(argv, absl::StrCat(dir_, "/worker-", g, ".log"));
+  }
+  for (int g = node * shape().gpus_per_node; g < (node + 1) * shape().gpus_per_node; ++g) {
+    unsigned long long b = 0;
+    if (std::sscanf(workers_[g]->Receive().c_str(), "ready %llu", &b) != 1) {
+      return absl::UnavailableError(absl::StrCat("inference worker ", g,
+                                                 " did not register its tensors (see ", dir_,
+                                                 "/worker-", g, ".log)"));
+    }
+    worker_bytes_[g] = b;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::MakePlan(v1::DeltaChoice delta) {
+  auto plan = client_->Plan(world_, std::chrono::seconds(120), delta);
+  if (!plan.ok()) return plan.status();
+  plan_ = *plan;
+  // The planner's rails are what the agents report (tcp: a nominal rate, which takes
+  // precedence over cost_model.nic_gbps); read it back to put the prediction at the shaped rate.
+  auto status = client_->Status();
+  if (status.ok()) {
+    for (const auto& a : status->agents()) {
+      for (const auto& nic : a.info().nics()) {
+        if (nic.transport() == "tcp" && nic.gbps() > 0) nominal_gbps_ = nic.gbps();
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& fault,
+                      const std::string& note) {
+  const uint32_t v = ++version_;
+  for (auto& t : trainers_) t->Send(absl::StrCat("perturb ", v));
+  for (auto& t : trainers_) {
+    if (t->Receive() != absl::StrCat("ok ", v)) {
+      std::printf("FAIL: a trainer rank did not apply version %u\n", v);
+      all_verified_ = false;
+      return false;
+    }
+  }
+  std::vector<pid_t> pids{controller_->pid()};
+  for (auto& a : agents_) pids.push_back(a->pid());
+  double cpu0 = 0;
+  for (pid_t p : pids) cpu0 += CpuSeconds(p);
+  const auto host0 = HostCpu();
+  const auto c0 = net_.Counters();
+  const double t0 = Now();
+  std::thread fault_thread;
+  if (fault) fault_thread = std::thread(fault);
+  // --trace-ms: per-link rates through the step, to see where the links sit idle.
+  std::atomic<bool> stepping{true};
+  std::vector<std::pair<double, std::map<std::string, std::pair<uint64_t, uint64_t>>>> trace;
+  std::thread tracer;
+  if (o_.trace_ms > 0) {
+    tracer = std::thread([&] {
+      while (stepping) {
+        trace.emplace_back(Now() - t0, net_.Counters());
+        std::this_thread::sleep_for(std::chrono::milliseconds(o_.trace_ms));
+      }
+    });
+  }
+  auto step = client_->Step(v);
+  const double wall = Now() - t0;
+  stepping = false;
+  if (tracer.joinable()) tracer.join();
+  if (fault_thread.joinable()) fault_thread.join();
+  if (!trace.empty()) {
+    std::string head = "   t(s)";
+    for (const Link& l : links_)
+      absl::StrAppend(&head, " ", l.port, l.port.size() < 3 ? "   " : "  ");
+    std::printf("per-link Mbit/s (trainers: out, inference: in):\n%s\n", head.c_str());
+    for (size_t k = 1; k < trace.size(); ++k) {
+      const double dt = trace[k].first - trace[k - 1].first;
+      std::string row = absl::StrCat(Num(trace[k].first, 1));
+      while (row.size() < 7) row = " " + row;
+      for (const Link& l : links_) {
+        const bool out = l.agent.rfind("trainer", 0) == 0;
+        auto a = trace[k - 1].second[l.port], b = trace[k].second[l.port];
+        const double bytes = out ? b.first - a.first : b.second - a.second;
+        std::string cell = Num(bytes * 8 / 1e6 / dt, 0);
+        while (cell.size() < 5) cell = " " + cell;
+        absl::StrAppend(&row, cell);
+      }
+      std::printf("%s\n", row.c_str());
+    }
+  }
+  const auto c1 = net_.Counters();
+  const auto host1 = HostCpu();
+  double cpu1 = 0;
+  for (pid_t p : pids) cpu1 += CpuSeconds(p);
+  if (!step.ok()) {
+    const std::string err(step.status().message());
+    std::printf("\n[%s] version %u FAILED after %.2f s: %s\n", scenario.c_str(), v, wall,
+                err.c_str());
+    json_.push_back(absl::StrCat("{\"scenario\":", Json(scenario), ",\"agents\":", AgentCount(),
+                                 ",\"link_mbit\":", Num(o_.link_mbit, 0), ",\"version\":", v,
+                                 ",\"ok\":false,\"error\":", Json(err), ",\"step_seconds\":",
+                                 Num(wall), ",\"ideal_seconds\":null,\"efficiency\":null,",
+                                 "\"predicted_seconds\":null,\"verified\":false", note, "}"));
+    // Surviving workers see abort(v); they say nothing until the next commit.
+    return false;
+  }
+  const bool delta_step = step->delta_ops() > 0;
+  // Bytes per agent: sent from the step, received from the plan (dense), wire from the links.
+  std::map<std::string, LinkBytes> per;
+  for (const auto& a : step->agents()) per[a.agent()].sent = a.bytes_sent();
+  for (const auto& r : plan_.receivers()) per[r.agent()].received = r.bytes();
+  double ideal = 0, wire_ideal = 0;
+  std::string bottleneck, wire_out_json, wire_in_json;
+  wb::client::Table table(
+      {"AGENT", "LINK", "SENT", "RECEIVED", "WIRE OUT", "WIRE IN", "LINK-LIMITED s"});
+  for (const Link& l : links_) {
+    LinkBytes& b = per[l.agent];
+    auto d0 = c0.count(l.port) ? c0.at(l.port) : std::pair<uint64_t, uint64_t>{0, 0};
+    auto d1 = c1.count(l.port) ? c1.at(l.port) : d0;
+    b.wire_out = d1.first - d0.first;
+    b.wire_in = d1.second - d0.second;
+    b.received_known = !delta_step;
+    const double rate = l.mbit * 1e6 / 8;
+    const double payload = std::max<double>(b.sent, b.received_known ? b.received : b.wire_in);
+    const double busy = payload / rate;
+    const double wire_busy = std::max(b.wire_out, b.wire_in) / rate;
+    if (busy > ideal) {
+      ideal = busy;
+      bottleneck = absl::StrCat(l.agent, b.sent >= b.received ? " out" : " in");
+    }
+    wire_ideal = std::max(wire_ideal, wire_busy);
+    table.Add({l.agent, absl::StrCat(Num(l.mbit, 0), " Mbit/s"), HumanBytes(b.sent),
+               b.received_known ? HumanBytes(b.received) : "-", HumanBytes(b.wire_out),
+               HumanBytes(b.wire_in), Num(busy, 2)});
+    absl::StrAppend(&wire_out_json, wire_out_json.empty() ? "" : ",", Json(l.agent), ":",
+                    b.wire_out);
+    absl::StrAppend(&wire_in_json, wire_in_json.empty() ? "" : ",", Json(l.agent), ":", b.wire_in);
+  }
+  // Every inference worker checks every byte it holds.
+  int verified = 0;
+  uint64_t checked = 0;
+  std::string failure;
+  for (size_t g = 0; g < workers_.size(); ++g) {
+    const std::string line = workers_[g]->ReceiveSkippingAborts();
+    unsigned long long b = 0;
+    if (std::sscanf(line.c_str(), ("verified " + std::to_string(v) + " PASS %llu").c_str(), &b) ==
+            1 &&
+        b == worker_bytes_[g]) {
+      ++verified;
+      checked += b;
+    } else if (failure.empty()) {
+      failure = line.empty() ? absl::StrCat("worker ", g, " exited") : line;
+      if (b != 0 && b != worker_bytes_[g]) {
+        absl::StrAppend(&failure, " (checked ", b, " of ", worker_bytes_[g], " bytes)");
+      }
+    }
+  }
+  const bool ok = verified == static_cast<int>(workers_.size());
+  all_verified_ = all_verified_ && ok;
+  const double seconds = step->seconds();
+  const double predicted = plan_.predicted_step_seconds() * nominal_gbps_ / (o_.link_mbit / 8000.0);
+  const double cores = (cpu1 - cpu0) / wall;
+  const double host_busy = (host1.first - host0.first) / std::max(1.0, host1.second - host0.second);
+  const std::string kind = step->delta_anchor() ? "anchor" : (delta_step ? "delta" : "dense");
+  std::printf(
+      "\n[%s] version %u (%s%s): %s in %.2f s; link-limited ideal %.2f s (%s); "
+      "efficiency %.3f; predicted %.2f s (%+.1f%%); agents used %.2f cores (host %.0f%% "
+      "busy); verified %d/%zu workers (%s)%s\n%s",
+      scenario.c_str(), v, kind.c_str(), note.empty() ? "" : ", see notes",
+      HumanBytes(step->bytes()).c_str(), seconds, ideal, bottleneck.c_str(), ideal / seconds,
+      predicted, (predicted / seconds - 1) * 100, cores, host_busy * 100, verified, workers_.size(),
+      HumanBytes(checked).c_str(), ok ? "" : (" MISMATCH: " + failure).c_str(),
+      table.Render().c_str());
+  std::fflush(stdout);
+  json_.push_back(absl::StrCat(
+      "{\"scenario\":", Json(scenario), ",\"agents\":", AgentCount(), ",\"link_mbit\":",
+      Num(o_.link_mbit, 0), ",\"model\":", Json(shape().model), ",\"layers\":", shape().layers,
+      ",\"version\":", v, ",\"ok\":true,\"kind\":", Json(kind), ",\"bytes\":", step->bytes(),
+      ",\"bytes_dense\":", step->bytes_dense() ? step->bytes_dense() : step->bytes(),
+      ",\"step_seconds\":", Num(seconds), ",\"ideal_seconds\":", Num(ideal),
+      ",\"wire_ideal_seconds\":", Num(wire_ideal), ",\"bottleneck\":", Json(bottleneck),
+      ",\"efficiency\":", Num(ideal / seconds), ",\"predicted_seconds\":", Num(predicted),
+      ",\"prediction_error\":", Num(predicted / seconds - 1),
+      ",\"agent_cpu_cores\":", Num(cores, 2), ",\"host_cpu_busy\":", Num(host_busy, 2),
+      ",\"verified\":", ok ? "true" : "false", ",\"verified_bytes\":", checked, ",\"wire_out\":{",
+      wire_out_json, "},\"wire_in\":{", wire_in_json, "}", note, "}"));
+  return ok;
+}
+
+bool Cluster::Scenario(const std::string& name) {
+  std::printf("\n=== scenario %s ===\n", name.c_str());
+  std::fflush(stdout);
+  if (name == "balanced") {
+    bool ok = true;
+    for (int s = 0; s < o_.steps; ++s) ok = RunStep(name) && ok;
+    return ok;
+  }
+  if (name == "delta") {
+    // Dense reference first, then a delta plan: its first step is an anchor, then deltas.
+    if (auto s = MakePlan(v1::DELTA_CHOICE_ON); !s.ok()) {
+      std::printf("FAIL: delta plan: %s\n", std::string(s.message()).c_str());
+      return false;
+    }
+    std::printf("%s", wb::client::FormatPlan(plan_).c_str());
+    bool ok = true;
+    for (int s = 0; s < o_.steps + 1; ++s) ok = RunStep(name) && ok;
+    if (auto s = MakePlan(v1::DELTA_CHOICE_OFF); !s.ok()) return false;
+    return ok;
+  }
+  if (name == "slow-link") {
+    // One trainer agent's link at a quarter of the rate. Every source byte has exactly one
+    // holder (no trainer replicas), so nothing can route around it; the planner is not told.
+    Link& slow = links_[0];
+    if (auto s = net_.Shape(slow, o_.link_mbit / 4); !s.ok()) {
+      std::printf("FAIL: %s\n", std::string(s.message()).c_str());
+      return false;
+    }
+    std::printf("%s's link now %.0f Mbit/s (the others %.0f)\n", slow.agent.c_str(), slow.mbit,
+                o_.link_mbit);
+    bool ok = true;
+    for (int s = 0; s < std::max(1, o_.steps - 1); ++s) {
+      ok = RunStep(name, nullptr,
+                   absl::StrCat(",\"slow_agent\":", Json(slow.agent),
+                                ",\"slow_mbit\":", Num(slow.mbit, 0))) &&
+           ok;
+    }
+    (void)net_.Shape(slow, o_.link_mbit);
+    return ok;
+  }
+  if (name == "kill") {
+    // SIGKILL one inference agent 40% into a step: the step must fail naming it; restart it
+    // and its workers (a dead inference agent fails steps until it is back), then the next
+    // step must commit and verify.
+    const int node = shape().inference_nodes > 1 ? 1 : 0;
+    const int agent = shape().trainer_nodes + node;
+    const std::string victim = links_[agent].agent;
+    const double predicted =
+        plan_.predicted_step_seconds() * nominal_gbps_ / (o_.link_mbit / 8000.0);
+    const double delay = std::max(0.3, 0.4 * predicted);
+    double killed_at = 0;
+    const double t0 = Now();
+    bool failed_ok = !RunStep(
+        name,
+        [&] {
+          std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+          killed_at = Now();
+          agents_[agent]->Signal(SIGKILL);
+        },
+        absl::StrCat(",\"killed\":", Json(victim), ",\"killed_after_seconds\":", Num(delay, 2)));
+    const double failed_after = Now() - killed_at;
+    std::string last = json_.back();
+    const bool named = last.find(victim) != std::string::npos;
+    std::printf(
+        "killed %s %.2f s into the step; the step %s %.2f s after the kill; error %s "
+        "the agent\n",
+        victim.c_str(), delay, failed_ok ? "failed" : "COMMITTED (unexpected)", failed_after,
+        named ? "names" : "does NOT name");
+    // Its workers lose their agent and exit; the others saw abort.
+    for (auto* w : WorkersOf(node)) (*w)->Receive();
+    const double r0 = Now();
+    auto s = StartAgent(agent);
+    if (s.ok()) s = StartWorkers(node);
+    if (!s.ok()) {
+      std::printf("FAIL: restart: %s\n", std::string(s.message()).c_str());
+      return false;
+    }
+    std::printf("restarted %s and its %d workers in %.2f s (%.2f s after the kill)\n",
+                victim.c_str(), shape().gpus_per_node, Now() - r0, Now() - t0 - delay);
+    // The controller re-plans on the changed layout at the next step; until the restarted
+    // agent's layout is in, a step fails with "cannot plan" (the version is retried).
+    bool ok = false;
+    for (int attempt = 0; attempt < 20 && !ok; ++attempt) {
+      ok = RunStep(name, nullptr, absl::StrCat(",\"after_restart_of\":", Json(victim)));
+      if (!ok) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    auto status = client_->Status();
+    if (status.ok() && status->has_plan()) plan_ = status->plan();
+    return failed_ok && named && ok;
+  }
+  std::printf("unknown scenario %s (balanced, slow-link, kill, delta, all)\n", name.c_str());
+  return false;
+}
+
+int Cluster::Main() {
+  dir_ = wb::testing::TempDir("wb-cluster-");
+  auto model = wb::cluster::BuildClusterModel(shape());
+  if (!model.ok()) {
+    std::printf("FAIL: %s\n", std::string(model.status().message()).c_str());
+    return 1;
+  }
+  const auto node_bytes = wb::cluster::InferenceNodeBytes(*model, shape());
+  uint64_t total = 0, busiest = 0;
+  for (uint64_t b : node_bytes) total += b, busiest = std::max(busiest, b);
+  const double link_bps = o_.link_mbit * 1e6 / 8;
+  std::printf(
+      "weightbeam cluster in miniature: %d agents (%d trainer nodes x %d ranks, EP %d; %d "
+      "inference nodes x %d ranks, %d replicas of TP %d / EP 2, FP8), each in its own network "
+      "namespace on %s.0/24, links shaped to %.0f Mbit/s both ways (tc tbf)\n"
+      "model %s, %d layers (%.2f B params): one step moves %s into the inference side, %.1f "
+      "link-seconds in total (>= 20 asked), the busiest inference link %.1f s\nlogs in %s\n",
+      AgentCount(), shape().trainer_nodes, shape().gpus_per_node, shape().trainer_nodes,
+      shape().inference_nodes, shape().gpus_per_node, shape().inference_replicas(),
+      shape().inference_tp(), o_.subnet.c_str(), o_.link_mbit, shape().model.c_str(),
+      shape().layers, model->spec.Params() / 1e9, HumanBytes(total).c_str(), total / link_bps,
+      busiest / link_bps, dir_.c_str());
+  std::fflush(stdout);
+
+  const double t_setup = Now();
+  if (auto s = SetUp(); !s.ok()) {
+    std::printf("FAIL: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  auto s = StartTrainers();
+  for (int node = 0; s.ok() && node < shape().inference_nodes; ++node) s = StartWorkers(node);
+  if (!s.ok()) {
+    std::printf("FAIL: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  auto client = wb::client::ControllerClient::Connect(Ctl());
+  if (!client.ok()) {
+    std::printf("FAIL: %s\n", std::string(client.status().message()).c_str());
+    return 1;
+  }
+  client_ = std::make_unique<wb::client::ControllerClient>(std::move(*client));
+  world_.set_trainer_ranks(shape().trainer_ranks());
+  world_.set_inference_replicas(shape().inference_replicas());
+  world_.set_inference_ranks_per_replica(shape().inference_tp());
+  if (auto p = MakePlan(v1::DELTA_CHOICE_OFF); !p.ok()) {
+    std::printf("FAIL: planning: %s\n", std::string(p.message()).c_str());
+    return 1;
+  }
+  std::printf("started and registered in %.1f s\n\n%s", Now() - t_setup,
+              wb::client::FormatPlan(plan_).c_str());
+  std::printf(
+      "(the tcp rails report a nominal %.3g GB/s to the planner; predictions below are "
+      "rescaled to the shaped %.0f Mbit/s)\n",
+      nominal_gbps_, o_.link_mbit);
+  std::fflush(stdout);
+
+  bool pass = true;
+  for (const auto& sc : o_.scenarios) pass = Scenario(sc) && pass;
+
+  // Let the children go before the summary.
+  trainers_.clear();
+  workers_.clear();
+  std::printf("\n%s: scenarios %s at %d agents, %.0f Mbit/s links\n", pass ? "PASS" : "FAIL",
+              absl::StrJoin(o_.scenarios, ", ").c_str(), AgentCount(), o_.link_mbit);
+  if (!o_.json_out.empty()) {
+    std::ofstream f(o_.json_out, std::ios::app);
+    for (const auto& j : json_) f << j << "\n";
+  }
+  for (const auto& j : json_) std::printf("%s\n", j.c_str());
+  std::fflush(stdout);
+  return pass ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "wb-cluster: weightbeam on a cluster in miniature (run by tests/cluster/cluster.sh)"};
+  std::string role = "driver", socket, scenario = "balanced";
+  Options o;
+  int rank = 0, replica = 0, agents = 8;
+  o.link_mbit = 200;
+  o.shape.layers = 0;
+  app.add_option("--role", role, "driver | trainer | inference (internal)");
+  app.add_option("--rank", rank, "(internal)");
+  app.add_option("--replica", replica, "(internal)");
+  app.add_option("--socket", socket, "(internal)");
+  app.add_option("--model", o.shape.model, "k2-mini | k2-tiny");
+  app.add_option("--layers", o.shape.layers, "decoder layers; 0: sized to --link-seconds");
+  app.add_option("--link-seconds", o.link_seconds,
+                 "auto-sized model: seconds the busiest link carries per step");
+  app.add_option("--agents", agents, "agents, half trainer nodes and half inference nodes");
+  app.add_option("--trainer-nodes", o.shape.trainer_nodes, "(internal)");
+  app.add_option("--inference-nodes", o.shape.inference_nodes, "(internal)");
+  app.add_option("--gpus-per-node", o.shape.gpus_per_node, "ranks per agent");
+  app.add_option("--link-mbit", o.link_mbit, "link rate, Mbit/s each way");
+  app.add_option("--steps", o.steps, "steps per scenario");
+  app.add_option("--scenario", scenario, "balanced | slow-link | kill | delta | all (comma list)");
+  app.add_option("--ns-prefix", o.prefix, "network namespace prefix (made by cluster.sh)");
+  app.add_option("--subnet", o.subnet, "the /24 inside the namespaces, e.g. 10.213.0");
+  app.add_option("--bin-dir", o.bin_dir, "where wb-agent and wb-controller are");
+  app.add_option("--switch-queue-ms", o.switch_queue_ms,
+                 "queue of a switch port toward an agent, in ms of the link rate");
+  app.add_option("--trace-ms", o.trace_ms, "print per-link rates every N ms during steps");
+  app.add_option("--json-out", o.json_out, "also append the JSON lines to this file");
+  CLI11_PARSE(app, argc, argv);
+  if (role == "trainer") return wb::cluster::RunTrainer(o.shape, rank, socket);
+  if (role == "inference") return wb::cluster::RunInference(o.shape, replica, rank, socket);
+  signal(SIGPIPE, SIG_IGN);
+  if (agents < 4 || agents % 4 != 0) {
+    std::fprintf(stderr,
+                 "--agents must be a multiple of 4 (half trainer, half inference "
+                 "nodes; an inference replica spans two nodes)\n");
+    return 2;
+  }
+  if (o.prefix.empty()) {
+    std::fprintf(stderr, "run through tests/cluster/cluster.sh (./wb cluster)\n");
+    return 2;
+  }
+  o.shape.trainer_nodes = o.shape.inference_nodes = agents / 2;
+  if (o.bin_dir.empty()) o.bin_dir = "bazel-bin";
+  if (scenario == "all") scenario = "balanced,delta,slow-link,kill";
+  std::stringstream ss(scenario);
+  for (std::string s; std::getline(ss, s, ',');) o.scenarios.push_back(s);
+  if (o.shape.layers == 0) {
+    // The smallest layer count whose busiest inference link carries >= link_seconds per step.
+    const double link_bps = o.link_mbit * 1e6 / 8;
+    for (int l = 2; l <= 512; ++l) {
+      o.shape.layers = l;
+      auto m = wb::cluster::BuildClusterModel(o.shape);
+      if (!m.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
+        return 2;
+      }
+      auto bytes = wb::cluster::InferenceNodeBytes(*m, o.shape);
+      if (*std::max_element(bytes.begin(), bytes.end()) >= o.link_seconds * link_bps) break;
+    }
+  }
+  Cluster cluster(o);
+  return cluster.Main();
+}

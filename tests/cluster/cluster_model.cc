@@ -1,0 +1,104 @@
+#include "tests/cluster/cluster_model.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace wb::cluster {
+
+absl::StatusOr<planner::DeepSeekV3Config> ModelConfig(const std::string& name, int layers) {
+  if (layers < 2) return absl::InvalidArgumentError("--layers must be at least 2 (1 dense + MoE)");
+  // Kimi-K2 (DeepSeek-V3 architecture) divided down; every dimension a multiple of 128 x the
+  // ranks that split it, so FP8 blocks and TP/EP shards come out even.
+  planner::DeepSeekV3Config c;
+  c.layers = layers;
+  c.dense_layers = 1;
+  c.shared_experts = 1;
+  c.heads = 16;                                                         // K2: 64
+  c.qk_nope_head_dim = 64, c.qk_rope_head_dim = 32, c.v_head_dim = 64;  // K2: 128, 64, 128
+  c.q_lora_rank = 384, c.kv_lora_rank = 128;                            // K2: 1536, 512
+  if (name == "k2-mini") {
+    c.hidden = 1024, c.intermediate = 2048, c.experts = 32, c.moe_intermediate = 256;
+    c.vocab = 16384;
+  } else if (name == "k2-tiny") {
+    c.hidden = 1024, c.intermediate = 1024, c.experts = 8, c.moe_intermediate = 256;
+    c.vocab = 4096;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown model ", name, " (known: k2-mini, k2-tiny)"));
+  }
+  return c;
+}
+
+absl::StatusOr<ClusterModel> BuildClusterModel(const ClusterShape& shape) {
+  auto cfg = ModelConfig(shape.model, shape.layers);
+  if (!cfg.ok()) return cfg.status();
+  ClusterModel m;
+  m.spec = planner::BuildDeepSeekV3(shape.model, *cfg);
+  planner::TrainerOptions trainer;
+  trainer.ranks = shape.trainer_ranks();
+  trainer.ep = shape.trainer_nodes;  // expert parallel across trainer nodes
+  trainer.gpus_per_agent = shape.gpus_per_node;
+  trainer.nics_per_agent = 1;
+  planner::InferenceOptions inference;
+  inference.gpus = shape.inference_nodes * shape.gpus_per_node;
+  inference.tp = shape.inference_tp();
+  inference.ep = 2;
+  inference.gpus_per_agent = shape.gpus_per_node;
+  inference.nics_per_agent = 1;
+  inference.fp8 = true;
+  auto layouts = planner::BuildLayouts(m.spec, trainer, inference);
+  if (!layouts.ok()) return layouts.status();
+  m.layouts = std::move(*layouts);
+  return m;
+}
+
+namespace {
+std::vector<planner::TensorEntry> Select(const ClusterModel& m, planner::Role role, int replica,
+                                         int rank) {
+  std::vector<planner::TensorEntry> out;
+  for (const auto& agent : m.layouts) {
+    for (const auto& t : agent.tensors) {
+      if (t.owner.role == role && t.owner.rank == rank && t.owner.replica == replica) {
+        out.push_back(t);
+      }
+    }
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<planner::TensorEntry> TrainerEntries(const ClusterModel& m, int rank) {
+  return Select(m, planner::Role::kTrainer, 0, rank);
+}
+
+std::vector<planner::TensorEntry> InferenceEntries(const ClusterModel& m, int replica, int rank) {
+  return Select(m, planner::Role::kInference, replica, rank);
+}
+
+uint64_t EntryElements(const planner::TensorEntry& e) {
+  uint64_t n = 1;
+  if (e.shard.empty()) {
+    for (int64_t d : e.shape) n *= static_cast<uint64_t>(d);
+  } else {
+    for (const auto& s : e.shard) n *= static_cast<uint64_t>(s.size);
+  }
+  return n;
+}
+
+uint64_t EntryBytes(const planner::TensorEntry& e) {
+  return EntryElements(e) * static_cast<uint64_t>(planner::DTypeBytes(e.dtype));
+}
+
+std::vector<uint64_t> InferenceNodeBytes(const ClusterModel& m, const ClusterShape& shape) {
+  std::vector<uint64_t> out(shape.inference_nodes, 0);
+  const int tp = shape.inference_tp();
+  for (const auto& agent : m.layouts) {
+    for (const auto& t : agent.tensors) {
+      if (t.owner.role != planner::Role::kInference) continue;
+      const int gpu = t.owner.replica * tp + t.owner.rank;
+      out[gpu / shape.gpus_per_node] += EntryBytes(t);
+    }
+  }
+  return out;
+}
+
+}  // namespace wb::cluster

@@ -1,0 +1,374 @@
+#include "tests/cluster/cluster_roles.h"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/weightbeam/local_session.h"
+#include "client/weightbeam/shared_buffer.h"
+#include "config/config.h"
+#include "daemon/transform/transform.h"
+#include "tests/demo/synthetic_weights.h"
+
+namespace wb::cluster {
+
+namespace v1 = weightbeam::v1;
+using demo::ApplyVersion;
+using demo::BaseValue;
+using demo::Bf16ToFloat;
+using demo::NameHash;
+using planner::TensorEntry;
+
+namespace {
+
+uint64_t Align64(uint64_t n) { return (n + 63) / 64 * 64; }
+
+uint64_t Total(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+// An entry's shard as a rectangle of its tensor viewed as 2-D (a 1-D tensor is one row).
+struct Rect {
+  int64_t r0, nr, c0, nc, cols;
+};
+
+Rect ShardRect(const TensorEntry& e) {
+  if (e.shape.size() < 2) {
+    const int64_t n = e.shape.empty() ? 1 : e.shape[0];
+    if (e.shard.empty()) return {0, 1, 0, n, n};
+    return {0, 1, e.shard[0].start, e.shard[0].size, n};
+  }
+  const int64_t cols = e.shape[1];
+  if (e.shard.empty()) return {0, e.shape[0], 0, cols, cols};
+  return {e.shard[0].start, e.shard[0].size, e.shard[1].start, e.shard[1].size, cols};
+}
+
+client::TensorInfo InfoOf(const TensorEntry& e) {
+  client::TensorInfo t;
+  t.name = e.name;
+  t.dtype = e.dtype;
+  t.global_shape = e.shape;
+  for (const auto& s : e.shard) t.shard.emplace_back(s.start, s.size);
+  return t;
+}
+
+// One shared-memory buffer holding every entry, registered in one batch.
+struct Registered {
+  client::SharedBuffer buffer;
+  std::vector<uint64_t> offsets;  // per entry
+};
+
+absl::StatusOr<Registered> Allocate(const std::vector<TensorEntry>& entries) {
+  uint64_t total = 0;
+  std::vector<uint64_t> offsets;
+  for (const auto& e : entries) {
+    offsets.push_back(total);
+    total += Align64(EntryBytes(e));
+  }
+  auto buf = client::SharedBuffer::Create(std::max<uint64_t>(total, 64), "cluster");
+  if (!buf.ok()) return buf.status();
+  return Registered{std::move(*buf), offsets};
+}
+
+absl::Status RegisterAll(client::LocalSession& session, const std::vector<TensorEntry>& entries,
+                         const Registered& reg) {
+  std::vector<client::BufferSlice> batch;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    batch.push_back({InfoOf(entries[i]), reg.offsets[i], EntryBytes(entries[i])});
+    if (batch.size() == 1000 || i + 1 == entries.size()) {
+      if (auto s = session.RegisterBatch(batch, reg.buffer); !s.ok()) return s;
+      batch.clear();
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool StdinClosed() {
+  pollfd p{0, POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  char c;
+  return read(0, &c, 1) <= 0;  // the driver only closes our stdin, it sends nothing
+}
+
+// The synthetic BF16 values of whole rows [r0, r0 + nr) of a source tensor, kept at the
+// latest version. Rows (not the shard's columns) because a version's changes are a stream over
+// row-major indices: one pass over the row block applies them.
+struct RowBlock {
+  uint64_t hash = 0, total = 0, begin = 0, end = 0;
+  std::vector<uint16_t> values;
+};
+
+class Reference {
+ public:
+  explicit Reference(const planner::ModelSpec& spec) {
+    for (const auto& t : spec.tensors) shapes_[t.name] = t.shape;
+  }
+  const std::vector<int64_t>& Shape(const std::string& name) const { return shapes_.at(name); }
+
+  const RowBlock& Rows(const std::string& name, int64_t r0, int64_t nr) {
+    auto key = std::make_tuple(name, r0, nr);
+    auto it = blocks_.find(key);
+    if (it != blocks_.end()) return it->second;
+    const auto& shape = shapes_.at(name);
+    const int64_t cols = shape.size() < 2 ? 1 : Total(shape) / shape[0];
+    RowBlock& b = blocks_[key];
+    b.hash = NameHash(name);
+    b.total = Total(shape);
+    b.begin = static_cast<uint64_t>(shape.size() < 2 ? 0 : r0 * cols);
+    b.end = shape.size() < 2 ? b.total : static_cast<uint64_t>((r0 + nr) * cols);
+    b.values.resize(b.end - b.begin);
+    for (uint64_t i = b.begin; i < b.end; ++i) b.values[i - b.begin] = BaseValue(b.hash, i);
+    for (uint32_t u = 1; u <= version_; ++u) {
+      ApplyVersion(b.hash, b.total, u, b.begin, b.end, b.values.data());
+    }
+    return b;
+  }
+
+  void Advance(uint32_t version) {
+    for (; version_ < version;) {
+      ++version_;
+      for (auto& [key, b] : blocks_) {
+        ApplyVersion(b.hash, b.total, version_, b.begin, b.end, b.values.data());
+      }
+    }
+  }
+
+ private:
+  std::map<std::string, std::vector<int64_t>> shapes_;
+  std::map<std::tuple<std::string, int64_t, int64_t>, RowBlock> blocks_;
+  uint32_t version_ = 0;
+};
+
+// The destination's expected BF16 values (its shard, rows x cols), gathered from the source
+// tensors it is fused from.
+std::vector<uint16_t> ExpectedBf16(const TensorEntry& e, Reference& ref, uint64_t* rows,
+                                   uint64_t* cols) {
+  std::vector<std::string> parts{e.name};
+  for (const auto& rule : config::DefaultFusionRules()) {
+    if (absl::EndsWith(e.name, rule.fused)) {
+      const std::string prefix = e.name.substr(0, e.name.size() - rule.fused.size());
+      parts.clear();
+      for (const auto& p : rule.parts) parts.push_back(prefix + p);
+    }
+  }
+  const Rect r = ShardRect(e);
+  std::vector<uint16_t> out(static_cast<size_t>(r.nr * r.nc));
+  int64_t part_start = 0;
+  for (const auto& p : parts) {
+    const int64_t prow = e.shape.size() < 2 ? 1 : ref.Shape(p)[0];
+    const int64_t lo = std::max(r.r0, part_start), hi = std::min(r.r0 + r.nr, part_start + prow);
+    if (lo < hi) {
+      const RowBlock& b = ref.Rows(p, lo - part_start, hi - lo);
+      for (int64_t g = lo; g < hi; ++g) {
+        std::memcpy(&out[static_cast<size_t>((g - r.r0) * r.nc)],
+                    &b.values[static_cast<size_t>((g - lo) * r.cols + r.c0)],
+                    static_cast<size_t>(r.nc) * 2);
+      }
+    }
+    part_start += prow;
+  }
+  *rows = static_cast<uint64_t>(r.nr);
+  *cols = static_cast<uint64_t>(r.nc);
+  return out;
+}
+
+std::string FirstMismatch(const std::string& name, const uint8_t* want, const uint8_t* got,
+                          uint64_t bytes) {
+  if (std::memcmp(want, got, bytes) == 0) return "";
+  for (uint64_t i = 0; i < bytes; ++i) {
+    if (want[i] != got[i]) {
+      char buf[128];
+      std::snprintf(buf, sizeof(buf), " at byte %llu: expected 0x%02x, found 0x%02x",
+                    static_cast<unsigned long long>(i), want[i], got[i]);
+      return name + buf;
+    }
+  }
+  return "";
+}
+
+void WriteF32(const uint16_t* bf16, uint64_t n, float* out) {
+  for (uint64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(bf16[i]);
+}
+
+}  // namespace
+
+int RunTrainer(const ClusterShape& shape, int rank, const std::string& socket) {
+  auto model = BuildClusterModel(shape);
+  if (!model.ok()) {
+    std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(model.status().message()).c_str());
+    return 1;
+  }
+  const auto entries = TrainerEntries(*model, rank);
+  auto session = client::LocalSession::Connect(socket, client::Identity{v1::ROLE_TRAINER, rank, 0});
+  if (!session.ok()) {
+    std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(session.status().message()).c_str());
+    return 1;
+  }
+  auto reg = Allocate(entries);
+  if (!reg.ok()) return 1;
+  auto* base = static_cast<uint8_t*>(reg->buffer.data());
+  // Trainers hold dim-0 shards: one contiguous element run [begin, end) each. Float32 tensors
+  // (the router's correction bias) keep their BF16-valued synthetic values aside.
+  std::vector<uint64_t> begin(entries.size()), end(entries.size());
+  std::map<size_t, std::vector<uint16_t>> f32;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    const Rect r = ShardRect(e);
+    begin[i] = static_cast<uint64_t>(r.r0 * r.cols + r.c0);
+    end[i] = begin[i] + EntryElements(e);
+    const uint64_t h = NameHash(e.name);
+    uint16_t* values = reinterpret_cast<uint16_t*>(base + reg->offsets[i]);
+    if (e.dtype == v1::DTYPE_F32)
+      values = (f32[i] = std::vector<uint16_t>(end[i] - begin[i])).data();
+    for (uint64_t k = begin[i]; k < end[i]; ++k) values[k - begin[i]] = BaseValue(h, k);
+    if (e.dtype == v1::DTYPE_F32) {
+      WriteF32(values, end[i] - begin[i], reinterpret_cast<float*>(base + reg->offsets[i]));
+    }
+    bytes += EntryBytes(e);
+  }
+  if (auto s = RegisterAll(*session, entries, *reg); !s.ok()) {
+    std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(s.message()).c_str());
+    return 1;
+  }
+  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd;
+    uint32_t version = 0;
+    in >> cmd >> version;
+    if (cmd != "perturb") continue;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const auto& e = entries[i];
+      auto it = f32.find(i);
+      uint16_t* values =
+          it != f32.end() ? it->second.data() : reinterpret_cast<uint16_t*>(base + reg->offsets[i]);
+      ApplyVersion(NameHash(e.name), Total(e.shape), version, begin[i], end[i], values);
+      if (it != f32.end()) {
+        WriteF32(values, end[i] - begin[i], reinterpret_cast<float*>(base + reg->offsets[i]));
+      }
+    }
+    std::printf("ok %u\n", version);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+int RunInference(const ClusterShape& shape, int replica, int rank, const std::string& socket) {
+  auto model = BuildClusterModel(shape);
+  if (!model.ok()) return 1;
+  const auto entries = InferenceEntries(*model, replica, rank);
+  auto session =
+      client::LocalSession::Connect(socket, client::Identity{v1::ROLE_INFERENCE, rank, replica});
+  if (!session.ok()) {
+    std::fprintf(stderr, "inference %d/%d: %s\n", replica, rank,
+                 std::string(session.status().message()).c_str());
+    return 1;
+  }
+  auto reg = Allocate(entries);
+  if (!reg.ok()) return 1;
+  if (auto s = RegisterAll(*session, entries, *reg); !s.ok()) {
+    std::fprintf(stderr, "inference %d/%d: %s\n", replica, rank, std::string(s.message()).c_str());
+    return 1;
+  }
+  uint64_t bytes = 0;
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    index[entries[i].name] = i;
+    bytes += EntryBytes(entries[i]);
+  }
+  if (!session->Watch().ok()) return 1;
+  Reference ref(model->spec);
+  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
+  std::fflush(stdout);
+  const auto* base = static_cast<const uint8_t*>(reg->buffer.data());
+  while (!StdinClosed()) {
+    auto event = session->NextEvent(std::chrono::milliseconds(200));
+    if (!event.ok()) {
+      if (event.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
+      std::fprintf(stderr, "inference %d/%d: %s\n", replica, rank,
+                   std::string(event.status().message()).c_str());
+      std::printf("gone %s\n", std::string(event.status().message()).c_str());
+      std::fflush(stdout);
+      return 1;
+    }
+    if (event->kind() == v1::Event::KIND_ABORT) {
+      std::printf("aborted %llu %s\n", static_cast<unsigned long long>(event->version()),
+                  event->reason().c_str());
+      std::fflush(stdout);
+      continue;
+    }
+    if (event->kind() != v1::Event::KIND_COMMIT) continue;
+    const uint32_t version = static_cast<uint32_t>(event->version());
+    ref.Advance(version);
+    std::string mismatch;
+    uint64_t checked = 0;
+    for (size_t i = 0; i < entries.size() && mismatch.empty(); ++i) {
+      const auto& e = entries[i];
+      if (absl::EndsWith(e.name, "_scale_inv")) continue;  // checked with its weight
+      uint64_t rows = 0, cols = 0;
+      std::vector<uint16_t> want = ExpectedBf16(e, ref, &rows, &cols);
+      const uint8_t* got = base + reg->offsets[i];
+      if (e.dtype == v1::DTYPE_BF16) {
+        mismatch = FirstMismatch(e.name, reinterpret_cast<const uint8_t*>(want.data()), got,
+                                 EntryBytes(e));
+        checked += EntryBytes(e);
+        continue;
+      }
+      if (e.dtype == v1::DTYPE_F32) {
+        std::vector<float> f(want.size());
+        WriteF32(want.data(), want.size(), f.data());
+        mismatch =
+            FirstMismatch(e.name, reinterpret_cast<const uint8_t*>(f.data()), got, EntryBytes(e));
+        checked += EntryBytes(e);
+        continue;
+      }
+      transform::TransformDesc d;
+      d.kind = transform::Kind::kFp8Block;
+      d.src_dtype = transform::DType::kBF16;
+      d.dst_dtype = transform::DType::kF8E4M3;
+      d.rows = rows;
+      d.cols = cols;
+      std::vector<uint8_t> fp8(rows * cols);
+      std::vector<float> scales(transform::ScaleRows(d) * transform::ScaleCols(d));
+      if (auto s = transform::ApplyTransformCpu(d, want.data(), fp8.data(), scales.data());
+          !s.ok()) {
+        mismatch = std::string(s.message());
+        break;
+      }
+      mismatch = FirstMismatch(e.name, fp8.data(), got, fp8.size());
+      checked += fp8.size();
+      auto sit = index.find(e.name + "_scale_inv");
+      if (!mismatch.empty() || sit == index.end()) continue;
+      const auto& se = entries[sit->second];
+      if (EntryBytes(se) != scales.size() * 4) {
+        mismatch = absl::StrCat(se.name, ": ", EntryBytes(se), " bytes registered, ",
+                                scales.size() * 4, " expected");
+      } else {
+        mismatch = FirstMismatch(se.name, reinterpret_cast<const uint8_t*>(scales.data()),
+                                 base + reg->offsets[sit->second], scales.size() * 4);
+      }
+      checked += scales.size() * 4;
+    }
+    if (mismatch.empty()) {
+      std::printf("verified %u PASS %llu\n", version, static_cast<unsigned long long>(checked));
+    } else {
+      std::printf("verified %u FAIL %s\n", version, mismatch.c_str());
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace wb::cluster
