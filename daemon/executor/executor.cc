@@ -329,7 +329,7 @@ void Executor::StageIn(const std::vector<const v1::TransferOp*>& ops, PhaseRun* 
       break;
     }
     if (auto s = CheckSourceOp(*op, job.source->memory.length); !s.ok()) {
-      error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
+      run->error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
       break;
     }
     {
