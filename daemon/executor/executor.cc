@@ -7,12 +7,14 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/tensor/tensor_checks.h"
 #include "daemon/executor/blocking_queue.h"
 #include "daemon/executor/op_bounds.h"
+#include "daemon/registry/bus_guard.h"
 
 namespace wb::executor {
 
@@ -23,6 +25,19 @@ namespace {
 
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The tensor and its owner, for errors about its memory.
+std::string TensorAndOwner(const registry::RegisteredTensor& t) {
+  return absl::StrCat("tensor '", t.spec.name(), "' of ", v1::Role_Name(t.owner.role()), " rank ",
+                      t.owner.rank(), " (pid ", t.owner.pid(), ")");
+}
+
+absl::Status MemoryVanished(const std::string& op, const registry::RegisteredTensor& t) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(op, ": ", TensorAndOwner(t),
+                   ": its memory went away during the copy (SIGBUS: the shared-memory object "
+                   "was shrunk after registration)"));
 }
 
 std::string OpName(const v1::TransferOp& op) {
@@ -197,13 +212,20 @@ absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
   if (!lease.ok()) return lease.status();
   job->staging = std::move(*lease);
   if (preparer_->StagingBytes(op) > 0) {
-    if (auto s = preparer_->Prepare(op, src, job->staging->data); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(OpName(op), ": ", s.message()));
+    absl::Status s;
+    if (!registry::RunBusGuarded([&] { s = preparer_->Prepare(op, src, job->staging->data); })) {
+      return MemoryVanished(OpName(op), *job->source);
     }
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(OpName(op), ": ", s.message()));
   } else {
     // A strided copy: gather its rows densely (the shadow compare needs them side by side).
-    for (uint64_t r = 0; r < op.rows(); ++r) {
-      std::memcpy(job->staging->data + r * row, src + op.src_offset() + r * stride, row);
+    uint8_t* staged = job->staging->data;
+    if (!registry::RunBusGuarded([&] {
+          for (uint64_t r = 0; r < op.rows(); ++r) {
+            std::memcpy(staged + r * row, src + op.src_offset() + r * stride, row);
+          }
+        })) {
+      return MemoryVanished(OpName(op), *job->source);
     }
   }
   const auto t0 = Clock::now();
@@ -332,6 +354,7 @@ void Executor::StageIn(const std::vector<const v1::TransferOp*>& ops, PhaseRun* 
   // On hosts without CUDA every transform runs on the CPU from the mapped source, so there is
   // no host->device copy to make here.
   const auto t_in = Clock::now();
+  std::unordered_set<const registry::RegisteredTensor*> checked;
   for (const v1::TransferOp* op : ops) {
     Job job;
     job.op = op;
@@ -345,6 +368,17 @@ void Executor::StageIn(const std::vector<const v1::TransferOp*>& ops, PhaseRun* 
     if (auto s = CheckSourceOp(*op, job.source->memory.length); !s.ok()) {
       run->error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
       break;
+    }
+    // Its owner may have shrunk the memory since registration: one fstat per source tensor
+    // and phase, so that a shrink before the step fails it cleanly (a shrink racing the copy
+    // meets the SIGBUS guard).
+    if (job.source->hold && checked.insert(job.source.get()).second) {
+      if (auto s = job.source->hold->CheckBacked(job.source->memory.addr, job.source->memory.length,
+                                                 TensorAndOwner(*job.source));
+          !s.ok()) {
+        run->error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
+        break;
+      }
     }
     {
       absl::MutexLock lock(&mu_);
@@ -391,9 +425,12 @@ absl::Status Executor::Prepare(Job* job, PhaseRun* run) {
   if (!lease.ok()) return lease.status();
   job->staging = std::move(*lease);
   const uint8_t* src = static_cast<const uint8_t*>(job->source->memory.addr);
-  if (auto s = preparer_->Prepare(*job->op, src, job->staging->data); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(OpName(*job->op), ": ", s.message()));
+  absl::Status s;
+  if (!registry::RunBusGuarded(
+          [&] { s = preparer_->Prepare(*job->op, src, job->staging->data); })) {
+    return MemoryVanished(OpName(*job->op), *job->source);
   }
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(OpName(*job->op), ": ", s.message()));
   return absl::OkStatus();
 }
 

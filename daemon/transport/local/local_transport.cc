@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/registry/bus_guard.h"
 #include "daemon/transport/region_table.h"
 
 namespace wb::transport::local {
@@ -127,10 +128,23 @@ class LocalPeer : public Peer {
         pins.emplace_back(std::move(*src), std::move(*dst));
         bytes += op.length;
       }
-      for (size_t i = 0; i < checked.size(); ++i) {
-        std::memmove(pins[i].second.data(), pins[i].first.data(), checked[i].first.length);
-      }
+      // A SIGBUS (an owner shrank its shm object) ends the copies; volatile: read after the
+      // guard's siglongjmp.
+      volatile size_t copied = 0;
+      const bool intact = registry::RunBusGuarded([&] {
+        for (; copied < checked.size(); copied = copied + 1) {
+          const size_t i = copied;
+          std::memmove(pins[i].second.data(), pins[i].first.data(), checked[i].first.length);
+        }
+      });
       pins.clear();
+      if (!intact) {
+        done(absl::FailedPreconditionError(
+            absl::StrCat("local peer '", peer, "': write ", size_t{copied},
+                         " hit memory that is gone (SIGBUS: a ",
+                         "shared-memory object was shrunk after registration)")));
+        return;
+      }
       done(absl::OkStatus());
       if (auto arrival = engine->arrival()) arrival(this_name, bytes);
     });
