@@ -44,7 +44,20 @@ class ControllerCore {
   // Channels to agents (main sets their TLS credentials and token).
   AgentChannels& agent_channels() { return channels_; }
 
-  absl::StatusOr<weightbeam::v1::PlanSummary> Plan(const weightbeam::v1::PlanRequest& req);
+  // Waits (without holding the plan lock, so steps go on) until the world is complete or the
+  // wait ends, then plans. The wait is the request's `wait_ms`, clamped to the configured
+  // `plan_wait_ms`; `cancelled` (the caller went away) ends it early.
+  absl::StatusOr<weightbeam::v1::PlanSummary> Plan(
+      const weightbeam::v1::PlanRequest& req, const std::function<bool()>& cancelled = nullptr);
+  // The pieces of Plan for a caller that waits by itself (ControllerService's scheduler):
+  // the world a request asks for (the configured one when it names none), refused at once
+  // when absurdly large; how long it may wait; whether it is complete; plan it now.
+  absl::StatusOr<weightbeam::v1::ExpectedWorld> RequestedWorld(
+      const weightbeam::v1::PlanRequest& req) const;
+  std::chrono::milliseconds PlanWait(const weightbeam::v1::PlanRequest& req) const;
+  bool WorldReady(const weightbeam::v1::ExpectedWorld& world, std::string* missing);
+  absl::StatusOr<weightbeam::v1::PlanSummary> PlanNow(const weightbeam::v1::PlanRequest& req,
+                                                      const weightbeam::v1::ExpectedWorld& world);
   weightbeam::v1::StepResult Step(uint64_t version, std::chrono::milliseconds timeout);
   // Aborts the step in flight, if any, on every agent it involves (SIGTERM): its senders
   // cancel, so Step returns promptly with the failure, and watchers see abort(`reason`).
