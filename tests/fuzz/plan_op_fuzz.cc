@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/tensor/dtype.h"
 #include "common/tensor/tensor_checks.h"
 #include "daemon/executor/op_bounds.h"
 #include "weightbeam/v1/types.pb.h"
@@ -19,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!op.ParseFromArray(data + 2, static_cast<int>(size - 2))) return 0;
   if (!wb::executor::CheckSourceOp(op, region).ok()) return 0;
   std::vector<uint8_t> src(region);
-  const uint64_t row = op.row_elems() * wb::registry::DTypeSize(op.src_dtype());
+  const uint64_t row = op.row_elems() * wb::tensor::DTypeBytes(op.src_dtype());
   const uint64_t stride = op.src_stride() ? op.src_stride() : row;
   std::vector<uint8_t> out(row);
   for (uint64_t r = 0; r < op.rows(); ++r) {

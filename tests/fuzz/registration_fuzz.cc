@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "common/tensor/dtype.h"
 #include "common/tensor/tensor_checks.h"
 #include "weightbeam/v1/local.pb.h"
 
@@ -23,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!reg.ParseFromArray(data, static_cast<int>(size))) return 0;
   const uint64_t length = reg.memory().host_shm().length();
   if (!wb::registry::ValidateTensorSpec(reg.spec(), length).ok()) return 0;
-  unsigned __int128 need = wb::registry::DTypeSize(reg.spec().dtype());
+  unsigned __int128 need = wb::tensor::DTypeBytes(reg.spec().dtype());
   if (reg.spec().shard_size() == 0) {
     for (int64_t d : reg.spec().global_shape()) need *= static_cast<uint64_t>(d);
   } else {

@@ -57,9 +57,9 @@ ABSL_LIBS=(-labsl_statusor -labsl_status -labsl_cord -labsl_cordz_info -labsl_co
 
 declare -A SOURCES=(
   [frame]="tests/fuzz/frame_fuzz.cc daemon/transport/tcp/frame.cc daemon/transport/region_table.cc"
-  [config]="tests/fuzz/config_fuzz.cc config/config.cc config/yaml_reader.cc"
-  [registration]="tests/fuzz/registration_fuzz.cc common/tensor/tensor_checks.cc $out/gen/weightbeam/v1/types.pb.cc $out/gen/weightbeam/v1/local.pb.cc"
-  [plan_op]="tests/fuzz/plan_op_fuzz.cc daemon/executor/op_bounds.cc common/tensor/tensor_checks.cc $out/gen/weightbeam/v1/types.pb.cc"
+  [config]="tests/fuzz/config_fuzz.cc config/config.cc config/yaml_reader.cc common/planner/name_rules.cc"
+  [registration]="tests/fuzz/registration_fuzz.cc common/tensor/tensor_checks.cc common/tensor/dtype.cc $out/gen/weightbeam/v1/types.pb.cc $out/gen/weightbeam/v1/local.pb.cc"
+  [plan_op]="tests/fuzz/plan_op_fuzz.cc daemon/executor/op_bounds.cc common/tensor/tensor_checks.cc common/tensor/dtype.cc $out/gen/weightbeam/v1/types.pb.cc"
 )
 declare -A LIBS=(
   [frame]="${ABSL_LIBS[*]}"
@@ -72,7 +72,7 @@ declare -A MAX_LEN=([frame]=128 [config]=4096 [registration]=512 [plan_op]=256)
 # Recompiles a source when it, a project header, this script or the ignorelist is newer.
 compile() {
   local src="$1" obj="$out/obj/${1//\//_}.o"
-  if [ -f "$obj" ] && [ -z "$(find "$src" config common/tensor daemon/executor daemon/transport tests/fuzz -newer "$obj" \
+  if [ -f "$obj" ] && [ -z "$(find "$src" config common/tensor common/planner daemon/executor daemon/transport tests/fuzz -newer "$obj" \
     \( -name '*.h' -o -path "$src" -o -name run.sh -o -name ubsan_ignore.txt \) -print -quit)" ]
   then
     echo "$obj"
