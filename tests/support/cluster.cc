@@ -83,6 +83,7 @@ bool Cluster::StartAgent(const std::string& name) {
 
 bool Cluster::AddAgent(const std::string& name) {
   if (!agent_ports_.count(name)) agent_ports_[name] = FreePort();
+  if (!tcp_ports_.count(name)) tcp_ports_[name] = FreePort();
   return StartAgent(name);
 }
 
