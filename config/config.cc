@@ -161,6 +161,8 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std:
     t.ReadString("advertise_host", &c.tcp.advertise_host);
     t.ReadInt("connections_per_peer", 1, 64, &c.tcp.connections_per_peer);
     t.ReadBytes("max_frame_bytes", 4096, uint64_t{1} << 32, &c.tcp.max_frame_bytes);
+    t.ReadInt("handshake_timeout_ms", 100, 600000, &c.tcp.handshake_timeout_ms);
+    t.ReadInt("max_unauthenticated_per_source", 1, 1024, &c.tcp.max_unauthenticated_per_source);
     t.RejectUnknownKeys();
   }
   {

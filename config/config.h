@@ -22,6 +22,10 @@ struct TcpTransportConfig {
   std::string advertise_host;        // host peers connect to; default: the agent's advertise
   int connections_per_peer = 4;
   uint64_t max_frame_bytes = uint64_t{64} << 20;
+  // A connection must present its HELLO within this; unauthenticated ones per source address
+  // are capped (the oldest is closed for a new one).
+  int handshake_timeout_ms = 5000;
+  int max_unauthenticated_per_source = 16;
 };
 
 struct RdmaTransportConfig {

@@ -89,20 +89,68 @@ std::string ControllerCore::Endpoint(const std::map<std::string, std::string>& e
   return it == endpoints.end() ? "" : it->second;
 }
 
-absl::StatusOr<v1::PlanSummary> ControllerCore::Plan(const v1::PlanRequest& req) {
-  absl::MutexLock lock(&plan_mu_);
-  delta_choice_ = req.delta();
+absl::StatusOr<v1::ExpectedWorld> ControllerCore::RequestedWorld(const v1::PlanRequest& req) const {
   v1::ExpectedWorld world = req.world();
   if (world.trainer_ranks() == 0 && world.inference_replicas() == 0) {
     world.set_trainer_ranks(config_.world.trainer_ranks);
     world.set_inference_replicas(config_.world.inference_replicas);
     world.set_inference_ranks_per_replica(config_.world.inference_ranks_per_replica);
   }
+  // Every rank is an agent's registration: a world beyond this cannot be waited for, and
+  // checking it would cost the controller time and memory for nothing.
+  constexpr uint64_t kMaxRanks = 1 << 20;
+  if (world.trainer_ranks() < 0 || world.inference_replicas() < 0 ||
+      world.inference_ranks_per_replica() < 0) {
+    return absl::InvalidArgumentError("world sizes must not be negative");
+  }
+  const uint64_t trainers = static_cast<uint64_t>(world.trainer_ranks());
+  const uint64_t inference = static_cast<uint64_t>(world.inference_replicas()) *
+                             static_cast<uint64_t>(world.inference_ranks_per_replica());
+  if (trainers > kMaxRanks || inference > kMaxRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world of ", trainers, " trainer rank(s) and ", world.inference_replicas(),
+                     " x ", world.inference_ranks_per_replica(),
+                     " inference rank(s) is beyond the limit of ", kMaxRanks, " ranks per side"));
+  }
+  return world;
+}
+
+std::chrono::milliseconds ControllerCore::PlanWait(const v1::PlanRequest& req) const {
+  // plan_wait_ms is a cap: a caller cannot hold the controller's attention longer.
+  return std::chrono::milliseconds(req.wait_ms() ? std::min(req.wait_ms(), config_.plan_wait_ms)
+                                                 : config_.plan_wait_ms);
+}
+
+bool ControllerCore::WorldReady(const v1::ExpectedWorld& world, std::string* missing) {
+  return WorldComplete(membership_.Snapshot(), world, missing);
+}
+
+absl::StatusOr<v1::PlanSummary> ControllerCore::PlanNow(const v1::PlanRequest& req,
+                                                        const v1::ExpectedWorld& world) {
+  absl::MutexLock lock(&plan_mu_);
+  delta_choice_ = req.delta();
   world_ = world;
-  const auto wait = std::chrono::milliseconds(req.wait_ms() ? req.wait_ms() : config_.plan_wait_ms);
-  // After the wait: Describe (60 s), Introduce (10 s), LoadPlan (30 s) at most.
-  return PlanLocked(world, wait, Clock::now() + wait + std::chrono::seconds(100),
+  // The caller waited for the world without the lock: only a look here. After it: Describe
+  // (60 s), Introduce (10 s), LoadPlan (30 s) at most.
+  return PlanLocked(world, std::chrono::milliseconds(0), Clock::now() + std::chrono::seconds(100),
                     /*elastic=*/false);
+}
+
+absl::StatusOr<v1::PlanSummary> ControllerCore::Plan(const v1::PlanRequest& req,
+                                                     const std::function<bool()>& cancelled) {
+  auto world = RequestedWorld(req);
+  if (!world.ok()) return world.status();
+  const auto wait = PlanWait(req);
+  std::string missing;
+  // No lock while waiting: steps of the current plan go on meanwhile.
+  const bool complete = membership_.WaitFor(
+      [&] { return (cancelled && cancelled()) || WorldReady(*world, &missing); }, wait);
+  if (cancelled && cancelled()) return absl::CancelledError("the Plan caller went away");
+  if (!complete) {
+    return absl::DeadlineExceededError(absl::StrCat("the world is incomplete after waiting ",
+                                                    wait.count(), " ms; missing: ", missing));
+  }
+  return PlanNow(req, *world);
 }
 
 absl::StatusOr<std::vector<AgentRecord>> ControllerCore::PlanInput(

@@ -47,7 +47,20 @@ class ControllerCore {
   // Channels to agents (main sets their TLS credentials and token).
   AgentChannels& agent_channels() { return channels_; }
 
-  absl::StatusOr<weightbeam::v1::PlanSummary> Plan(const weightbeam::v1::PlanRequest& req);
+  // Waits (without holding the plan lock, so steps go on) until the world is complete or the
+  // wait ends, then plans. The wait is the request's `wait_ms`, clamped to the configured
+  // `plan_wait_ms`; `cancelled` (the caller went away) ends it early.
+  absl::StatusOr<weightbeam::v1::PlanSummary> Plan(
+      const weightbeam::v1::PlanRequest& req, const std::function<bool()>& cancelled = nullptr);
+  // The pieces of Plan for a caller that waits by itself (ControllerService's scheduler):
+  // the world a request asks for (the configured one when it names none), refused at once
+  // when absurdly large; how long it may wait; whether it is complete; plan it now.
+  absl::StatusOr<weightbeam::v1::ExpectedWorld> RequestedWorld(
+      const weightbeam::v1::PlanRequest& req) const;
+  std::chrono::milliseconds PlanWait(const weightbeam::v1::PlanRequest& req) const;
+  bool WorldReady(const weightbeam::v1::ExpectedWorld& world, std::string* missing);
+  absl::StatusOr<weightbeam::v1::PlanSummary> PlanNow(const weightbeam::v1::PlanRequest& req,
+                                                      const weightbeam::v1::ExpectedWorld& world);
   // Commits `version` to the healthy inference replicas (docs/elastic.md). With
   // `max_staleness`, first waits (within `timeout`) until no known replica left out of the step
   // would be more than that many committed versions behind.

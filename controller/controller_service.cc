@@ -78,11 +78,12 @@ grpc::ServerUnaryReactor* ControllerService::Plan(grpc::CallbackServerContext* c
                                                   v1::PlanResponse* resp) {
   if (auto s = guard_.Admit(*ctx); !s.ok()) return Done(ctx, s);
   auto* reactor = ctx->DefaultReactor();
-  std::thread([this, reactor, req, resp] {
-    auto summary = core_->Plan(*req);
-    if (summary.ok()) *resp->mutable_summary() = *summary;
-    reactor->Finish(ToGrpc(summary.status()));
-  }).detach();
+  plans_.Submit(
+      *req, [ctx] { return ctx->IsCancelled(); },
+      [reactor, resp](absl::StatusOr<v1::PlanSummary> summary) {
+        if (summary.ok()) *resp->mutable_summary() = *summary;
+        reactor->Finish(ToGrpc(summary.status()));
+      });
   return reactor;
 }
 

@@ -1,8 +1,9 @@
-// The Controller gRPC service: a thin layer from RPCs to ControllerCore; Plan and Step run on
-// their own threads so gRPC's callback threads never block.
+// The Controller gRPC service: a thin layer from RPCs to ControllerCore. gRPC's callback
+// threads never block: Plan calls wait on the PlanScheduler's one thread, Steps on their own.
 #pragma once
 
 #include "controller/controller_core.h"
+#include "controller/plan_scheduler.h"
 #include "security/call_guard.h"
 #include "weightbeam/v1/controller.grpc.pb.h"
 
@@ -13,7 +14,8 @@ class ControllerService final : public weightbeam::v1::Controller::CallbackServi
   ControllerService(ControllerCore* core, uint32_t heartbeat_interval_ms, uint32_t step_timeout_ms)
       : core_(core),
         heartbeat_interval_ms_(heartbeat_interval_ms),
-        step_timeout_ms_(step_timeout_ms) {}
+        step_timeout_ms_(step_timeout_ms),
+        plans_(core) {}
   // Token and certificate checks for every call (default: admit everything).
   void SetGuard(security::CallGuard guard) { guard_ = std::move(guard); }
 
@@ -46,6 +48,7 @@ class ControllerService final : public weightbeam::v1::Controller::CallbackServi
   uint32_t heartbeat_interval_ms_;
   uint32_t step_timeout_ms_;
   security::CallGuard guard_;
+  PlanScheduler plans_;
 };
 
 }  // namespace wb::controller

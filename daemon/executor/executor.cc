@@ -7,11 +7,15 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/tensor/dtype.h"
+#include "common/tensor/tensor_checks.h"
 #include "daemon/executor/blocking_queue.h"
 #include "daemon/executor/op_bounds.h"
+#include "daemon/registry/bus_guard.h"
 
 namespace wb::executor {
 
@@ -22,6 +26,19 @@ namespace {
 
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The tensor and its owner, for errors about its memory.
+std::string TensorAndOwner(const registry::RegisteredTensor& t) {
+  return absl::StrCat("tensor '", t.spec.name(), "' of ", v1::Role_Name(t.owner.role()), " rank ",
+                      t.owner.rank(), " (pid ", t.owner.pid(), ")");
+}
+
+absl::Status MemoryVanished(const std::string& op, const registry::RegisteredTensor& t) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(op, ": ", TensorAndOwner(t),
+                   ": its memory went away during the copy (SIGBUS: the shared-memory object "
+                   "was shrunk after registration)"));
 }
 
 std::string OpName(const v1::TransferOp& op) {
@@ -196,13 +213,20 @@ absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
   if (!lease.ok()) return lease.status();
   job->staging = std::move(*lease);
   if (preparer_->StagingBytes(op) > 0) {
-    if (auto s = preparer_->Prepare(op, src, job->staging->data); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(OpName(op), ": ", s.message()));
+    absl::Status s;
+    if (!registry::RunBusGuarded([&] { s = preparer_->Prepare(op, src, job->staging->data); })) {
+      return MemoryVanished(OpName(op), *job->source);
     }
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(OpName(op), ": ", s.message()));
   } else {
     // A strided copy: gather its rows densely (the shadow compare needs them side by side).
-    for (uint64_t r = 0; r < op.rows(); ++r) {
-      std::memcpy(job->staging->data + r * row, src + op.src_offset() + r * stride, row);
+    uint8_t* staged = job->staging->data;
+    if (!registry::RunBusGuarded([&] {
+          for (uint64_t r = 0; r < op.rows(); ++r) {
+            std::memcpy(staged + r * row, src + op.src_offset() + r * stride, row);
+          }
+        })) {
+      return MemoryVanished(OpName(op), *job->source);
     }
   }
   const auto t0 = Clock::now();
@@ -240,16 +264,23 @@ absl::Status Executor::RecordDelta(Job* job, const delta::OpOutcome& out, double
 }
 
 // One phase in flight: the queues between its stages, its first error, and what the stages
-// add to the report. Lives in RunPhase's frame, which outlives every stage and completion.
+// add to the report. Shared with every posted batch's completion: a peer that drains slowly
+// can complete a batch after the phase gave up on it (the step already failed), so the
+// completion must never reference RunPhase's frame.
 struct Executor::PhaseRun {
-  PhaseRun(const delta::StepDelta& step, delta::DeltaSender* delta, v1::AgentStepReport* report,
-           int prepare_threads)
-      : step(step),
+  PhaseRun(std::shared_ptr<const std::vector<v1::TransferOp>> plan, const delta::StepDelta& step,
+           delta::DeltaSender* delta, v1::AgentStepReport* report, int prepare_threads)
+      : plan(std::move(plan)),
+        step(step),
         delta(delta),
         report(report),
         preparers_left(prepare_threads),
         preparers_running(prepare_threads) {}
 
+  // Keeps the ops alive for late completions (Posted::op points into it).
+  const std::shared_ptr<const std::vector<v1::TransferOp>> plan;
+  // The three below are used by the stages only, never by completions: they live in
+  // Execute's frame.
   const delta::StepDelta& step;
   delta::DeltaSender* delta;  // null unless this step runs in delta mode
   v1::AgentStepReport* report;
@@ -272,26 +303,32 @@ struct Executor::PhaseRun {
   int preparers_running;  // guarded by preparers_mu
   absl::Mutex done_mu;
   int64_t outstanding ABSL_GUARDED_BY(done_mu) = 0;  // batches posted and not yet completed
+  // The same per destination agent, to name the slow ones at the deadline.
+  std::map<std::string, int64_t> outstanding_by_peer ABSL_GUARDED_BY(done_mu);
 };
 
 // What a posted batch's completion needs.
 struct Executor::Posted {
-  const v1::TransferOp* op = nullptr;
+  const v1::TransferOp* op = nullptr;                        // into PhaseRun::plan
+  std::shared_ptr<const registry::RegisteredTensor> source;  // zero-copy writes read its memory
   uint64_t bytes = 0;
   uint64_t dense = 0;
   metrics::Counter* peer_bytes = nullptr;
   std::shared_ptr<StagingLease> staging;  // shared: transport callbacks must be copyable
 };
 
-absl::Status Executor::RunPhase(const std::vector<const v1::TransferOp*>& ops,
+absl::Status Executor::RunPhase(std::shared_ptr<const std::vector<v1::TransferOp>> plan,
+                                const std::vector<const v1::TransferOp*>& ops,
                                 Clock::time_point deadline, const delta::StepDelta& step,
                                 delta::DeltaSender* delta, v1::AgentStepReport* report) {
-  PhaseRun run(step, delta, report, options_.prepare_threads);
+  auto shared_run =
+      std::make_shared<PhaseRun>(std::move(plan), step, delta, report, options_.prepare_threads);
+  PhaseRun& run = *shared_run;
   StageIn(ops, &run);
   for (int i = 0; i < options_.prepare_threads; ++i) {
     prepare_pool_.Submit([this, &run] { PrepareStage(&run); });
   }
-  WriteStage(&run);
+  WriteStage(shared_run);
   {
     // The prepare tasks reference this frame: wait until every one has returned.
     std::unique_lock<std::mutex> lock(run.preparers_mu);
@@ -318,6 +355,7 @@ void Executor::StageIn(const std::vector<const v1::TransferOp*>& ops, PhaseRun* 
   // On hosts without CUDA every transform runs on the CPU from the mapped source, so there is
   // no host->device copy to make here.
   const auto t_in = Clock::now();
+  std::unordered_set<const registry::RegisteredTensor*> checked;
   for (const v1::TransferOp* op : ops) {
     Job job;
     job.op = op;
@@ -331,6 +369,17 @@ void Executor::StageIn(const std::vector<const v1::TransferOp*>& ops, PhaseRun* 
     if (auto s = CheckSourceOp(*op, job.source->memory.length); !s.ok()) {
       run->error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
       break;
+    }
+    // Its owner may have shrunk the memory since registration: one fstat per source tensor
+    // and phase, so that a shrink before the step fails it cleanly (a shrink racing the copy
+    // meets the SIGBUS guard).
+    if (job.source->hold && checked.insert(job.source.get()).second) {
+      if (auto s = job.source->hold->CheckBacked(job.source->memory.addr, job.source->memory.length,
+                                                 TensorAndOwner(*job.source));
+          !s.ok()) {
+        run->error.Set(absl::Status(s.code(), absl::StrCat(OpName(*op), ": ", s.message())));
+        break;
+      }
     }
     {
       absl::MutexLock lock(&mu_);
@@ -377,24 +426,28 @@ absl::Status Executor::Prepare(Job* job, PhaseRun* run) {
   if (!lease.ok()) return lease.status();
   job->staging = std::move(*lease);
   const uint8_t* src = static_cast<const uint8_t*>(job->source->memory.addr);
-  if (auto s = preparer_->Prepare(*job->op, src, job->staging->data); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(OpName(*job->op), ": ", s.message()));
+  absl::Status s;
+  if (!registry::RunBusGuarded(
+          [&] { s = preparer_->Prepare(*job->op, src, job->staging->data); })) {
+    return MemoryVanished(OpName(*job->op), *job->source);
   }
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(OpName(*job->op), ": ", s.message()));
   return absl::OkStatus();
 }
 
-void Executor::WriteStage(PhaseRun* run) {
+void Executor::WriteStage(const std::shared_ptr<PhaseRun>& run) {
   while (auto job = run->to_write.Pop()) {
     if (run->error.failed() || cancelled_) continue;  // dropped: its staging goes back
     if (auto s = Post(std::move(*job), run); !s.ok()) run->error.Set(s);
   }
 }
 
-absl::Status Executor::Post(Job job, PhaseRun* run) {
+absl::Status Executor::Post(Job job, const std::shared_ptr<PhaseRun>& run) {
   std::vector<transport::WriteOp> writes;
   if (auto s = BuildWrites(job, &writes); !s.ok()) return s;
   Posted posted;
   posted.op = job.op;
+  posted.source = job.source;
   for (const auto& w : writes) posted.bytes += w.length;
   posted.dense = job.dense_bytes ? job.dense_bytes : posted.bytes;
   posted.peer_bytes = job.route->bytes_sent;
@@ -402,13 +455,14 @@ absl::Status Executor::Post(Job job, PhaseRun* run) {
   {
     absl::MutexLock lock(&run->done_mu);
     ++run->outstanding;
+    ++run->outstanding_by_peer[job.op->dst_agent()];
   }
   if (run->first_post_ns.load() == 0) {
     run->first_post_ns = std::max<int64_t>(1, (Clock::now() - run->t0).count());
   }
   ops_in_flight_.fetch_add(1, std::memory_order_relaxed);
   job.route->peer->PostBatch(std::move(writes), [this, run, posted](absl::Status s) {
-    Complete(run, posted, std::move(s));
+    Complete(run.get(), posted, std::move(s));
   });
   return absl::OkStatus();
 }
@@ -430,6 +484,10 @@ void Executor::Complete(PhaseRun* run, const Posted& posted, absl::Status s) {
   run->complete_ns += (Clock::now() - c0).count();
   absl::MutexLock lock(&run->done_mu);
   --run->outstanding;
+  auto peer = run->outstanding_by_peer.find(posted.op->dst_agent());
+  if (peer != run->outstanding_by_peer.end() && --peer->second == 0) {
+    run->outstanding_by_peer.erase(peer);
+  }
 }
 
 void Executor::AwaitCompletions(PhaseRun* run, Clock::time_point deadline) {
@@ -441,17 +499,15 @@ void Executor::AwaitCompletions(PhaseRun* run, Clock::time_point deadline) {
     run->done_mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Milliseconds(50));
   }
   if (run->outstanding == 0) return;
-  run->error.Set(absl::DeadlineExceededError(
-      absl::StrCat(run->outstanding, " operation(s) still unacknowledged at the step deadline")));
-  // Callbacks still reference the phase: wait for the transports' own write timeout.
-  auto wait_until = Clock::now() + options_.write_timeout + std::chrono::seconds(5);
-  while (!all_done() && Clock::now() < wait_until) {
-    run->done_mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Milliseconds(50));
+  // A slow or stalled peer fails the step, never the process: the batches still out keep the
+  // phase (and their staging and source) alive through their completions, which may come late.
+  std::vector<std::string> slow;
+  for (const auto& [peer, n] : run->outstanding_by_peer) {
+    slow.push_back(absl::StrCat("'", peer, "' (", n, ")"));
   }
-  if (!all_done()) {
-    spdlog::critical("transport never completed {} batch(es); aborting", run->outstanding);
-    std::abort();
-  }
+  run->error.Set(absl::DeadlineExceededError(absl::StrCat(
+      "slow peer: ", run->outstanding, " batch(es) still unacknowledged at the step deadline by ",
+      absl::StrJoin(slow, ", "))));
 }
 
 v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::milliseconds timeout,
@@ -459,7 +515,7 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   v1::AgentStepReport report;
   const auto t0 = Clock::now();
   const auto deadline = t0 + timeout;
-  std::vector<v1::TransferOp> ops;
+  std::shared_ptr<std::vector<v1::TransferOp>> plan;
   {
     absl::MutexLock lock(&mu_);
     cancelled_ = false;
@@ -476,9 +532,11 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   std::shared_ptr<delta::DeltaSender> delta;
   {
     absl::MutexLock lock(&mu_);
-    // A copy: a concurrent Load must not pull the plan from under the step.
+    // A copy (without the destinations this step skips): a concurrent Load must not pull the
+    // plan from under the step (or from under a late completion of it).
+    plan = std::make_shared<std::vector<v1::TransferOp>>();
     for (const auto& op : ops_) {
-      if (!skip.count(op.dst_agent())) ops.push_back(op);
+      if (!skip.count(op.dst_agent())) plan->push_back(op);
     }
     if (step.enabled) delta = delta_;
   }
@@ -488,10 +546,11 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   // later step must be dense until an anchor refreshes them all (the controller anchors).
   if (delta && !skip.empty()) delta->Invalidate();
   step.version = version;
+  const std::vector<v1::TransferOp>& ops = *plan;
   for (size_t i = 0; i < ops.size() && status.ok(); ++i) {
     phase.push_back(&ops[i]);
     if (i + 1 == ops.size() || ops[i + 1].phase() != ops[i].phase()) {
-      status = RunPhase(phase, deadline, step, delta.get(), &report);
+      status = RunPhase(plan, phase, deadline, step, delta.get(), &report);
       phase.clear();
     }
   }

@@ -83,7 +83,8 @@ class Executor {
   struct PhaseRun;
   struct Posted;
   // One phase through the pipeline; returns its first error.
-  absl::Status RunPhase(const std::vector<const weightbeam::v1::TransferOp*>& ops,
+  absl::Status RunPhase(std::shared_ptr<const std::vector<weightbeam::v1::TransferOp>> plan,
+                        const std::vector<const weightbeam::v1::TransferOp*>& ops,
                         std::chrono::steady_clock::time_point deadline,
                         const delta::StepDelta& step, delta::DeltaSender* delta,
                         weightbeam::v1::AgentStepReport* report);
@@ -93,12 +94,14 @@ class Executor {
   // zero-copy ops on. A job that fails is dropped, its staging lease with it.
   void PrepareStage(PhaseRun* run);
   absl::Status Prepare(Job* job, PhaseRun* run);
-  // Write: post each op's writes; its staging lease travels to the completion.
-  void WriteStage(PhaseRun* run);
-  absl::Status Post(Job job, PhaseRun* run);
+  // Write: post each op's writes; its staging lease travels to the completion, which shares
+  // the phase.
+  void WriteStage(const std::shared_ptr<PhaseRun>& run);
+  absl::Status Post(Job job, const std::shared_ptr<PhaseRun>& run);
   // Complete (on a transport thread): staging goes back, bytes count, one batch fewer is out.
   void Complete(PhaseRun* run, const Posted& posted, absl::Status s);
-  // The barrier that ends a phase: every posted batch completed, or the deadline passed.
+  // The barrier that ends a phase: every posted batch completed, or the deadline passed (the
+  // phase fails naming the peers still holding batches; it does not wait for them).
   void AwaitCompletions(PhaseRun* run, std::chrono::steady_clock::time_point deadline);
   // Delta mode: the op's transformed bytes into `staging`, then change detection.
   absl::Status PrepareDelta(Job* job, const delta::StepDelta& step, delta::DeltaSender* delta,

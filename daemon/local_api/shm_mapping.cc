@@ -103,10 +103,37 @@ absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::Map(const std::string& n
         absl::StrCat("mmap of '", name, "' (", map_length, " bytes): ", std::strerror(err)));
   }
   void* data = static_cast<char*>(base) + (offset - aligned);
-  return std::unique_ptr<ShmMapping>(new ShmMapping(name, base, map_length, data, length));
+  const int kept = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (kept < 0) {
+    err = errno;
+    munmap(base, map_length);
+    return absl::InternalError(
+        absl::StrCat("keeping a descriptor of '", name, "': ", std::strerror(err)));
+  }
+  return std::unique_ptr<ShmMapping>(
+      new ShmMapping(name, kept, offset, base, map_length, data, length));
 }
 
-ShmMapping::~ShmMapping() { munmap(base_, map_length_); }
+ShmMapping::~ShmMapping() {
+  munmap(base_, map_length_);
+  close(fd_);
+}
+
+absl::Status ShmMapping::CheckBacked(const void* addr, uint64_t length) const {
+  struct stat st {};
+  if (fstat(fd_, &st) != 0) {
+    int err = errno;
+    return absl::InternalError(absl::StrCat("fstat of '", name_, "': ", std::strerror(err)));
+  }
+  const uint64_t end =
+      object_offset_ +
+      static_cast<uint64_t>(static_cast<const char*>(addr) - static_cast<const char*>(data_)) +
+      length;
+  if (static_cast<uint64_t>(st.st_size) >= end) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("shared-memory object '", name_, "' was shrunk to ", st.st_size,
+                   " bytes after registration (the tensor needs ", end, ")"));
+}
 
 absl::StatusOr<ShmCache::View> ShmCache::Open(const std::string& name, uint64_t offset,
                                               uint64_t length, const ShmCaller& caller) {

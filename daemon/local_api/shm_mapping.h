@@ -42,20 +42,28 @@ class ShmMapping {
   void* data() const { return data_; }
   uint64_t length() const { return length_; }
   const std::string& name() const { return name_; }
+  // Whether the object still holds [addr, addr + length) of this mapping (one fstat): its
+  // owner may have shrunk it, and touching a page past its end raises SIGBUS.
+  absl::Status CheckBacked(const void* addr, uint64_t length) const;
 
  private:
   friend class ShmCache;
   // Maps [offset, offset + length) of the open object `fd` (not closed here).
   static absl::StatusOr<std::unique_ptr<ShmMapping>> Map(const std::string& name, int fd,
                                                          uint64_t offset, uint64_t length);
-  ShmMapping(std::string name, void* base, uint64_t map_length, void* data, uint64_t length)
+  ShmMapping(std::string name, int fd, uint64_t object_offset, void* base, uint64_t map_length,
+             void* data, uint64_t length)
       : name_(std::move(name)),
+        fd_(fd),
+        object_offset_(object_offset),
         base_(base),
         map_length_(map_length),
         data_(data),
         length_(length) {}
 
   std::string name_;
+  int fd_;                  // a duplicate, kept to fstat the object's current size
+  uint64_t object_offset_;  // offset of data_ in the object
   void* base_;
   uint64_t map_length_;
   void* data_;

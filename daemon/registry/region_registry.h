@@ -25,6 +25,12 @@ namespace wb::registry {
 class MemoryHold {
  public:
   virtual ~MemoryHold() = default;
+  // Whether [addr, addr + length) is still backed: a shared-memory object's owner may have
+  // shrunk it since registration (one fstat). `what` names the tensor and owner for the error.
+  virtual absl::Status CheckBacked(const void* addr, uint64_t length,
+                                   const std::string& what) const {
+    return absl::OkStatus();
+  }
 };
 
 // Opens a registration's memory handle; the agent plugs in shm and CUDA implementations.

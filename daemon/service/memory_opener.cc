@@ -12,6 +12,12 @@ namespace {
 class ShmHold : public registry::MemoryHold {
  public:
   explicit ShmHold(std::shared_ptr<local::ShmMapping> m) : mapping(std::move(m)) {}
+  absl::Status CheckBacked(const void* addr, uint64_t length,
+                           const std::string& what) const override {
+    absl::Status s = mapping->CheckBacked(addr, length);
+    if (s.ok()) return s;
+    return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  }
   std::shared_ptr<local::ShmMapping> mapping;
 };
 

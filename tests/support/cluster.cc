@@ -25,6 +25,7 @@ Cluster::Cluster(const std::string& bin_dir, ClusterOptions options)
   WaitUntil([&] { return PortAccepts(controller_port_); }, std::chrono::seconds(15));
   for (const auto& name : options_.agents) {
     agent_ports_[name] = FreePort();
+    tcp_ports_[name] = FreePort();
     StartAgent(name);
   }
 }
@@ -55,6 +56,8 @@ std::string Cluster::controller_address() const {
 
 std::string Cluster::socket(const std::string& agent) const { return dir_ + "/" + agent + ".sock"; }
 
+int Cluster::tcp_port(const std::string& agent) const { return tcp_ports_.at(agent); }
+
 std::string Cluster::agent_address(const std::string& agent) const {
   return "127.0.0.1:" + std::to_string(agent_ports_.at(agent));
 }
@@ -66,7 +69,8 @@ bool Cluster::StartAgent(const std::string& name) {
                         << "\nlisten: " << agent_address(name)
                         << "\ncontroller: " << controller_address()
                         << "\nheartbeat_interval_ms: 200\ntransports:\n  tcp:\n    listen: "
-                           "127.0.0.1:0\n"
+                           "127.0.0.1:"
+                        << tcp_ports_.at(name) << "\n"
                         << options_.extra_agent_yaml
                         << (options_.agent_yaml.count(name) ? options_.agent_yaml.at(name) : "");
   unlink(socket(name).c_str());
@@ -79,6 +83,7 @@ bool Cluster::StartAgent(const std::string& name) {
 
 bool Cluster::AddAgent(const std::string& name) {
   if (!agent_ports_.count(name)) agent_ports_[name] = FreePort();
+  if (!tcp_ports_.count(name)) tcp_ports_[name] = FreePort();
   return StartAgent(name);
 }
 

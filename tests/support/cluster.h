@@ -31,6 +31,7 @@ class Cluster {
   std::string controller_address() const;
   std::string socket(const std::string& agent) const;
   std::string agent_address(const std::string& agent) const;
+  int tcp_port(const std::string& agent) const;  // the agent's tcp data-plane listener
   // Starts (or restarts) an agent and waits for its socket.
   bool StartAgent(const std::string& agent);
   // Starts an agent the options did not name (a node added mid-run), on a port of its own.
@@ -50,6 +51,7 @@ class Cluster {
   std::string dir_;
   int controller_port_;
   std::map<std::string, int> agent_ports_;
+  std::map<std::string, int> tcp_ports_;
   std::unique_ptr<Process> controller_;
   std::map<std::string, std::unique_ptr<Process>> agents_;
 };

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/gpu/staging.h"
+#include "daemon/registry/bus_guard.h"
 #include "daemon/transport/gpu_memory.h"
 #include "daemon/transport/region_table.h"
 
@@ -129,24 +130,41 @@ class LocalPeer : public Peer {
         pins.emplace_back(std::move(*src), std::move(*dst));
         bytes += op.length;
       }
-      for (size_t i = 0; i < checked.size(); ++i) {
-        const RegionTable::Pin& src = pins[i].first;
-        const RegionTable::Pin& dst = pins[i].second;
-        if (src.kind() == MemoryKind::kHost && dst.kind() == MemoryKind::kHost) {
-          std::memmove(dst.data(), src.data(), checked[i].first.length);
-          continue;
+      // A SIGBUS (an owner shrank its shm object) ends the copies; volatile: read after the
+      // guard's siglongjmp.
+      volatile size_t copied = 0;
+      absl::Status gpu_error;
+      const bool intact = registry::RunBusGuarded([&] {
+        for (; copied < checked.size(); copied = copied + 1) {
+          const size_t i = copied;
+          const RegionTable::Pin& src = pins[i].first;
+          const RegionTable::Pin& dst = pins[i].second;
+          if (src.kind() == MemoryKind::kHost && dst.kind() == MemoryKind::kHost) {
+            std::memmove(dst.data(), src.data(), checked[i].first.length);
+            continue;
+          }
+          // GPU memory on either side: one copy by the CUDA driver (device to device directly;
+          // to or from host memory staged by the driver, since no network waits to overlap).
+          if (auto st = gpu::CopyAnyToAny(dst.data(), src.data(), checked[i].first.length);
+              !st.ok()) {
+            gpu_error = absl::Status(
+                st.code(), absl::StrCat("local peer '", peer, "': write ", i, ": ", st.message()));
+            return;
+          }
         }
-        // GPU memory on either side: one copy by the CUDA driver (device to device directly;
-        // to or from host memory staged by the driver, since no network waits to overlap).
-        if (auto st = gpu::CopyAnyToAny(dst.data(), src.data(), checked[i].first.length);
-            !st.ok()) {
-          pins.clear();
-          done(absl::Status(
-              st.code(), absl::StrCat("local peer '", peer, "': write ", i, ": ", st.message())));
-          return;
-        }
-      }
+      });
       pins.clear();
+      if (!gpu_error.ok()) {
+        done(gpu_error);
+        return;
+      }
+      if (!intact) {
+        done(absl::FailedPreconditionError(
+            absl::StrCat("local peer '", peer, "': write ", size_t{copied},
+                         " hit memory that is gone (SIGBUS: a ",
+                         "shared-memory object was shrunk after registration)")));
+        return;
+      }
       done(absl::OkStatus());
       if (auto arrival = engine->arrival()) arrival(this_name, bytes);
     });

@@ -208,6 +208,12 @@ absl::Status SendAll(int fd, const void* data, size_t size) {
 }
 
 RecvOutcome RecvExact(int fd, void* data, size_t size, size_t* received, int* error) {
+  return RecvExactBy(fd, data, size, std::chrono::steady_clock::time_point::max(), received, error);
+}
+
+RecvOutcome RecvExactBy(int fd, void* data, size_t size,
+                        std::chrono::steady_clock::time_point deadline, size_t* received,
+                        int* error) {
   auto* out = static_cast<uint8_t*>(data);
   size_t got = 0;
   RecvOutcome outcome = RecvOutcome::kOk;
@@ -215,6 +221,12 @@ RecvOutcome RecvExact(int fd, void* data, size_t size, size_t* received, int* er
     ssize_t n = ::recv(fd, out + got, size - got, MSG_WAITALL);
     if (n > 0) {
       got += static_cast<size_t>(n);
+      // MSG_WAITALL returns short only after a signal or the receive timeout: the clock is
+      // read off the fast path.
+      if (got < size && std::chrono::steady_clock::now() >= deadline) {
+        outcome = RecvOutcome::kTimedOut;
+        break;
+      }
       continue;
     }
     if (n == 0) {

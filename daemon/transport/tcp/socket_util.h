@@ -60,5 +60,11 @@ enum class RecvOutcome { kOk, kClosed, kTimedOut, kError };
 // Receives exactly `size` bytes. kTimedOut: the receive timeout passed without any new byte
 // (`*received` says how many arrived before). kClosed: orderly shutdown by the peer.
 RecvOutcome RecvExact(int fd, void* data, size_t size, size_t* received, int* error);
+// The same, but kTimedOut also once `deadline` has passed with bytes still missing, however
+// steadily they trickle in (each recv is bounded by the socket's receive timeout, so the call
+// ends at most that long after `deadline`).
+RecvOutcome RecvExactBy(int fd, void* data, size_t size,
+                        std::chrono::steady_clock::time_point deadline, size_t* received,
+                        int* error);
 
 }  // namespace wb::transport::tcp

@@ -13,6 +13,8 @@ absl::StatusOr<TcpOptions> TcpOptionsFromConfig(const wb::config::AgentConfig& c
   options.connections_per_peer = config.tcp.connections_per_peer;
   options.max_frame_bytes = config.tcp.max_frame_bytes;
   options.write_timeout = std::chrono::milliseconds(config.executor.write_timeout_ms);
+  options.handshake_timeout = std::chrono::milliseconds(config.tcp.handshake_timeout_ms);
+  options.max_unauthenticated_per_source = config.tcp.max_unauthenticated_per_source;
   const std::string where = config.source.empty() ? "agent config" : config.source;
   if (auto parsed = ParseHostPort(options.listen); !parsed.ok()) {
     return absl::InvalidArgumentError(

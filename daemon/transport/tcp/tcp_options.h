@@ -20,6 +20,11 @@ struct TcpOptions {
   std::chrono::milliseconds write_timeout{30000};
   std::chrono::milliseconds connect_timeout{10000};
   int socket_buffer_bytes = 0;  // SO_SNDBUF/SO_RCVBUF; 0 keeps Linux's autotuning
+  // An accepted connection must complete its HELLO within this.
+  std::chrono::milliseconds handshake_timeout{5000};
+  // Connections from one source address that have not presented a valid HELLO yet; a new one
+  // beyond this closes the oldest.
+  int max_unauthenticated_per_source = 16;
 };
 
 // From `agent.tcp` (+ `agent.executor.write_timeout_ms`, `agent.advertise_host`); checks ranges.

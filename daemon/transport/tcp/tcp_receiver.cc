@@ -5,6 +5,8 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/escaping.h"
@@ -14,6 +16,17 @@
 
 namespace wb::transport::tcp {
 namespace {
+
+std::string HostText(const sockaddr_storage& addr) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (addr.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr, host, sizeof(host));
+  } else if (addr.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr, host,
+              sizeof(host));
+  }
+  return host;
+}
 
 std::string AddressText(const sockaddr_storage& addr) {
   char host[INET6_ADDRSTRLEN] = "?";
@@ -42,8 +55,18 @@ bool ConstantTimeEqual(const std::string& a, const std::string& b) {
   }
   return diff == 0;
 }
-// Each connection costs a thread; unauthenticated ones wait up to the write timeout for HELLO.
+// Each connection costs a thread; unauthenticated ones wait up to the handshake timeout for
+// HELLO and are capped per source address.
 constexpr size_t kMaxConnections = 1024;
+
+// accept() failing for lack of descriptors or memory is transient: the connection stays in the
+// backlog and accepting resumes once some are freed.
+bool OutOfResources(int err) {
+  return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
+
+// Logs the 1st, 2nd, 4th, 8th ... occurrence: a flood leaves a trace without flooding the log.
+bool PowerOfTwo(uint64_t n) { return n != 0 && (n & (n - 1)) == 0; }
 
 }  // namespace
 
@@ -120,21 +143,62 @@ void TcpReceiver::ReapFinished() {
   }
 }
 
+void TcpReceiver::CapUnauthenticated(const std::string& source) {
+  Connection* oldest = nullptr;
+  int waiting = 0;
+  for (auto& conn : conns_) {
+    if (conn->finished || !conn->peer.empty() || conn->source != source) continue;
+    if (oldest == nullptr) oldest = conn.get();
+    ++waiting;
+  }
+  if (waiting < options_.max_unauthenticated_per_source || oldest == nullptr) return;
+  static std::atomic<uint64_t> evicted{0};
+  if (PowerOfTwo(++evicted)) {
+    spdlog::warn(
+        "tcp transport: {} connections from {} without a valid HELLO (max {}): closing the "
+        "oldest, {} ({} so far)",
+        waiting, source, options_.max_unauthenticated_per_source, oldest->remote, evicted.load());
+  }
+  ::shutdown(oldest->fd.get(), SHUT_RDWR);
+  oldest->source.clear();  // counted no more; its thread finishes on its own
+}
+
 void TcpReceiver::AcceptLoop() {
+  auto backoff = std::chrono::milliseconds(10);
+  uint64_t resource_failures = 0;
   while (!stopping_) {
     sockaddr_storage addr{};
     socklen_t len = sizeof(addr);
     int fd = ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (!stopping_) spdlog::error("tcp transport: accept failed: {}", std::strerror(errno));
+      const int err = errno;
+      if (err == EINTR || err == ECONNABORTED) continue;
+      if (stopping_) return;
+      if (OutOfResources(err)) {
+        if (PowerOfTwo(++resource_failures)) {
+          spdlog::error("tcp transport: accept failed ({} times): {}; retrying in {} ms",
+                        resource_failures, std::strerror(err), backoff.count());
+        }
+        {
+          std::lock_guard<std::mutex> lock(conns_mu_);
+          ReapFinished();  // finished connections give their descriptors back
+        }
+        std::this_thread::sleep_for(backoff);
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+        continue;
+      }
+      spdlog::error("tcp transport: accept failed, data connections are no longer accepted: {}",
+                    std::strerror(err));
       return;
     }
+    backoff = std::chrono::milliseconds(10);
     auto conn = std::make_unique<Connection>();
     conn->fd = UniqueFd(fd);
     conn->remote = AddressText(addr);
+    conn->source = HostText(addr);
+    // Until the HELLO, receives are bounded by the handshake timeout.
     if (auto st = TuneSocket(fd, options_.socket_buffer_bytes, options_.write_timeout,
-                             options_.write_timeout);
+                             options_.handshake_timeout);
         !st.ok()) {
       spdlog::error("tcp transport: connection from {}: {}", conn->remote,
                     std::string(st.message()));
@@ -143,6 +207,7 @@ void TcpReceiver::AcceptLoop() {
     std::lock_guard<std::mutex> lock(conns_mu_);
     ReapFinished();
     if (stopping_) return;
+    CapUnauthenticated(conn->source);
     if (conns_.size() >= kMaxConnections) {
       spdlog::error("tcp transport: refusing connection from {}: {} connections open", conn->remote,
                     conns_.size());
@@ -161,14 +226,25 @@ absl::Status TcpReceiver::ReadHeader(Connection* conn, FrameHeader* header, bool
   while (have < kFrameHeaderBytes) {
     size_t got = 0;
     int err = 0;
-    RecvOutcome outcome = RecvExact(conn->fd.get(), raw + have, sizeof(raw) - have, &got, &err);
+    // A header that has begun must be complete within the write timeout (however slowly its
+    // bytes trickle in); idle time before it does not count. Before the HELLO: the handshake
+    // timeout.
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        (conn->peer.empty() ? options_.handshake_timeout : options_.write_timeout);
+    RecvOutcome outcome =
+        RecvExactBy(conn->fd.get(), raw + have, sizeof(raw) - have, deadline, &got, &err);
     have += got;
     if (outcome == RecvOutcome::kOk) break;
     if (outcome == RecvOutcome::kTimedOut) {
       // Idle between frames is fine once the peer is known; a stall inside a header is not.
       if (have == 0 && !conn->peer.empty() && !stopping_) continue;
       return absl::DeadlineExceededError(
-          absl::StrCat("no frame header within ", options_.write_timeout.count(), " ms"));
+          conn->peer.empty()
+              ? absl::StrCat("no HELLO within ", options_.handshake_timeout.count(), " ms (", have,
+                             " bytes of its header arrived)")
+              : absl::StrCat("no complete frame header within ", options_.write_timeout.count(),
+                             " ms (", have, " bytes arrived)"));
     }
     if (outcome == RecvOutcome::kClosed && have == 0) {
       *closed = true;
@@ -198,6 +274,7 @@ absl::Status TcpReceiver::SendControl(Connection* conn, FrameType type, uint64_t
 }
 
 absl::Status TcpReceiver::Handshake(Connection* conn) {
+  const auto deadline = std::chrono::steady_clock::now() + options_.handshake_timeout;
   FrameHeader header;
   bool closed = false;
   if (auto st = ReadHeader(conn, &header, &closed); !st.ok()) return st;
@@ -208,9 +285,11 @@ absl::Status TcpReceiver::Handshake(Connection* conn) {
   }
   std::string payload(header.length, '\0');
   size_t got = 0;
-  if (RecvExact(conn->fd.get(), payload.data(), payload.size(), &got, nullptr) !=
+  if (RecvExactBy(conn->fd.get(), payload.data(), payload.size(), deadline, &got, nullptr) !=
       RecvOutcome::kOk) {
-    return absl::UnavailableError("HELLO payload truncated");
+    return absl::UnavailableError(absl::StrCat("HELLO payload not complete within ",
+                                               options_.handshake_timeout.count(), " ms (", got,
+                                               " of ", payload.size(), " bytes)"));
   }
   weightbeam::v1::TcpHello hello;
   if (!hello.ParseFromString(payload)) return absl::InvalidArgumentError("HELLO is not a TcpHello");
@@ -230,15 +309,23 @@ absl::Status TcpReceiver::Handshake(Connection* conn) {
     std::lock_guard<std::mutex> lock(conns_mu_);
     conn->peer = peer;
   }
+  // Authenticated: from now on receives are bounded by the write timeout.
+  if (auto st = TuneSocket(conn->fd.get(), options_.socket_buffer_bytes, options_.write_timeout,
+                           options_.write_timeout);
+      !st.ok()) {
+    return st;
+  }
   return SendControl(conn, FrameType::kAck, 0, "");
 }
 
 absl::Status TcpReceiver::DiscardPayload(Connection* conn, uint64_t length) {
   std::vector<uint8_t> sink(std::min<uint64_t>(length, 256 << 10));
+  const auto deadline = std::chrono::steady_clock::now() + options_.write_timeout;
   while (length > 0) {
     size_t want = std::min<uint64_t>(length, sink.size());
     size_t got = 0;
-    if (RecvExact(conn->fd.get(), sink.data(), want, &got, nullptr) != RecvOutcome::kOk) {
+    if (RecvExactBy(conn->fd.get(), sink.data(), want, deadline, &got, nullptr) !=
+        RecvOutcome::kOk) {
       return absl::UnavailableError("connection lost while discarding a refused payload");
     }
     length -= want;
@@ -271,19 +358,22 @@ absl::Status TcpReceiver::HandleWrite(Connection* conn, const FrameHeader& heade
   }
   size_t got = 0;
   int err = 0;
+  // Host memory: the whole payload within the write timeout, not merely some progress within
+  // it. GPU memory goes through the pinned staging ring (its own per-chunk timeouts).
+  const auto deadline = std::chrono::steady_clock::now() + options_.write_timeout;
   absl::Status staging_error;
   RecvOutcome outcome =
       pin->kind() == MemoryKind::kCuda
           ? RecvDevicePayload(conn->staging, conn->fd.get(), pin->device(), pin->data(),
                               header.length, &got, &err, &staging_error)
-          : RecvExact(conn->fd.get(), pin->data(), header.length, &got, &err);
+          : RecvExactBy(conn->fd.get(), pin->data(), header.length, deadline, &got, &err);
   if (!staging_error.ok()) return staging_error;
   if (outcome != RecvOutcome::kOk) {
     return absl::UnavailableError(
         absl::StrCat("payload of region ", header.region_id, " [", header.offset, ", +",
                      header.length, ") cut off after ", got, " bytes: ",
                      outcome == RecvOutcome::kClosed     ? "connection closed"
-                     : outcome == RecvOutcome::kTimedOut ? "stalled past the write timeout"
+                     : outcome == RecvOutcome::kTimedOut ? "not complete within the write timeout"
                                                          : std::strerror(err)));
   }
   std::lock_guard<std::mutex> lock(peers_mu_);

@@ -1,6 +1,9 @@
 // The receiving half of the tcp transport: a listener thread, one thread per incoming
 // connection. Only connections presenting a token issued by Accept() are served; each WRITE is
 // validated against the RegionTable before its payload is received straight into place.
+// Against abuse: the HELLO must arrive within the handshake timeout and every frame part
+// within the write timeout however slowly its bytes trickle; connections without a valid HELLO
+// are capped per source address; accept survives running out of descriptors or memory.
 #pragma once
 
 #include <atomic>
@@ -43,7 +46,8 @@ class TcpReceiver {
   struct Connection {
     UniqueFd fd;
     std::string remote;  // host:port, for logs
-    std::string peer;    // set after HELLO
+    std::string source;  // host only: what the unauthenticated cap counts by
+    std::string peer;    // set after HELLO (under conns_mu_)
     std::thread thread;
     std::atomic<bool> finished{false};
     gpu::LazyStaging staging;  // pinned ring for GPU destinations
@@ -66,6 +70,9 @@ class TcpReceiver {
                            const std::string& payload);
   absl::Status DiscardPayload(Connection* conn, uint64_t length);
   void ReapFinished();  // requires conns_mu_
+  // Closes the oldest connection from `source` still without a valid HELLO when `source`
+  // already has the maximum of those. Requires conns_mu_.
+  void CapUnauthenticated(const std::string& source);
 
   const std::shared_ptr<RegionTable> regions_;
   const TcpOptions options_;

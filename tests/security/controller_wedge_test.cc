@@ -1,0 +1,123 @@
+// The controller cannot be wedged (issue 14, class 4) with real processes: a Plan for a world
+// that never comes, with a huge wait_ms, is bounded by the configured plan_wait_ms, does not
+// block steps of the current plan while it waits, and is dropped when its caller cancels; an
+// absurd world size is refused at once.
+#include <grpcpp/grpcpp.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "client/weightbeam/controller_client.h"
+#include "client/weightbeam/local_session.h"
+#include "client/weightbeam/shared_buffer.h"
+#include "tests/support/cluster.h"
+#include "weightbeam/v1/controller.grpc.pb.h"
+
+namespace v1 = weightbeam::v1;
+using namespace wb::client;
+using wb::testing::Cluster;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+TEST_CASE("a waiting Plan neither blocks steps nor outlives its bound or caller", "[security]") {
+  wb::testing::ClusterOptions options;
+  options.extra_controller_yaml = "plan_wait_ms: 3000\n";
+  Cluster cluster(wb::testing::Runfile(""), options);
+  auto src = SharedBuffer::Create(64 * 256 * 2, "src");
+  auto dst = SharedBuffer::Create(64 * 256 * 2, "dst");
+  REQUIRE((src.ok() && dst.ok()));
+  auto trainer = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
+  auto inference =
+      LocalSession::Connect(cluster.socket("inference-node"), {v1::ROLE_INFERENCE, 0, 0});
+  REQUIRE((trainer.ok() && inference.ok()));
+  TensorInfo t{"lm_head.weight", v1::DTYPE_BF16, {64, 256}, {}};
+  REQUIRE(trainer->Register(t, *src, 0, src->size()).ok());
+  REQUIRE(inference->Register(t, *dst, 0, dst->size()).ok());
+  auto ctl = ControllerClient::Connect(cluster.controller_address());
+  REQUIRE(ctl.ok());
+  v1::ExpectedWorld world;
+  world.set_trainer_ranks(1);
+  world.set_inference_replicas(1);
+  world.set_inference_ranks_per_replica(1);
+  auto plan = ctl->Plan(world, std::chrono::seconds(30));
+  INFO((plan.ok() ? "" : std::string(plan.status().message())));
+  REQUIRE(plan.ok());
+  auto stub = v1::Controller::NewStub(
+      grpc::CreateChannel(cluster.controller_address(), grpc::InsecureChannelCredentials()));
+
+  // A world of 8 trainers never comes; the caller asks to wait an hour.
+  v1::PlanRequest never;
+  never.mutable_world()->set_trainer_ranks(8);
+  never.mutable_world()->set_inference_replicas(1);
+  never.mutable_world()->set_inference_ranks_per_replica(1);
+  never.set_wait_ms(3600 * 1000);
+
+  SECTION("the wait is capped by plan_wait_ms and steps go on meanwhile") {
+    const auto t0 = Clock::now();
+    auto waiting = std::async(std::launch::async, [&] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      v1::PlanResponse resp;
+      return stub->Plan(&ctx, never, &resp);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    // The old controller held its plan lock for the whole wait: "another step or plan is in
+    // progress".
+    std::memset(src->data(), 0x42, src->size());
+    auto step = ctl->Step(1, std::chrono::seconds(10));
+    INFO((step.ok() ? "" : std::string(step.status().message())));
+    CHECK(step.ok());
+    CHECK(std::memcmp(src->data(), dst->data(), src->size()) == 0);
+    grpc::Status st = waiting.get();
+    INFO(st.error_message());
+    CHECK(st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+    CHECK_THAT(st.error_message(), Catch::Contains("after waiting 3000 ms"));
+    CHECK(Since(t0) < 10);
+  }
+
+  SECTION("a cancelled Plan is dropped") {
+    grpc::ClientContext ctx;
+    v1::PlanResponse resp;
+    std::thread canceller([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      ctx.TryCancel();
+    });
+    grpc::Status st = stub->Plan(&ctx, never, &resp);
+    canceller.join();
+    CHECK(st.error_code() == grpc::StatusCode::CANCELLED);
+    // The controller lets go of it well before plan_wait_ms.
+    CHECK(wb::testing::WaitUntil(
+        [&] {
+          return cluster.Log("controller").find("Plan was dropped: its caller went away") !=
+                 std::string::npos;
+        },
+        std::chrono::milliseconds(2000)));
+  }
+
+  SECTION("an absurd world is refused at once") {
+    v1::PlanRequest huge;
+    huge.mutable_world()->set_trainer_ranks(2000000000);
+    huge.mutable_world()->set_inference_replicas(1);
+    huge.mutable_world()->set_inference_ranks_per_replica(1);
+    huge.set_wait_ms(3600 * 1000);
+    const auto t0 = Clock::now();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::PlanResponse resp;
+    grpc::Status st = stub->Plan(&ctx, huge, &resp);
+    INFO(st.error_message());
+    CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK_THAT(st.error_message(), Catch::Contains("beyond the limit"));
+    CHECK(Since(t0) < 1.5);
+  }
+}
