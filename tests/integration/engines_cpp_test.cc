@@ -114,8 +114,8 @@ TEST_CASE("RegisterHfShards + RegisterEngineParams: a vLLM TP-2 step lands byte 
       offset += n * 2;
     }
   }
-  auto trainer = LocalSession::Connect(cluster.socket("trainer-node"),
-                                       Identity{v1::ROLE_TRAINER, 0, 0});
+  auto trainer =
+      LocalSession::Connect(cluster.socket("trainer-node"), Identity{v1::ROLE_TRAINER, 0, 0});
   REQUIRE(trainer.ok());
   {
     absl::Status s = RegisterHfShards(*trainer, shards, *config, 0, 1, 1);
@@ -134,8 +134,8 @@ TEST_CASE("RegisterHfShards + RegisterEngineParams: a vLLM TP-2 step lands byte 
     auto layout = wb::engines::EngineLayout(*config, eo);
     REQUIRE(layout.ok());
     ranks.push_back(Allocate(*layout));
-    auto s = LocalSession::Connect(cluster.socket("inference-node"),
-                                   Identity{v1::ROLE_INFERENCE, r, 0});
+    auto s =
+        LocalSession::Connect(cluster.socket("inference-node"), Identity{v1::ROLE_INFERENCE, r, 0});
     REQUIRE(s.ok());
     sessions.push_back(std::move(*s));
 
@@ -168,8 +168,8 @@ TEST_CASE("RegisterHfShards + RegisterEngineParams: a vLLM TP-2 step lands byte 
 
   // Fill the trainer buffers with the pattern, then step.
   for (const auto& t : sources) {
-    auto* p = reinterpret_cast<uint16_t*>(static_cast<char*>(tbuf->data()) +
-                                          shards.at(t.name).offset);
+    auto* p =
+        reinterpret_cast<uint16_t*>(static_cast<char*>(tbuf->data()) + shards.at(t.name).offset);
     const uint64_t n = Elements(t.shape);
     for (uint64_t i = 0; i < n; ++i) p[i] = Pattern(t.name, i);
   }
