@@ -30,6 +30,7 @@
 #include "client/weightbeam/controller_client.h"
 #include "tests/cluster/cluster_model.h"
 #include "tests/cluster/cluster_roles.h"
+#include "tests/demo/line_child.h"
 #include "tests/support/process.h"
 
 namespace v1 = weightbeam::v1;
@@ -42,70 +43,8 @@ namespace {
 
 // ---------------------------------------------------------------- processes and commands
 
-// A child speaking the line protocol on its stdin/stdout (as in wb-demo).
-class Child {
- public:
-  Child(std::vector<std::string> argv, const std::string& log) {
-    int in[2], out[2];
-    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(in[0], 0);
-      dup2(out[1], 1);
-      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (fd >= 0) dup2(fd, 2);
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    to_ = fdopen(in[1], "w");
-    from_ = fdopen(out[0], "r");
-  }
-  ~Child() {
-    if (to_) fclose(to_);
-    if (pid_ > 0) {
-      for (int i = 0; i < 100 && waitpid(pid_, nullptr, WNOHANG) == 0; ++i) usleep(50000);
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (from_) fclose(from_);
-  }
-  void Send(const std::string& line) {
-    std::fprintf(to_, "%s\n", line.c_str());
-    std::fflush(to_);
-  }
-  // The next line, or "" when the child is gone.
-  std::string Receive() {
-    char buf[4096];
-    if (!std::fgets(buf, sizeof(buf), from_)) return "";
-    std::string s(buf);
-    while (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
-  }
-  // The next line that does not start with "aborted" (abort events are expected in fault
-  // scenarios), or "" when the child is gone.
-  std::string ReceiveSkippingAborts() {
-    for (;;) {
-      std::string s = Receive();
-      if (s.rfind("aborted ", 0) != 0) return s;
-    }
-  }
-
- private:
-  pid_t pid_ = -1;
-  FILE* to_ = nullptr;
-  FILE* from_ = nullptr;
-};
-
-std::string SelfPath() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, n) : "";
-}
+using Child = wb::demo::LineChild;  // speaks the line protocol on its stdin/stdout
+using wb::demo::SelfPath;
 
 // Runs a shell command; its output (stdout) or "" on failure, with *ok set.
 std::string Run(const std::string& cmd, bool* ok = nullptr) {

@@ -74,20 +74,6 @@ std::vector<planner::TensorEntry> InferenceEntries(const ClusterModel& m, int re
   return Select(m, planner::Role::kInference, replica, rank);
 }
 
-uint64_t EntryElements(const planner::TensorEntry& e) {
-  uint64_t n = 1;
-  if (e.shard.empty()) {
-    for (int64_t d : e.shape) n *= static_cast<uint64_t>(d);
-  } else {
-    for (const auto& s : e.shard) n *= static_cast<uint64_t>(s.size);
-  }
-  return n;
-}
-
-uint64_t EntryBytes(const planner::TensorEntry& e) {
-  return EntryElements(e) * static_cast<uint64_t>(planner::DTypeBytes(e.dtype));
-}
-
 std::vector<uint64_t> InferenceNodeBytes(const ClusterModel& m, const ClusterShape& shape) {
   std::vector<uint64_t> out(shape.inference_nodes, 0);
   const int tp = shape.inference_tp();

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/planner/models.h"
+#include "tests/demo/role_support.h"
 
 namespace wb::cluster {
 
@@ -42,8 +43,8 @@ absl::StatusOr<ClusterModel> BuildClusterModel(const ClusterShape& shape);
 std::vector<planner::TensorEntry> TrainerEntries(const ClusterModel& m, int rank);
 std::vector<planner::TensorEntry> InferenceEntries(const ClusterModel& m, int replica, int rank);
 
-uint64_t EntryElements(const planner::TensorEntry& e);
-uint64_t EntryBytes(const planner::TensorEntry& e);
+using demo::EntryBytes;
+using demo::EntryElements;
 
 // Destination bytes of one step per inference node (dense), for sizing the model.
 std::vector<uint64_t> InferenceNodeBytes(const ClusterModel& m, const ClusterShape& shape);

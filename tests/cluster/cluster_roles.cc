@@ -15,6 +15,7 @@
 #include "client/weightbeam/shared_buffer.h"
 #include "config/config.h"
 #include "daemon/transform/transform.h"
+#include "tests/demo/role_support.h"
 #include "tests/demo/synthetic_weights.h"
 
 namespace wb::cluster {
@@ -23,64 +24,21 @@ namespace v1 = weightbeam::v1;
 using demo::ApplyVersion;
 using demo::BaseValue;
 using demo::Bf16ToFloat;
+using demo::CheckFp8;
+using demo::FirstMismatch;
+using demo::InfoOf;
 using demo::NameHash;
+using demo::Rect;
+using demo::ShardRect;
+using demo::StdinClosed;
+using demo::Total;
 using planner::TensorEntry;
 
 namespace {
 
-uint64_t Align64(uint64_t n) { return (n + 63) / 64 * 64; }
-
-uint64_t Total(const std::vector<int64_t>& shape) {
-  uint64_t n = 1;
-  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-  return n;
-}
-
-// An entry's shard as a rectangle of its tensor viewed as 2-D (a 1-D tensor is one row).
-struct Rect {
-  int64_t r0, nr, c0, nc, cols;
-};
-
-Rect ShardRect(const TensorEntry& e) {
-  if (e.shape.size() < 2) {
-    const int64_t n = e.shape.empty() ? 1 : e.shape[0];
-    if (e.shard.empty()) return {0, 1, 0, n, n};
-    return {0, 1, e.shard[0].start, e.shard[0].size, n};
-  }
-  const int64_t cols = e.shape[1];
-  if (e.shard.empty()) return {0, e.shape[0], 0, cols, cols};
-  return {e.shard[0].start, e.shard[0].size, e.shard[1].start, e.shard[1].size, cols};
-}
-
-client::TensorInfo InfoOf(const TensorEntry& e) {
-  client::TensorInfo t;
-  t.name = e.name;
-  t.dtype = e.dtype;
-  t.global_shape = e.shape;
-  for (const auto& s : e.shard) t.shard.emplace_back(s.start, s.size);
-  return t;
-}
-
-// One shared-memory buffer holding every entry, registered in one batch.
-struct Registered {
-  client::SharedBuffer buffer;
-  std::vector<uint64_t> offsets;  // per entry
-};
-
-absl::StatusOr<Registered> Allocate(const std::vector<TensorEntry>& entries) {
-  uint64_t total = 0;
-  std::vector<uint64_t> offsets;
-  for (const auto& e : entries) {
-    offsets.push_back(total);
-    total += Align64(EntryBytes(e));
-  }
-  auto buf = client::SharedBuffer::Create(std::max<uint64_t>(total, 64), "cluster");
-  if (!buf.ok()) return buf.status();
-  return Registered{std::move(*buf), offsets};
-}
-
+// Registers every entry of the one shared-memory buffer, in batches.
 absl::Status RegisterAll(client::LocalSession& session, const std::vector<TensorEntry>& entries,
-                         const Registered& reg) {
+                         const demo::Registered& reg) {
   std::vector<client::BufferSlice> batch;
   for (size_t i = 0; i < entries.size(); ++i) {
     batch.push_back({InfoOf(entries[i]), reg.offsets[i], EntryBytes(entries[i])});
@@ -90,13 +48,6 @@ absl::Status RegisterAll(client::LocalSession& session, const std::vector<Tensor
     }
   }
   return absl::OkStatus();
-}
-
-bool StdinClosed() {
-  pollfd p{0, POLLIN, 0};
-  if (poll(&p, 1, 0) <= 0) return false;
-  char c;
-  return read(0, &c, 1) <= 0;  // the driver only closes our stdin, it sends nothing
 }
 
 // The synthetic BF16 values of whole rows [r0, r0 + nr) of a source tensor, kept at the
@@ -181,20 +132,6 @@ std::vector<uint16_t> ExpectedBf16(const TensorEntry& e, Reference& ref, uint64_
   return out;
 }
 
-std::string FirstMismatch(const std::string& name, const uint8_t* want, const uint8_t* got,
-                          uint64_t bytes) {
-  if (std::memcmp(want, got, bytes) == 0) return "";
-  for (uint64_t i = 0; i < bytes; ++i) {
-    if (want[i] != got[i]) {
-      char buf[128];
-      std::snprintf(buf, sizeof(buf), " at byte %llu: expected 0x%02x, found 0x%02x",
-                    static_cast<unsigned long long>(i), want[i], got[i]);
-      return name + buf;
-    }
-  }
-  return "";
-}
-
 void WriteF32(const uint16_t* bf16, uint64_t n, float* out) {
   for (uint64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(bf16[i]);
 }
@@ -213,7 +150,7 @@ int RunTrainer(const ClusterShape& shape, int rank, const std::string& socket) {
     std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(session.status().message()).c_str());
     return 1;
   }
-  auto reg = Allocate(entries);
+  auto reg = demo::Allocate(entries, "cluster");
   if (!reg.ok()) return 1;
   auto* base = static_cast<uint8_t*>(reg->buffer.data());
   // Trainers hold dim-0 shards: one contiguous element run [begin, end) each. Float32 tensors
@@ -276,7 +213,7 @@ int RunInference(const ClusterShape& shape, int replica, int rank, const std::st
                  std::string(session.status().message()).c_str());
     return 1;
   }
-  auto reg = Allocate(entries);
+  auto reg = demo::Allocate(entries, "cluster");
   if (!reg.ok()) return 1;
   if (auto s = RegisterAll(*session, entries, *reg); !s.ok()) {
     std::fprintf(stderr, "inference %d/%d: %s\n", replica, rank, std::string(s.message()).c_str());
@@ -334,32 +271,10 @@ int RunInference(const ClusterShape& shape, int replica, int rank, const std::st
         checked += EntryBytes(e);
         continue;
       }
-      transform::TransformDesc d;
-      d.kind = transform::Kind::kFp8Block;
-      d.src_dtype = transform::DType::kBF16;
-      d.dst_dtype = transform::DType::kF8E4M3;
-      d.rows = rows;
-      d.cols = cols;
-      std::vector<uint8_t> fp8(rows * cols);
-      std::vector<float> scales(transform::ScaleRows(d) * transform::ScaleCols(d));
-      if (auto s = transform::ApplyTransformCpu(d, want.data(), fp8.data(), scales.data());
-          !s.ok()) {
-        mismatch = std::string(s.message());
-        break;
-      }
-      mismatch = FirstMismatch(e.name, fp8.data(), got, fp8.size());
-      checked += fp8.size();
       auto sit = index.find(e.name + "_scale_inv");
-      if (!mismatch.empty() || sit == index.end()) continue;
-      const auto& se = entries[sit->second];
-      if (EntryBytes(se) != scales.size() * 4) {
-        mismatch = absl::StrCat(se.name, ": ", EntryBytes(se), " bytes registered, ",
-                                scales.size() * 4, " expected");
-      } else {
-        mismatch = FirstMismatch(se.name, reinterpret_cast<const uint8_t*>(scales.data()),
-                                 base + reg->offsets[sit->second], scales.size() * 4);
-      }
-      checked += scales.size() * 4;
+      const bool scaled = sit != index.end();
+      mismatch = CheckFp8(e, want, rows, cols, got, scaled ? &entries[sit->second] : nullptr,
+                          scaled ? base + reg->offsets[sit->second] : nullptr, &checked);
     }
     if (mismatch.empty()) {
       std::printf("verified %u PASS %llu\n", version, static_cast<unsigned long long>(checked));

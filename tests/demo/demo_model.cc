@@ -33,18 +33,4 @@ std::vector<planner::TensorEntry> EntriesFor(const DemoModel& model, planner::Ro
   return out;
 }
 
-uint64_t EntryElements(const planner::TensorEntry& e) {
-  uint64_t n = 1;
-  if (e.shard.empty()) {
-    for (int64_t d : e.shape) n *= static_cast<uint64_t>(d);
-  } else {
-    for (const auto& s : e.shard) n *= static_cast<uint64_t>(s.size);
-  }
-  return n;
-}
-
-uint64_t EntryBytes(const planner::TensorEntry& e) {
-  return EntryElements(e) * static_cast<uint64_t>(planner::DTypeBytes(e.dtype));
-}
-
 }  // namespace wb::demo

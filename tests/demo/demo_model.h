@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/planner/models.h"
+#include "tests/demo/role_support.h"  // EntryElements, EntryBytes
 
 namespace wb::demo {
 
@@ -27,9 +28,5 @@ absl::StatusOr<DemoModel> BuildDemoModel(const DemoShape& shape);
 
 // The tensors one process registers: trainer rank r, or inference (replica 0) rank r.
 std::vector<planner::TensorEntry> EntriesFor(const DemoModel& model, planner::Role role, int rank);
-
-// Elements of an entry's buffer, and its bytes.
-uint64_t EntryElements(const planner::TensorEntry& e);
-uint64_t EntryBytes(const planner::TensorEntry& e);
 
 }  // namespace wb::demo

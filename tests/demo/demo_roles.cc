@@ -15,6 +15,7 @@
 #include "client/weightbeam/shared_buffer.h"
 #include "config/config.h"
 #include "daemon/transform/transform.h"
+#include "tests/demo/role_support.h"
 #include "tests/demo/synthetic_weights.h"
 
 namespace wb::demo {
@@ -23,24 +24,6 @@ namespace v1 = weightbeam::v1;
 using planner::TensorEntry;
 
 namespace {
-
-uint64_t Align64(uint64_t n) { return (n + 63) / 64 * 64; }
-
-// An entry's shard as a rectangle of its tensor viewed as 2-D (a 1-D tensor is one row).
-struct Rect {
-  int64_t r0, nr, c0, nc, cols;
-};
-
-Rect ShardRect(const TensorEntry& e) {
-  if (e.shape.size() < 2) {
-    const int64_t n = e.shape.empty() ? 1 : e.shape[0];
-    if (e.shard.empty()) return {0, 1, 0, n, n};
-    return {0, 1, e.shard[0].start, e.shard[0].size, n};
-  }
-  const int64_t cols = e.shape[1];
-  if (e.shard.empty()) return {0, e.shape[0], 0, cols, cols};
-  return {e.shard[0].start, e.shard[0].size, e.shard[1].start, e.shard[1].size, cols};
-}
 
 // Calls fn(global_begin, count, local_offset) for each row-major run of an entry's shard.
 template <typename Fn>
@@ -54,47 +37,6 @@ void ForEachRun(const TensorEntry& e, Fn fn) {
     fn(static_cast<uint64_t>((r.r0 + i) * r.cols + r.c0), static_cast<uint64_t>(r.nc),
        static_cast<uint64_t>(i * r.nc));
   }
-}
-
-uint64_t Total(const std::vector<int64_t>& shape) {
-  uint64_t n = 1;
-  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-  return n;
-}
-
-client::TensorInfo InfoOf(const TensorEntry& e) {
-  client::TensorInfo t;
-  t.name = e.name;
-  t.dtype = e.dtype;
-  t.global_shape = e.shape;
-  for (const auto& s : e.shard) t.shard.emplace_back(s.start, s.size);
-  return t;
-}
-
-struct Registered {
-  client::SharedBuffer buffer;
-  std::vector<uint64_t> offsets;  // per entry
-};
-
-absl::StatusOr<Registered> RegisterAll(client::LocalSession& session,
-                                       const std::vector<TensorEntry>& entries) {
-  uint64_t total = 0;
-  std::vector<uint64_t> offsets;
-  for (const auto& e : entries) {
-    offsets.push_back(total);
-    total += Align64(EntryBytes(e));
-  }
-  auto buf = client::SharedBuffer::Create(std::max<uint64_t>(total, 64), "demo");
-  if (!buf.ok()) return buf.status();
-  Registered r{std::move(*buf), offsets};
-  return r;
-}
-
-bool StdinClosed() {
-  pollfd p{0, POLLIN, 0};
-  if (poll(&p, 1, 0) <= 0) return false;
-  char c;
-  return read(0, &c, 1) <= 0;  // the driver only closes our stdin, it sends nothing
 }
 
 }  // namespace
@@ -111,7 +53,7 @@ int RunTrainer(const DemoShape& shape, int rank, const std::string& socket) {
     std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(session.status().message()).c_str());
     return 1;
   }
-  auto reg = RegisterAll(*session, entries);
+  auto reg = Allocate(entries, "demo");
   if (!reg.ok()) return 1;
   auto* base = static_cast<uint8_t*>(reg->buffer.data());
   uint64_t bytes = 0;
@@ -221,19 +163,6 @@ std::vector<uint16_t> ExpectedBf16(const TensorEntry& e, Mirror& mirror, uint64_
   return out;
 }
 
-std::string FirstMismatch(const std::string& name, const uint8_t* want, const uint8_t* got,
-                          uint64_t bytes) {
-  for (uint64_t i = 0; i < bytes; ++i) {
-    if (want[i] != got[i]) {
-      char buf[128];
-      std::snprintf(buf, sizeof(buf), " at byte %llu: expected 0x%02x, found 0x%02x",
-                    static_cast<unsigned long long>(i), want[i], got[i]);
-      return name + buf;
-    }
-  }
-  return "";
-}
-
 }  // namespace
 
 int RunInference(const DemoShape& shape, int rank, const std::string& socket) {
@@ -247,7 +176,7 @@ int RunInference(const DemoShape& shape, int rank, const std::string& socket) {
                  std::string(session.status().message()).c_str());
     return 1;
   }
-  auto reg = RegisterAll(*session, entries);
+  auto reg = Allocate(entries, "demo");
   if (!reg.ok()) return 1;
   uint64_t bytes = 0;
   std::map<std::string, size_t> index;
@@ -297,33 +226,10 @@ int RunInference(const DemoShape& shape, int rank, const std::string& socket) {
         checked += EntryBytes(e);
         continue;
       }
-      transform::TransformDesc d;
-      d.kind = transform::Kind::kFp8Block;
-      d.src_dtype = transform::DType::kBF16;
-      d.dst_dtype = transform::DType::kF8E4M3;
-      d.rows = rows;
-      d.cols = cols;
-      std::vector<uint8_t> fp8(rows * cols);
-      std::vector<float> scales(transform::ScaleRows(d) * transform::ScaleCols(d));
-      if (auto s = transform::ApplyTransformCpu(d, want.data(), fp8.data(), scales.data());
-          !s.ok()) {
-        mismatch = std::string(s.message());
-        break;
-      }
-      mismatch = FirstMismatch(e.name, fp8.data(), got, fp8.size());
       auto sit = index.find(e.name + "_scale_inv");
-      if (mismatch.empty() && sit != index.end()) {
-        const auto& se = entries[sit->second];
-        if (EntryBytes(se) != scales.size() * 4) {
-          mismatch = absl::StrCat(se.name, ": ", EntryBytes(se), " bytes registered, ",
-                                  scales.size() * 4, " expected");
-        } else {
-          mismatch = FirstMismatch(se.name, reinterpret_cast<const uint8_t*>(scales.data()),
-                                   base + reg->offsets[sit->second], scales.size() * 4);
-        }
-        checked += scales.size() * 4;
-      }
-      checked += fp8.size();
+      const bool scaled = sit != index.end();
+      mismatch = CheckFp8(e, want, rows, cols, got, scaled ? &entries[sit->second] : nullptr,
+                          scaled ? base + reg->offsets[sit->second] : nullptr, &checked);
     }
     if (mismatch.empty()) {
       std::printf("verified %u PASS %llu\n", version, static_cast<unsigned long long>(checked));

@@ -20,6 +20,7 @@
 #include "client/weightbeam/shared_buffer.h"
 #include "common/grpc/credentials.h"
 #include "tests/support/cluster.h"
+#include "tests/support/one_tensor.h"
 #include "tests/support/test_pki.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 #include "weightbeam/v1/transport.pb.h"
@@ -52,36 +53,10 @@ void WaitForController(const Cluster& cluster) {
 }
 
 // One BF16 tensor on each side, registered through the agents' Unix sockets (no TLS there).
-struct Sides {
-  SharedBuffer src, dst;
-  LocalSession trainer, inference;
-  static Sides Open(const Cluster& cluster) {
-    auto src = SharedBuffer::Create(64 * 256 * 2, "src");
-    auto dst = SharedBuffer::Create(64 * 256 * 2, "dst");
-    REQUIRE((src.ok() && dst.ok()));
-    auto trainer = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
-    auto inference =
-        LocalSession::Connect(cluster.socket("inference-node"), {v1::ROLE_INFERENCE, 0, 0});
-    REQUIRE((trainer.ok() && inference.ok()));
-    TensorInfo t{"lm_head.weight", v1::DTYPE_BF16, {64, 256}, {}};
-    REQUIRE(trainer->Register(t, *src, 0, src->size()).ok());
-    REQUIRE(inference->Register(t, *dst, 0, dst->size()).ok());
-    return Sides{std::move(*src), std::move(*dst), std::move(*trainer), std::move(*inference)};
-  }
-  void Fill(uint8_t v) { std::memset(src.data(), v, src.size()); }
-  bool Same() const { return std::memcmp(src.data(), dst.data(), src.size()) == 0; }
-};
+using Sides = wb::testing::OneTensorSides;
 
 void PlanAndStep(ControllerClient* ctl, Sides* sides, uint64_t version) {
-  if (version == 1) {
-    v1::ExpectedWorld world;
-    world.set_trainer_ranks(1);
-    world.set_inference_replicas(1);
-    world.set_inference_ranks_per_replica(1);
-    auto plan = ctl->Plan(world, std::chrono::seconds(20));
-    INFO((plan.ok() ? "" : std::string(plan.status().message())));
-    REQUIRE(plan.ok());
-  }
+  if (version == 1) wb::testing::PlanOneToOne(ctl);
   sides->Fill(static_cast<uint8_t>(0x30 + version));
   auto step = ctl->Step(version);
   INFO((step.ok() ? "" : std::string(step.status().message())));

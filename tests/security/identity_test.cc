@@ -10,6 +10,7 @@
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
 #include "tests/support/cluster.h"
+#include "tests/support/one_tensor.h"
 #include "weightbeam/v1/controller.grpc.pb.h"
 
 namespace v1 = weightbeam::v1;
@@ -27,16 +28,7 @@ std::unique_ptr<v1::Controller::Stub> Stub(const Cluster& cluster) {
 
 TEST_CASE("a live agent's name cannot be taken and region keys are not listed", "[security]") {
   Cluster cluster(wb::testing::Runfile(""), {});
-  auto src = SharedBuffer::Create(64 * 256 * 2, "src");
-  auto dst = SharedBuffer::Create(64 * 256 * 2, "dst");
-  REQUIRE((src.ok() && dst.ok()));
-  auto trainer = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
-  auto inference =
-      LocalSession::Connect(cluster.socket("inference-node"), {v1::ROLE_INFERENCE, 0, 0});
-  REQUIRE((trainer.ok() && inference.ok()));
-  TensorInfo t{"lm_head.weight", v1::DTYPE_BF16, {64, 256}, {}};
-  REQUIRE(trainer->Register(t, *src, 0, src->size()).ok());
-  REQUIRE(inference->Register(t, *dst, 0, dst->size()).ok());
+  auto sides = wb::testing::OneTensorSides::Open(cluster);
   auto stub = Stub(cluster);
   // Both agents registered with the controller and reported their tensors.
   REQUIRE(wb::testing::WaitUntil(
@@ -87,17 +79,11 @@ TEST_CASE("a live agent's name cannot be taken and region keys are not listed", 
     // The real agents still make a step commit.
     auto ctl = ControllerClient::Connect(cluster.controller_address());
     REQUIRE(ctl.ok());
-    v1::ExpectedWorld world;
-    world.set_trainer_ranks(1);
-    world.set_inference_replicas(1);
-    world.set_inference_ranks_per_replica(1);
-    auto plan = ctl->Plan(world, std::chrono::seconds(20));
-    INFO((plan.ok() ? "" : std::string(plan.status().message())));
-    REQUIRE(plan.ok());
-    std::memset(src->data(), 0x42, src->size());
+    wb::testing::PlanOneToOne(&*ctl);
+    sides.Fill(0x42);
     auto step = ctl->Step(1);
     INFO((step.ok() ? "" : std::string(step.status().message())));
     REQUIRE(step.ok());
-    CHECK(std::memcmp(src->data(), dst->data(), src->size()) == 0);
+    CHECK(sides.Same());
   }
 }
