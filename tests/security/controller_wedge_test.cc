@@ -11,9 +11,8 @@
 #include <thread>
 
 #include "client/weightbeam/controller_client.h"
-#include "client/weightbeam/local_session.h"
-#include "client/weightbeam/shared_buffer.h"
 #include "tests/support/cluster.h"
+#include "tests/support/one_tensor.h"
 #include "weightbeam/v1/controller.grpc.pb.h"
 
 namespace v1 = weightbeam::v1;
@@ -33,25 +32,10 @@ TEST_CASE("a waiting Plan neither blocks steps nor outlives its bound or caller"
   wb::testing::ClusterOptions options;
   options.extra_controller_yaml = "plan_wait_ms: 3000\n";
   Cluster cluster(wb::testing::Runfile(""), options);
-  auto src = SharedBuffer::Create(64 * 256 * 2, "src");
-  auto dst = SharedBuffer::Create(64 * 256 * 2, "dst");
-  REQUIRE((src.ok() && dst.ok()));
-  auto trainer = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
-  auto inference =
-      LocalSession::Connect(cluster.socket("inference-node"), {v1::ROLE_INFERENCE, 0, 0});
-  REQUIRE((trainer.ok() && inference.ok()));
-  TensorInfo t{"lm_head.weight", v1::DTYPE_BF16, {64, 256}, {}};
-  REQUIRE(trainer->Register(t, *src, 0, src->size()).ok());
-  REQUIRE(inference->Register(t, *dst, 0, dst->size()).ok());
+  auto sides = wb::testing::OneTensorSides::Open(cluster);
   auto ctl = ControllerClient::Connect(cluster.controller_address());
   REQUIRE(ctl.ok());
-  v1::ExpectedWorld world;
-  world.set_trainer_ranks(1);
-  world.set_inference_replicas(1);
-  world.set_inference_ranks_per_replica(1);
-  auto plan = ctl->Plan(world, std::chrono::seconds(30));
-  INFO((plan.ok() ? "" : std::string(plan.status().message())));
-  REQUIRE(plan.ok());
+  wb::testing::PlanOneToOne(&*ctl);
   auto stub = v1::Controller::NewStub(
       grpc::CreateChannel(cluster.controller_address(), grpc::InsecureChannelCredentials()));
 
@@ -73,11 +57,11 @@ TEST_CASE("a waiting Plan neither blocks steps nor outlives its bound or caller"
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     // The old controller held its plan lock for the whole wait: "another step or plan is in
     // progress".
-    std::memset(src->data(), 0x42, src->size());
+    sides.Fill(0x42);
     auto step = ctl->Step(1, std::chrono::seconds(10));
     INFO((step.ok() ? "" : std::string(step.status().message())));
     CHECK(step.ok());
-    CHECK(std::memcmp(src->data(), dst->data(), src->size()) == 0);
+    CHECK(sides.Same());
     grpc::Status st = waiting.get();
     INFO(st.error_message());
     CHECK(st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
