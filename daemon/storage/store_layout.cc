@@ -148,8 +148,8 @@ Manifest ParseManifest(const std::string &bytes, const std::string &path, uint64
   }
   m.anchor = kind == "anchor";
   if (m.anchor ? m.base_version != 0 : (m.base_version == 0 || m.base_version >= version)) {
-    return bad(
-        absl::StrCat("a ", kind, " on base version ", m.base_version, " of version ", version));
+    return bad(absl::StrCat(m.anchor ? "an " : "a ", kind, " on base version ", m.base_version,
+                            " of version ", version));
   }
   auto files = j.find("files");
   if (files == j.end() || !files->is_array() || files->empty()) return bad("files is empty");
