@@ -210,21 +210,20 @@ TEST_CASE("with a token, only manifests signed with it are applied", "[security]
   fs::permissions(dir + "/token-a", fs::perms::owner_read | fs::perms::owner_write);
   fs::permissions(dir + "/token-b", fs::perms::owner_read | fs::perms::owner_write);
   fs::create_directories(shared);
-  // The subscriber takes the cluster's token (tls.token_file); the genuine publisher names it
-  // under storage.token_file. Two rogue writers under the same agent name write into their own
-  // directories, copied into the shared one: one without a token, one with another token.
+  // Both sides take the cluster's token (tls.token_file). Two rogue writers under the same agent
+  // name write into their own directories, copied into the shared one: one without a token, one
+  // with another token.
   auto sub = StartAgent(dir, "infer-site", "sub",
                         "tls:\n  token_file: " + dir + "/token-a\nstorage:\n  dir: " + shared +
                             "\n  role: subscribe\n  poll_ms: 50\n");
-  auto pub =
-      StartAgent(dir, "train-site", "pub",
-                 "storage:\n  dir: " + shared +
-                     "\n  role: publish\n  anchor_every: 1\n  token_file: " + dir + "/token-a\n");
+  auto pub = StartAgent(dir, "train-site", "pub",
+                        "tls:\n  token_file: " + dir + "/token-a\nstorage:\n  dir: " + shared +
+                            "\n  role: publish\n  anchor_every: 1\n");
   auto rogue = StartAgent(dir, "train-site", "rogue",
                           "storage:\n  dir: " + dir + "/rogue\n  role: publish\n");
-  auto other = StartAgent(
-      dir, "train-site", "other",
-      "storage:\n  dir: " + dir + "/other\n  role: publish\n  token_file: " + dir + "/token-b\n");
+  auto other = StartAgent(dir, "train-site", "other",
+                          "tls:\n  token_file: " + dir + "/token-b\nstorage:\n  dir: " + dir +
+                              "/other\n  role: publish\n");
   Side inference = OpenSide(dir + "/sub.sock", v1::ROLE_INFERENCE);
   Side trainer = OpenSide(dir + "/pub.sock", v1::ROLE_TRAINER);
   Side rogue_trainer = OpenSide(dir + "/rogue.sock", v1::ROLE_TRAINER);
@@ -305,4 +304,37 @@ TEST_CASE("with a token, only manifests signed with it are applied", "[security]
   ExpectCommit(inference, 6);
   CHECK(inference.bytes() == Values(6, kGenuine));
   CHECK(sub->running());
+}
+
+TEST_CASE("storage.token_file keys manifests without a control-plane token", "[security]") {
+  const std::string dir = wb::testing::TempDir("wb-stdir-");
+  const std::string shared = dir + "/bucket";
+  std::ofstream(dir + "/token") << "  storage-only-token \n";
+  fs::permissions(dir + "/token", fs::perms::owner_read | fs::perms::owner_write);
+  auto sub =
+      StartAgent(dir, "infer-site", "sub",
+                 "storage:\n  dir: " + shared +
+                     "\n  role: subscribe\n  poll_ms: 50\n  token_file: " + dir + "/token\n");
+  auto pub = StartAgent(
+      dir, "train-site", "pub",
+      "storage:\n  dir: " + shared + "\n  role: publish\n  token_file: " + dir + "/token\n");
+  Side inference = OpenSide(dir + "/sub.sock", v1::ROLE_INFERENCE);
+  Side trainer = OpenSide(dir + "/pub.sock", v1::ROLE_TRAINER);
+  Publish(trainer, 1, 0);
+  ExpectCommit(inference, 1);
+  CHECK(inference.bytes() == Values(1, 0));
+  std::ifstream in(ManifestFile(shared, 1));
+  CHECK_THAT(nlohmann::json::parse(in).at("mac").get<std::string>(),
+             Catch::StartsWith("hmac-sha256:"));
+
+  // A token file that cannot be read stops the agent, naming it.
+  Process bad({wb::testing::Runfile("daemon/wb-agent"), "--config",
+               Yaml(dir, "infer-2", "bad",
+                    "storage:\n  dir: " + shared + "\n  role: subscribe\n  token_file: " + dir +
+                        "/missing\n")},
+              dir + "/bad.log");
+  CHECK(bad.Wait(std::chrono::seconds(15)) != 0);
+  CHECK_THAT(wb::testing::ReadFile(dir + "/bad.log"),
+             Catch::Contains("storage token (storage.token_file or tls.token_file): cannot open " +
+                             dir + "/missing"));
 }
