@@ -29,7 +29,11 @@ absl::Status DeltaPublisher::Resume() {
   auto versions = ListVersions(options_.dir, options_.manifest_key);
   if (!versions.ok()) return versions.status();
   for (const auto &[v, manifests] : *versions) {
-    if (manifests.count(options_.writer)) last_version_ = std::max(last_version_, v);
+    auto own = manifests.find(options_.writer);
+    if (own == manifests.end()) continue;
+    // Under a key, a manifest without its MAC is not ours: a forged 2^64 - 1 must not stop us.
+    if (!options_.manifest_key.empty() && !own->second.error.empty()) continue;
+    last_version_ = std::max(last_version_, v);
   }
   return absl::OkStatus();
 }

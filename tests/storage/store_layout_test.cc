@@ -215,6 +215,35 @@ TEST_CASE("under a storage key, a manifest needs the MAC of that key") {
   CHECK_THAT(Error(unhashed, key), Catch::Contains("has no sha256"));
 }
 
+TEST_CASE("under a key, a publisher resumes after its own signed manifests only") {
+  const std::string dir = testing::TempDir("wb-layout-");
+  // A forged (unsigned) manifest of this writer at the highest version.
+  json forged = GoodManifest();
+  forged["version"] = 18446744073709551615ull;
+  forged["files"][0]["name"] = "18446744073709551615.w.0.safetensors";
+  std::ofstream(dir + "/18446744073709551615.w.json") << forged.dump();
+  std::vector<uint16_t> data(8, 1);
+  weightbeam::v1::TensorSpec spec;
+  spec.set_name("t");
+  spec.set_dtype(weightbeam::v1::DTYPE_BF16);
+  spec.add_global_shape(8);
+  ShardBuffer source{spec, 0, absl::MakeSpan(reinterpret_cast<uint8_t*>(data.data()), 16), 1};
+  StoreOptions options;
+  options.dir = dir;
+  options.writer = "w";
+  options.manifest_key = DeriveManifestKey("cluster-token");
+  DeltaPublisher publisher(options);
+  REQUIRE(publisher.Resume().ok());
+  auto first = publisher.Publish(1, {source});
+  INFO((first.ok() ? "" : std::string(first.status().message())));
+  REQUIRE(first.ok());
+  // Its own signed manifest counts: a restarted publisher continues after version 1.
+  DeltaPublisher restarted(options);
+  REQUIRE(restarted.Resume().ok());
+  CHECK_FALSE(restarted.Publish(1, {source}).ok());
+  CHECK(restarted.Publish(2, {source}).ok());
+}
+
 TEST_CASE("shard metadata whose sizes overflow is refused") {
   const std::string dir = testing::TempDir("wb-layout-");
   const std::vector<uint8_t> five(10);
