@@ -1,12 +1,14 @@
 // The storage directory (issue 14, class 9) with real wb-agent processes sharing only a directory:
 // whoever can write it must not be able to make a subscribing agent apply something else than
 // what its publisher wrote. Version names out of range (2^64 + 1, 25 digits) are ignored with a
-// log line instead of being read as version 1; with a token, manifests from a writer without it
+// log line instead of being read as version 1, and a FIFO planted as a data file is refused
+// without hanging the subscriber; with a token, manifests from a writer without it
 // (or with another token), a version whose data file was altered after signing, and a manifest
 // altered after signing are refused naming the file, and the destination keeps the bytes of the
 // last good version; genuine versions are applied. A forged version 2^64 - 1 does not make the
 // subscriber skip the genuine versions after it.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -155,8 +157,8 @@ TEST_CASE("version names out of range are ignored, never read as another version
   fs::create_directories(shared);
   auto sub = StartAgent(dir, "infer-site", "sub",
                         "storage:\n  dir: " + shared + "\n  role: subscribe\n  poll_ms: 50\n");
-  auto pub =
-      StartAgent(dir, "train-site", "pub", "storage:\n  dir: " + stage + "\n  role: publish\n");
+  auto pub = StartAgent(dir, "train-site", "pub",
+                        "storage:\n  dir: " + stage + "\n  role: publish\n  anchor_every: 1\n");
   Side inference = OpenSide(dir + "/sub.sock", v1::ROLE_INFERENCE);
   Side trainer = OpenSide(dir + "/pub.sock", v1::ROLE_TRAINER);
   Publish(trainer, 1, 0);
@@ -199,6 +201,19 @@ TEST_CASE("version names out of range are ignored, never read as another version
   CopyVersion(stage, shared, 1);
   ExpectCommit(inference, 1);
   CHECK(inference.bytes() == Values(1, 0));
+
+  // A FIFO where version 2's data file should be: refused without blocking the subscriber (it
+  // used to wait forever in open()), and version 3 is applied after it.
+  Publish(trainer, 2, 0);
+  REQUIRE(mkfifo(DataFile(shared, 2).c_str(), 0644) == 0);
+  fs::copy_file(ManifestFile(stage, 2), ManifestFile(shared, 2));
+  CHECK_THAT(ExpectAbort(inference, 2),
+             Catch::Contains(DataFile(shared, 2) + ": not a regular file"));
+  CHECK(inference.bytes() == Values(1, 0));
+  Publish(trainer, 3, 0);
+  CopyVersion(stage, shared, 3);
+  ExpectCommit(inference, 3);
+  CHECK(inference.bytes() == Values(3, 0));
   CHECK(sub->running());
 }
 
