@@ -73,6 +73,7 @@ void ReadStorage(YamlReader r, StorageConfig* st) {
   r.ReadBool("prune", &st->prune);
   r.ReadUint32("poll_ms", 1, 600000, &st->poll_ms);
   r.ReadInt("writers", 1, 100000, &st->writers);
+  r.ReadString("token_file", &st->token_file);
   ReadNameRules(r, &st->renames, &st->fusions);
   if (!st->dir.empty() && st->role.empty()) {
     r.Error("role", "publish or subscribe when storage.dir is set", "none");

@@ -53,6 +53,9 @@ struct StorageConfig {
   bool prune = true;       // publish: remove versions older than the previous anchor
   uint32_t poll_ms = 100;  // subscribe: how often the directory is listed
   int writers = 1;         // subscribe: publishing agents that make a version complete
+  // The token that keys manifests (HMAC-SHA256); empty: the agent's tls.token_file, and without
+  // either, manifests are unsigned. Both sides need the same token.
+  std::string token_file;
   // subscribe: how stored (trainer) names map to this agent's destinations; the same keys and
   // defaults as the controller's `renames` and `fusions`.
   std::vector<planner::RenameRule> renames;

@@ -164,7 +164,9 @@ absl::Status AgentNode::StartStorage() {
   events.abort = [this](uint64_t v, const std::string& reason) {
     Publish(v1::Event::KIND_ABORT, v, reason);
   };
-  storage_ = std::make_unique<storage::StorageAgent>(config_.storage, config_.name, registry_.get(),
+  config::StorageConfig storage = config_.storage;
+  if (storage.token_file.empty()) storage.token_file = config_.tls.token_file;  // the cluster's
+  storage_ = std::make_unique<storage::StorageAgent>(storage, config_.name, registry_.get(),
                                                      std::move(events));
   if (auto s = storage_->Start(); !s.ok()) return s;
   local_service_->SetPublishHandler([this](uint64_t v) { return storage_->Publish(v); });

@@ -13,6 +13,7 @@
 #include "common/tensor/dtype.h"
 #include "daemon/delta/delta_codec.h"
 #include "daemon/storage/delta_store.h"
+#include "daemon/storage/manifest_mac.h"
 #include "daemon/storage/safetensors.h"
 #include "daemon/storage/sparse_file.h"
 #include "daemon/storage/store_layout.h"
@@ -25,10 +26,14 @@ using json = nlohmann::json;
 DeltaPublisher::DeltaPublisher(StoreOptions options) : options_(std::move(options)) {}
 
 absl::Status DeltaPublisher::Resume() {
-  auto versions = ListVersions(options_.dir);
+  auto versions = ListVersions(options_.dir, options_.manifest_key);
   if (!versions.ok()) return versions.status();
   for (const auto &[v, manifests] : *versions) {
-    if (manifests.count(options_.writer)) last_version_ = std::max(last_version_, v);
+    auto own = manifests.find(options_.writer);
+    if (own == manifests.end()) continue;
+    // Under a key, a manifest without its MAC is not ours: a forged 2^64 - 1 must not stop us.
+    if (!options_.manifest_key.empty() && !own->second.error.empty()) continue;
+    last_version_ = std::max(last_version_, v);
   }
   return absl::OkStatus();
 }
@@ -68,6 +73,12 @@ absl::StatusOr<PublishResult> DeltaPublisher::Publish(uint64_t version,
   result.version = version;
   result.anchor = anchor;
   result.base_version = anchor ? 0 : last_version_;
+  Manifest signed_part;  // what the MAC covers
+  signed_part.writer = options_.writer;
+  signed_part.version = version;
+  signed_part.base_version = result.base_version;
+  signed_part.anchor = anchor;
+  const bool sign = !options_.manifest_key.empty();
   json manifest = {{"format", kStoreFormat},
                    {"version", version},
                    {"base_version", result.base_version},
@@ -142,16 +153,23 @@ absl::StatusOr<PublishResult> DeltaPublisher::Publish(uint64_t version,
     }
     const std::string file =
         absl::StrCat(VersionPrefix(version), ".", options_.writer, ".", rank, ".safetensors");
-    auto written = WriteSafetensors(options_.dir + "/" + file, tensors, meta);
+    Sha256 sha;
+    ByteObserver observe;
+    if (sign) observe = [&sha](absl::Span<const uint8_t> piece) { sha.Update(piece); };
+    auto written = WriteSafetensors(options_.dir + "/" + file, tensors, meta, observe);
     if (!written.ok()) {
       remove_written();
       return written.status();
     }
     result.files.push_back(file);
     result.bytes_written += written->bytes;
-    manifest["files"].push_back(
-        {{"name", file}, {"bytes", written->bytes}, {"checksum", Hex(written->checksum)}});
+    FileRef ref{file, written->bytes, Hex(written->checksum), sign ? sha.HexFinal() : ""};
+    json entry = {{"name", ref.name}, {"bytes", ref.bytes}, {"checksum", ref.checksum}};
+    if (sign) entry["sha256"] = ref.sha256;
+    manifest["files"].push_back(std::move(entry));
+    signed_part.files.push_back(std::move(ref));
   }
+  if (sign) manifest["mac"] = ManifestMac(options_.manifest_key, signed_part);
   manifest["bytes"] = result.bytes_written;
   manifest["dense_bytes"] = result.dense_bytes;
   const std::string text = manifest.dump(1);

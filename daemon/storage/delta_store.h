@@ -7,8 +7,9 @@
 // Directory layout, per version v (20 digits, so names sort by version) and writer (agent):
 //   <v>.<writer>.<rank>.safetensors   the tensors of trainer rank <rank> held by that agent
 //   <v>.<writer>.json                 the manifest, written last: kind, base version, files
-//                                     with sizes and checksums. A version is complete when
-//                                     every expected writer's manifest is there.
+//                                     with sizes and checksums (and, with a cluster token, their
+//                                     SHA-256 and an HMAC of it all). A version is complete
+//                                     when every expected writer's manifest is there.
 //
 // The implementation: store_layout (names, manifests), sparse_file (tensors in the files),
 // delta_publisher.cc and delta_subscriber.cc.
@@ -38,6 +39,10 @@ struct StoreOptions {
   bool prune = true;             // publisher: drop versions older than the previous anchor
   int writers = 1;               // subscriber: publishing agents that make a version complete
   int threads = 0;               // delta encoding threads (0: hardware concurrency)
+  // DeriveManifestKey(cluster token), or empty. Publisher: signs every manifest (HMAC-SHA256,
+  // with a SHA-256 of each file). Subscriber: refuses manifests without a valid MAC and files
+  // whose SHA-256 differs. Empty: manifests are unsigned and trusted as they are.
+  std::string manifest_key;
   // subscriber: how stored names map to destinations, as in the planner (common/planner).
   std::vector<planner::RenameRule> renames;
   std::vector<planner::FusionRule> fusions = planner::DefaultFusionRules();
@@ -91,11 +96,14 @@ struct SubscriberHooks {
   std::function<absl::Status(uint64_t version)> commit;
   // A version that was found but not applied (corrupt, truncated, wrong base...).
   std::function<void(uint64_t version, const std::string& reason)> refused;
+  // A `*.json` name in the directory that is not a manifest name ("<name>: <why>"), once.
+  std::function<void(const std::string& what)> ignored;
 };
 
 struct PollResult {
   std::vector<uint64_t> committed;
   std::vector<std::pair<uint64_t, std::string>> refused;
+  std::vector<std::string> ignored;  // reported for the first time by this poll
 };
 
 class DeltaSubscriber {
@@ -122,6 +130,8 @@ class DeltaSubscriber {
   uint64_t skip_through_ = 0;  // refused versions are not retried
   bool need_anchor_ = true;
   std::set<uint64_t> applied_ids_;  // destinations that hold version `held_`
+  // Ignored names and unusable manifests already reported (each is said once, while present).
+  std::set<std::string> reported_;
   // FP8 destinations: the BF16 values they were quantised from (deltas apply here).
   std::map<uint64_t, std::vector<uint8_t>> fp8_shadows_;
 };

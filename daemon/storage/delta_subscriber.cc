@@ -8,6 +8,7 @@
 #include "common/planner/name_rules.h"
 #include "common/tensor/dtype.h"
 #include "daemon/storage/delta_store.h"
+#include "daemon/storage/manifest_mac.h"
 #include "daemon/storage/safetensors.h"
 #include "daemon/storage/sparse_file.h"
 #include "daemon/storage/store_layout.h"
@@ -134,8 +135,39 @@ PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer> &destinations,
   for (auto it = fp8_shadows_.begin(); it != fp8_shadows_.end();) {
     it = ids.count(it->first) ? std::next(it) : fp8_shadows_.erase(it);
   }
-  auto versions = ListVersions(options_.dir);
+  std::vector<std::string> ignored;
+  auto versions = ListVersions(options_.dir, options_.manifest_key, &ignored);
   if (!versions.ok()) return result;  // the directory may not be mounted yet
+  // Names that are not manifest names, and manifests that cannot be used (malformed, or without
+  // a valid MAC under a storage key), are reported once and left out: an unusable manifest never
+  // counts towards a complete version, so a forged one (say of version 2^64 - 1) can neither be
+  // applied nor make the subscriber skip the genuine versions below it.
+  std::set<std::string> still_present;
+  for (const auto &what : ignored) {
+    still_present.insert(what);
+    if (reported_.count(what)) continue;
+    result.ignored.push_back(what);
+    if (hooks.ignored) hooks.ignored(what);
+  }
+  const uint64_t reported_floor = std::max(held_, skip_through_);
+  for (auto v = versions->begin(); v != versions->end();) {
+    for (auto m = v->second.begin(); m != v->second.end();) {
+      if (m->second.error.empty()) {
+        ++m;
+        continue;
+      }
+      still_present.insert(m->second.error);
+      if (v->first > reported_floor && !reported_.count(m->second.error)) {
+        const std::string reason =
+            absl::StrCat("version ", v->first, " refused: ", m->second.error);
+        result.refused.emplace_back(v->first, reason);
+        if (hooks.refused) hooks.refused(v->first, reason);
+      }
+      m = v->second.erase(m);
+    }
+    v = v->second.empty() ? versions->erase(v) : std::next(v);
+  }
+  reported_ = std::move(still_present);
   auto complete = [&](const std::map<std::string, Manifest> &m) {
     return static_cast<int>(m.size()) >= options_.writers;
   };
@@ -220,7 +252,7 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
                                     const std::vector<ShardBuffer> &destinations,
                                     const SubscriberHooks &hooks) {
   // Re-read the manifests: they are small, and this sees the version as it is now.
-  auto versions = ListVersions(options_.dir);
+  auto versions = ListVersions(options_.dir, options_.manifest_key);
   if (!versions.ok()) return versions.status();
   const auto &manifests = (*versions)[v];
   std::deque<SafetensorsFile> files;
@@ -234,12 +266,20 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
     }
     for (const auto &ref : m.files) {
       const std::string path = options_.dir + "/" + ref.name;
-      auto bytes = ReadWholeFile(path);
+      auto bytes = ReadWholeFile(path, ref.bytes);  // a bigger file is refused unread
       if (!bytes.ok()) return bytes.status();
       if (bytes->size() != ref.bytes) {
         return absl::DataLossError(absl::StrCat(path, ": ", bytes->size(),
                                                 " bytes, but the manifest says ", ref.bytes,
                                                 " (truncated or still being copied?)"));
+      }
+      if (!ref.sha256.empty()) {  // always there under a storage key (the MAC covers it)
+        const std::string sha = Sha256Hex(*bytes);
+        if (sha != ref.sha256) {
+          return absl::DataLossError(absl::StrCat(path, ": SHA-256 ", sha,
+                                                  " does not match the manifest's ", ref.sha256,
+                                                  " (altered or corrupted)"));
+        }
       }
       StreamHash hash;
       hash.Update(*bytes);
@@ -309,7 +349,10 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
             absl::StrCat(where, ": its global shape differs from ", s.file, "'s"));
       }
       Box in;
-      if (tensor::Intersect(s.rect, rect, &in)) covered += in.Volume();
+      // Capped at the shard's volume (<= 2^62): many overlapping sources cannot wrap the sum.
+      if (tensor::Intersect(s.rect, rect, &in)) {
+        covered = std::min<uint64_t>(covered + in.Volume(), rect.Volume());
+      }
     }
     if (covered < static_cast<uint64_t>(rect.Volume())) {
       return absl::NotFoundError(absl::StrCat(where, " shard ", tensor::FormatBox(rect),

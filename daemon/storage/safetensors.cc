@@ -162,7 +162,8 @@ uint64_t TensorEntry::elements() const {
 
 absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path,
                                              const std::vector<TensorToWrite>& tensors,
-                                             const std::map<std::string, std::string>& metadata) {
+                                             const std::map<std::string, std::string>& metadata,
+                                             const ByteObserver& observe) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
@@ -205,6 +206,7 @@ absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path,
   StreamHash hash;
   for (const auto& p : pieces) {
     hash.Update(p);
+    if (observe) observe(p);
     out.bytes += p.size();
   }
   out.checksum = hash.Final();
@@ -216,14 +218,24 @@ absl::Status WriteFileAtomically(const std::string& path, absl::Span<const uint8
   return WritePiecesAtomically(path, {bytes});
 }
 
-absl::StatusOr<std::vector<uint8_t>> ReadWholeFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+absl::StatusOr<std::vector<uint8_t>> ReadWholeFile(const std::string& path, uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO with no writer would otherwise wait forever.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", Errno(errno)));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
     return absl::InternalError(absl::StrCat("fstat of ", path, ": ", Errno(err)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat(path, ": not a regular file"));
+  }
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return absl::OutOfRangeError(
+        absl::StrCat(path, ": ", st.st_size, " bytes, more than the ", max_bytes, " expected"));
   }
   std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
   size_t got = 0;

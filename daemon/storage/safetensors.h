@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -45,11 +47,15 @@ struct WrittenFile {
   uint64_t checksum = 0;  // StreamHash of the whole file
 };
 
+// Sees every byte of a file as it is written, in order (e.g. a SHA-256 of it).
+using ByteObserver = std::function<void(absl::Span<const uint8_t>)>;
+
 // Writes `path` atomically: to `path + ".tmp"`, fsync, rename, fsync of the directory. A reader
 // never sees half a file. Tensors are stored in the order given; names must be unique.
 absl::StatusOr<WrittenFile> WriteSafetensors(const std::string& path,
                                              const std::vector<TensorToWrite>& tensors,
-                                             const std::map<std::string, std::string>& metadata);
+                                             const std::map<std::string, std::string>& metadata,
+                                             const ByteObserver& observe = nullptr);
 
 struct TensorEntry {
   std::string dtype;
@@ -84,8 +90,11 @@ class SafetensorsFile {
   std::map<std::string, TensorEntry> tensors_;
 };
 
-// Reads a whole file; errors name it.
-absl::StatusOr<std::vector<uint8_t>> ReadWholeFile(const std::string& path);
+// Reads a whole regular file (anything else is refused without blocking: a FIFO planted in the
+// directory must not hang the reader); a file over `max_bytes` is refused before anything is
+// allocated (OUT_OF_RANGE). Errors name it.
+absl::StatusOr<std::vector<uint8_t>> ReadWholeFile(
+    const std::string& path, uint64_t max_bytes = std::numeric_limits<uint64_t>::max());
 // Writes `bytes` to `path` atomically (tmp, fsync, rename).
 absl::Status WriteFileAtomically(const std::string& path, absl::Span<const uint8_t> bytes);
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
@@ -62,6 +63,16 @@ absl::StatusOr<std::vector<uint64_t>> DecodeIndices(const SafetensorsFile &f,
 uint64_t Elements(const std::vector<int64_t> &size) {
   uint64_t n = 1;
   for (int64_t d : size) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+std::optional<uint64_t> CheckedElements(const std::vector<int64_t> &shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return std::nullopt;
+    if (d != 0 && n > kMaxStoredElements / static_cast<uint64_t>(d)) return std::nullopt;
+    n *= static_cast<uint64_t>(d);
+  }
   return n;
 }
 
@@ -198,10 +209,13 @@ absl::Status CollectSources(const SafetensorsFile &f, uint64_t version,
     }
     const int elem = DtypeBytes(s.dtype);
     bool shape_ok = elem > 0 && s.global_shape.size() <= tensor::kMaxDims &&
-                    start.size() == s.global_shape.size() && size.size() == s.global_shape.size();
+                    start.size() == s.global_shape.size() && size.size() == s.global_shape.size() &&
+                    CheckedElements(s.global_shape).has_value();
     for (size_t d = 0; shape_ok && d < s.global_shape.size(); ++d) {
+      // size <= global - start, not start + size <= global: the sum of two values from the file
+      // could wrap.
       shape_ok = s.global_shape[d] >= 0 && start[d] >= 0 && size[d] >= 0 &&
-                 start[d] + size[d] <= s.global_shape[d];
+                 start[d] <= s.global_shape[d] && size[d] <= s.global_shape[d] - start[d];
       s.rect.start[d] = start[d];
       s.rect.size[d] = size[d];
     }
@@ -282,8 +296,11 @@ void AddFusedSources(const std::string &name, const std::vector<planner::FusionR
       for (size_t k = 0; k < shape.size(); ++k) {
         if (k != dim && shape[k] != fused[k]) return;  // parts that do not stack
       }
+      // Every part's shape was checked (CheckedElements), but their sum along `dim` may not be.
+      if (shape[dim] > std::numeric_limits<int64_t>::max() - fused[dim]) return;
       fused[dim] += shape[dim];
     }
+    if (!CheckedElements(fused)) return;
     std::vector<Source> out;
     int64_t offset = 0;
     const auto fused_strides = Strides(fused);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,14 @@ namespace wb::storage {
 using tensor::Box;
 
 uint64_t Elements(const std::vector<int64_t> &size);
+
+// Tensors in files are refused beyond this many elements (2^62), so that element counts, global
+// indices and strides computed from file metadata never wrap (byte offsets are bounded by the
+// file's real size and by the destination's registered length).
+inline constexpr uint64_t kMaxStoredElements = uint64_t{1} << 62;
+// The element count of `shape` from a file; nullopt when a dimension is negative or the count
+// exceeds kMaxStoredElements.
+std::optional<uint64_t> CheckedElements(const std::vector<int64_t> &shape);
 
 // The part of the global tensor a buffer holds (registered specs have at most kMaxDims).
 Box BoxOf(const weightbeam::v1::TensorSpec &spec);

@@ -7,7 +7,11 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/storage/manifest_mac.h"
+#include "daemon/storage/safetensors.h"
+#include "daemon/storage/store_layout.h"
 
 namespace wb::storage {
 
@@ -15,13 +19,19 @@ namespace v1 = weightbeam::v1;
 
 namespace {
 
-// File names carry the writer's name.
-bool SafeFileName(const std::string& s) {
-  if (s.empty()) return false;
-  for (char c : s) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') return false;
+// The token that keys manifests: the file's contents without surrounding white space.
+absl::StatusOr<std::string> ReadToken(const std::string& path) {
+  auto bytes = ReadWholeFile(path, 64 << 10);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "storage token (storage.token_file or tls.token_file): ", bytes.status().message()));
   }
-  return true;
+  std::string token(absl::StripAsciiWhitespace(std::string(bytes->begin(), bytes->end())));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("storage token (storage.token_file or tls.token_file): ", path, " is empty"));
+  }
+  return token;
 }
 
 }  // namespace
@@ -52,8 +62,20 @@ absl::Status StorageAgent::Start() {
   options.writers = config_.writers;
   options.renames = config_.renames;
   options.fusions = config_.fusions;
+  if (!config_.token_file.empty()) {
+    auto token = ReadToken(config_.token_file);
+    if (!token.ok()) return token.status();
+    options.manifest_key = DeriveManifestKey(*token);
+    spdlog::info("storage: manifests are {} with HMAC-SHA256 keyed from {}",
+                 config_.role == "publish" ? "signed" : "checked", config_.token_file);
+  } else {
+    spdlog::warn(
+        "storage: no token (storage.token_file or tls.token_file): manifests are unsigned, and "
+        "anyone who can write {} can publish versions",
+        config_.dir);
+  }
   if (config_.role == "publish") {
-    if (!SafeFileName(agent_name_)) {
+    if (!ValidWriterName(agent_name_)) {
       return absl::InvalidArgumentError(
           absl::StrCat("agent name '", agent_name_,
                        "' names the storage files: use letters, digits, '-' and '_' only"));
@@ -150,6 +172,9 @@ void StorageAgent::PollLoop() {
   hooks.refused = [this](uint64_t v, const std::string& reason) {
     spdlog::error("storage: {}", reason);
     if (events_.abort) events_.abort(v, reason);
+  };
+  hooks.ignored = [this](const std::string& what) {
+    spdlog::warn("storage: ignoring {}/{}", config_.dir, what);
   };
   while (true) {
     {

@@ -1,7 +1,8 @@
 // storage_bench: the storage path on a Qwen3-0.6B-shaped model (BF16, N(0, 0.02) synthetic
 // weights, ~1% of elements changed per version as in RL steps): bytes written per version
 // (anchor vs delta), publish and apply time, every applied version checked bit for bit against
-// the source. Prints one JSON line.
+// the source. With --token, manifests are signed and checked (HMAC-SHA256, SHA-256 of every file)
+// as on agents with a storage token. Prints one JSON line.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -13,6 +14,7 @@
 
 #include "common/planner/models.h"
 #include "daemon/storage/delta_store.h"
+#include "daemon/storage/manifest_mac.h"
 #include "tests/demo/synthetic_weights.h"
 
 namespace v1 = weightbeam::v1;
@@ -21,11 +23,12 @@ using Clock = std::chrono::steady_clock;
 int main(int argc, char** argv) {
   CLI::App app{"storage_bench: bytes per version on the storage path"};
   int layers = 28, versions = 8, anchor_every = 4;
-  std::string dir;
+  std::string dir, token;
   app.add_option("--layers", layers, "transformer layers (28 is Qwen3-0.6B)");
   app.add_option("--versions", versions, "versions to publish and apply");
   app.add_option("--anchor-every", anchor_every, "a dense anchor every N versions");
   app.add_option("--dir", dir, "directory to write into (default: a fresh one under /tmp)");
+  app.add_option("--token", token, "sign and check manifests keyed from this token");
   CLI11_PARSE(app, argc, argv);
   wb::planner::Qwen3Config cfg = wb::planner::Qwen3_0_6B();
   cfg.layers = layers;
@@ -64,6 +67,7 @@ int main(int argc, char** argv) {
   options.dir = dir;
   options.writer = "bench";
   options.anchor_every = anchor_every;
+  if (!token.empty()) options.manifest_key = wb::storage::DeriveManifestKey(token);
   wb::storage::DeltaPublisher publisher(options);
   wb::storage::DeltaSubscriber subscriber(options);
   nlohmann::json rows = nlohmann::json::array();
@@ -107,6 +111,7 @@ int main(int argc, char** argv) {
   nlohmann::json out = {{"bench", "storage"},
                         {"model", "qwen3-0.6b"},
                         {"layers", layers},
+                        {"signed", !token.empty()},
                         {"params", dense / 2},
                         {"dense_bytes", dense},
                         {"anchor_bytes", anchor_bytes},

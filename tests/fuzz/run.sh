@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of the tcp frame header parser, the YAML config loader, registration
-# requests and plan ops as a sending agent checks them, built
+# requests, plan ops as a sending agent checks them, and storage manifests, built
 # outside Bazel with Debian's clang + libFuzzer (ASan + UBSan) against Debian's absl/yaml-cpp.
 #
-#   tests/fuzz/run.sh [--seconds N] [--target frame|config|registration|plan_op] [--build-only]
+#   tests/fuzz/run.sh [--seconds N] [--target frame|config|registration|plan_op|manifest]
+#                     [--build-only]
 #   (--seconds 0: only replay the seeds, a quick regression check)
 #
 # Each target first replays its checked-in corpus (tests/fuzz/corpus/<target>, regressions
@@ -13,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 seconds=20
-targets=(frame config registration plan_op)
+targets=(frame config registration plan_op manifest)
 build_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -22,7 +23,7 @@ while [ $# -gt 0 ]; do
     --target) targets=("$2"); shift 2 ;;
     --target=*) targets=("${1#*=}"); shift ;;
     --build-only) build_only=1; shift ;;
-    -h | --help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -60,19 +61,21 @@ declare -A SOURCES=(
   [config]="tests/fuzz/config_fuzz.cc config/config.cc config/yaml_reader.cc common/planner/name_rules.cc"
   [registration]="tests/fuzz/registration_fuzz.cc common/tensor/tensor_checks.cc common/tensor/dtype.cc $out/gen/weightbeam/v1/types.pb.cc $out/gen/weightbeam/v1/local.pb.cc"
   [plan_op]="tests/fuzz/plan_op_fuzz.cc daemon/executor/op_bounds.cc common/tensor/tensor_checks.cc common/tensor/dtype.cc $out/gen/weightbeam/v1/types.pb.cc"
+  [manifest]="tests/fuzz/manifest_fuzz.cc daemon/storage/store_layout.cc daemon/storage/manifest_mac.cc daemon/storage/safetensors.cc"
 )
 declare -A LIBS=(
   [frame]="${ABSL_LIBS[*]}"
   [config]="-lyaml-cpp ${ABSL_LIBS[*]}"
   [registration]="-lprotobuf ${ABSL_LIBS[*]}"
   [plan_op]="-lprotobuf ${ABSL_LIBS[*]}"
+  [manifest]="-lcrypto ${ABSL_LIBS[*]}"
 )
-declare -A MAX_LEN=([frame]=128 [config]=4096 [registration]=512 [plan_op]=256)
+declare -A MAX_LEN=([frame]=128 [config]=4096 [registration]=512 [plan_op]=256 [manifest]=2048)
 
 # Recompiles a source when it, a project header, this script or the ignorelist is newer.
 compile() {
   local src="$1" obj="$out/obj/${1//\//_}.o"
-  if [ -f "$obj" ] && [ -z "$(find "$src" config common/tensor common/planner daemon/executor daemon/transport tests/fuzz -newer "$obj" \
+  if [ -f "$obj" ] && [ -z "$(find "$src" config common/tensor common/planner daemon/executor daemon/transport daemon/storage tests/fuzz -newer "$obj" \
     \( -name '*.h' -o -path "$src" -o -name run.sh -o -name ubsan_ignore.txt \) -print -quit)" ]
   then
     echo "$obj"
@@ -111,7 +114,7 @@ fi
 failed=0
 for target in "${targets[@]}"; do
   if [ -z "${SOURCES[$target]:-}" ]; then
-    log "unknown target '$target' (frame, config, registration, plan_op)"
+    log "unknown target '$target' (frame, config, registration, plan_op, manifest)"
     exit 2
   fi
   if ! build "$target"; then
