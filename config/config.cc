@@ -211,6 +211,7 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std:
   {
     YamlReader d = r.Child("delta");
     d.ReadEnum("shadow", {"host", "none"}, &c.delta.shadow);
+    d.ReadEnum("gpu_shadow", {"device", "host"}, &c.delta.gpu_shadow);
     d.ReadInt("test_fail_commit_version", 0, std::numeric_limits<int64_t>::max(),
               &c.delta.test_fail_commit_version);
     d.RejectUnknownKeys();

@@ -66,6 +66,10 @@ struct StorageConfig {
 // "host": host memory; "none": this agent always sends dense (delta off for it).
 struct AgentDeltaConfig {
   std::string shadow = "host";
+  // Ops read in place from GPU memory are compared on the GPU; their shadows live in "device"
+  // memory (fast, costs GPU memory as large as those ops) or in mapped pinned "host" memory
+  // (no GPU memory, every compare reads it across PCIe).
+  std::string gpu_shadow = "device";
   // Test hook (receiving side): fail the commit of this version after applying half of its
   // delta slots. 0: off. Set only by tests (tests/integration/delta_test.cc).
   int64_t test_fail_commit_version = 0;

@@ -237,9 +237,24 @@ absl::Status LocalSession::RegisterBatch(const std::vector<BufferSlice>& tensors
   return impl_->Call(std::move(req)).status();
 }
 
-absl::Status LocalSession::RegisterCuda(const TensorInfo& tensor, void*, uint64_t, int) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("tensor '", tensor.name, "': this client library was built without CUDA"));
+absl::Status LocalSession::RegisterCuda(const TensorInfo& tensor, void* device_ptr, uint64_t length,
+                                        int device) {
+  if (auto s = CheckName(tensor.name); !s.ok()) return s;
+  // The handle names the allocation; the agent opens it and checks the range against it.
+  auto ipc = gpu::GetIpcHandle(device_ptr, length);
+  if (!ipc.ok()) {
+    return absl::Status(ipc.status().code(), absl::StrCat("tensor '", tensor.name,
+                                                          "': CUDA IPC: ", ipc.status().message()));
+  }
+  if (ipc->device() != device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", tensor.name, "': pointer is on cuda:", ipc->device(), ", not cuda:", device));
+  }
+  v1::SessionRequest req;
+  auto* reg = req.mutable_register_()->add_tensors();
+  FillSpec(tensor, reg->mutable_spec());
+  *reg->mutable_memory()->mutable_cuda_ipc() = std::move(*ipc);
+  return impl_->Call(std::move(req)).status();
 }
 
 void LocalSession::SetCallTimeout(std::chrono::milliseconds timeout) {

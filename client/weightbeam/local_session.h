@@ -70,7 +70,9 @@ class LocalSession {
   // none of them stays registered and the error names that tensor. Much faster than one
   // Register per tensor for thousands of small tensors.
   absl::Status RegisterBatch(const std::vector<BufferSlice>& tensors, const SharedBuffer& buffer);
-  // Registers GPU memory through a CUDA IPC handle (needs an agent built with CUDA).
+  // Registers `length` bytes of cudaMalloc'ed memory at `device_ptr` (on CUDA device `device`)
+  // through a CUDA IPC handle; needs CUDA here and an agent built with CUDA. Without CUDA the
+  // error says so and names the tensor.
   absl::Status RegisterCuda(const TensorInfo& tensor, void* device_ptr, uint64_t length,
                             int device);
   absl::Status Unregister(const std::string& name);

@@ -10,8 +10,8 @@ namespace wb::delta {
 
 namespace v1 = weightbeam::v1;
 
-DeltaSender::DeltaSender(const v1::AgentPlan& plan, int big_op_threads)
-    : big_op_threads_(std::max(1, big_op_threads)) {
+DeltaSender::DeltaSender(const v1::AgentPlan& plan, int big_op_threads, ShadowPlacement gpu_shadow)
+    : big_op_threads_(std::max(1, big_op_threads)), gpu_shadow_(gpu_shadow) {
   for (const auto& op : plan.ops()) {
     auto st = std::make_unique<OpState>();
     st->layout = LayoutOf(op);
@@ -79,11 +79,30 @@ absl::StatusOr<OpOutcome> DeltaSender::ProcessInPlace(const v1::TransferOp& op, 
   std::vector<uint8_t> packed;
   auto out = Encode(op, *it->second, flat, step, &packed);
   if (!out.ok() || !out->packed) return out;
+  WriteSlot(op, step, packed, slot_bytes);
+  return out;
+}
+
+void DeltaSender::WriteSlot(const v1::TransferOp& op, const StepDelta& step,
+                            const std::vector<uint8_t>& packed, std::vector<uint8_t>* slot_bytes) {
   slot_bytes->resize(kSlotHeaderBytes + packed.size());
   WriteSlotHeader({kSlotMagic, step.version, step.nonce, op.op_id(), packed.size()},
                   slot_bytes->data());
   std::memcpy(slot_bytes->data() + kSlotHeaderBytes, packed.data(), packed.size());
-  return out;
+}
+
+void DeltaSender::Decide(const OpState& st, DeltaEncoding enc, OpOutcome* out,
+                         std::vector<uint8_t>* packed) {
+  const OpLayout& l = st.layout;
+  out->changed_elems = enc.changed_elems;
+  if (enc.kind != DeltaEncoding::Kind::kPacked || !st.has_slot) return;
+  const uint64_t need = kSlotHeaderBytes + enc.packed.size();
+  if (need > st.slot.capacity() || need > l.flat_bytes) return;  // dense is no larger
+  *packed = std::move(enc.packed);
+  out->packed = true;
+  out->write_bytes = need;
+  out->slot_region = st.slot.region_id();
+  out->slot_offset = st.slot.offset();
 }
 
 absl::StatusOr<OpOutcome> DeltaSender::Encode(const v1::TransferOp& op, OpState& st,
@@ -105,15 +124,7 @@ absl::StatusOr<OpOutcome> DeltaSender::Encode(const v1::TransferOp& op, OpState&
     return absl::Status(enc.status().code(),
                         absl::StrCat("change detection: ", enc.status().message()));
   }
-  out.changed_elems = enc->changed_elems;
-  if (enc->kind != DeltaEncoding::Kind::kPacked || !st.has_slot) return out;
-  const uint64_t need = kSlotHeaderBytes + enc->packed.size();
-  if (need > st.slot.capacity() || need > l.flat_bytes) return out;  // dense is no larger
-  *packed = std::move(enc->packed);
-  out.packed = true;
-  out.write_bytes = need;
-  out.slot_region = st.slot.region_id();
-  out.slot_offset = st.slot.offset();
+  Decide(st, std::move(*enc), &out, packed);
   return out;
 }
 

@@ -1,6 +1,8 @@
 // Delta mode, sending side: per plan operation a shadow of the bytes its destination holds (host
 // memory), change detection of each step's transformed output against it, and the decision to
-// ship the op as a packed delta into the receiver's slot or dense as usual.
+// ship the op as a packed delta into the receiver's slot or dense as usual. Ops read in place
+// from CUDA memory are compared on their device instead (GpuDeltaEncoder, shadow on the device
+// or in mapped host memory): the same packed records, only those cross to the host.
 #pragma once
 
 #include <atomic>
@@ -10,6 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/delta/delta_codec.h"
+#include "daemon/delta/gpu_encoder.h"
 #include "daemon/delta/op_layout.h"
 #include "weightbeam/v1/types.pb.h"
 
@@ -38,7 +43,9 @@ class DeltaSender {
  public:
   // `plan`: the sending agent's plan (ops and delta_slots). Ops of 64 MiB or more are scanned
   // on `big_op_threads` threads (an op that large mostly runs alone in the executor).
-  explicit DeltaSender(const weightbeam::v1::AgentPlan& plan, int big_op_threads = 1);
+  // `gpu_shadow`: where the shadows of ops compared on a GPU live (ProcessOnDevice).
+  explicit DeltaSender(const weightbeam::v1::AgentPlan& plan, int big_op_threads = 1,
+                       ShadowPlacement gpu_shadow = ShadowPlacement::kDevice);
 
   // The op's layout (flat bytes the executor must stage), or null for an unknown op.
   const OpLayout* Layout(uint64_t op_id) const;
@@ -52,6 +59,13 @@ class DeltaSender {
   absl::StatusOr<OpOutcome> ProcessInPlace(const weightbeam::v1::TransferOp& op,
                                            const uint8_t* flat, const StepDelta& step,
                                            std::vector<uint8_t>* slot_bytes);
+  // The same for a contiguous copy whose bytes are CUDA memory on `device`: compared on that
+  // device by the GPU encoder against a shadow kept there (delta_sender_gpu.cc). Errors say
+  // "delta encode on cuda:N: ..." (FAILED_PRECONDITION without CUDA or without a device).
+  absl::StatusOr<OpOutcome> ProcessOnDevice(const weightbeam::v1::TransferOp& op,
+                                            const uint8_t* device_flat, int device,
+                                            const StepDelta& step,
+                                            std::vector<uint8_t>* slot_bytes);
 
   // The destination may no longer hold what the shadows say (aborted or failed step): every op
   // goes dense on the next step.
@@ -59,7 +73,8 @@ class DeltaSender {
   // True once after Invalidate (the executor turns the next step into an anchor).
   bool TakeInvalidated() { return invalid_.exchange(false); }
 
-  uint64_t shadow_bytes() const;
+  uint64_t shadow_bytes() const;  // host shadows
+  ShadowPlacement gpu_shadow_placement() const { return gpu_shadow_; }
 
  private:
   struct OpState;
@@ -67,16 +82,36 @@ class DeltaSender {
   absl::StatusOr<OpOutcome> Encode(const weightbeam::v1::TransferOp& op, OpState& st,
                                    const uint8_t* flat, const StepDelta& step,
                                    std::vector<uint8_t>* packed);
+  // A computed encoding as this op's outcome: packed into its slot when it has one and the
+  // packed form is no larger than dense, else dense.
+  static void Decide(const OpState& st, DeltaEncoding enc, OpOutcome* out,
+                     std::vector<uint8_t>* packed);
+  // Header + packed records as the slot write.
+  static void WriteSlot(const weightbeam::v1::TransferOp& op, const StepDelta& step,
+                        const std::vector<uint8_t>& packed, std::vector<uint8_t>* slot_bytes);
+  // One GPU encoder per device, used by one preparer at a time.
+  struct DeviceEncoder {
+    explicit DeviceEncoder(int device) : encoder(device) {}
+    absl::Mutex mu;
+    GpuDeltaEncoder encoder;
+  };
+  absl::StatusOr<DeviceEncoder*> EncoderFor(int device);
+
   struct OpState {
     OpLayout layout;
     bool has_slot = false;
     weightbeam::v1::DeltaSlot slot;
     std::vector<uint8_t> shadow;  // empty until the first anchor
+    GpuShadow gpu_shadow;         // ops compared on a GPU: instead of `shadow`
+    int gpu_device = -1;          // the device gpu_shadow belongs to
     bool valid = false;
   };
   std::map<uint64_t, std::unique_ptr<OpState>> ops_;  // by op id; fixed after construction
   std::atomic<bool> invalid_{false};
   int big_op_threads_ = 1;
+  ShadowPlacement gpu_shadow_ = ShadowPlacement::kDevice;
+  absl::Mutex encoders_mu_;
+  std::map<int, std::unique_ptr<DeviceEncoder>> encoders_ ABSL_GUARDED_BY(encoders_mu_);
 };
 
 }  // namespace wb::delta

@@ -14,6 +14,7 @@
 #include "common/tensor/dtype.h"
 #include "common/tensor/tensor_checks.h"
 #include "daemon/executor/blocking_queue.h"
+#include "daemon/executor/gpu_source.h"
 #include "daemon/executor/op_bounds.h"
 #include "daemon/registry/bus_guard.h"
 
@@ -190,12 +191,17 @@ absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
   const uint8_t* src = static_cast<const uint8_t*>(job->source->memory.addr);
   const uint64_t row = op.row_elems() * tensor::DTypeBytes(op.dst_dtype());
   const uint64_t stride = op.src_stride() ? op.src_stride() : row;
-  if (preparer_->StagingBytes(op) == 0 && stride == row) {
-    // A contiguous copy: compare the source in place; staging only for a packed delta, and a
-    // dense outcome is written zero-copy as without delta mode.
+  const DeltaPath path =
+      ChooseDeltaPath(preparer_->StagingBytes(op) > 0, stride == row, job->source->memory);
+  if (path != DeltaPath::kStaged) {
+    // A contiguous copy: compare the source in place (a CUDA source on its device); staging
+    // only for a packed delta, and a dense outcome is written zero-copy as without delta mode.
     const auto t0 = Clock::now();
     std::vector<uint8_t> slot;
-    auto out = delta->ProcessInPlace(op, src + op.src_offset(), step, &slot);
+    auto out = path == DeltaPath::kDeviceInPlace
+                   ? delta->ProcessOnDevice(op, src + op.src_offset(), job->source->memory.device,
+                                            step, &slot)
+                   : delta->ProcessInPlace(op, src + op.src_offset(), step, &slot);
     if (!out.ok()) {
       return absl::Status(out.status().code(),
                           absl::StrCat(OpName(op), ": ", out.status().message()));
@@ -209,12 +215,19 @@ absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
     }
     return RecordDelta(job, *out, encode_s, step, report, report_mu);
   }
+  auto rows = HostSourceRows::Read(op, *job->source);  // CUDA sources: a host copy
+  if (!rows.ok()) {
+    return absl::Status(rows.status().code(),
+                        absl::StrCat(OpName(op), ": ", rows.status().message()));
+  }
+  src = rows->base();
   auto lease = staging_->Acquire(layout->flat_bytes, &cancelled_);
   if (!lease.ok()) return lease.status();
   job->staging = std::move(*lease);
   if (preparer_->StagingBytes(op) > 0) {
     absl::Status s;
-    if (!registry::RunBusGuarded([&] { s = preparer_->Prepare(op, src, job->staging->data); })) {
+    if (!registry::RunBusGuarded(
+            [&] { s = preparer_->Prepare(rows->op(), src, job->staging->data); })) {
       return MemoryVanished(OpName(op), *job->source);
     }
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(OpName(op), ": ", s.message()));
@@ -223,7 +236,7 @@ absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
     uint8_t* staged = job->staging->data;
     if (!registry::RunBusGuarded([&] {
           for (uint64_t r = 0; r < op.rows(); ++r) {
-            std::memcpy(staged + r * row, src + op.src_offset() + r * stride, row);
+            std::memcpy(staged + r * row, src + rows->op().src_offset() + r * stride, row);
           }
         })) {
       return MemoryVanished(OpName(op), *job->source);
@@ -352,8 +365,8 @@ absl::Status Executor::RunPhase(std::shared_ptr<const std::vector<v1::TransferOp
 }
 
 void Executor::StageIn(const std::vector<const v1::TransferOp*>& ops, PhaseRun* run) {
-  // On hosts without CUDA every transform runs on the CPU from the mapped source, so there is
-  // no host->device copy to make here.
+  // Every transform runs on the CPU: host sources are read where they are mapped, CUDA
+  // sources are copied to the host by the preparer that needs them (gpu_source.h).
   const auto t_in = Clock::now();
   std::unordered_set<const registry::RegisteredTensor*> checked;
   for (const v1::TransferOp* op : ops) {
@@ -425,10 +438,14 @@ absl::Status Executor::Prepare(Job* job, PhaseRun* run) {
   auto lease = staging_->Acquire(need, &cancelled_);
   if (!lease.ok()) return lease.status();
   job->staging = std::move(*lease);
-  const uint8_t* src = static_cast<const uint8_t*>(job->source->memory.addr);
+  auto rows = HostSourceRows::Read(*job->op, *job->source);  // CUDA sources: a host copy
+  if (!rows.ok()) {
+    return absl::Status(rows.status().code(),
+                        absl::StrCat(OpName(*job->op), ": ", rows.status().message()));
+  }
   absl::Status s;
   if (!registry::RunBusGuarded(
-          [&] { s = preparer_->Prepare(*job->op, src, job->staging->data); })) {
+          [&] { s = preparer_->Prepare(rows->op(), rows->base(), job->staging->data); })) {
     return MemoryVanished(OpName(*job->op), *job->source);
   }
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(OpName(*job->op), ": ", s.message()));

@@ -337,7 +337,10 @@ absl::Status AgentNode::ConnectAndLoad(const v1::AgentPlan& plan,
   }
   std::shared_ptr<delta::DeltaSender> delta;
   if (plan.delta().enabled() && config_.delta.shadow == "host") {
-    delta = std::make_shared<delta::DeltaSender>(plan, config_.executor.prepare_threads);
+    delta = std::make_shared<delta::DeltaSender>(plan, config_.executor.prepare_threads,
+                                                 config_.delta.gpu_shadow == "host"
+                                                     ? delta::ShadowPlacement::kHostMapped
+                                                     : delta::ShadowPlacement::kDevice);
   }
   executor_->Load(std::vector<v1::TransferOp>(plan.ops().begin(), plan.ops().end()),
                   std::move(*routes), std::move(delta));

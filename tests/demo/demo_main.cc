@@ -21,6 +21,7 @@
 #include "client/table.h"
 #include "client/weightbeam/controller_client.h"
 #include "tests/demo/demo_roles.h"
+#include "tests/demo/gpu_buffers.h"
 #include "tests/demo/line_child.h"
 #include "tests/support/process.h"
 
@@ -61,7 +62,7 @@ int main(int argc, char** argv) {
   std::string role = "driver", socket, transport = "tcp", rdma_device = "rxe0", bin_dir;
   wb::demo::DemoShape shape;
   int rank = 0, steps = 3, hold_seconds = 0;
-  bool delta = false;
+  bool delta = false, gpu = false;
   std::vector<int> metrics_ports;
   app.add_option("--role", role, "driver | trainer | inference (internal)");
   app.add_option("--rank", rank, "rank of a trainer or inference worker (internal)");
@@ -73,6 +74,9 @@ int main(int argc, char** argv) {
   app.add_option("--tp", shape.tp, "tensor-parallel ranks of the inference replica");
   app.add_option("--steps", steps, "training steps to push");
   app.add_flag("--delta", delta, "delta mode: send only changed elements (verification on)");
+  app.add_flag("--gpu", gpu,
+               "trainer and inference tensors in GPU memory (CUDA device 0, registered through "
+               "CUDA IPC); exits 3 when there is no usable GPU");
   app.add_option("--bin-dir", bin_dir, "where wb-agent and wb-controller are (default bazel-bin)");
   app.add_option("--metrics-ports", metrics_ports,
                  "serve /metrics on 127.0.0.1: controller,trainer-node,inference-node ports")
@@ -82,9 +86,17 @@ int main(int argc, char** argv) {
                  "after the steps, keep every process up this long (or until SIGTERM/SIGINT), "
                  "e.g. for a metrics scraper");
   CLI11_PARSE(app, argc, argv);
-  if (role == "trainer") return wb::demo::RunTrainer(shape, rank, socket);
-  if (role == "inference") return wb::demo::RunInference(shape, rank, socket);
+  if (role == "trainer") return wb::demo::RunTrainer(shape, rank, socket, gpu);
+  if (role == "inference") return wb::demo::RunInference(shape, rank, socket, gpu);
   signal(SIGPIPE, SIG_IGN);
+  if (gpu) {
+    // Said before anything starts, in words ./wb gpu-check recognises (with the exit code).
+    if (auto s = wb::demo::GpuDemoAvailable(); !s.ok()) {
+      std::printf("no GPU: %s; wb-demo --gpu needs a CUDA device (nothing was run)\n",
+                  std::string(s.message()).c_str());
+      return wb::demo::kNoGpuExitCode;
+    }
+  }
 
   if (bin_dir.empty()) bin_dir = "bazel-bin";
   const std::string dir = wb::testing::TempDir("wb-demo-");
@@ -92,8 +104,9 @@ int main(int argc, char** argv) {
   std::printf(
       "weightbeam demo: Qwen3-0.6B shape (%d layers), %d trainer ranks (FSDP dim-0, "
       "BF16) -> 1 inference replica x TP %d (fused qkv/gate_up, FP8 block-scaled + "
-      "BF16), transport %s\nlogs in %s\n\n",
-      shape.layers, shape.trainers, shape.tp, transport.c_str(), dir.c_str());
+      "BF16), transport %s%s\nlogs in %s\n\n",
+      shape.layers, shape.trainers, shape.tp, transport.c_str(),
+      gpu ? ", every buffer in GPU memory (cuda:0)" : "", dir.c_str());
   std::fflush(stdout);
 
   WriteFile(dir + "/controller.yaml",
@@ -128,22 +141,26 @@ int main(int argc, char** argv) {
   const auto t_reg = std::chrono::steady_clock::now();
   std::vector<std::unique_ptr<Child>> trainers, workers;
   const std::string self = SelfPath();
-  for (int r = 0; r < shape.trainers; ++r) {
-    trainers.push_back(std::make_unique<Child>(
-        std::vector<std::string>{self, "--role", "trainer", "--rank", std::to_string(r), "--socket",
-                                 dir + "/trainer-node.sock", "--layers",
-                                 std::to_string(shape.layers), "--trainers",
-                                 std::to_string(shape.trainers), "--tp", std::to_string(shape.tp)},
-        dir + "/trainer-" + std::to_string(r) + ".log"));
-  }
-  for (int r = 0; r < shape.tp; ++r) {
-    workers.push_back(std::make_unique<Child>(
-        std::vector<std::string>{self, "--role", "inference", "--rank", std::to_string(r),
-                                 "--socket", dir + "/inference-node.sock", "--layers",
-                                 std::to_string(shape.layers), "--trainers",
-                                 std::to_string(shape.trainers), "--tp", std::to_string(shape.tp)},
-        dir + "/inference-" + std::to_string(r) + ".log"));
-  }
+  // One synthetic process: its role, rank and agent socket, and the demo's shape.
+  auto child = [&](const std::string& role, int r, const std::string& node) {
+    std::vector<std::string> argv{self,
+                                  "--role",
+                                  role,
+                                  "--rank",
+                                  std::to_string(r),
+                                  "--socket",
+                                  dir + "/" + node + ".sock",
+                                  "--layers",
+                                  std::to_string(shape.layers),
+                                  "--trainers",
+                                  std::to_string(shape.trainers),
+                                  "--tp",
+                                  std::to_string(shape.tp)};
+    if (gpu) argv.push_back("--gpu");
+    return std::make_unique<Child>(argv, dir + "/" + role + "-" + std::to_string(r) + ".log");
+  };
+  for (int r = 0; r < shape.trainers; ++r) trainers.push_back(child("trainer", r, "trainer-node"));
+  for (int r = 0; r < shape.tp; ++r) workers.push_back(child("inference", r, "inference-node"));
   double src_bytes = 0, dst_bytes = 0;
   for (auto* group : {&trainers, &workers}) {
     for (auto& c : *group) {

@@ -15,6 +15,7 @@
 #include "client/weightbeam/shared_buffer.h"
 #include "config/config.h"
 #include "daemon/transform/transform.h"
+#include "tests/demo/gpu_buffers.h"
 #include "tests/demo/role_support.h"
 #include "tests/demo/synthetic_weights.h"
 
@@ -39,9 +40,14 @@ void ForEachRun(const TensorEntry& e, Fn fn) {
   }
 }
 
+int Fail(const char* who, int rank, const absl::Status& s) {
+  std::fprintf(stderr, "%s %d: %s\n", who, rank, std::string(s.message()).c_str());
+  return 1;
+}
+
 }  // namespace
 
-int RunTrainer(const DemoShape& shape, int rank, const std::string& socket) {
+int RunTrainer(const DemoShape& shape, int rank, const std::string& socket, bool gpu) {
   auto model = BuildDemoModel(shape);
   if (!model.ok()) {
     std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(model.status().message()).c_str());
@@ -64,12 +70,17 @@ int RunTrainer(const DemoShape& shape, int rank, const std::string& socket) {
     ForEachRun(e, [&](uint64_t begin, uint64_t count, uint64_t local) {
       for (uint64_t k = 0; k < count; ++k) values[local + k] = BaseValue(h, begin + k);
     });
-    auto s = session->Register(InfoOf(e), reg->buffer, reg->offsets[i], EntryBytes(e));
-    if (!s.ok()) {
-      std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(s.message()).c_str());
-      return 1;
-    }
     bytes += EntryBytes(e);
+    if (gpu) continue;  // registered below, from device memory
+    auto s = session->Register(InfoOf(e), reg->buffer, reg->offsets[i], EntryBytes(e));
+    if (!s.ok()) return Fail("trainer", rank, s);
+  }
+  absl::StatusOr<DeviceCopy> device = absl::FailedPreconditionError("not --gpu");
+  if (gpu) {
+    device = DeviceCopy::Create(*reg);
+    if (!device.ok()) return Fail("trainer", rank, device.status());
+    if (auto s = device->Upload(); !s.ok()) return Fail("trainer", rank, s);
+    if (auto s = device->RegisterAll(*session, entries); !s.ok()) return Fail("trainer", rank, s);
   }
   std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
   std::fflush(stdout);
@@ -87,6 +98,9 @@ int RunTrainer(const DemoShape& shape, int rank, const std::string& socket) {
       ForEachRun(e, [&](uint64_t begin, uint64_t count, uint64_t local) {
         ApplyVersion(h, total, version, begin, begin + count, values + local);
       });
+    }
+    if (gpu) {
+      if (auto s = device->Upload(); !s.ok()) return Fail("trainer", rank, s);
     }
     std::printf("ok %u\n", version);
     std::fflush(stdout);
@@ -165,7 +179,7 @@ std::vector<uint16_t> ExpectedBf16(const TensorEntry& e, Mirror& mirror, uint64_
 
 }  // namespace
 
-int RunInference(const DemoShape& shape, int rank, const std::string& socket) {
+int RunInference(const DemoShape& shape, int rank, const std::string& socket, bool gpu) {
   auto model = BuildDemoModel(shape);
   if (!model.ok()) return 1;
   auto entries = EntriesFor(*model, planner::Role::kInference, rank);
@@ -181,14 +195,20 @@ int RunInference(const DemoShape& shape, int rank, const std::string& socket) {
   uint64_t bytes = 0;
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < entries.size(); ++i) {
-    auto s =
-        session->Register(InfoOf(entries[i]), reg->buffer, reg->offsets[i], EntryBytes(entries[i]));
-    if (!s.ok()) {
-      std::fprintf(stderr, "inference %d: %s\n", rank, std::string(s.message()).c_str());
-      return 1;
-    }
     index[entries[i].name] = i;
     bytes += EntryBytes(entries[i]);
+    if (gpu) continue;  // registered below, as device memory
+    auto s =
+        session->Register(InfoOf(entries[i]), reg->buffer, reg->offsets[i], EntryBytes(entries[i]));
+    if (!s.ok()) return Fail("inference", rank, s);
+  }
+  absl::StatusOr<DeviceCopy> device = absl::FailedPreconditionError("not --gpu");
+  if (gpu) {
+    device = DeviceCopy::Create(*reg);
+    if (!device.ok()) return Fail("inference", rank, device.status());
+    if (auto s = device->RegisterAll(*session, entries); !s.ok()) {
+      return Fail("inference", rank, s);
+    }
   }
   if (!session->Watch().ok()) return 1;
   Mirror mirror(model->spec);
@@ -212,6 +232,15 @@ int RunInference(const DemoShape& shape, int rank, const std::string& socket) {
     if (event->kind() != v1::Event::KIND_COMMIT) continue;
     const uint32_t version = static_cast<uint32_t>(event->version());
     mirror.Advance(version);
+    if (gpu) {
+      // The destination bytes are checked on the host: the device buffer copied back.
+      if (auto s = device->Download(); !s.ok()) {
+        std::printf("verified %u FAIL copying the device buffer back: %s\n", version,
+                    std::string(s.message()).c_str());
+        std::fflush(stdout);
+        continue;
+      }
+    }
     std::string mismatch;
     uint64_t checked = 0;
     for (size_t i = 0; i < entries.size() && mismatch.empty(); ++i) {

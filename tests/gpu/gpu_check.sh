@@ -11,7 +11,7 @@ BAZEL_FLAGS=(--jobs=2)
 # name | what it proves
 CHECKS=(
   "cuda-build|every .cu file compiled with nvcc (no stand-ins); devices listed"
-  "staging-host|staging pipeline and kernel geometry host tests (no GPU needed)"
+  "staging-host|staging pipeline, kernel geometry and executor GPU-source host tests (no GPU needed)"
   "transform-kernels|CUDA transforms bit-exact with the CPU (golden + random); GB/s, % of HBM"
   "cuda-ipc|CUDA IPC: a handle exported here opened in another process"
   "dma-buf|the driver exports device memory as dma-buf (rdma GPUDirect path)"
@@ -19,18 +19,19 @@ CHECKS=(
   "delta-scatter|GPU delta scatter equal to the host apply; GB/s"
   "transport-tcp-gpu|transport suite, tcp, GPU source/destination regions (pinned staging)"
   "transport-local-gpu|transport suite, local, GPU regions (CUDA driver copies)"
-  "demo-gpu|end-to-end demo with GPU buffers on both sides"
+  "demo-gpu|end-to-end demo with GPU buffers on both sides (wb-demo --gpu, dense and --delta)"
 )
 
 TEST_TARGETS=(
   //tests/gpu:cuda_build_check //tests/gpu:staging_pipeline_test //tests/gpu:delta_gpu_host_test
   //tests/gpu:delta_gpu_encode_test //tests/transform:transform_cuda_test
   //tests/transform:gpu_helpers_test //tests/transform:delta_gpu_test
+  //tests/executor:gpu_source_test
 )
 BIN_TARGETS=(
   //tests/gpu:gpu_probe //tests/gpu:dmabuf_probe //tests/bench:transform_bench
   //tests/bench:delta_scatter_bench //tests/bench:delta_encode_gpu_bench
-  //tests/transport:transport_suite
+  //tests/transport:transport_suite //tests/demo:wb-demo //daemon:wb-agent //controller:wb-controller
 )
 
 log "building the GPU tests and benchmarks with CUDA"
@@ -83,7 +84,7 @@ print(" ".join(out[:6]))'
 LOGS=$(mktemp -d)
 
 row cuda-build PASS "$(echo "$probe" | sed -n 2p | cut -c1-60)"
-row staging-host "$(run_catch staging bash -c 'bazel-bin/tests/gpu/staging_pipeline_test && bazel-bin/tests/gpu/delta_gpu_host_test')" ""
+row staging-host "$(run_catch staging bash -c 'bazel-bin/tests/gpu/staging_pipeline_test && bazel-bin/tests/gpu/delta_gpu_host_test && bazel-bin/tests/executor/gpu_source_test')" ""
 r=$(run_catch transform bazel-bin/tests/transform/transform_cuda_test)
 row transform-kernels "$r" "$(bazel-bin/tests/bench/transform_bench 2>/dev/null | figures)"
 row cuda-ipc "$(run_catch ipc bazel-bin/tests/transform/gpu_helpers_test)" ""
@@ -96,7 +97,22 @@ r=$(run_catch scatter bazel-bin/tests/transform/delta_gpu_test)
 row delta-scatter "$r" "$(bazel-bin/tests/bench/delta_scatter_bench 2>/dev/null | figures)"
 row transport-tcp-gpu "$(run_catch tcp env WB_TEST_TRANSPORT=tcp bazel-bin/tests/transport/transport_suite '[gpu]')" ""
 row transport-local-gpu "$(run_catch local env WB_TEST_TRANSPORT=local bazel-bin/tests/transport/transport_suite '[gpu]')" ""
-row demo-gpu "NOT RUN" "the demo has no GPU option yet (docs/gpu.md)"
+# demo_gpu NAME ARGS...: wb-demo --gpu; exit 3 is its "no usable GPU" (said on its first line).
+demo_gpu() {
+  local name=$1 out rc
+  shift
+  out=$(bazel-bin/tests/demo/wb-demo --bin-dir bazel-bin --gpu --layers 2 --steps 3 "$@" 2>&1)
+  rc=$?
+  echo "$out" >"$LOGS/$name.log"
+  case $rc in 0) echo PASS ;; 3) echo "NO-GPU" ;; *) echo FAIL ;; esac
+}
+# The last step's GB/s (the table's fifth column: BYTES is "<n> <unit>").
+last_gbps() { awk '/^[0-9]+ +[0-9.]+ [KMGT]?i?B /{g=$5} END{if (g != "") print "last step " g " GB/s"}' "$1"; }
+dense=$(demo_gpu demo-gpu)
+delta=$(demo_gpu demo-gpu-delta --delta)
+r=FAIL
+if [ "$dense" = PASS ] && [ "$delta" = PASS ]; then r=PASS; elif [ "$dense" = NO-GPU ]; then r=SKIPPED; fi
+row demo-gpu "$r" "dense $dense ($(last_gbps "$LOGS/demo-gpu.log")), delta $delta"
 
 printf '\n%-20s %-8s %s\n' check result figure
 for r in "${ROWS[@]}"; do

@@ -177,10 +177,11 @@ TEST_CASE("bad registrations are refused with the tensor named; the agent keeps 
     waitpid(child, &st, 0);
     CHECK(WEXITSTATUS(st) == 0);
   }
-  SECTION("a CUDA handle on an agent without CUDA") {
+  SECTION("GPU memory CUDA IPC cannot export (no device here; a null pointer anywhere)") {
+    // Refused by the client library before a request is sent, naming the tensor.
     auto s = session->RegisterCuda(Bf16("w.gpu", {4}), nullptr, 8, 0);
     CHECK_FALSE(s.ok());
-    CHECK_THAT(message(s), Catch::Contains("w.gpu"));
+    CHECK_THAT(message(s), Catch::Contains("tensor 'w.gpu': CUDA IPC: "));
   }
   // After any refusal the agent still serves: a good registration works.
   REQUIRE(session->Register(Bf16("w.good", {4, 4}), *buf, 1024, 32).ok());

@@ -286,6 +286,12 @@ TEST_CASE("delta mode keys: controller plan settings and the agent's shadow plac
   REQUIRE(a.ok());
   CHECK(a->delta.shadow == "none");
   CHECK(a->delta.test_fail_commit_version == 0);
+  CHECK(a->delta.gpu_shadow == "device");  // the default
+  auto g = ParseAgentConfig("delta:\n  gpu_shadow: host\n", "agent.yaml");
+  REQUIRE(g.ok());
+  CHECK(g->delta.gpu_shadow == "host");
+  CHECK_THAT(ErrorOf("delta:\n  gpu_shadow: pcie\n"),
+             Catch::Contains("key 'delta.gpu_shadow'") && Catch::Contains("device"));
   CHECK_THAT(ErrorOf("delta:\n  shadow: cuda\n"),
              Catch::Contains("key 'delta.shadow'") && Catch::Contains("host"));
   auto hook = ParseAgentConfig("delta:\n  test_fail_commit_version: 6\n", "agent.yaml");
