@@ -150,7 +150,8 @@ void Planner::ReserveOps() {
     const NameInfo& info = infos_[n];
     if (info.bad || info.derived_scale || info.parts.empty()) continue;
     const bool fp8 = info.transform == weightbeam::v1::TRANSFORM_FP8_BLOCK;
-    for (const EntryRef& dref : info.dst) {
+    for (const DstClass& cls : info.classes) {
+      const EntryRef dref = cls.leader;
       const Box dbox = EntryBox(E(dref));
       const Placement dplace = EntryPlacement(E(dref));
       for (const Part& part : info.parts) {
@@ -193,6 +194,7 @@ void Planner::ReserveOps() {
 }
 
 void Planner::Generate() {
+  GroupDestinations();
   ReserveOps();
   std::vector<Run> runs;
   for (int32_t n : dst_names_) {
@@ -204,16 +206,16 @@ void Planner::Generate() {
     const uint64_t de = DTypeBytes(dst_dtype), se = DTypeBytes(src_dtype);
     const std::vector<int64_t>& shape = E(info.dst[0]).shape;
     const int fdim = info.fusion_dim;
-    for (const EntryRef& dref : info.dst) {
+    // One pass per destination class (GroupDestinations checked its FP8 entries): the ops
+    // are the leader's, fanned out to the class's members.
+    for (const DstClass& cls : info.classes) {
+      const EntryRef dref = cls.leader;
       const TensorEntry& dentry = E(dref);
       const Box dbox = EntryBox(dentry);
       const Placement dplace = EntryPlacement(dentry);
-      int32_t scale_tensor = -1;
+      const int32_t scale_tensor = cls.scale_tensor;
       Placement splace;
-      if (fp8) {
-        if (!CheckFp8Entry(n, dref, dbox, &scale_tensor)) continue;
-        splace = EntryPlacement(agents_[dref.agent].tensors[scale_tensor]);
-      }
+      if (fp8) splace = EntryPlacement(agents_[dref.agent].tensors[scale_tensor]);
       for (const Part& part : info.parts) {
         const NameInfo& src = infos_[part.src_name];
         const int64_t off0 = fdim == 0 ? part.offset : 0;
@@ -273,6 +275,7 @@ void Planner::Generate() {
             op.row_elems = r.row_elems;
             op.dst_agent = dref.agent;
             op.dst_tensor = dref.tensor;
+            op.fanout = cls.fanout;
             op.phase = static_cast<int16_t>(info.phase);
             op.src_dtype = static_cast<uint8_t>(src_dtype);
             op.dst_dtype = static_cast<uint8_t>(dst_dtype);
