@@ -79,7 +79,7 @@ void Planner::GroupDestinations() {
       geo[i].view = !E(dref).view.empty();
       if (fp8) {
         // A failing entry reports the name's problem; the name then gets no ops.
-        if (!CheckFp8Entry(n, dref, geo[i].box, &scale[i])) break;
+        if (!CheckFp8Entry(n, dref, geo[i].box, &scale[i], i)) break;
         geo[i].scale = EntryPlacement(agents_[dref.agent].tensors[scale[i]]);
       }
     }

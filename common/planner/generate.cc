@@ -10,8 +10,16 @@
 namespace wb::planner {
 namespace internal {
 
-int32_t Planner::FindScaleEntry(int32_t scale_name, EntryRef w) const {
-  for (const EntryRef& r : infos_[scale_name].dst) {
+int32_t Planner::FindScaleEntry(int32_t scale_name, EntryRef w, size_t hint) const {
+  // Weights and scales are sorted alike (replica, rank, agent), so the weight's position is
+  // nearly always the scale's: without it, a name held by R ranks costs R^2 / 2 compares.
+  const std::vector<EntryRef>& scales = infos_[scale_name].dst;
+  if (hint < scales.size()) {
+    const EntryRef r = scales[hint];
+    const Owner &a = E(r).owner, &b = E(w).owner;
+    if (r.agent == w.agent && a.replica == b.replica && a.rank == b.rank) return r.tensor;
+  }
+  for (const EntryRef& r : scales) {
     const Owner &a = E(r).owner, &b = E(w).owner;
     if (r.agent == w.agent && a.replica == b.replica && a.rank == b.rank) return r.tensor;
   }
@@ -73,7 +81,8 @@ bool Planner::CheckFp8View(int32_t n, EntryRef ref, const Box& dbox, EntryRef sc
   return true;
 }
 
-bool Planner::CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor) {
+bool Planner::CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor,
+                            size_t position) {
   const NameInfo& info = infos_[n];
   const TensorEntry& w = E(ref);
   for (int d = 0; w.view.empty() && d < 2; ++d) {  // views: CheckFp8View
@@ -87,7 +96,7 @@ bool Planner::CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* s
       return false;
     }
   }
-  *scale_tensor = FindScaleEntry(info.scale_name, ref);
+  *scale_tensor = FindScaleEntry(info.scale_name, ref, position);
   if (*scale_tensor < 0) {
     ReportFp8(n, absl::StrCat("FP8 destination ", Name(n), " on ", Who(ref),
                               " has no scale tensor ", Name(info.scale_name), " beside it"));

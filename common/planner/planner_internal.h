@@ -198,13 +198,16 @@ class Planner {
 
   void SetTransform(int32_t n, DType src);
 
-  // The scale entry beside an FP8 destination entry: same agent and owner.
-  int32_t FindScaleEntry(int32_t scale_name, EntryRef w) const;
+  // The scale entry beside an FP8 destination entry: same agent and owner. `hint`: where in
+  // the scale name's (sorted) entries to look first.
+  int32_t FindScaleEntry(int32_t scale_name, EntryRef w, size_t hint) const;
 
   void ReportFp8(int32_t n, const std::string& msg);
 
   // Checks one FP8 destination entry and its scale entry; false when unusable.
-  bool CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor);
+  // `position`: the entry's index in the name's sorted destination entries.
+  bool CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor,
+                     size_t position);
   // The view rules of an FP8 part: it cuts no 128x128 block of its buffer, and its scale part
   // sits at the matching blocks of the scale buffer.
   bool CheckFp8View(int32_t n, EntryRef ref, const Box& dbox, EntryRef scale);
