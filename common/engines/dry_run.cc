@@ -114,11 +114,11 @@ std::vector<NicLoad> SenderNicLoads(const std::vector<planner::AgentLayout>& age
       rails[n].agent = agents[a].name;
       rails[n].nic = n < agents[a].nics.size() ? agents[a].nics[n].name : "nic0";
     }
-    for (const planner::PlannedOp& op : plan.ops[a]) {
+    planner::ForEachExecutedOp(plan, static_cast<int32_t>(a), [&](const planner::PlannedOp& op) {
       NicLoad& l = rails[static_cast<size_t>(op.rail) % rails.size()];
       l.bytes += op.DstBytes();
       ++l.ops;
-    }
+    });
     for (NicLoad& l : rails) out.push_back(std::move(l));
   }
   return out;

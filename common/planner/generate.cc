@@ -10,8 +10,16 @@
 namespace wb::planner {
 namespace internal {
 
-int32_t Planner::FindScaleEntry(int32_t scale_name, EntryRef w) const {
-  for (const EntryRef& r : infos_[scale_name].dst) {
+int32_t Planner::FindScaleEntry(int32_t scale_name, EntryRef w, size_t hint) const {
+  // Weights and scales are sorted alike (replica, rank, agent), so the weight's position is
+  // nearly always the scale's: without it, a name held by R ranks costs R^2 / 2 compares.
+  const std::vector<EntryRef>& scales = infos_[scale_name].dst;
+  if (hint < scales.size()) {
+    const EntryRef r = scales[hint];
+    const Owner &a = E(r).owner, &b = E(w).owner;
+    if (r.agent == w.agent && a.replica == b.replica && a.rank == b.rank) return r.tensor;
+  }
+  for (const EntryRef& r : scales) {
     const Owner &a = E(r).owner, &b = E(w).owner;
     if (r.agent == w.agent && a.replica == b.replica && a.rank == b.rank) return r.tensor;
   }
@@ -73,7 +81,8 @@ bool Planner::CheckFp8View(int32_t n, EntryRef ref, const Box& dbox, EntryRef sc
   return true;
 }
 
-bool Planner::CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor) {
+bool Planner::CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor,
+                            size_t position) {
   const NameInfo& info = infos_[n];
   const TensorEntry& w = E(ref);
   for (int d = 0; w.view.empty() && d < 2; ++d) {  // views: CheckFp8View
@@ -87,7 +96,7 @@ bool Planner::CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* s
       return false;
     }
   }
-  *scale_tensor = FindScaleEntry(info.scale_name, ref);
+  *scale_tensor = FindScaleEntry(info.scale_name, ref, position);
   if (*scale_tensor < 0) {
     ReportFp8(n, absl::StrCat("FP8 destination ", Name(n), " on ", Who(ref),
                               " has no scale tensor ", Name(info.scale_name), " beside it"));
@@ -150,7 +159,8 @@ void Planner::ReserveOps() {
     const NameInfo& info = infos_[n];
     if (info.bad || info.derived_scale || info.parts.empty()) continue;
     const bool fp8 = info.transform == weightbeam::v1::TRANSFORM_FP8_BLOCK;
-    for (const EntryRef& dref : info.dst) {
+    for (const DstClass& cls : info.classes) {
+      const EntryRef dref = cls.leader;
       const Box dbox = EntryBox(E(dref));
       const Placement dplace = EntryPlacement(E(dref));
       for (const Part& part : info.parts) {
@@ -193,6 +203,7 @@ void Planner::ReserveOps() {
 }
 
 void Planner::Generate() {
+  GroupDestinations();
   ReserveOps();
   std::vector<Run> runs;
   for (int32_t n : dst_names_) {
@@ -204,16 +215,16 @@ void Planner::Generate() {
     const uint64_t de = DTypeBytes(dst_dtype), se = DTypeBytes(src_dtype);
     const std::vector<int64_t>& shape = E(info.dst[0]).shape;
     const int fdim = info.fusion_dim;
-    for (const EntryRef& dref : info.dst) {
+    // One pass per destination class (GroupDestinations checked its FP8 entries): the ops
+    // are the leader's, fanned out to the class's members.
+    for (const DstClass& cls : info.classes) {
+      const EntryRef dref = cls.leader;
       const TensorEntry& dentry = E(dref);
       const Box dbox = EntryBox(dentry);
       const Placement dplace = EntryPlacement(dentry);
-      int32_t scale_tensor = -1;
+      const int32_t scale_tensor = cls.scale_tensor;
       Placement splace;
-      if (fp8) {
-        if (!CheckFp8Entry(n, dref, dbox, &scale_tensor)) continue;
-        splace = EntryPlacement(agents_[dref.agent].tensors[scale_tensor]);
-      }
+      if (fp8) splace = EntryPlacement(agents_[dref.agent].tensors[scale_tensor]);
       for (const Part& part : info.parts) {
         const NameInfo& src = infos_[part.src_name];
         const int64_t off0 = fdim == 0 ? part.offset : 0;
@@ -273,6 +284,7 @@ void Planner::Generate() {
             op.row_elems = r.row_elems;
             op.dst_agent = dref.agent;
             op.dst_tensor = dref.tensor;
+            op.fanout = cls.fanout;
             op.phase = static_cast<int16_t>(info.phase);
             op.src_dtype = static_cast<uint8_t>(src_dtype);
             op.dst_dtype = static_cast<uint8_t>(dst_dtype);

@@ -21,6 +21,13 @@ struct PlanOptions {
   // Destinations under "layers.N." go to phase N / layers_per_phase; all other tensors
   // (embeddings, final norm, lm_head) to phase 0. Phases are separated by barriers.
   int layers_per_phase = 8;
+  // Destination entries with the same geometry (the same slice of the same tensor at the same
+  // place of an identically shaped buffer: typically one rank in every inference replica) share
+  // one op that lists them all (Plan::fanouts), so the plan holds one op per source slice and
+  // destination class instead of one per receiver. false: one op per destination entry, as
+  // before (the byte-comparison test plans both ways). Executed ops, bytes, statistics and the
+  // cost model are the same either way; only the plan's memory and the time to build it drop.
+  bool fan_out = true;
 };
 
 // One operation: `rows` runs of `row_elems` elements read from the sender's tensor at
@@ -43,6 +50,10 @@ struct PlannedOp {
   int32_t dst_agent = -1;
   int32_t dst_tensor = -1;
   int32_t scale_tensor = -1;
+  // -1: the op has one destination (dst_agent, dst_tensor, scale_tensor). Else an index into
+  // Plan::fanouts: the op is executed once per destination listed there (the first one being
+  // dst_agent / dst_tensor / scale_tensor), at the same offsets.
+  int32_t fanout = -1;
   int16_t phase = 0;
   int16_t rail = 0;  // index into the sender's NICs
   // DType / Transform values, narrowed so that an op stays at 88 bytes.
@@ -60,6 +71,13 @@ struct PlannedOp {
 // One sender's ops, in execution order.
 using OpList = std::vector<PlannedOp>;
 
+// One destination of a fan-out op: the receiving agent, its tensor and (FP8) scale tensor.
+struct Destination {
+  int32_t agent = -1;
+  int32_t tensor = -1;
+  int32_t scale_tensor = -1;
+};
+
 // Bytes and ops per agent (as sender and as receiver), per device, and the cost model's view.
 struct PlanStats {
   std::vector<uint64_t> send_bytes, send_ops, recv_bytes, recv_ops;  // per input agent
@@ -67,11 +85,15 @@ struct PlanStats {
   // Per device (agent, GPU or host) that holds source (destination) tensors.
   std::vector<uint64_t> sender_device_bytes, receiver_device_bytes;
   uint64_t total_bytes = 0;
-  uint64_t total_ops = 0;
+  uint64_t total_ops = 0;              // executed ops: a fan-out op counts once per destination
+  uint64_t plan_ops = 0;               // ops held in the plan (PlannedOp entries)
   double sender_imbalance = 0;         // max / mean over sending agents
   double receiver_imbalance = 0;       // max / mean over receiving agents
   double sender_device_imbalance = 0;  // max / mean over sending devices
   double predicted_step_seconds = 0;   // max over senders' and receivers' rails
+  // The link limit: max over all rails (sending and receiving) of bytes / rate, with no
+  // per-op overhead. The prediction can only approach it.
+  double link_limit_seconds = 0;
 };
 
 struct Plan {
@@ -83,7 +105,36 @@ struct Plan {
   uint64_t hash = 0;
   std::string hash_hex;  // 16 hex digits
   PlanStats stats;
+  // Fan-out op destinations: group g is fanout_dsts[fanout_begin[g], fanout_begin[g + 1]),
+  // in canonical order (agent name, replica, rank).
+  std::vector<uint32_t> fanout_begin;
+  std::vector<Destination> fanout_dsts;
 };
+
+// Calls fn(const PlannedOp&) for every op `agent` executes, in execution order: each fan-out
+// op once per destination, with dst_agent / dst_tensor / scale_tensor set to that destination
+// and fanout = -1. This is the per-destination plan the executor runs.
+template <typename Fn>
+void ForEachExecutedOp(const Plan& plan, int32_t agent, Fn&& fn) {
+  for (const PlannedOp& op : plan.ops[agent]) {
+    if (op.fanout < 0) {
+      fn(op);
+      continue;
+    }
+    PlannedOp one = op;
+    one.fanout = -1;
+    for (uint32_t i = plan.fanout_begin[op.fanout]; i < plan.fanout_begin[op.fanout + 1]; ++i) {
+      const Destination& d = plan.fanout_dsts[i];
+      one.dst_agent = d.agent;
+      one.dst_tensor = d.tensor;
+      one.scale_tensor = d.scale_tensor;
+      fn(static_cast<const PlannedOp&>(one));
+    }
+  }
+}
+
+// The ops `agent` executes, one per destination (ForEachExecutedOp into a vector).
+OpList ExecutedOps(const Plan& plan, int32_t agent);
 
 // Plans the transfer of every destination (inference) tensor from the source (trainer)
 // tensors. On invalid input returns InvalidArgument listing every problem found, one per line.

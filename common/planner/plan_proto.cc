@@ -133,17 +133,19 @@ std::vector<v1::AgentPlan> PlanToProto(const std::vector<AgentLayout>& agents, c
     p.set_plan_id(plan_id);
     p.set_phases(plan.phases);
     std::map<std::string, std::map<uint64_t, uint64_t>> peers;  // agent -> region -> length
-    for (size_t i = 0; i < ops.size(); ++i) {
-      *p.add_ops() = OpToProto(agents, ops[i], i);
-      const AgentLayout& d = agents[ops[i].dst_agent];
+    // One TransferOp per executed op: a fan-out op becomes one per destination.
+    uint64_t i = 0;
+    ForEachExecutedOp(plan, a, [&](const PlannedOp& op) {
+      *p.add_ops() = OpToProto(agents, op, i++);
+      const AgentLayout& d = agents[op.dst_agent];
       auto& regions = peers[d.name];
-      const TensorEntry& t = d.tensors[ops[i].dst_tensor];
+      const TensorEntry& t = d.tensors[op.dst_tensor];
       regions[t.region] = t.region_bytes;
-      if (ops[i].scale_tensor >= 0) {
-        const TensorEntry& s = d.tensors[ops[i].scale_tensor];
+      if (op.scale_tensor >= 0) {
+        const TensorEntry& s = d.tensors[op.scale_tensor];
         regions[s.region] = s.region_bytes;
       }
-    }
+    });
     for (const auto& [name, regions] : peers) {
       v1::PeerIntro* peer = p.add_peers();
       peer->set_agent(name);

@@ -16,6 +16,12 @@ uint64_t PlannedOp::DstBytes() const {
   return bytes;
 }
 
+OpList ExecutedOps(const Plan& plan, int32_t agent) {
+  OpList out;
+  ForEachExecutedOp(plan, agent, [&](const PlannedOp& op) { out.push_back(op); });
+  return out;
+}
+
 namespace internal {
 
 void Planner::OrderAgents() {

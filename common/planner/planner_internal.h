@@ -39,6 +39,14 @@ struct Part {
   int64_t offset;  // along the fusion dimension, in the destination
 };
 
+// Destination entries of one name that are planned together: the leader's geometry, and the
+// fan-out group listing every member (-1 when the leader is alone).
+struct DstClass {
+  EntryRef leader;
+  int32_t scale_tensor;  // the leader's FP8 scale tensor, else -1
+  int32_t fanout;
+};
+
 struct NameInfo {
   std::vector<EntryRef> src;
   std::vector<EntryRef> dst;
@@ -55,6 +63,7 @@ struct NameInfo {
   Transform transform = weightbeam::v1::TRANSFORM_UNSPECIFIED;
   int32_t scale_name = -1;
   int32_t phase = 0;
+  std::vector<DstClass> classes;  // set by GroupDestinations, in info.dst order of leaders
 };
 
 // An op whose source range several holders (replicas) have; chosen when balancing.
@@ -189,13 +198,16 @@ class Planner {
 
   void SetTransform(int32_t n, DType src);
 
-  // The scale entry beside an FP8 destination entry: same agent and owner.
-  int32_t FindScaleEntry(int32_t scale_name, EntryRef w) const;
+  // The scale entry beside an FP8 destination entry: same agent and owner. `hint`: where in
+  // the scale name's (sorted) entries to look first.
+  int32_t FindScaleEntry(int32_t scale_name, EntryRef w, size_t hint) const;
 
   void ReportFp8(int32_t n, const std::string& msg);
 
   // Checks one FP8 destination entry and its scale entry; false when unusable.
-  bool CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor);
+  // `position`: the entry's index in the name's sorted destination entries.
+  bool CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor,
+                     size_t position);
   // The view rules of an FP8 part: it cuts no 128x128 block of its buffer, and its scale part
   // sits at the matching blocks of the scale buffer.
   bool CheckFp8View(int32_t n, EntryRef ref, const Box& dbox, EntryRef scale);
@@ -206,6 +218,10 @@ class Planner {
   size_t OrderKey(int32_t src_agent, int32_t dst_agent, int32_t phase) const;
   void ReserveOps();
 
+  // Checks every FP8 destination entry and groups each name's destination entries into
+  // classes of identical geometry (one class per entry unless options_.fan_out).
+  void GroupDestinations();
+
   void Generate();
 
   // Devices: one per (agent, GPU) plus one per agent for host memory. Per tensor: its device
@@ -214,7 +230,13 @@ class Planner {
 
   double RailGbps(int32_t agent, int rail) const;
 
-  // Bytes-equivalent cost of an op on a sender (the per-op overhead at the NIC's rate).
+  // How many destinations an op is executed for (1 unless it fans out).
+  uint32_t Fanout(const PlannedOp& op) const {
+    return op.fanout < 0 ? 1 : plan_.fanout_begin[op.fanout + 1] - plan_.fanout_begin[op.fanout];
+  }
+
+  // Bytes-equivalent cost of an op on a sender (the per-op overhead at the NIC's rate), for
+  // each destination it is executed for.
   double OpCost(const PlannedOp& op) const;
 
   // Greedy, largest first: each multi-holder op goes to its least loaded source device.

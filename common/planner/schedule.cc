@@ -59,8 +59,9 @@ double Planner::RailGbps(int32_t agent, int rail) const {
 }
 
 double Planner::OpCost(const PlannedOp& op) const {
-  return static_cast<double>(op.DstBytes()) +
-         options_.cost.op_overhead_us * 1e-6 * options_.cost.nic_gbps * 1e9;
+  return (static_cast<double>(op.DstBytes()) +
+          options_.cost.op_overhead_us * 1e-6 * options_.cost.nic_gbps * 1e9) *
+         Fanout(op);
 }
 
 void Planner::ChooseSources() {
@@ -72,7 +73,7 @@ void Planner::ChooseSources() {
   // Largest first; ties in generation order. Sorting (bytes, index) pairs keeps it cheap.
   std::vector<std::pair<uint64_t, uint32_t>> order(pending_.size());
   for (size_t i = 0; i < pending_.size(); ++i) {
-    order[i] = {~pending_[i].op.DstBytes(), static_cast<uint32_t>(i)};
+    order[i] = {~(pending_[i].op.DstBytes() * Fanout(pending_[i].op)), static_cast<uint32_t>(i)};
   }
   std::sort(order.begin(), order.end());
   for (const auto& [key, i] : order) {
@@ -167,12 +168,37 @@ void Planner::Finish() {
       tensor_hash[a][t] = Mix(Mix(h, e.owner.replica), e.owner.rank);
     }
   }
+  // Fan-out groups: a hash over their destinations; bytes and ops they receive, per group,
+  // handed to each member after the pass over the ops.
+  const size_t ngroups = plan_.fanout_begin.empty() ? 0 : plan_.fanout_begin.size() - 1;
+  std::vector<uint64_t> group_hash(ngroups, 0), group_bytes(ngroups, 0), group_ops(ngroups, 0);
+  for (size_t g = 0; g < ngroups; ++g) {
+    uint64_t gh = Mix(0, plan_.fanout_begin[g + 1] - plan_.fanout_begin[g]);
+    for (uint32_t i = plan_.fanout_begin[g]; i < plan_.fanout_begin[g + 1]; ++i) {
+      const Destination& d = plan_.fanout_dsts[i];
+      gh = Mix(gh, agent_hash[d.agent]);
+      gh = Mix(gh, tensor_hash[d.agent][d.tensor]);
+      gh = Mix(gh, d.scale_tensor >= 0 ? tensor_hash[d.agent][d.scale_tensor] : 0);
+    }
+    group_hash[g] = gh;
+  }
+  auto receive = [&](int32_t agent, int32_t tensor, uint64_t bytes, uint64_t ops) {
+    const int32_t dd = tensor_dev_[agent][tensor];
+    const double share = static_cast<double>(bytes) / dev_rail_count_[dd];
+    for (int k = 0; k < dev_rail_count_[dd]; ++k) {
+      recv_rail[rail_base_[agent] + dev_rail_first_[dd] + k * dev_rail_step_[dd]] += share;
+    }
+    s.recv_bytes[agent] += bytes;
+    s.recv_ops[agent] += ops;
+    dev_recv[dd] += bytes;
+  };
   uint64_t h = Mix(0, plan_.phases);
   for (int32_t a : plan_.agent_order) {
     h = Mix(Mix(h, agent_hash[a]), plan_.ops[a].size());
     const int32_t rb = rail_base_[a];
     for (PlannedOp& op : plan_.ops[a]) {
       const uint64_t b = op.DstBytes();
+      const uint64_t fan = Fanout(op);
       const int32_t sd = tensor_dev_[a][op.src_tensor];
       int best = dev_rail_first_[sd];
       for (int k = 1; k < dev_rail_count_[sd]; ++k) {
@@ -180,27 +206,31 @@ void Planner::Finish() {
         if (send_rail[rb + r] < send_rail[rb + best]) best = r;
       }
       op.rail = static_cast<int16_t>(best);
-      send_rail[rb + best] += b;
-      send_rail_ops[rb + best] += 1;
-      const int32_t dd = tensor_dev_[op.dst_agent][op.dst_tensor];
-      const double share = static_cast<double>(b) / dev_rail_count_[dd];
-      for (int k = 0; k < dev_rail_count_[dd]; ++k) {
-        recv_rail[rail_base_[op.dst_agent] + dev_rail_first_[dd] + k * dev_rail_step_[dd]] += share;
+      send_rail[rb + best] += b * fan;
+      send_rail_ops[rb + best] += fan;
+      if (op.fanout < 0) {
+        receive(op.dst_agent, op.dst_tensor, b, 1);
+      } else {
+        group_bytes[op.fanout] += b;
+        group_ops[op.fanout] += 1;
       }
-      s.send_bytes[a] += b;
-      s.send_ops[a] += 1;
-      s.recv_bytes[op.dst_agent] += b;
-      s.recv_ops[op.dst_agent] += 1;
-      dev_send[sd] += b;
-      dev_recv[dd] += b;
-      s.total_bytes += b;
-      s.total_ops += 1;
+      s.send_bytes[a] += b * fan;
+      s.send_ops[a] += fan;
+      dev_send[sd] += b * fan;
+      s.total_bytes += b * fan;
+      s.total_ops += fan;
+      s.plan_ops += 1;
 
-      // Word-wise polynomial over the op's fields, mixed once per op.
+      // Word-wise polynomial over the op's fields, mixed once per op. A fan-out op hashes its
+      // group's destinations instead of its first one.
       uint64_t w = tensor_hash[a][op.src_tensor];
-      w = w * kPrime + agent_hash[op.dst_agent];
-      w = w * kPrime + tensor_hash[op.dst_agent][op.dst_tensor];
-      w = w * kPrime + (op.scale_tensor >= 0 ? tensor_hash[op.dst_agent][op.scale_tensor] : 0);
+      if (op.fanout < 0) {
+        w = w * kPrime + agent_hash[op.dst_agent];
+        w = w * kPrime + tensor_hash[op.dst_agent][op.dst_tensor];
+        w = w * kPrime + (op.scale_tensor >= 0 ? tensor_hash[op.dst_agent][op.scale_tensor] : 0);
+      } else {
+        w = w * kPrime + group_hash[op.fanout];
+      }
       w = w * kPrime + op.src_offset;
       w = w * kPrime + op.src_stride;
       w = w * kPrime + op.dst_offset;
@@ -212,6 +242,13 @@ void Planner::Finish() {
                         (uint64_t{op.dst_dtype} << 16) ^ (uint64_t{op.transform} << 8));
       w = w * kPrime + ((uint64_t(uint16_t(op.rail)) << 16) | uint64_t(uint16_t(op.phase)));
       h = Mix(h, w);
+    }
+  }
+  for (size_t g = 0; g < ngroups; ++g) {
+    if (group_ops[g] == 0) continue;
+    for (uint32_t i = plan_.fanout_begin[g]; i < plan_.fanout_begin[g + 1]; ++i) {
+      receive(plan_.fanout_dsts[i].agent, plan_.fanout_dsts[i].tensor, group_bytes[g],
+              group_ops[g]);
     }
   }
   plan_.hash = h;
@@ -237,7 +274,10 @@ void Planner::Finish() {
       const double gbps = RailGbps(a, r) * 1e9;
       const double send = send_rail[rail_base_[a] + r] / gbps +
                           send_rail_ops[rail_base_[a] + r] * options_.cost.op_overhead_us * 1e-6;
-      step = std::max({step, send, recv_rail[rail_base_[a] + r] / gbps});
+      const double recv = recv_rail[rail_base_[a] + r] / gbps;
+      step = std::max({step, send, recv});
+      s.link_limit_seconds =
+          std::max({s.link_limit_seconds, send_rail[rail_base_[a] + r] / gbps, recv});
     }
   }
   s.predicted_step_seconds = step;

@@ -1,5 +1,6 @@
 // Planner benchmark: generates a model's trainer and inference layouts, plans the transfer
 // and prints one JSON line (time, peak memory, ops, bytes per sender/receiver, prediction).
+#include <stdlib.h>
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "common/engines/dry_run.h"
@@ -23,10 +25,10 @@ double CpuSeconds() {
          (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
-double PeakRssMb() {
+uint64_t PeakRssBytes() {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss / 1024.0;  // KiB on Linux
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // KiB on Linux
 }
 
 void MinMeanMax(const std::vector<uint64_t>& v, const char* prefix, nlohmann::json* out) {
@@ -69,8 +71,13 @@ int main(int argc, char** argv) {
   app.add_option("--nic-gbps", opt.cost.nic_gbps, "GB/s per NIC rail");
   app.add_option("--op-overhead-us", opt.cost.op_overhead_us, "fixed cost per op");
   app.add_option("--layers-per-phase", opt.layers_per_phase, "layers per barrier phase");
+  bool no_fan_out = false;
+  app.add_flag("--no-fan-out", no_fan_out, "one op per destination entry (the old plan)");
+  int layers = 0;
+  app.add_option("--layers", layers, "kimi-k2 / qwen3-*: override the layer count (model size)");
   CLI11_PARSE(app, argc, argv);
   inf.fp8 = !bf16;
+  opt.fan_out = !no_fan_out;
   inf.gpus_per_agent = tr.gpus_per_agent;
   inf.nics_per_agent = tr.nics_per_agent;
   tr.nic_gbps = inf.nic_gbps = opt.cost.nic_gbps;
@@ -88,6 +95,18 @@ int main(int argc, char** argv) {
     opt.fusions.clear();  // engine parameters arrive as HF-named parts (views)
   } else {
     model = wb::planner::ModelByName(model_name);
+    if (model.ok() && layers > 0) {  // the same model family, deeper or shallower
+      if (model_name == "kimi-k2") {
+        wb::planner::DeepSeekV3Config c = wb::planner::KimiK2();
+        c.layers = layers;
+        model = wb::planner::BuildDeepSeekV3(model_name, c);
+      } else {
+        wb::planner::Qwen3Config c =
+            model_name == "qwen3-235b" ? wb::planner::Qwen3_235B_A22B() : wb::planner::Qwen3_0_6B();
+        c.layers = layers;
+        model = wb::planner::BuildQwen3(model_name, c);
+      }
+    }
   }
   if (!model.ok()) {
     std::cerr << model.status() << "\n";
@@ -138,6 +157,7 @@ int main(int argc, char** argv) {
   }
   nlohmann::json j;
   j["model"] = model_name;
+  if (layers > 0) j["layers"] = layers;
   if (from_config) j["engine"] = engine_name;
   if (!from_config) j["params"] = model->Params();
   j["trainers"] = tr.ranks;
@@ -150,9 +170,12 @@ int main(int argc, char** argv) {
   j["tensor_entries"] = tensors;
   j["layout_seconds"] = std::chrono::duration<double>(t1 - t0).count();
   j["plan_seconds"] = std::chrono::duration<double>(t2 - t1).count();
-  j["plan_cpu_seconds"] = cpu2 - cpu1;  // robust when other jobs share the cores
-  j["peak_rss_mb"] = PeakRssMb();
-  j["ops"] = s.total_ops;
+  j["plan_cpu_seconds"] = cpu2 - cpu1;   // robust when other jobs share the cores
+  j["peak_rss_bytes"] = PeakRssBytes();  // the whole process: layouts included
+  j["peak_rss_mb"] = PeakRssBytes() / 1048576.0;
+  j["ops"] = s.total_ops;      // executed (one per destination)
+  j["plan_ops"] = s.plan_ops;  // held in the plan (fan-out ops once)
+  j["fan_out"] = opt.fan_out;
   j["total_bytes"] = s.total_bytes;
   j["phases"] = plan->phases;
   // Per sending / receiving GPU (the unit of the published figures).
@@ -166,6 +189,13 @@ int main(int argc, char** argv) {
   j["agent_receiver_imbalance"] = s.receiver_imbalance;
   j["nic_gbps"] = opt.cost.nic_gbps;
   j["predicted_step_seconds"] = s.predicted_step_seconds;
+  j["link_limit_seconds"] = s.link_limit_seconds;
+  j["predicted_over_link_limit"] =
+      s.link_limit_seconds > 0 ? s.predicted_step_seconds / s.link_limit_seconds : 0;
+  // The machine, so that figures from different runs can be read side by side.
+  j["cores"] = std::thread::hardware_concurrency();
+  double load[3] = {0, 0, 0};
+  if (getloadavg(load, 3) == 3) j["loadavg"] = {load[0], load[1], load[2]};
   j["plan_hash"] = plan->hash_hex;
   std::cout << j.dump() << std::endl;
   return 0;

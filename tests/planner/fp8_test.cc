@@ -29,7 +29,7 @@ TEST_CASE("FP8: each trainer's 128-row slice becomes one op with its row of bloc
   auto plan = PlanIt(agents);
   INFO((plan.ok() ? "" : std::string(plan.status().message())));
   REQUIRE(plan.ok());
-  auto ops = AllOps(agents, plan->ops, plan->agent_order);
+  auto ops = AllOps(agents, *plan);
   REQUIRE(ops.size() == 2);
   for (int k = 0; k < 2; ++k) {
     const PlannedOp& op = ops[k].second;
@@ -64,7 +64,7 @@ TEST_CASE("FP8 with a row-parallel destination: strided rows, scales at the shar
   INFO((plan.ok() ? "" : std::string(plan.status().message())));
   REQUIRE(plan.ok());
   int checked = 0;
-  for (const auto& [agent, op] : AllOps(agents, plan->ops, plan->agent_order)) {
+  for (const auto& [agent, op] : AllOps(agents, *plan)) {
     if (agents[op.dst_agent].tensors[op.dst_tensor].owner.rank != 1) continue;
     const int k = agent == "t0" ? 0 : 1;
     CHECK(op.rows == 128);

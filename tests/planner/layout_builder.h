@@ -86,13 +86,13 @@ class LayoutBuilder {
   std::map<std::string, size_t> index_;
 };
 
-// All ops of a plan with their sending agent's name, in the plan's order (agents by name).
+// All executed ops of a plan (fan-out ops once per destination) with their sending agent's
+// name, in the plan's order (agents by name).
 inline std::vector<std::pair<std::string, PlannedOp>> AllOps(const std::vector<AgentLayout>& agents,
-                                                             const std::vector<OpList>& ops,
-                                                             const std::vector<int32_t>& order) {
+                                                             const Plan& plan) {
   std::vector<std::pair<std::string, PlannedOp>> out;
-  for (int32_t a : order) {
-    for (const PlannedOp& op : ops[a]) out.emplace_back(agents[a].name, op);
+  for (int32_t a : plan.agent_order) {
+    ForEachExecutedOp(plan, a, [&](const PlannedOp& op) { out.emplace_back(agents[a].name, op); });
   }
   return out;
 }

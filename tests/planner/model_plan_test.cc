@@ -55,8 +55,8 @@ TEST_CASE("Qwen3-0.6B-shaped plan covers every destination byte exactly once") {
     }
   }
   uint64_t out_of_bounds = 0, fp8_ops = 0;
-  for (const auto& ops : plan->ops) {
-    for (const PlannedOp& op : ops) {
+  for (size_t a = 0; a < plan->ops.size(); ++a) {
+    for (const PlannedOp& op : ExecutedOps(*plan, static_cast<int32_t>(a))) {
       std::vector<uint8_t>& h = hits[{op.dst_agent, op.dst_tensor}];
       const uint64_t row_bytes = op.row_elems * DTypeBytes(op.DstDType());
       for (uint64_t r = 0; r < op.rows; ++r) {

@@ -47,7 +47,7 @@ TEST_CASE("dim-0 resharding: each destination slice reads contiguous runs from t
                     .Build();
   Plan plan = MustPlan(agents);
   CHECK(plan.stats.total_ops == 4);
-  auto ops = OpsToRank(agents, AllOps(agents, plan.ops, plan.agent_order), 1);
+  auto ops = OpsToRank(agents, AllOps(agents, plan), 1);
   REQUIRE(ops.size() == 2);
   CHECK(ops[0].first == "t0");
   CHECK(ops[0].second.rows == 1);
@@ -73,7 +73,7 @@ TEST_CASE("dim-1 resharding: a row-parallel destination gets strided rows from e
                     .Build();
   Plan plan = MustPlan(agents);
   CHECK(plan.stats.total_ops == 6);
-  auto ops = OpsToRank(agents, AllOps(agents, plan.ops, plan.agent_order), 1);
+  auto ops = OpsToRank(agents, AllOps(agents, plan), 1);
   REQUIRE(ops.size() == 2);
   for (int k = 0; k < 2; ++k) {
     const PlannedOp& op = ops[k].second;
@@ -92,7 +92,7 @@ TEST_CASE("a cast destination converts on the way and lands in its own dtype's b
                     .Dst("i0", 0, 0, "norm", {64}, {}, DTYPE_BF16)
                     .Build();
   Plan plan = MustPlan(agents);
-  auto ops = AllOps(agents, plan.ops, plan.agent_order);
+  auto ops = AllOps(agents, plan);
   REQUIRE(ops.size() == 1);
   CHECK(ops[0].second.GetTransform() == weightbeam::v1::TRANSFORM_CAST);
   CHECK(ops[0].second.DstBytes() == 128);
@@ -110,7 +110,7 @@ TEST_CASE("fusion: q, k and v land at their offsets of qkv_proj, split across TP
                     .Dst("i0", 0, 1, "l.qkv_proj.weight", {8, 8}, {{4, 4}, {0, 8}}, DTYPE_BF16, 1)
                     .Build();
   Plan plan = MustPlan(agents, options);
-  auto ops = AllOps(agents, plan.ops, plan.agent_order);
+  auto ops = AllOps(agents, plan);
   REQUIRE(ops.size() == 3);
   std::map<std::string, std::pair<int, uint64_t>> where;  // source -> (TP rank, dst offset)
   for (const auto& [agent, op] : ops) {
@@ -130,7 +130,7 @@ TEST_CASE("rename rules map source names onto destination names") {
   auto agents =
       LayoutBuilder().Src("t0", 0, "module.W", {4, 4}).Dst("i0", 0, 0, "W", {4, 4}).Build();
   Plan plan = MustPlan(agents, options);
-  auto ops = AllOps(agents, plan.ops, plan.agent_order);
+  auto ops = AllOps(agents, plan);
   REQUIRE(ops.size() == 1);
   CHECK(agents[ops[0].second.src_agent].tensors[ops[0].second.src_tensor].name == "module.W");
 }
@@ -145,7 +145,7 @@ TEST_CASE("expert-parallel destinations receive only their experts, whole") {
   }
   auto agents = b.Build();
   Plan plan = MustPlan(agents);
-  auto ops = AllOps(agents, plan.ops, plan.agent_order);
+  auto ops = AllOps(agents, plan);
   REQUIRE(ops.size() == 4);
   for (const auto& [agent, op] : ops) {
     const TensorEntry& dst = DstOf(agents, op);
@@ -226,8 +226,8 @@ TEST_CASE("determinism: same input, same hash; shuffled agents and tensors, same
   for (AgentLayout& a : shuffled) std::shuffle(a.tensors.begin(), a.tensors.end(), rng);
   Plan p3 = MustPlan(shuffled, options);
   CHECK(p3.hash_hex == p1.hash_hex);
-  auto o1 = AllOps(agents, p1.ops, p1.agent_order);
-  auto o3 = AllOps(shuffled, p3.ops, p3.agent_order);
+  auto o1 = AllOps(agents, p1);
+  auto o3 = AllOps(shuffled, p3);
   REQUIRE(o1.size() == o3.size());
   for (size_t i = 0; i < o1.size(); ++i) {
     const PlannedOp &x = o1[i].second, &y = o3[i].second;
@@ -260,7 +260,7 @@ TEST_CASE("phases group layers and ops run phase by phase") {
   Plan plan = MustPlan(agents, options);
   CHECK(plan.phases == 6);
   std::vector<int> phases;
-  for (const PlannedOp& op : plan.ops[0]) phases.push_back(op.phase);
+  for (const PlannedOp& op : ExecutedOps(plan, 0)) phases.push_back(op.phase);
   CHECK(phases == std::vector<int>{0, 0, 0, 1, 1, 5});
 }
 
@@ -275,7 +275,7 @@ TEST_CASE("cost model: the step is the busiest rail, bytes over bandwidth plus o
   options.cost.op_overhead_us = 10;
   auto agents = b.Build();
   Plan plan = MustPlan(agents, options);
-  auto ops = AllOps(agents, plan.ops, plan.agent_order);
+  auto ops = AllOps(agents, plan);
   REQUIRE(ops.size() == 2);
   CHECK(ops[0].second.rail != ops[1].second.rail);  // GPU 0 -> rail 0, GPU 1 -> rail 1
   // Receiver: 2 MiB at 10 GB/s dominates 1 MiB / 50 GB/s + 10 us on each sender rail.
@@ -295,7 +295,7 @@ TEST_CASE("rails: a GPU with two NICs alternates them; host memory may use every
   auto agents = b.Build();
   Plan plan = MustPlan(agents);
   std::map<std::string, int> rail;
-  for (const PlannedOp& op : plan.ops[0]) {
+  for (const PlannedOp& op : ExecutedOps(plan, 0)) {
     rail[agents[0].tensors[op.src_tensor].name] = op.rail;
   }
   CHECK(rail["G0"] == 0);

@@ -66,7 +66,7 @@ class Memory {
   // of the block's first source element's bits, at the op's scale position.
   void Apply(const Plan& plan) {
     for (int32_t a : plan.agent_order) {
-      for (const PlannedOp& op : plan.ops[a]) {
+      for (const PlannedOp& op : ExecutedOps(plan, a)) {
         const std::vector<uint8_t>& src = Of(op.src_agent, op.src_tensor);
         std::vector<uint8_t>& dst = Of(op.dst_agent, op.dst_tensor);
         const uint64_t se = DTypeBytes(op.SrcDType()), de = DTypeBytes(op.DstDType());

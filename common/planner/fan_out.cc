@@ -1,0 +1,136 @@
+// Planner step before generation: FP8 checks of every destination entry, and destination
+// classes. Entries of one name with the same geometry (box, place in their buffer, scale place)
+// receive exactly the same ops up to the destination, so they are planned once and the op fans
+// out to all of them: typically the same rank of every inference replica. This keeps the plan
+// (and the time to build it) proportional to source slices x distinct destination shards
+// instead of x receivers.
+#include <algorithm>
+#include <cstring>
+
+#include "common/planner/planner_internal.h"
+
+namespace wb::planner {
+namespace internal {
+namespace {
+
+// Everything the ops of a destination entry depend on, besides the entry itself.
+struct Geometry {
+  Box box;
+  Placement place;
+  Placement scale;    // FP8 only, else default
+  bool view = false;  // FP8 source-cut checks differ for views
+};
+
+bool SamePlacement(const Placement& a, const Placement& b, int ndim) {
+  if (!(a.held == b.held) || a.base != b.base) return false;
+  for (int d = 0; d < ndim; ++d) {
+    if (a.stride[d] != b.stride[d] || a.extent[d] != b.extent[d]) return false;
+  }
+  return true;
+}
+
+bool SameGeometry(const Geometry& a, const Geometry& b) {
+  return a.view == b.view && a.box == b.box && SamePlacement(a.place, b.place, a.box.ndim) &&
+         SamePlacement(a.scale, b.scale, a.scale.held.ndim);
+}
+
+uint64_t HashPlacement(uint64_t h, const Placement& p, int ndim) {
+  h = Mix(h, static_cast<uint64_t>(p.base));
+  for (int d = 0; d < ndim; ++d) {
+    h = Mix(h, static_cast<uint64_t>(p.held.start[d]));
+    h = Mix(h, static_cast<uint64_t>(p.held.size[d]));
+    h = Mix(h, static_cast<uint64_t>(p.stride[d]));
+    h = Mix(h, static_cast<uint64_t>(p.extent[d]));
+  }
+  return h;
+}
+
+uint64_t HashGeometry(const Geometry& g) {
+  uint64_t h = Mix(g.view, static_cast<uint64_t>(g.box.ndim));
+  for (int d = 0; d < g.box.ndim; ++d) {
+    h = Mix(Mix(h, static_cast<uint64_t>(g.box.start[d])), static_cast<uint64_t>(g.box.size[d]));
+  }
+  h = HashPlacement(h, g.place, g.box.ndim);
+  return HashPlacement(h, g.scale, g.scale.held.ndim);
+}
+
+}  // namespace
+
+void Planner::GroupDestinations() {
+  plan_.fanout_begin.assign(1, 0);
+  plan_.fanout_dsts.clear();
+  std::vector<Geometry> geo;
+  std::vector<int32_t> scale;
+  std::vector<std::pair<uint64_t, uint32_t>> order;  // (geometry hash, position in info.dst)
+  std::vector<int32_t> class_of;
+  std::vector<std::vector<uint32_t>> members;
+  for (int32_t n : dst_names_) {
+    NameInfo& info = infos_[n];
+    info.classes.clear();
+    if (info.bad || info.derived_scale || info.parts.empty()) continue;
+    const bool fp8 = info.transform == weightbeam::v1::TRANSFORM_FP8_BLOCK;
+    const size_t count = info.dst.size();
+    geo.assign(count, Geometry{});
+    scale.assign(count, -1);
+    for (size_t i = 0; i < count; ++i) {
+      const EntryRef dref = info.dst[i];
+      geo[i].box = EntryBox(E(dref));
+      geo[i].place = EntryPlacement(E(dref));
+      geo[i].view = !E(dref).view.empty();
+      if (fp8) {
+        // A failing entry reports the name's problem; the name then gets no ops.
+        if (!CheckFp8Entry(n, dref, geo[i].box, &scale[i], i)) break;
+        geo[i].scale = EntryPlacement(agents_[dref.agent].tensors[scale[i]]);
+      }
+    }
+    if (info.fp8_error_reported) continue;
+    if (!options_.fan_out) {
+      for (size_t i = 0; i < count; ++i)
+        info.classes.push_back(DstClass{info.dst[i], scale[i], -1});
+      continue;
+    }
+    // Sort by geometry hash; equal hashes are compared in full (collisions split a run).
+    order.resize(count);
+    for (size_t i = 0; i < count; ++i) order[i] = {HashGeometry(geo[i]), static_cast<uint32_t>(i)};
+    std::sort(order.begin(), order.end());
+    class_of.assign(count, -1);
+    members.clear();
+    for (size_t lo = 0; lo < count;) {
+      size_t hi = lo;
+      while (hi < count && order[hi].first == order[lo].first) ++hi;
+      for (size_t a = lo; a < hi; ++a) {
+        const uint32_t i = order[a].second;
+        if (class_of[i] >= 0) continue;
+        class_of[i] = static_cast<int32_t>(members.size());
+        members.push_back({i});
+        for (size_t b = a + 1; b < hi; ++b) {
+          const uint32_t j = order[b].second;
+          if (class_of[j] < 0 && SameGeometry(geo[i], geo[j])) {
+            class_of[j] = class_of[i];
+            members.back().push_back(j);
+          }
+        }
+      }
+      lo = hi;
+    }
+    // Classes in the order of their first member (info.dst is canonical); members were added
+    // in increasing position, so the leader is the front.
+    for (size_t i = 0; i < count; ++i) {
+      std::vector<uint32_t>& m = members[class_of[i]];
+      if (m.empty() || m.front() != i) continue;  // not the leader, or already emitted
+      int32_t fanout = -1;
+      if (m.size() > 1) {
+        fanout = static_cast<int32_t>(plan_.fanout_begin.size() - 1);
+        for (uint32_t k : m) {
+          plan_.fanout_dsts.push_back(Destination{info.dst[k].agent, info.dst[k].tensor, scale[k]});
+        }
+        plan_.fanout_begin.push_back(static_cast<uint32_t>(plan_.fanout_dsts.size()));
+      }
+      info.classes.push_back(DstClass{info.dst[i], scale[i], fanout});
+      m.clear();
+    }
+  }
+}
+
+}  // namespace internal
+}  // namespace wb::planner

@@ -1,0 +1,265 @@
+// Fan-out plans (PlanOptions::fan_out, one op per destination class) deliver exactly the bytes
+// of the old one-op-per-destination plans: both are applied to the same source buffers by a
+// reference applier written here (per-row copy; FP8 as a stand-in quantizer whose output depends
+// on each 128x128 block's amax, so any change of block grouping shows) and every destination
+// byte is compared. Layouts: dense Qwen3 with fused qkv / gate_up (BF16 and FP8), a Qwen3-MoE
+// with TP / EP on both sides, a DeepSeek (MLA, replicated tensors) and vLLM engine views.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "common/engines/dry_run.h"
+#include "common/engines/model_config.h"
+#include "common/planner/models.h"
+#include "common/planner/plan.h"
+
+using namespace wb::planner;
+
+namespace {
+
+// Sources by (agent, tensor); destinations by (agent, region): the parts (views) of one engine
+// parameter share its buffer.
+using Buffers = std::map<std::pair<int64_t, int64_t>, std::vector<uint8_t>>;
+
+float Bf16ToFloat(const uint8_t* p) {
+  uint32_t bits = (uint32_t{p[1]} << 24) | (uint32_t{p[0]} << 16);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Sources: each element a function of its tensor's name and global position (so replicas of a
+// slice hold the same bytes, whichever one a plan reads), a finite BF16 value (random sign and
+// mantissa, exponent in [-8, 7]) or random bits for other dtypes.
+Buffers Sources(const std::vector<AgentLayout>& agents) {
+  Buffers out;
+  for (size_t a = 0; a < agents.size(); ++a) {
+    for (size_t t = 0; t < agents[a].tensors.size(); ++t) {
+      const TensorEntry& e = agents[a].tensors[t];
+      if (e.owner.role != Role::kTrainer) continue;
+      const uint64_t name_hash = std::hash<std::string>()(e.name);
+      const size_t n = e.shape.size();
+      const size_t eb = DTypeBytes(e.dtype);
+      std::vector<int64_t> start(n, 0), size(e.shape);
+      for (size_t d = 0; d < e.shard.size(); ++d)
+        start[d] = e.shard[d].start, size[d] = e.shard[d].size;
+      int64_t count = 1;
+      for (int64_t s : size) count *= s;
+      std::vector<uint8_t>& b = out[{int32_t(a), int32_t(t)}];
+      b.assign(e.region_bytes, 0);
+      for (int64_t i = 0; i < count; ++i) {
+        int64_t rest = i, global = 0, pitch = 1;
+        for (size_t d = n; d-- > 0;) {
+          global += (start[d] + rest % size[d]) * pitch;
+          rest /= size[d];
+          pitch *= e.shape[d];
+        }
+        uint64_t r = (name_hash ^ (static_cast<uint64_t>(global) * 0x9e3779b97f4a7c15ULL)) *
+                     0xff51afd7ed558ccdULL;
+        r ^= r >> 29;
+        if (e.dtype == weightbeam::v1::DTYPE_BF16) {
+          const uint16_t bits = static_cast<uint16_t>(
+              ((r & 1) << 15) | ((119 + (r >> 1) % 16) << 7) | ((r >> 8) & 0x7f));
+          b[i * 2] = static_cast<uint8_t>(bits);
+          b[i * 2 + 1] = static_cast<uint8_t>(bits >> 8);
+        } else {
+          for (size_t k = 0; k < eb; ++k) b[i * eb + k] = static_cast<uint8_t>(r >> (8 * k));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// Applies every executed op of `plan` to fresh destination buffers (0xEE where nothing lands).
+Buffers Apply(const std::vector<AgentLayout>& agents, const Plan& plan, const Buffers& sources) {
+  Buffers dst;
+  for (size_t a = 0; a < agents.size(); ++a) {
+    for (size_t t = 0; t < agents[a].tensors.size(); ++t) {
+      const TensorEntry& e = agents[a].tensors[t];
+      if (e.owner.role == Role::kInference) {
+        dst[{int64_t(a), int64_t(e.region)}].assign(e.region_bytes, 0xEE);
+      }
+    }
+  }
+  for (int32_t a : plan.agent_order) {
+    ForEachExecutedOp(plan, a, [&](const PlannedOp& op) {
+      const std::vector<uint8_t>& src = sources.at({op.src_agent, op.src_tensor});
+      auto region = [&](int32_t tensor) {
+        return std::pair<int64_t, int64_t>(op.dst_agent,
+                                           agents[op.dst_agent].tensors[tensor].region);
+      };
+      std::vector<uint8_t>& out = dst.at(region(op.dst_tensor));
+      const uint64_t se = DTypeBytes(op.SrcDType()), de = DTypeBytes(op.DstDType());
+      REQUIRE(op.rows > 0);
+      REQUIRE(op.src_offset + (op.rows - 1) * op.src_stride + op.row_elems * se <= src.size());
+      REQUIRE(op.dst_offset + (op.rows - 1) * op.dst_stride + op.row_elems * de <= out.size());
+      if (op.GetTransform() == weightbeam::v1::TRANSFORM_COPY) {
+        for (uint64_t r = 0; r < op.rows; ++r) {
+          std::memcpy(out.data() + op.dst_offset + r * op.dst_stride,
+                      src.data() + op.src_offset + r * op.src_stride, op.row_elems * se);
+        }
+        return;
+      }
+      REQUIRE(op.GetTransform() == weightbeam::v1::TRANSFORM_FP8_BLOCK);
+      REQUIRE(se == 2);
+      std::vector<uint8_t>& scales = dst.at(region(op.scale_tensor));
+      auto at = [&](uint64_t r, uint64_t c) {
+        return Bf16ToFloat(src.data() + op.src_offset + r * op.src_stride + c * 2);
+      };
+      for (uint64_t br = 0; br < op.rows; br += 128) {
+        for (uint64_t bc = 0; bc < op.row_elems; bc += 128) {
+          const uint64_t re = std::min(op.rows, br + 128), ce = std::min(op.row_elems, bc + 128);
+          float amax = 0;
+          for (uint64_t r = br; r < re; ++r) {
+            for (uint64_t c = bc; c < ce; ++c) amax = std::max(amax, std::fabs(at(r, c)));
+          }
+          const float scale = amax > 0 ? amax / 127.0f : 1.0f;
+          for (uint64_t r = br; r < re; ++r) {
+            for (uint64_t c = bc; c < ce; ++c) {
+              out[op.dst_offset + r * op.dst_stride + c] =
+                  static_cast<uint8_t>(static_cast<int8_t>(std::lround(at(r, c) / scale)));
+            }
+          }
+          const uint64_t s = op.scale_offset + (br / 128) * op.scale_stride + (bc / 128) * 4;
+          REQUIRE(s + 4 <= scales.size());
+          std::memcpy(scales.data() + s, &scale, 4);
+        }
+      }
+    });
+  }
+  return dst;
+}
+
+// Plans `agents` both ways and compares every destination byte.
+void CompareBothWays(const std::vector<AgentLayout>& agents, PlanOptions options) {
+  options.fan_out = false;
+  auto fine = BuildPlan(agents, options);
+  INFO((fine.ok() ? "" : std::string(fine.status().message()).substr(0, 2000)));
+  REQUIRE(fine.ok());
+  options.fan_out = true;
+  auto coarse = BuildPlan(agents, options);
+  REQUIRE(coarse.ok());
+
+  CHECK(fine->stats.plan_ops == fine->stats.total_ops);
+  CHECK(fine->fanout_dsts.empty());
+  // The fan-out plan holds fewer ops (every layout here has two or more inference replicas)
+  // and executes the same number.
+  CHECK(coarse->stats.plan_ops < coarse->stats.total_ops);
+  CHECK(coarse->stats.total_ops == fine->stats.total_ops);
+  CHECK(coarse->stats.total_bytes == fine->stats.total_bytes);
+  // Source replicas are balanced per op, so senders may differ; receivers get the same.
+  CHECK(coarse->stats.recv_bytes == fine->stats.recv_bytes);
+
+  const Buffers sources = Sources(agents);
+  const Buffers a = Apply(agents, *fine, sources);
+  const Buffers b = Apply(agents, *coarse, sources);
+  REQUIRE(a.size() == b.size());
+  uint64_t compared = 0, differing = 0, written = 0;
+  for (const auto& [key, bytes] : a) {
+    const std::vector<uint8_t>& other = b.at(key);
+    REQUIRE(bytes.size() == other.size());
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      ++compared;
+      differing += bytes[i] != other[i];
+      written += bytes[i] != 0xEE;
+    }
+  }
+  CHECK(differing == 0);
+  // Not vacuous: nearly every destination byte was written (0xEE can also be a real value;
+  // vocab padding of engine buffers is never written).
+  CHECK(written > compared * 9 / 10);
+}
+
+PlanOptions FusedOptions() {
+  PlanOptions o;
+  o.fusions = DefaultFusionRules();
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("fan-out: dense Qwen3 with fused qkv / gate_up, BF16 and FP8, same bytes") {
+  const bool fp8 = GENERATE(false, true);
+  const int trainer_replicas = GENERATE(1, 2);
+  Qwen3Config c = Qwen3_0_6B();
+  c.layers = 2;
+  c.vocab = 4096;
+  TrainerOptions tr;
+  tr.ranks = 4;
+  tr.replicas = trainer_replicas;
+  tr.gpus_per_agent = 2;
+  InferenceOptions inf;
+  inf.gpus = 6;  // three replicas of TP 2
+  inf.tp = 2;
+  inf.fp8 = fp8;
+  inf.gpus_per_agent = 2;
+  auto agents = BuildLayouts(BuildQwen3("small", c), tr, inf);
+  REQUIRE(agents.ok());
+  CompareBothWays(*agents, FusedOptions());
+}
+
+TEST_CASE("fan-out: Qwen3-MoE with trainer EP and inference TP 4 / EP 2, FP8, same bytes") {
+  Qwen3Config c = Qwen3_0_6B();
+  c.layers = 2;
+  c.vocab = 2048;
+  c.hidden = 512;
+  c.experts = 4;
+  c.moe_intermediate = 384;
+  TrainerOptions tr;
+  tr.ranks = 8;
+  tr.ep = 2;
+  tr.gpus_per_agent = 4;
+  InferenceOptions inf;
+  inf.gpus = 8;  // two replicas
+  inf.tp = 4;
+  inf.ep = 2;
+  inf.gpus_per_agent = 4;
+  auto agents = BuildLayouts(BuildQwen3("moe", c), tr, inf);
+  REQUIRE(agents.ok());
+  CompareBothWays(*agents, FusedOptions());
+}
+
+TEST_CASE("fan-out: DeepSeek (MLA, replicated q_a / kv_a) TP 4, FP8, same bytes") {
+  DeepSeekV3Config c = KimiK2();
+  c.hidden = 512, c.layers = 2, c.intermediate = 1024, c.experts = 4, c.moe_intermediate = 256;
+  c.heads = 4, c.q_lora_rank = 256, c.kv_lora_rank = 256, c.vocab = 1024;
+  TrainerOptions tr;
+  tr.ranks = 8;
+  InferenceOptions inf;
+  inf.gpus = 8;
+  inf.tp = 4;
+  auto agents = BuildLayouts(BuildDeepSeekV3("deepseek", c), tr, inf);
+  REQUIRE(agents.ok());
+  CompareBothWays(*agents, FusedOptions());
+}
+
+TEST_CASE("fan-out: vLLM engine views of a DeepSeek-V3 config (stacked experts, FP8), same bytes") {
+  const char* json = R"({
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "hidden_size": 256, "intermediate_size": 1024, "moe_intermediate_size": 256,
+    "num_hidden_layers": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 256,
+    "kv_lora_rank": 256, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 2,
+    "topk_group": 1, "topk_method": "noaux_tc", "vocab_size": 1000,
+    "tie_word_embeddings": false,
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+  })";
+  auto config = wb::engines::ParseModelConfig(json, "test");
+  INFO((config.ok() ? "" : std::string(config.status().message())));
+  REQUIRE(config.ok());
+  wb::engines::DeploymentOptions d;
+  d.trainers = 4;
+  d.inference_gpus = 4;  // two replicas of TP 2
+  d.tp = 2;
+  d.ep = GENERATE(1, 2);
+  d.fp8 = true;
+  d.gpus_per_agent = 2;
+  auto agents = wb::engines::DeploymentLayouts(*config, d);
+  INFO((agents.ok() ? "" : std::string(agents.status().message())));
+  REQUIRE(agents.ok());
+  CompareBothWays(*agents, PlanOptions{});
+}
