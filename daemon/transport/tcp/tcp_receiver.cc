@@ -143,11 +143,12 @@ absl::Status TcpReceiver::CloseStep() {
 void TcpReceiver::CutLanding(bool keep_any, uint64_t keep) {
   std::lock_guard<std::mutex> lock(conns_mu_);
   for (auto& conn : conns_) {
-    if (conn->landing && !(keep_any && conn->landing_step == keep)) {
+    const uint64_t step = conn->landing_step;
+    if (conn->landing && !(keep_any && step == keep)) {
       spdlog::warn(
           "tcp transport: cutting the connection from '{}' ({}): it is landing a write "
           "of step {}, which is over",
-          conn->peer, conn->remote, conn->landing_step);
+          conn->peer, conn->remote, step);
       ::shutdown(conn->fd.get(), SHUT_RDWR);
     }
   }
@@ -398,20 +399,14 @@ absl::Status TcpReceiver::HandleWrite(Connection* conn, const FrameHeader& heade
   // it. GPU memory goes through the pinned staging ring (its own per-chunk timeouts).
   const auto deadline = std::chrono::steady_clock::now() + options_.write_timeout;
   absl::Status staging_error;
-  {
-    std::lock_guard<std::mutex> lock(conns_mu_);
-    conn->landing = true;
-    conn->landing_step = header.step;
-  }
+  conn->landing_step = header.step;
+  conn->landing = true;
   RecvOutcome outcome =
       pin->kind() == MemoryKind::kCuda
           ? RecvDevicePayload(conn->staging, conn->fd.get(), pin->device(), pin->data(),
                               header.length, &got, &err, &staging_error)
           : RecvExactBy(conn->fd.get(), pin->data(), header.length, deadline, &got, &err);
-  {
-    std::lock_guard<std::mutex> lock(conns_mu_);
-    conn->landing = false;
-  }
+  conn->landing = false;
   if (!staging_error.ok()) return staging_error;
   if (outcome != RecvOutcome::kOk) {
     return absl::UnavailableError(

@@ -59,10 +59,12 @@ class TcpReceiver {
     std::thread thread;
     std::atomic<bool> finished{false};
     gpu::LazyStaging staging;  // pinned ring for GPU destinations
-    // Set while a payload admitted by the fence is landing (under conns_mu_): the step it
-    // belongs to. Moving the fence cuts connections landing another step's bytes.
-    bool landing = false;
-    uint64_t landing_step = 0;
+    // Set while a payload admitted by the fence is landing, with the step it belongs to: moving
+    // the fence cuts connections landing another step's bytes. Atomics, not conns_mu_, on
+    // this per-frame path: a flag set just after a cut looked is seen by the next cut (the
+    // fence keeps cutting every 100 ms until the writes it admitted have drained).
+    std::atomic<bool> landing{false};
+    std::atomic<uint64_t> landing_step{0};
   };
   struct BatchProgress {
     uint32_t parts_seen = 0;
