@@ -111,7 +111,11 @@ void Executor::Cancel(uint64_t step_id, const std::string& reason) {
   {
     absl::MutexLock lock(&mu_);
     if (delta_) delta_->Invalidate();  // the destination may hold part of a step
-    if (step_id != 0) cancelled_step_ = step_id;
+    // Remembered only for a step that has not started here: its Execute may still be on its
+    // way. A step that ran here already may run again (the controller retries a step without
+    // dropped receivers, and an agent holding one of them is aborted meanwhile).
+    const bool running = current_ && current_->step_id == step_id;
+    if (step_id != 0 && !running && last_started_step_ != step_id) cancelled_step_ = step_id;
     if (current_ && (step_id == 0 || current_->step_id == step_id) && !current_->cancelled) {
       current_->reason = reason;
       current_->cancelled = true;
@@ -612,6 +616,7 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
       return report;
     }
     current_ = step_run;
+    last_started_step_ = step_id;
     routes = routes_;
   }
   staging_->ResetPeak();

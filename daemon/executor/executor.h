@@ -154,7 +154,8 @@ class Executor {
   bool loaded_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<delta::DeltaSender> delta_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<StepRun> current_ ABSL_GUARDED_BY(mu_);  // the step running, if any
-  uint64_t cancelled_step_ ABSL_GUARDED_BY(mu_) = 0;       // the last step id cancelled
+  uint64_t cancelled_step_ ABSL_GUARDED_BY(mu_) = 0;       // the last step cancelled before it ran
+  uint64_t last_started_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> ops_in_flight_{0};
   WorkerPool prepare_pool_;  // the prepare stage's threads, reused across phases and steps
 };
