@@ -192,6 +192,12 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std:
                &c.executor.staging_watermark_bytes);
   ex.ReadUint32("write_timeout_ms", 10, 3600000, &c.executor.write_timeout_ms);
   ex.ReadInt("prepare_threads", 1, 64, &c.executor.prepare_threads);
+  {
+    int64_t hold_version = 0;
+    ex.ReadInt("test_hold_version", 0, std::numeric_limits<int64_t>::max(), &hold_version);
+    c.executor.test_hold_version = static_cast<uint64_t>(hold_version);
+  }
+  ex.ReadUint32("test_hold_ms", 0, 600000, &c.executor.test_hold_ms);
   ex.RejectUnknownKeys();
 
   {

@@ -42,6 +42,10 @@ struct ExecutorConfig {
   uint64_t staging_watermark_bytes = uint64_t{1} << 30;
   uint32_t write_timeout_ms = 30000;
   int prepare_threads = 2;
+  // Test hook (tests/security/step_fence_test.cc): the write stage of this version holds each
+  // operation for test_hold_ms before posting it (a stage that cannot be interrupted). 0: off.
+  uint64_t test_hold_version = 0;
+  uint32_t test_hold_ms = 0;
 };
 
 // The storage path of delta mode: versions go through a shared directory instead of the

@@ -517,8 +517,11 @@ StepSpec ControllerCore::NextStep(uint64_t version, Clock::time_point started,
   spec.anchor = spec.delta && (delta_need_anchor_ ||
                                delta_since_anchor_ + 1 >=
                                    std::max<uint32_t>(1, plan_.summary.delta().anchor_every()));
+  // The step's fence id: every write of this step carries it, and receivers refuse writes of
+  // any other (a failed step's late writes); random, so a retried version gets a new one.
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  while (spec.step_id == 0) spec.step_id = rng();
   if (spec.delta) {
-    static thread_local std::mt19937_64 rng(std::random_device{}());
     while (spec.nonce == 0) spec.nonce = rng();
     absl::MutexLock slock(&state_mu_);
     // Every receiver of a delta step got every step since the anchor (any that did not forced

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -139,6 +140,12 @@ absl::Status BelowFloor(const StepSpec& spec, const ReplicaBook& book, const std
   return absl::AbortedError(msg);
 }
 
+// A step's fence id when the caller did not pick one: random, never 0.
+uint64_t NewStepId() {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  return rng();
+}
+
 // A fresh attempt's nonce: never 0, never the previous one.
 uint64_t NextNonce(uint64_t nonce) { return nonce + 1 == 0 ? 1 : nonce + 1; }
 
@@ -146,6 +153,7 @@ uint64_t NextNonce(uint64_t nonce) { return nonce + 1 == 0 ? 1 : nonce + 1; }
 
 absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) {
   StepSpec spec = spec_in;  // a retried execute changes the nonce and the anchor choice
+  while (spec.step_id == 0) spec.step_id = NewStepId();
   std::vector<std::string> involved = spec.senders;
   involved.insert(involved.end(), spec.receivers.begin(), spec.receivers.end());
   struct InFlight {
@@ -159,13 +167,14 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
   {
     absl::MutexLock lock(&mu_);
     inflight_version_ = spec.version;
+    inflight_step_id_ = spec.step_id;
     inflight_agents_ = involved;
     inflight_aborted_ = false;
   }
   ReplicaBook book(spec);
   // Aborts the agents `book` just excluded, so their watchers learn `version` is not coming.
   auto abort_dropped = [&](const std::vector<std::string>& agents, const std::string& why) {
-    if (!agents.empty()) AbortEverywhere(spec.version, agents, why);
+    if (!agents.empty()) AbortEverywhere(spec.version, agents, why, spec.step_id);
   };
 
   // Phase 1: begin. A receiver that fails it leaves the step with its replicas.
@@ -175,7 +184,7 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
         absl::StrCat("agent ", failed.begin()->first, ": ", failed.begin()->second);
     if (book.live() < spec.min_replicas) {
       const absl::Status s = BelowFloor(spec, book, "began on", "");
-      AbortEverywhere(spec.version, involved, std::string(s.message()));
+      AbortEverywhere(spec.version, involved, std::string(s.message()), spec.step_id);
       return s;
     }
     spdlog::warn("step {}: dropped {}", spec.version, book.DroppedSummary());
@@ -203,13 +212,13 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
     auto gone = aborted ? std::map<std::string, std::string>()
                         : UnreachableReceivers(spec, book.LiveReceivers());
     if (gone.empty()) {  // the senders' own failure
-      AbortEverywhere(spec.version, involved, std::string(s.message()));
+      AbortEverywhere(spec.version, involved, std::string(s.message()), spec.step_id);
       return s;
     }
     auto excluded = book.Drop(gone);
     if (book.live() < spec.min_replicas) {
       const absl::Status floor = BelowFloor(spec, book, "reachable:", std::string(s.message()));
-      AbortEverywhere(spec.version, involved, std::string(floor.message()));
+      AbortEverywhere(spec.version, involved, std::string(floor.message()), spec.step_id);
       return floor;
     }
     spdlog::warn("step {}: {}; dropped {}; executing again without them", spec.version,
@@ -237,7 +246,7 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
     std::vector<std::string> to_abort;
     for (const auto& [agent, e] : failed) to_abort.push_back(agent);
     if (spec.delta) to_abort.insert(to_abort.end(), spec.senders.begin(), spec.senders.end());
-    AbortEverywhere(spec.version, to_abort, why);
+    AbortEverywhere(spec.version, to_abort, why, spec.step_id);
     book.Fill(result);
     if (book.live() < spec.min_replicas) return BelowFloor(spec, book, "committed to", "");
     spdlog::warn("step {}: {}", spec.version, why);
@@ -254,6 +263,7 @@ std::map<std::string, std::string> StepProtocol::BeginOnReceivers(
     AgentCall<v1::BeginRequest> c{a, {}};
     c.request.set_version(spec.version);
     c.request.set_plan_id(spec.plan_id);
+    c.request.set_step_id(spec.step_id);
     calls.push_back(std::move(c));
   }
   std::map<std::string, std::string> failed;
@@ -272,6 +282,7 @@ absl::Status StepProtocol::ExecuteOnSenders(const StepSpec& spec,
     c.request.set_version(spec.version);
     c.request.set_plan_id(spec.plan_id);
     c.request.set_timeout_ms(static_cast<uint32_t>(Remaining(spec).count()));
+    c.request.set_step_id(spec.step_id);
     c.request.set_delta_anchor(spec.anchor);
     c.request.set_step_nonce(spec.nonce);
     for (const auto& s : skip) c.request.add_skip_agents(s);
@@ -327,6 +338,7 @@ std::map<std::string, std::string> StepProtocol::CommitOnReceivers(
     AgentCall<v1::CommitRequest> c{a, {}};
     c.request.set_version(spec.version);
     c.request.set_step_nonce(spec.nonce);
+    c.request.set_step_id(spec.step_id);
     if (spec.delta && !spec.anchor) c.request.set_delta_base_version(spec.delta_base_version);
     for (const auto& report : result->agents()) {
       for (const auto& h : report.hashes()) {
@@ -345,12 +357,13 @@ std::map<std::string, std::string> StepProtocol::CommitOnReceivers(
 }
 
 void StepProtocol::AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
-                                   const std::string& reason) {
+                                   const std::string& reason, uint64_t step_id) {
   std::vector<AgentCall<v1::AbortRequest>> calls;
   for (const auto& a : agents) {
     AgentCall<v1::AbortRequest> c{a, {}};
     c.request.set_version(version);
     c.request.set_reason(reason);
+    c.request.set_step_id(step_id);
     calls.push_back(std::move(c));
   }
   fleet_->Abort(calls, std::chrono::milliseconds(2000));
@@ -358,10 +371,12 @@ void StepProtocol::AbortEverywhere(uint64_t version, const std::vector<std::stri
 
 void StepProtocol::AbortInFlight(const std::string& reason) {
   uint64_t version;
+  uint64_t step_id;
   std::vector<std::string> agents;
   {
     absl::MutexLock lock(&mu_);
     version = inflight_version_;
+    step_id = inflight_step_id_;
     agents = inflight_agents_;
   }
   if (version == 0) return;
@@ -370,7 +385,7 @@ void StepProtocol::AbortInFlight(const std::string& reason) {
     inflight_aborted_ = true;
   }
   spdlog::warn("aborting step {} in flight: {}", version, reason);
-  AbortEverywhere(version, agents, reason);
+  AbortEverywhere(version, agents, reason, step_id);
 }
 
 }  // namespace wb::controller

@@ -23,6 +23,9 @@ namespace wb::controller {
 struct StepSpec {
   uint64_t version = 0;
   uint64_t plan_id = 0;
+  // The step's fence id, carried by Begin, Execute, Commit and Abort (and by every write): 0
+  // picks a random one in Run.
+  uint64_t step_id = 0;
   std::vector<std::string> senders;
   std::vector<std::string> receivers;
   // The step's deadline is `started + timeout`; every phase gets what is left of it.
@@ -100,15 +103,17 @@ class StepProtocol {
   // (agent -> why), i.e. the ones the failure is most likely about.
   std::map<std::string, std::string> UnreachableReceivers(
       const StepSpec& spec, const std::vector<std::string>& receivers);
-  // Tells `agents` to abort `version` (best effort, 2 s).
+  // Tells `agents` to abort `version` (best effort, 2 s); `step_id` names the step so that
+  // an abort arriving late leaves a newer step alone.
   void AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
-                       const std::string& reason);
+                       const std::string& reason, uint64_t step_id = 0);
 
  private:
   AgentFleet* fleet_;
   absl::Mutex mu_;
   // The step in flight (version 0: none) and the agents it involves, for AbortInFlight.
   uint64_t inflight_version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t inflight_step_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> inflight_agents_ ABSL_GUARDED_BY(mu_);
   bool inflight_aborted_ ABSL_GUARDED_BY(mu_) = false;  // no more attempts
 };

@@ -90,13 +90,16 @@ Executor::Executor(registry::RegionRegistry* registry, StagingPool* staging,
 
 void Executor::Load(std::vector<v1::TransferOp> ops, std::map<std::string, Route> routes,
                     std::shared_ptr<delta::DeltaSender> delta) {
+  std::stable_sort(ops.begin(), ops.end(), [](const v1::TransferOp& a, const v1::TransferOp& b) {
+    return a.phase() < b.phase();
+  });
+  // A step of the old plan still running is stale: stop it and wait until it is gone.
+  CancelCurrent("a new plan is being loaded");
+  absl::MutexLock serial(&run_mu_);
   absl::MutexLock lock(&mu_);
   delta_ = std::move(delta);
   ops_ = std::move(ops);
-  std::stable_sort(ops_.begin(), ops_.end(), [](const v1::TransferOp& a, const v1::TransferOp& b) {
-    return a.phase() < b.phase();
-  });
-  routes_ = std::move(routes);
+  routes_ = std::make_shared<const Routes>(std::move(routes));
   loaded_ = true;
 }
 
@@ -105,12 +108,30 @@ bool Executor::loaded() const {
   return loaded_;
 }
 
-void Executor::Cancel(const std::string& reason) {
+void Executor::Cancel(uint64_t step_id, const std::string& reason) {
   {
     absl::MutexLock lock(&mu_);
-    cancelled_ = true;
-    cancel_reason_ = reason;
     if (delta_) delta_->Invalidate();  // the destination may hold part of a step
+    // Remembered only for a step that has not started here: its Execute may still be on its
+    // way. A step that ran here already may run again (the controller retries a step without
+    // dropped receivers, and an agent holding one of them is aborted meanwhile).
+    const bool running = current_ && current_->step_id == step_id;
+    if (step_id != 0 && !running && last_started_step_ != step_id) cancelled_step_ = step_id;
+    if (current_ && (step_id == 0 || current_->step_id == step_id) && !current_->cancelled) {
+      current_->reason = reason;
+      current_->cancelled = true;
+    }
+  }
+  staging_->Poke();
+}
+
+void Executor::CancelCurrent(const std::string& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!current_ || current_->cancelled) return;
+    current_->reason = reason;
+    current_->cancelled = true;
+    if (delta_) delta_->Invalidate();  // it did not finish: the destination may hold part of it
   }
   staging_->Poke();
 }
@@ -182,7 +203,7 @@ absl::Status Executor::BuildWrites(const Job& job, std::vector<transport::WriteO
 
 absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
                                     delta::DeltaSender* delta, v1::AgentStepReport* report,
-                                    absl::Mutex* report_mu) {
+                                    absl::Mutex* report_mu, const std::atomic<bool>* cancelled) {
   const v1::TransferOp& op = *job->op;
   const delta::OpLayout* layout = delta->Layout(op.op_id());
   if (layout == nullptr) {
@@ -208,7 +229,7 @@ absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
     }
     const double encode_s = Since(t0);
     if (out->packed) {
-      auto lease = staging_->Acquire(slot.size(), &cancelled_);
+      auto lease = staging_->Acquire(slot.size(), cancelled);
       if (!lease.ok()) return lease.status();
       job->staging = std::move(*lease);
       std::memcpy(job->staging->data, slot.data(), slot.size());
@@ -221,7 +242,7 @@ absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
                         absl::StrCat(OpName(op), ": ", rows.status().message()));
   }
   src = rows->base();
-  auto lease = staging_->Acquire(layout->flat_bytes, &cancelled_);
+  auto lease = staging_->Acquire(layout->flat_bytes, cancelled);
   if (!lease.ok()) return lease.status();
   job->staging = std::move(*lease);
   if (preparer_->StagingBytes(op) > 0) {
@@ -281,9 +302,14 @@ absl::Status Executor::RecordDelta(Job* job, const delta::OpOutcome& out, double
 // can complete a batch after the phase gave up on it (the step already failed), so the
 // completion must never reference RunPhase's frame.
 struct Executor::PhaseRun {
-  PhaseRun(std::shared_ptr<const std::vector<v1::TransferOp>> plan, const delta::StepDelta& step,
-           delta::DeltaSender* delta, v1::AgentStepReport* report, int prepare_threads)
+  PhaseRun(std::shared_ptr<const std::vector<v1::TransferOp>> plan,
+           std::shared_ptr<const Routes> routes, std::shared_ptr<StepRun> step_run,
+           Clock::time_point deadline, const delta::StepDelta& step, delta::DeltaSender* delta,
+           v1::AgentStepReport* report, int prepare_threads)
       : plan(std::move(plan)),
+        routes(std::move(routes)),
+        step_run(std::move(step_run)),
+        deadline(deadline),
         step(step),
         delta(delta),
         report(report),
@@ -292,6 +318,11 @@ struct Executor::PhaseRun {
 
   // Keeps the ops alive for late completions (Posted::op points into it).
   const std::shared_ptr<const std::vector<v1::TransferOp>> plan;
+  // The routes this step started with (Job::route points into them): a Load meanwhile swaps
+  // in new ones without pulling these from under the step.
+  const std::shared_ptr<const Routes> routes;
+  const std::shared_ptr<StepRun> step_run;  // the step's id and cancellation
+  const Clock::time_point deadline;         // nothing is posted after it
   // The three below are used by the stages only, never by completions: they live in
   // Execute's frame.
   const delta::StepDelta& step;
@@ -331,11 +362,14 @@ struct Executor::Posted {
 };
 
 absl::Status Executor::RunPhase(std::shared_ptr<const std::vector<v1::TransferOp>> plan,
+                                std::shared_ptr<const Routes> routes,
+                                std::shared_ptr<StepRun> step_run,
                                 const std::vector<const v1::TransferOp*>& ops,
                                 Clock::time_point deadline, const delta::StepDelta& step,
                                 delta::DeltaSender* delta, v1::AgentStepReport* report) {
   auto shared_run =
-      std::make_shared<PhaseRun>(std::move(plan), step, delta, report, options_.prepare_threads);
+      std::make_shared<PhaseRun>(std::move(plan), std::move(routes), std::move(step_run), deadline,
+                                 step, delta, report, options_.prepare_threads);
   PhaseRun& run = *shared_run;
   StageIn(ops, &run);
   for (int i = 0; i < options_.prepare_threads; ++i) {
@@ -348,6 +382,7 @@ absl::Status Executor::RunPhase(std::shared_ptr<const std::vector<v1::TransferOp
     run.preparers_done.wait(lock, [&] { return run.preparers_running == 0; });
   }
   AwaitCompletions(&run, deadline);
+  if (run.error.failed() || run.step_run->cancelled) AbandonOutstanding(&run);
   auto* st = report->mutable_stages();
   st->set_prepare_seconds(st->prepare_seconds() + run.prepare_ns.load() * 1e-9);
   if (run.first_post_ns.load() > 0 && run.last_done_ns.load() > run.first_post_ns.load()) {
@@ -357,9 +392,9 @@ absl::Status Executor::RunPhase(std::shared_ptr<const std::vector<v1::TransferOp
   st->set_complete_seconds(st->complete_seconds() + run.complete_ns.load() * 1e-9);
   report->set_bytes_sent(report->bytes_sent() + run.bytes_sent.load());
   report->set_bytes_dense(report->bytes_dense() + run.bytes_dense.load());
-  if (cancelled_ && run.error.Get().ok()) {
+  if (run.step_run->cancelled && run.error.Get().ok()) {
     absl::MutexLock lock(&mu_);
-    return absl::AbortedError(absl::StrCat("step cancelled: ", cancel_reason_));
+    return absl::AbortedError(absl::StrCat("step cancelled: ", run.step_run->reason));
   }
   return run.error.Get();
 }
@@ -395,9 +430,8 @@ void Executor::StageIn(const std::vector<const v1::TransferOp*>& ops, PhaseRun* 
       }
     }
     {
-      absl::MutexLock lock(&mu_);
-      auto it = routes_.find(op->dst_agent());
-      if (it == routes_.end()) {
+      auto it = run->routes->find(op->dst_agent());
+      if (it == run->routes->end()) {
         run->error.Set(absl::FailedPreconditionError(
             absl::StrCat(OpName(*op), ": no connection to agent ", op->dst_agent())));
         break;
@@ -413,7 +447,7 @@ void Executor::StageIn(const std::vector<const v1::TransferOp*>& ops, PhaseRun* 
 
 void Executor::PrepareStage(PhaseRun* run) {
   while (auto job = run->to_prepare.Pop()) {
-    if (run->error.failed() || cancelled_) continue;
+    if (run->error.failed() || run->step_run->cancelled) continue;
     const auto t0 = Clock::now();
     if (auto s = Prepare(&*job, run); !s.ok()) {
       run->error.Set(s);
@@ -431,11 +465,12 @@ absl::Status Executor::Prepare(Job* job, PhaseRun* run) {
   if (run->delta != nullptr) {
     const delta::OpLayout* layout = run->delta->Layout(job->op->op_id());
     job->dense_bytes = layout ? layout->dense_bytes : 0;
-    return PrepareDelta(job, run->step, run->delta, run->report, &run->report_mu);
+    return PrepareDelta(job, run->step, run->delta, run->report, &run->report_mu,
+                        &run->step_run->cancelled);
   }
   const uint64_t need = preparer_->StagingBytes(*job->op);
   if (need == 0) return absl::OkStatus();  // written zero-copy from the source
-  auto lease = staging_->Acquire(need, &cancelled_);
+  auto lease = staging_->Acquire(need, &run->step_run->cancelled);
   if (!lease.ok()) return lease.status();
   job->staging = std::move(*lease);
   auto rows = HostSourceRows::Read(*job->op, *job->source);  // CUDA sources: a host copy
@@ -453,8 +488,20 @@ absl::Status Executor::Prepare(Job* job, PhaseRun* run) {
 }
 
 void Executor::WriteStage(const std::shared_ptr<PhaseRun>& run) {
+  const bool hold = options_.test_hold.count() > 0 && options_.test_hold_version != 0 &&
+                    run->step.version == options_.test_hold_version;
   while (auto job = run->to_write.Pop()) {
-    if (run->error.failed() || cancelled_) continue;  // dropped: its staging goes back
+    // A dropped job gives its staging back. The step's own flag: the next step never clears it.
+    if (run->error.failed() || run->step_run->cancelled) continue;
+    if (hold) std::this_thread::sleep_for(options_.test_hold);
+    if (run->error.failed() || run->step_run->cancelled) continue;
+    // A write posted after the deadline would land after the controller gave up on the step
+    // (and maybe after the next one began): never post late.
+    if (Clock::now() >= run->deadline) {
+      run->error.Set(absl::DeadlineExceededError(absl::StrCat(
+          OpName(*job->op), ": the step deadline passed before it could be written (not sent)")));
+      continue;
+    }
     if (auto s = Post(std::move(*job), run); !s.ok()) run->error.Set(s);
   }
 }
@@ -462,6 +509,7 @@ void Executor::WriteStage(const std::shared_ptr<PhaseRun>& run) {
 absl::Status Executor::Post(Job job, const std::shared_ptr<PhaseRun>& run) {
   std::vector<transport::WriteOp> writes;
   if (auto s = BuildWrites(job, &writes); !s.ok()) return s;
+  for (auto& w : writes) w.step = run->step_run->step_id;  // the receivers' step fence
   Posted posted;
   posted.op = job.op;
   posted.source = job.source;
@@ -482,6 +530,33 @@ absl::Status Executor::Post(Job job, const std::shared_ptr<PhaseRun>& run) {
     Complete(run.get(), posted, std::move(s));
   });
   return absl::OkStatus();
+}
+
+void Executor::AbandonOutstanding(PhaseRun* run) {
+  std::vector<std::pair<std::string, int64_t>> holding;
+  {
+    absl::MutexLock lock(&run->done_mu);
+    for (const auto& [peer, n] : run->outstanding_by_peer) holding.emplace_back(peer, n);
+  }
+  if (holding.empty()) return;
+  // Not under done_mu: abandoning completes the batches, and completions take it.
+  for (const auto& [peer, n] : holding) {
+    auto it = run->routes->find(peer);
+    if (it == run->routes->end() || !it->second.peer) continue;
+    it->second.peer->Abandon(absl::StrCat("step of version ", run->step.version, " given up with ",
+                                          n, " batch(es) to '", peer, "' outstanding"));
+  }
+  absl::MutexLock lock(&run->done_mu);
+  auto all_done = [run]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run->done_mu) { return run->outstanding == 0; };
+  if (!run->done_mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(5))) {
+    // Their completions (and staging, and source) stay alive through the shared phase state;
+    // the receivers' step fence refuses whatever still arrives.
+    spdlog::error(
+        "step of version {}: {} batch(es) still not completed 5 s after they were "
+        "abandoned",
+        run->step.version, run->outstanding);
+  }
 }
 
 void Executor::Complete(PhaseRun* run, const Posted& posted, absl::Status s) {
@@ -512,10 +587,15 @@ void Executor::AwaitCompletions(PhaseRun* run, Clock::time_point deadline) {
   auto all_done = [run]()
                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(run->done_mu) { return run->outstanding == 0; };
   while (!all_done()) {
-    if (Clock::now() >= deadline) break;
+    if (Clock::now() >= deadline || run->step_run->cancelled) break;
     run->done_mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Milliseconds(50));
   }
   if (run->outstanding == 0) return;
+  if (run->step_run->cancelled && Clock::now() < deadline) {
+    run->error.Set(absl::AbortedError(
+        absl::StrCat("step cancelled with ", run->outstanding, " batch(es) unacknowledged")));
+    return;
+  }
   // A slow or stalled peer fails the step, never the process: the batches still out keep the
   // phase (and their staging and source) alive through their completions, which may come late.
   std::vector<std::string> slow;
@@ -528,20 +608,33 @@ void Executor::AwaitCompletions(PhaseRun* run, Clock::time_point deadline) {
 }
 
 v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::milliseconds timeout,
-                                      delta::StepDelta step, const std::set<std::string>& skip) {
+                                      delta::StepDelta step, const std::set<std::string>& skip,
+                                      uint64_t step_id) {
   v1::AgentStepReport report;
   const auto t0 = Clock::now();
   const auto deadline = t0 + timeout;
+  // A step still running is one the controller gave up on: stop it, and wait until nothing of
+  // it is left (its executor finished, its outstanding batches abandoned).
+  CancelCurrent(absl::StrCat("superseded by a step of version ", version));
+  absl::MutexLock serial(&run_mu_);
+  auto step_run = std::make_shared<StepRun>(step_id);
   std::shared_ptr<std::vector<v1::TransferOp>> plan;
+  std::shared_ptr<const Routes> routes;
   {
     absl::MutexLock lock(&mu_);
-    cancelled_ = false;
-    cancel_reason_.clear();
     if (!loaded_) {
       report.set_ok(false);
       report.set_error("no plan loaded");
       return report;
     }
+    if (step_id != 0 && step_id == cancelled_step_) {
+      report.set_ok(false);
+      report.set_error(absl::StrCat("step ", version, " was aborted before it started here"));
+      return report;
+    }
+    current_ = step_run;
+    last_started_step_ = step_id;
+    routes = routes_;
   }
   staging_->ResetPeak();
   std::vector<const v1::TransferOp*> phase;
@@ -567,7 +660,7 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   for (size_t i = 0; i < ops.size() && status.ok(); ++i) {
     phase.push_back(&ops[i]);
     if (i + 1 == ops.size() || ops[i + 1].phase() != ops[i].phase()) {
-      status = RunPhase(plan, phase, deadline, step, delta.get(), &report);
+      status = RunPhase(plan, routes, step_run, phase, deadline, step, delta.get(), &report);
       phase.clear();
     }
   }
@@ -578,6 +671,10 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   }
   if (delta && !status.ok()) delta->Invalidate();
   report.mutable_stages()->set_peak_staging_bytes(staging_->peak_in_flight());
+  {
+    absl::MutexLock lock(&mu_);
+    if (current_ == step_run) current_.reset();
+  }
   report.set_seconds(Since(t0));
   report.set_ok(status.ok());
   if (!status.ok()) report.set_error(std::string(status.message()));

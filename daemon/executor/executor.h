@@ -53,6 +53,11 @@ struct ExecutorOptions {
   int prepare_threads = 2;
   std::chrono::milliseconds write_timeout{30000};
   uint64_t max_write_batch = 64;  // writes posted per batch
+  // Test hook (tests/security/step_fence_test.cc): the write stage of version
+  // `test_hold_version` holds each operation for `test_hold` before posting it, like a stage
+  // that cannot be interrupted. 0: off.
+  uint64_t test_hold_version = 0;
+  std::chrono::milliseconds test_hold{0};
 };
 
 class Executor {
@@ -62,19 +67,27 @@ class Executor {
 
   // Replaces the plan; `routes` maps each destination agent to its route. With `delta` (delta
   // mode), steps that ask for it stage every op, compare it with its shadow and may send it as
-  // a packed delta into the receiver's slot.
+  // a packed delta into the receiver's slot. A step still running is cancelled and waited for
+  // first: nothing of the old plan is in use once Load returns.
   void Load(std::vector<weightbeam::v1::TransferOp> ops, std::map<std::string, Route> routes,
             std::shared_ptr<delta::DeltaSender> delta = nullptr);
   bool loaded() const;
 
   // Runs every op of the loaded plan, phase by phase (a barrier between phases), except the
   // ops to the destination agents in `skip` (dropped from this step). Fails with the first
-  // error, naming the operation (source -> destination tensor, peer).
+  // error, naming the operation (source -> destination tensor, peer). Every write carries
+  // `step_id` (the receivers' step fence). One step at a time: a step still running is
+  // cancelled (the controller gave up on it) and waited for until nothing of it is left: its
+  // batches not yet on the wire are abandoned, and none is posted after its deadline.
   weightbeam::v1::AgentStepReport Execute(uint64_t version, std::chrono::milliseconds timeout,
                                           delta::StepDelta step = {},
-                                          const std::set<std::string>& skip = {});
+                                          const std::set<std::string>& skip = {},
+                                          uint64_t step_id = 0);
   // Makes a running Execute fail promptly with `reason`.
-  void Cancel(const std::string& reason);
+  void Cancel(const std::string& reason) { Cancel(0, reason); }
+  // The same for step `step_id` only (0: whichever runs); a step cancelled before it started
+  // fails at once when it comes. A late abort of an older step leaves the current one alone.
+  void Cancel(uint64_t step_id, const std::string& reason);
   // Operations whose writes are posted and not yet acknowledged (all steps together).
   int64_t ops_in_flight() const { return ops_in_flight_.load(std::memory_order_relaxed); }
 
@@ -82,8 +95,19 @@ class Executor {
   struct Job;
   struct PhaseRun;
   struct Posted;
+  // One Execute: its step and cancellation, which the next step never resets.
+  struct StepRun {
+    explicit StepRun(uint64_t step_id) : step_id(step_id) {}
+    const uint64_t step_id;
+    std::atomic<bool> cancelled{false};
+    std::string reason;  // why it was cancelled; guarded by the executor's mu_
+  };
+  using Routes = std::map<std::string, Route>;
+  // Cancels the step running now, if any (`reason` is what it fails with).
+  void CancelCurrent(const std::string& reason);
   // One phase through the pipeline; returns its first error.
   absl::Status RunPhase(std::shared_ptr<const std::vector<weightbeam::v1::TransferOp>> plan,
+                        std::shared_ptr<const Routes> routes, std::shared_ptr<StepRun> step_run,
                         const std::vector<const weightbeam::v1::TransferOp*>& ops,
                         std::chrono::steady_clock::time_point deadline,
                         const delta::StepDelta& step, delta::DeltaSender* delta,
@@ -100,12 +124,16 @@ class Executor {
   absl::Status Post(Job job, const std::shared_ptr<PhaseRun>& run);
   // Complete (on a transport thread): staging goes back, bytes count, one batch fewer is out.
   void Complete(PhaseRun* run, const Posted& posted, absl::Status s);
-  // The barrier that ends a phase: every posted batch completed, or the deadline passed (the
-  // phase fails naming the peers still holding batches; it does not wait for them).
+  // The barrier that ends a phase: every posted batch completed, or the deadline passed or
+  // the step was cancelled (the phase fails naming the peers still holding batches).
   void AwaitCompletions(PhaseRun* run, std::chrono::steady_clock::time_point deadline);
+  // After a failed phase: the peers still holding its batches abandon them (nothing queued is
+  // sent late), and their completions are waited for (bounded).
+  void AbandonOutstanding(PhaseRun* run);
   // Delta mode: the op's transformed bytes into `staging`, then change detection.
   absl::Status PrepareDelta(Job* job, const delta::StepDelta& step, delta::DeltaSender* delta,
-                            weightbeam::v1::AgentStepReport* report, absl::Mutex* report_mu);
+                            weightbeam::v1::AgentStepReport* report, absl::Mutex* report_mu,
+                            const std::atomic<bool>* cancelled);
   absl::Status RecordDelta(Job* job, const delta::OpOutcome& out, double encode_seconds,
                            const delta::StepDelta& step, weightbeam::v1::AgentStepReport* report,
                            absl::Mutex* report_mu);
@@ -116,14 +144,19 @@ class Executor {
   const Preparer* preparer_;
   ExecutorOptions options_;
 
+  // Held by Execute from start to end and by Load: steps never overlap, and a plan is never
+  // replaced under one.
+  absl::Mutex run_mu_;
   mutable absl::Mutex mu_;
   std::vector<weightbeam::v1::TransferOp> ops_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Route> routes_ ABSL_GUARDED_BY(mu_);
+  // Shared with the step running (and its late completions): Load swaps in a new map.
+  std::shared_ptr<const Routes> routes_ ABSL_GUARDED_BY(mu_);
   bool loaded_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<delta::DeltaSender> delta_ ABSL_GUARDED_BY(mu_);
-  std::atomic<bool> cancelled_{false};  // read by waiting stages
+  std::shared_ptr<StepRun> current_ ABSL_GUARDED_BY(mu_);  // the step running, if any
+  uint64_t cancelled_step_ ABSL_GUARDED_BY(mu_) = 0;       // the last step cancelled before it ran
+  uint64_t last_started_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> ops_in_flight_{0};
-  std::string cancel_reason_ ABSL_GUARDED_BY(mu_);
   WorkerPool prepare_pool_;  // the prepare stage's threads, reused across phases and steps
 };
 

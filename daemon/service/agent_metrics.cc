@@ -20,6 +20,11 @@ AgentMetrics::AgentMetrics(metrics::Registry* registry) : registry_(registry) {
       "Bytes that landed in this agent's regions, by transport and sending agent (only "
       "transports that see arrivals: tcp, local; not one-sided RDMA).",
       {"transport", "peer"});
+  fenced_writes_ = &registry->AddCounter(
+      "weightbeam_fenced_writes_total",
+      "Writes refused by this agent's step fence: tagged with a step other than the one it "
+      "began (an aborted or timed-out step's late writes), by transport and sending agent.",
+      {"transport", "peer"});
   errors_ =
       &registry->AddCounter("weightbeam_errors_total", "Errors on this agent, by kind.", {"kind"});
   for (const char* result : {"ok", "failed"}) steps_->WithLabels({result});

@@ -38,6 +38,10 @@ class AgentMetrics {
   metrics::Counter* BytesReceived(const std::string& transport, const std::string& peer) {
     return bytes_received_->WithLabels({transport, peer});
   }
+  // Writes this agent's step fence refused (another step's: an aborted or timed-out one's).
+  metrics::Counter* FencedWrites(const std::string& transport, const std::string& peer) {
+    return fenced_writes_->WithLabels({transport, peer});
+  }
 
  private:
   metrics::Registry* registry_;
@@ -45,6 +49,7 @@ class AgentMetrics {
   metrics::Family<metrics::Counter>* steps_;
   metrics::Family<metrics::Counter>* bytes_sent_;
   metrics::Family<metrics::Counter>* bytes_received_;
+  metrics::Family<metrics::Counter>* fenced_writes_;
   metrics::Family<metrics::Counter>* errors_;
 };
 

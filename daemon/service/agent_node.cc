@@ -137,6 +137,9 @@ absl::Status AgentNode::StartMetrics() {
     t->SetArrivalCallback([this, name = t->Name()](const std::string& peer, uint64_t bytes) {
       metrics_.BytesReceived(name, peer)->Increment(bytes);
     });
+    t->SetFenceCallback([this, name = t->Name()](const std::string& peer, uint64_t) {
+      metrics_.FencedWrites(name, peer)->Increment();
+    });
   }
   metrics_.AddGauges({
       [this] { return static_cast<double>(executor_->ops_in_flight()); },
@@ -175,6 +178,10 @@ absl::Status AgentNode::StartStorage() {
 
 absl::Status AgentNode::Start() {
   if (auto s = CreateTransports(); !s.ok()) return s;
+  // Arm every transport's step fence, closed: no write lands until a step begins here.
+  for (auto& t : transports_) {
+    if (auto s = t->CloseStep(true); !s.ok()) return s;
+  }
   std::vector<transport::Transport*> raw;
   for (auto& t : transports_) raw.push_back(t.get());
   registry_ = std::make_unique<registry::RegionRegistry>(raw, OpenMemory);
@@ -183,6 +190,8 @@ absl::Status AgentNode::Start() {
   executor::ExecutorOptions eopts;
   eopts.prepare_threads = config_.executor.prepare_threads;
   eopts.write_timeout = std::chrono::milliseconds(config_.executor.write_timeout_ms);
+  eopts.test_hold_version = config_.executor.test_hold_version;
+  eopts.test_hold = std::chrono::milliseconds(config_.executor.test_hold_ms);
   executor_ =
       std::make_unique<executor::Executor>(registry_.get(), staging_.get(), preparer_.get(), eopts);
   auto server_credentials = wb::grpcutil::MakeServerCredentials(config_.tls);
@@ -386,7 +395,8 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
     }
   }
   auto timeout = std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 60000);
-  v1::AgentStepReport report = executor_->Execute(req.version(), timeout, step, skip);
+  v1::AgentStepReport report =
+      executor_->Execute(req.version(), timeout, step, skip, req.step_id());
   report.set_agent(config_.name);
   for (auto& h : *report.mutable_hashes()) h.set_src_agent(config_.name);
   metrics_.StepFinished(report.seconds(), report.ok());
@@ -394,6 +404,78 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
   reconnect_ = !report.ok();
   state_ = "idle";
   return report;
+}
+
+absl::Status AgentNode::CheckNewer(uint64_t version) {
+  absl::MutexLock lock(&mu_);
+  if (version <= committed_version_) {
+    metrics_.Error(AgentMetrics::kCommitRefused);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", version, " is not newer than the committed version ", committed_version_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AgentNode::BeginStep(uint64_t version, uint64_t step_id) {
+  if (auto s = CheckNewer(version); !s.ok()) return s;
+  {
+    absl::MutexLock fence(&fence_mu_);
+    // From here on only this step's writes land; writes of an older step (aborted, timed out)
+    // still landing are cut and waited for before the controller hears that we began.
+    for (auto& t : transports_) {
+      if (auto s = t->OpenStep(step_id); !s.ok()) {
+        return absl::UnavailableError(absl::StrCat(
+            "agent ", config_.name, ": step fence of version ", version, ": ", s.message()));
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    step_open_ = true;
+    open_step_ = step_id;
+    open_version_ = version;
+  }
+  return Advance(v1::Event::KIND_BEGIN, version);
+}
+
+absl::Status AgentNode::CloseFenceForCommit(uint64_t version, uint64_t step_id) {
+  absl::MutexLock fence(&fence_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!step_open_ || open_step_ != step_id || open_version_ != version) {
+      metrics_.Error(AgentMetrics::kCommitRefused);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "agent ", config_.name, ": version ", version,
+          " is not the step open here (aborted, timed out or never begun); refusing to commit"));
+    }
+  }
+  uint64_t refused = 0;
+  for (auto& t : transports_) refused += t->RefusedWrites(step_id);
+  const bool clean = refused == 0;
+  absl::Status closed;
+  for (auto& t : transports_) {
+    if (auto s = t->CloseStep(clean); !s.ok() && closed.ok()) closed = s;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    step_open_ = false;
+  }
+  if (!clean) {
+    metrics_.Error(AgentMetrics::kCommitRefused);
+    return absl::FailedPreconditionError(
+        absl::StrCat("agent ", config_.name, ": ", refused, " write(s) of version ", version,
+                     " were refused by the step fence; refusing to commit"));
+  }
+  if (!closed.ok()) {
+    metrics_.Error(AgentMetrics::kCommitRefused);
+    return absl::UnavailableError(
+        absl::StrCat("agent ", config_.name, ": step fence: ", closed.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AgentNode::CommitStep(uint64_t version, uint64_t step_id) {
+  if (auto s = CheckNewer(version); !s.ok()) return s;
+  if (auto s = CloseFenceForCommit(version, step_id); !s.ok()) return s;
+  return Advance(v1::Event::KIND_COMMIT, version);
 }
 
 absl::Status AgentNode::Advance(v1::Event::Kind kind, uint64_t version) {
@@ -442,6 +524,7 @@ absl::Status AgentNode::Commit(const v1::CommitRequest& req) {
           committed_version_, "; refusing them (the next anchor brings it up to date)"));
     }
   }
+  if (auto s = CloseFenceForCommit(req.version(), req.step_id()); !s.ok()) return s;
   delta::ApplyStats stats;
   std::vector<v1::OpHash> expected(req.expected_hashes().begin(), req.expected_hashes().end());
   if (auto s = delta_receiver_->Apply(req.version(), req.step_nonce(), expected, &stats); !s.ok()) {
@@ -455,8 +538,28 @@ absl::Status AgentNode::Commit(const v1::CommitRequest& req) {
   return Advance(v1::Event::KIND_COMMIT, req.version());
 }
 
-absl::Status AgentNode::Abort(uint64_t version, const std::string& reason) {
-  executor_->Cancel(reason);
+absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint64_t step_id) {
+  // Sending side: the step's executor stops, and its batches not yet on the wire are dropped;
+  // the next step connects afresh (the receivers may have cut this step's connections).
+  executor_->Cancel(step_id, reason);
+  {
+    absl::MutexLock fence(&fence_mu_);
+    bool close = false;
+    {
+      absl::MutexLock lock(&mu_);
+      reconnect_ = true;
+      close = step_open_ && (step_id != 0 ? open_step_ == step_id : open_version_ == version);
+      if (close) step_open_ = false;
+    }
+    // Receiving side: none of the step's writes lands once this returns.
+    for (auto& t : transports_) {
+      if (!close) break;
+      if (auto s = t->CloseStep(false); !s.ok()) {
+        spdlog::error("aborting version {}: {} step fence: {}", version, t->Name(),
+                      std::string(s.message()));
+      }
+    }
+  }
   Publish(v1::Event::KIND_ABORT, version, reason);
   return absl::OkStatus();
 }

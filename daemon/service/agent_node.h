@@ -55,11 +55,19 @@ class AgentNode {
   absl::Status LoadPlan(const weightbeam::v1::AgentPlan& plan,
                         weightbeam::v1::LoadPlanResponse* resp);
   weightbeam::v1::AgentStepReport Execute(const weightbeam::v1::ExecuteRequest& req);
+  // The storage path's begin and commit: watchers only (its bytes do not use a transport).
   absl::Status Begin(uint64_t version);
   absl::Status Commit(uint64_t version);
+  // A step from the controller: Begin opens the transports' step fence for `step_id` (writes of
+  // any other step are refused from then on); Commit requires that fence still open, with no
+  // write of the step refused, and closes it.
+  absl::Status BeginStep(uint64_t version, uint64_t step_id);
+  absl::Status CommitStep(uint64_t version, uint64_t step_id);
   // Delta mode: applies this attempt's delta slots (and checks hashes) before committing.
   absl::Status Commit(const weightbeam::v1::CommitRequest& req);
-  absl::Status Abort(uint64_t version, const std::string& reason);
+  // Cancels the step's execution here and closes its fence if it is the open one (a late
+  // abort of an older step leaves the current one alone). step_id 0: by version.
+  absl::Status Abort(uint64_t version, const std::string& reason, uint64_t step_id = 0);
   weightbeam::v1::HealthResponse Health() const;
   absl::StatusOr<std::string> Handshake(const weightbeam::v1::HandshakeRequest& req);
   // The senders the controller's plan `plan_id` has connect to us; handshakes from others are
@@ -80,6 +88,10 @@ class AgentNode {
                               const std::set<std::string>& skip = {});
   // Begin and Commit: refuse versions not newer than the committed one, then tell watchers.
   absl::Status Advance(weightbeam::v1::Event::Kind kind, uint64_t version);
+  absl::Status CheckNewer(uint64_t version);
+  // Commit's side of the fence: the step must still be open here with none of its writes
+  // refused; then the fence closes.
+  absl::Status CloseFenceForCommit(uint64_t version, uint64_t step_id);
   void Publish(weightbeam::v1::Event::Kind kind, uint64_t version, const std::string& reason);
   absl::Status StartMetrics();
   absl::Status StartStorage();
@@ -117,6 +129,12 @@ class AgentNode {
   bool delta_sending_ ABSL_GUARDED_BY(mu_) = false;  // the loaded plan sends deltas
   std::string state_ ABSL_GUARDED_BY(mu_) = "idle";
   std::set<std::string> introduced_ ABSL_GUARDED_BY(mu_);  // senders allowed to handshake
+  // The step this agent's fence is open for (receiving side), if any.
+  bool step_open_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t open_step_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t open_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Serializes fence moves (Begin, Commit, Abort) so the transports see them in one order.
+  absl::Mutex fence_mu_;  // taken before mu_
   std::atomic<bool> shutting_down_{false};
 };
 

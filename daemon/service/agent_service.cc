@@ -63,13 +63,13 @@ grpc::ServerUnaryReactor* AgentService::Execute(grpc::CallbackServerContext* ctx
 grpc::ServerUnaryReactor* AgentService::Begin(grpc::CallbackServerContext* ctx,
                                               const v1::BeginRequest* req, v1::BeginResponse*) {
   if (auto a = guard_.AdmitController(*ctx, "Agent.Begin"); !a.ok()) return Refuse(ctx, a);
-  return Done(ctx, node_->Begin(req->version()));
+  return Done(ctx, node_->BeginStep(req->version(), req->step_id()));
 }
 
 grpc::ServerUnaryReactor* AgentService::Commit(grpc::CallbackServerContext* ctx,
                                                const v1::CommitRequest* req, v1::CommitResponse*) {
   if (auto a = guard_.AdmitController(*ctx, "Agent.Commit"); !a.ok()) return Refuse(ctx, a);
-  if (req->step_nonce() == 0) return Done(ctx, node_->Commit(req->version()));
+  if (req->step_nonce() == 0) return Done(ctx, node_->CommitStep(req->version(), req->step_id()));
   // Delta mode: applying the deltas takes a while; do it off the callback thread.
   auto* reactor = ctx->DefaultReactor();
   long_calls_.Submit([this, reactor, req] { reactor->Finish(ToGrpc(node_->Commit(*req))); });
@@ -79,7 +79,7 @@ grpc::ServerUnaryReactor* AgentService::Commit(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* AgentService::Abort(grpc::CallbackServerContext* ctx,
                                               const v1::AbortRequest* req, v1::AbortResponse*) {
   if (auto a = guard_.AdmitController(*ctx, "Agent.Abort"); !a.ok()) return Refuse(ctx, a);
-  return Done(ctx, node_->Abort(req->version(), req->reason()));
+  return Done(ctx, node_->Abort(req->version(), req->reason(), req->step_id()));
 }
 
 grpc::ServerUnaryReactor* AgentService::Health(grpc::CallbackServerContext* ctx,

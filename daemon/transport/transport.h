@@ -41,6 +41,9 @@ struct WriteOp {
   uint64_t remote_region = 0;
   uint64_t remote_offset = 0;
   uint64_t length = 0;
+  // The step this write belongs to: the receiver refuses it unless that step is the one it
+  // began (see Transport::OpenStep).
+  uint64_t step = 0;
 };
 
 // Which of a peer's connections: ours to it (outgoing) or its to us (incoming).
@@ -62,6 +65,10 @@ class Peer {
   virtual void PostBatch(std::vector<WriteOp> ops, BatchDone done) = 0;
   // Convenience: PostBatch and wait, failing with DEADLINE_EXCEEDED after `timeout`.
   absl::Status WriteBatch(std::vector<WriteOp> ops, std::chrono::milliseconds timeout);
+  // The step these batches belong to was given up: batches not yet on the wire fail now
+  // instead of being sent late (tcp: the connections are closed; later batches fail until the
+  // next connect). Default: nothing queued to cancel.
+  virtual void Abandon(const std::string& reason) {}
 };
 
 // Sends our handshake record to the peer (over the control plane) and returns theirs.
@@ -69,6 +76,8 @@ using HandshakeExchange = std::function<absl::StatusOr<std::string>(const std::s
 
 // Called on the receiving side when a batch from `peer` has fully landed.
 using ArrivalCallback = std::function<void(const std::string& peer, uint64_t batch_bytes)>;
+// Called on the receiving side for each write refused by the step fence.
+using FenceCallback = std::function<void(const std::string& peer, uint64_t step)>;
 
 class Transport {
  public:
@@ -98,6 +107,19 @@ class Transport {
   virtual void ForgetPeer(const std::string& peer_name, PeerSide side = PeerSide::kBoth) = 0;
 
   virtual void SetArrivalCallback(ArrivalCallback cb) = 0;
+
+  // The receiving side's step fence (docs/security.md, class 8). Until the first OpenStep or
+  // CloseStep the fence is not armed and every write is accepted (a bare transport); once
+  // armed, only writes tagged with the open step land, the others are refused untouched.
+  // Both return once no write admitted before the call can still land (writes in flight are
+  // interrupted), or fail when that cannot be made sure of.
+  virtual absl::Status OpenStep(uint64_t step) = 0;
+  // `committed`: the step ended well. An aborted or unfinished step's senders may still be
+  // writing; transports that cannot tag writes (rdma) cut their connections here.
+  virtual absl::Status CloseStep(bool committed) = 0;
+  // Writes tagged `step` refused so far (a step with refused writes must not commit).
+  virtual uint64_t RefusedWrites(uint64_t step) const = 0;
+  virtual void SetFenceCallback(FenceCallback cb) = 0;
 };
 
 }  // namespace wb::transport

@@ -104,8 +104,12 @@ weightbeam::v1::RegionDescriptor Register(Transport* t, std::vector<uint8_t>& bu
   return *desc;
 }
 
+constexpr uint64_t kBenchStep = 1;
+
 int RunReceiver(const Flags& flags) {
   auto transport = Make(flags);
+  // As in an agent: the step fence armed and open for the sender's step (every write checked).
+  if (auto st = transport->OpenStep(kBenchStep); !st.ok()) Die(st.ToString());
   std::vector<uint8_t> region(flags.msg * flags.depth, 0);
   auto desc = Register(transport.get(), region, Access::kDestination);
   auto reply = transport->Accept("bench-sender", ReceiveMessage(flags.ctl_fd));
@@ -182,8 +186,8 @@ int RunSender(const Flags& flags) {
     std::vector<WriteOp> ops;
     for (int i = 0; i < flags.depth && bytes_left > 0; ++i) {
       const uint64_t len = std::min(flags.msg, bytes_left);
-      ops.push_back(
-          WriteOp{src_desc.region_id(), i * flags.msg, dst_desc.region_id(), i * flags.msg, len});
+      ops.push_back(WriteOp{src_desc.region_id(), i * flags.msg, dst_desc.region_id(),
+                            i * flags.msg, len, kBenchStep});
       bytes_left -= len;
     }
     return ops;

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <mutex>
 #include <random>
 
 #include "config/config.h"
@@ -355,4 +356,114 @@ TEST_CASE("an injected transport failure aborts the step naming the operation") 
   CHECK_THAT(report.error(), Catch::Contains("op 41 (layers.3.mlp.down_proj.weight -> "
                                              "far-node:layers.3.mlp.down_proj.weight)") &&
                                  Catch::Contains("reset by peer (injected)"));
+}
+
+// A peer that records each write's step and completes batches at once, or holds them until
+// Abandon (a receiver that stopped draining).
+class StepPeer : public transport::Peer {
+ public:
+  explicit StepPeer(bool hold) : hold_(hold) {}
+  const std::string& name() const override { return name_; }
+  absl::Status AddRemoteRegion(const v1::RegionDescriptor&) override { return absl::OkStatus(); }
+  void RemoveRemoteRegion(uint64_t) override {}
+  void PostBatch(std::vector<transport::WriteOp> ops, transport::BatchDone done) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& w : ops) steps_.push_back(w.step);
+      if (hold_) {
+        held_.push_back(std::move(done));
+        return;
+      }
+    }
+    done(absl::OkStatus());
+  }
+  void Abandon(const std::string& reason) override {
+    std::vector<transport::BatchDone> held;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++abandoned_;
+      held.swap(held_);
+    }
+    for (auto& done : held) done(absl::CancelledError(reason));
+  }
+  std::vector<uint64_t> steps() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return steps_;
+  }
+  int abandoned() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return abandoned_;
+  }
+
+ private:
+  const bool hold_;
+  std::string name_ = "far-node";
+  std::mutex mu_;
+  std::vector<uint64_t> steps_;
+  std::vector<transport::BatchDone> held_;
+  int abandoned_ = 0;
+};
+
+v1::TransferOp CopyOpTo(const v1::TensorLayout& src) {
+  v1::TransferOp op;
+  op.set_op_id(1);
+  op.set_dst_agent("far-node");
+  op.set_src_tensor("w");
+  op.set_dst_tensor("w");
+  op.set_src_region(src.region().region_id());
+  op.set_dst_region(99);
+  op.set_rows(8);
+  op.set_row_elems(8);
+  op.set_src_dtype(v1::DTYPE_BF16);
+  op.set_dst_dtype(v1::DTYPE_BF16);
+  op.set_transform(v1::TRANSFORM_COPY);
+  return op;
+}
+
+TEST_CASE("every write carries its step; aborts name the step they are for") {
+  Fixture f("local", 1 << 20);
+  auto src = f.Register(Reg("w", v1::DTYPE_BF16, 8, 8), v1::ROLE_TRAINER);
+  auto peer = std::make_shared<StepPeer>(false);
+  executor::Route route;
+  route.peer = peer;
+  route.transport = f.by_name["local"];
+  route.remote_regions[99] = 1;
+  f.exec->Load({CopyOpTo(src)}, {{"far-node", route}});
+  const auto t = std::chrono::seconds(10);
+
+  auto report = f.exec->Execute(1, t, {}, {}, 111);
+  INFO(report.error());
+  REQUIRE(report.ok());
+  CHECK(peer->steps() == std::vector<uint64_t>{111});
+  // An abort that arrives before its step's Execute: that Execute fails at once, sends nothing.
+  f.exec->Cancel(222, "aborted by the controller");
+  report = f.exec->Execute(2, t, {}, {}, 222);
+  CHECK_FALSE(report.ok());
+  CHECK_THAT(report.error(), Catch::Contains("aborted before it started"));
+  CHECK(peer->steps().size() == 1);
+  // A late abort of a step that already ran leaves the next step alone, and a step that ran
+  // may run again (the controller retries without a dropped receiver).
+  f.exec->Cancel(111, "late");
+  report = f.exec->Execute(3, t, {}, {}, 333);
+  CHECK(report.ok());
+  f.exec->Cancel(333, "a colocated receiver was dropped");
+  report = f.exec->Execute(3, t, {}, {}, 333);
+  CHECK(report.ok());
+  CHECK(peer->steps() == std::vector<uint64_t>{111, 333, 333});
+}
+
+TEST_CASE("batches outstanding at the deadline are abandoned, not left queued") {
+  Fixture f("local", 1 << 20);
+  auto src = f.Register(Reg("w", v1::DTYPE_BF16, 8, 8), v1::ROLE_TRAINER);
+  auto peer = std::make_shared<StepPeer>(true);
+  executor::Route route;
+  route.peer = peer;
+  route.transport = f.by_name["local"];
+  route.remote_regions[99] = 1;
+  f.exec->Load({CopyOpTo(src)}, {{"far-node", route}});
+  auto report = f.exec->Execute(1, std::chrono::milliseconds(300), {}, {}, 7);
+  CHECK_FALSE(report.ok());
+  CHECK_THAT(report.error(), Catch::Contains("slow peer"));
+  CHECK(peer->abandoned() == 1);
+  CHECK(f.exec->ops_in_flight() == 0);  // the abandoned batch completed before Execute returned
 }

@@ -41,7 +41,8 @@ constexpr uint64_t kMaxFrameBytes = 1 << 20;
 
 bool SameHeader(const FrameHeader& a, const FrameHeader& b) {
   return a.type == b.type && a.aux == b.aux && a.region_id == b.region_id && a.key == b.key &&
-         a.offset == b.offset && a.length == b.length && a.batch_id == b.batch_id;
+         a.offset == b.offset && a.length == b.length && a.batch_id == b.batch_id &&
+         a.step == b.step;
 }
 
 // What the receiver writes into: a destination region sized exactly to its heap buffer (so any

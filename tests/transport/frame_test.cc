@@ -22,6 +22,7 @@ TEST_CASE("a frame header survives encode and parse", "[frame]") {
   in.offset = 1ull << 40;
   in.length = 12345;
   in.batch_id = 99;
+  in.step = 0xa1b2c3d4e5f60718;
   uint8_t raw[kFrameHeaderBytes];
   EncodeFrameHeader(in, raw);
   CHECK(raw[0] == 'W');  // little-endian magic reads "WBTF"
@@ -35,6 +36,12 @@ TEST_CASE("a frame header survives encode and parse", "[frame]") {
   CHECK(out->offset == in.offset);
   CHECK(out->length == in.length);
   CHECK(out->batch_id == in.batch_id);
+  CHECK(out->step == in.step);
+  // Version 2: the step id is the header's last 8 bytes, little-endian.
+  CHECK(kFrameHeaderBytes == 64);
+  CHECK(raw[4] == 2);
+  CHECK(raw[56] == 0x18);
+  CHECK(raw[63] == 0xa1);
 }
 
 TEST_CASE("malformed frame headers are refused with a reason", "[frame]") {
@@ -55,6 +62,11 @@ TEST_CASE("malformed frame headers are refused with a reason", "[frame]") {
   std::memcpy(bad, raw, sizeof(raw));
   bad[4] = 9;
   CHECK_THAT(ParseError(bad), Catch::Contains("version 9"));
+
+  // A version-1 peer (no step id) is refused, not misread.
+  std::memcpy(bad, raw, sizeof(raw));
+  bad[4] = 1;
+  CHECK_THAT(ParseError(bad), Catch::Contains("unsupported frame version 1"));
 
   std::memcpy(bad, raw, sizeof(raw));
   bad[5] = 0;

@@ -342,6 +342,73 @@ TEST_CASE("a source region does not accept remote writes", "[transport]") {
   CHECK(other->bytes == before);
 }
 
+TEST_CASE("the step fence lands only the open step's writes", "[transport][fence]") {
+  auto pair = MakePair();
+  if (BackendUnderTest() == "rdma") return;  // one-sided: fenced by connection (next case)
+  auto src = RegisterBuffer(pair->sender, 4096, Access::kSource, 31);
+  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 32);
+  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  std::atomic<int> fenced{0};
+  pair->receiver->SetFenceCallback([&](const std::string&, uint64_t) { ++fenced; });
+  const auto before = dst->bytes;
+  auto write = [&](uint64_t step, uint64_t offset) {
+    WriteOp op{src->desc.region_id(), offset, dst->desc.region_id(), offset, 64};
+    op.step = step;
+    return pair->peer->WriteBatch({op}, kWait);
+  };
+  auto landed = [&](uint64_t offset) {
+    return Same(dst->bytes.data() + offset, src->bytes.data() + offset, 64);
+  };
+  auto untouched = [&](uint64_t offset) {
+    return Same(dst->bytes.data() + offset, before.data() + offset, 64);
+  };
+
+  REQUIRE(pair->receiver->OpenStep(7).ok());
+  absl::Status st = write(7, 0);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  CHECK(landed(0));
+  // A write of another step (an aborted or timed-out one's) is refused before it lands.
+  st = write(8, 128);
+  CHECK_THAT(std::string(st.message()),
+             Catch::Contains("write of step 8 refused") && Catch::Contains("accepts step 7"));
+  CHECK(untouched(128));
+  CHECK(pair->receiver->RefusedWrites(8) == 1);
+  CHECK(pair->receiver->RefusedWrites(7) == 0);
+  // Closed (committed or aborted): nothing lands, not even the step's own writes.
+  REQUIRE(pair->receiver->CloseStep(true).ok());
+  st = write(7, 256);
+  CHECK_THAT(std::string(st.message()), Catch::Contains("no step is open"));
+  CHECK(untouched(256));
+  CHECK(pair->receiver->RefusedWrites(7) == 1);
+  // The next step's writes land again on the same connections.
+  REQUIRE(pair->receiver->OpenStep(9).ok());
+  st = write(9, 512);
+  INFO(st.ToString());
+  CHECK(st.ok());
+  CHECK(landed(512));
+  CHECK(fenced == 2);
+}
+
+TEST_CASE("rdma: an aborted step's incoming connections are cut", "[transport][fence]") {
+  if (BackendUnderTest() != "rdma") return;  // tcp and local refuse by step (case above)
+  auto pair = MakePair();
+  auto src = RegisterBuffer(pair->sender, 4096, Access::kSource, 33);
+  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 34);
+  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  const auto before = dst->bytes;
+  REQUIRE(pair->receiver->OpenStep(1).ok());
+  absl::Status st = pair->peer->WriteBatch(
+      {WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 0, 64}}, kWait);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  REQUIRE(pair->receiver->CloseStep(false).ok());
+  st = pair->peer->WriteBatch({WriteOp{src->desc.region_id(), 128, dst->desc.region_id(), 128, 64}},
+                              kWait);
+  CHECK_FALSE(st.ok());
+  CHECK(Same(dst->bytes.data() + 128, before.data() + 128, 64));
+}
+
 TEST_CASE("an unknown transport name lists the known ones", "[transport][factory]") {
   auto transport = MakeTransport("carrier-pigeon", TestConfig());
   CHECK(transport.status().code() == absl::StatusCode::kInvalidArgument);

@@ -15,6 +15,7 @@
 #include "daemon/registry/bus_guard.h"
 #include "daemon/transport/gpu_memory.h"
 #include "daemon/transport/region_table.h"
+#include "daemon/transport/step_fence.h"
 
 namespace wb::transport::local {
 
@@ -33,6 +34,8 @@ class LocalEngine {
   }
 
   RegionTable& regions() { return regions_; }
+  // The receiving side's step fence, checked in-process before each copy.
+  StepFence& fence() { return fence_; }
 
   void Post(std::function<void()> task) {
     {
@@ -66,6 +69,7 @@ class LocalEngine {
   }
 
   RegionTable regions_;
+  StepFence fence_{"local"};
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
@@ -112,12 +116,22 @@ class LocalPeer : public Peer {
         done(status);
         return;
       }
-      // Pin every range first: a refused write must leave every destination untouched.
+      // Pin every range first: a refused write must leave every destination untouched. The
+      // step fence comes first: a write of a step this agent does not accept never lands, and
+      // the fence cannot move on while the copies below run.
+      std::vector<StepFence::Pass> passes(checked.size());
       std::vector<std::pair<RegionTable::Pin, RegionTable::Pin>> pins;
       pins.reserve(checked.size());
       uint64_t bytes = 0;
       for (size_t i = 0; i < checked.size(); ++i) {
         const WriteOp& op = checked[i].first;
+        if (auto admitted = engine->fence().Admit(op.step, this_name, &passes[i]); !admitted.ok()) {
+          passes.clear();
+          pins.clear();
+          done(absl::Status(admitted.code(), absl::StrCat("local peer '", peer, "': write ", i,
+                                                          ": ", admitted.message())));
+          return;
+        }
         auto src = engine->regions().PinLocal(op.local_region, op.local_offset, op.length);
         auto dst = engine->regions().PinRemoteWrite(op.remote_region, checked[i].second,
                                                     op.remote_offset, op.length);
@@ -154,6 +168,7 @@ class LocalPeer : public Peer {
         }
       });
       pins.clear();
+      passes.clear();
       if (!gpu_error.ok()) {
         done(gpu_error);
         return;
@@ -278,6 +293,19 @@ absl::StatusOr<std::string> LocalTransport::Accept(const std::string& peer_name,
 }
 
 void LocalTransport::SetArrivalCallback(ArrivalCallback cb) { engine_->SetArrival(std::move(cb)); }
+
+// Copies run on the engine's thread and finish on their own: nothing to cut, only to wait for.
+absl::Status LocalTransport::OpenStep(uint64_t step) { return engine_->fence().Open(step, {}); }
+
+absl::Status LocalTransport::CloseStep(bool) { return engine_->fence().Close({}); }
+
+uint64_t LocalTransport::RefusedWrites(uint64_t step) const {
+  return engine_->fence().Refused(step);
+}
+
+void LocalTransport::SetFenceCallback(FenceCallback cb) {
+  engine_->fence().SetCallback(std::move(cb));
+}
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeLocalTransport(
     const wb::config::AgentConfig& config) {

@@ -1,5 +1,7 @@
 #include "daemon/transport/rdma/rdma_transport.h"
 
+#include <spdlog/spdlog.h>
+
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -240,6 +242,28 @@ absl::StatusOr<std::string> RdmaTransport::Accept(const std::string& peer_name,
 
 void RdmaTransport::ForgetPeer(const std::string& peer_name, PeerSide side) {
   state_->engine->DestroyConnections(peer_name, side, "peer '" + peer_name + "' forgotten");
+}
+
+void RdmaTransport::CutIncoming(const std::string& why) {
+  spdlog::warn(
+      "rdma transport: {}: destroying every incoming queue pair (one-sided writes "
+      "cannot be refused by step)",
+      why);
+  state_->engine->DestroyConnections("", PeerSide::kIncoming, why);
+}
+
+absl::Status RdmaTransport::OpenStep(uint64_t step) {
+  std::lock_guard<std::mutex> lock(fence_mu_);
+  if (step_open_) CutIncoming(absl::StrCat("step ", step, " begins before the last one ended"));
+  step_open_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status RdmaTransport::CloseStep(bool committed) {
+  std::lock_guard<std::mutex> lock(fence_mu_);
+  if (step_open_ && !committed) CutIncoming("the step was aborted");
+  step_open_ = false;
+  return absl::OkStatus();
 }
 
 void RdmaTransport::SetArrivalCallback(ArrivalCallback cb) {

@@ -85,10 +85,23 @@ class RdmaTransport : public Transport {
   // Runs on the poller thread: it must not call back into the transport synchronously.
   void SetArrivalCallback(ArrivalCallback cb) override;
 
+  // RDMA WRITEs are one-sided and carry no step, so the receiver cannot refuse one by its
+  // step. It fences by connection instead: when a step ends without a commit (abort), or a new
+  // step begins while the previous one was never closed (it timed out), every incoming queue
+  // pair is destroyed before the call returns; the senders connect afresh for the next step,
+  // and nothing the old queue pairs still carry can land.
+  absl::Status OpenStep(uint64_t step) override;
+  absl::Status CloseStep(bool committed) override;
+  uint64_t RefusedWrites(uint64_t) const override { return 0; }  // cannot tell
+  void SetFenceCallback(FenceCallback) override {}
+
  private:
   explicit RdmaTransport(std::shared_ptr<RdmaState> state) : state_(std::move(state)) {}
+  void CutIncoming(const std::string& why);
 
   std::shared_ptr<RdmaState> state_;
+  std::mutex fence_mu_;
+  bool step_open_ = false;  // guarded by fence_mu_
 };
 
 // The factory's entry (daemon/transport/factory.cc): config.rdma, with

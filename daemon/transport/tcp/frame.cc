@@ -9,6 +9,7 @@ namespace {
 // Layout (little-endian):
 //   0 u32 magic | 4 u8 version | 5 u8 type | 6 u16 flags (0) | 8 u32 aux | 12 u32 reserved (0)
 //  16 u64 region_id | 24 u64 key | 32 u64 offset | 40 u64 length | 48 u64 batch_id
+//  56 u64 step (version 2)
 template <typename T>
 T Load(const uint8_t* p) {
   T value = 0;
@@ -69,6 +70,7 @@ absl::StatusOr<FrameHeader> ParseFrameHeader(const uint8_t* data, size_t size) {
   header.offset = Load<uint64_t>(data + 32);
   header.length = Load<uint64_t>(data + 40);
   header.batch_id = Load<uint64_t>(data + 48);
+  header.step = Load<uint64_t>(data + 56);
 
   switch (header.type) {
     case FrameType::kHello:
@@ -109,6 +111,7 @@ void EncodeFrameHeader(const FrameHeader& header, uint8_t* out) {
   Store<uint64_t>(out + 32, header.offset);
   Store<uint64_t>(out + 40, header.length);
   Store<uint64_t>(out + 48, header.batch_id);
+  Store<uint64_t>(out + 56, header.step);
 }
 
 }  // namespace wb::transport::tcp

@@ -1,4 +1,4 @@
-// The tcp transport's wire frame: a fixed 56-byte little-endian header, optionally followed by
+// The tcp transport's wire frame: a fixed 64-byte little-endian header, optionally followed by
 // `length` payload bytes. ParseFrameHeader is a pure function (no I/O, no allocation) so it can
 // be fuzzed; the receiver validates region, key and bounds against its RegionTable afterwards.
 #pragma once
@@ -12,15 +12,17 @@
 namespace wb::transport::tcp {
 
 inline constexpr uint32_t kFrameMagic = 0x46544257;  // "WBTF" read as little-endian
-inline constexpr uint8_t kFrameVersion = 1;
-inline constexpr size_t kFrameHeaderBytes = 56;
+// Version 2 added the step id (8 bytes at the end): version 1 peers are refused at HELLO.
+inline constexpr uint8_t kFrameVersion = 2;
+inline constexpr size_t kFrameHeaderBytes = 64;
 // Upper bound of the payload of control frames (HELLO, NACK).
 inline constexpr uint64_t kMaxControlPayload = 4096;
 
 enum class FrameType : uint8_t {
   // Initiator -> acceptor, first frame of a connection; payload: a serialized TcpHello.
   kHello = 1,
-  // Payload `length` bytes for region `region_id` (with `key`) at `offset`, part of `batch_id`.
+  // Payload `length` bytes for region `region_id` (with `key`) at `offset`, part of `batch_id`
+  // of step `step`: the receiver refuses it (NACK) unless `step` is the step it began.
   kWrite = 2,
   // End of this connection's share of `batch_id`: `aux` = connections carrying the batch,
   // `offset` = bytes this connection wrote for it. Answered by kAck.
@@ -39,6 +41,7 @@ struct FrameHeader {
   uint64_t offset = 0;
   uint64_t length = 0;
   uint64_t batch_id = 0;
+  uint64_t step = 0;  // WRITE: the step the write belongs to; 0 in other frames
 };
 
 // Checks magic, version, type, reserved fields, and per-type payload rules (control frames

@@ -180,7 +180,7 @@ absl::Status TcpPeer::Validate(const std::vector<WriteOp>& ops, std::vector<Chun
                                                 remote->second.length, ")"));
     }
     chunks->push_back(Chunk{op.local_region, op.local_offset, op.remote_region, remote->second.key,
-                            op.remote_offset, op.length});
+                            op.remote_offset, op.length, op.step});
     *total += op.length;
   }
   return absl::OkStatus();
@@ -308,6 +308,7 @@ absl::Status TcpPeer::SendJob(Connection* conn, Job& job) {
     header.key = chunk.remote_key;
     header.offset = chunk.remote_offset;
     header.length = chunk.length;
+    header.step = chunk.step;
     EncodeFrameHeader(header, raw);
     if (pin->kind() == MemoryKind::kCuda) {
       absl::Status st =

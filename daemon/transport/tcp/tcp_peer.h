@@ -43,6 +43,8 @@ class TcpPeer : public Peer {
   absl::Status AddRemoteRegion(const weightbeam::v1::RegionDescriptor& region) override;
   void RemoveRemoteRegion(uint64_t region_id) override;
   void PostBatch(std::vector<WriteOp> ops, BatchDone done) override;
+  // Closes the peer (what is queued fails now, nothing more is sent on these connections).
+  void Abandon(const std::string& reason) override { Close(reason); }
 
   // Fails what is in flight with `reason` and closes the connections; later batches fail.
   void Close(const std::string& reason);
@@ -56,6 +58,7 @@ class TcpPeer : public Peer {
     uint64_t remote_key;
     uint64_t remote_offset;
     uint64_t length;
+    uint64_t step;
   };
   struct Job {  // one connection's share of a batch
     std::shared_ptr<Batch> batch;

@@ -132,6 +132,28 @@ void TcpReceiver::SetArrivalCallback(ArrivalCallback cb) {
   arrival_ = std::move(cb);
 }
 
+absl::Status TcpReceiver::OpenStep(uint64_t step) {
+  return fence_.Open(step, [this, step] { CutLanding(true, step); });
+}
+
+absl::Status TcpReceiver::CloseStep() {
+  return fence_.Close([this] { CutLanding(false, 0); });
+}
+
+void TcpReceiver::CutLanding(bool keep_any, uint64_t keep) {
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  for (auto& conn : conns_) {
+    const uint64_t step = conn->landing_step;
+    if (conn->landing && !(keep_any && step == keep)) {
+      spdlog::warn(
+          "tcp transport: cutting the connection from '{}' ({}): it is landing a write "
+          "of step {}, which is over",
+          conn->peer, conn->remote, step);
+      ::shutdown(conn->fd.get(), SHUT_RDWR);
+    }
+  }
+}
+
 void TcpReceiver::ReapFinished() {
   for (auto it = conns_.begin(); it != conns_.end();) {
     if ((*it)->finished) {
@@ -340,6 +362,21 @@ absl::Status TcpReceiver::HandleWrite(Connection* conn, const FrameHeader& heade
     SendControl(conn, FrameType::kNack, header.batch_id, reason).IgnoreError();
     return absl::InvalidArgumentError(reason);
   }
+  // The step fence first: a write of any step but the open one never touches memory, and the
+  // fence cannot move on while this one lands (the pass is held until the payload is in).
+  StepFence::Pass pass;
+  if (auto admitted = fence_.Admit(header.step, conn->peer, &pass); !admitted.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(peers_mu_);
+      batches_[{conn->peer, header.batch_id}].rejected = true;
+    }
+    if (auto st =
+            SendControl(conn, FrameType::kNack, header.batch_id, std::string(admitted.message()));
+        !st.ok()) {
+      return st;
+    }
+    return DiscardPayload(conn, header.length);
+  }
   auto pin = regions_->PinRemoteWrite(header.region_id, header.key, header.offset, header.length);
   if (!pin.ok()) {
     // Refused before touching memory: drop the bytes, tell the sender why, keep serving.
@@ -362,11 +399,14 @@ absl::Status TcpReceiver::HandleWrite(Connection* conn, const FrameHeader& heade
   // it. GPU memory goes through the pinned staging ring (its own per-chunk timeouts).
   const auto deadline = std::chrono::steady_clock::now() + options_.write_timeout;
   absl::Status staging_error;
+  conn->landing_step = header.step;
+  conn->landing = true;
   RecvOutcome outcome =
       pin->kind() == MemoryKind::kCuda
           ? RecvDevicePayload(conn->staging, conn->fd.get(), pin->device(), pin->data(),
                               header.length, &got, &err, &staging_error)
           : RecvExactBy(conn->fd.get(), pin->data(), header.length, deadline, &got, &err);
+  conn->landing = false;
   if (!staging_error.ok()) return staging_error;
   if (outcome != RecvOutcome::kOk) {
     return absl::UnavailableError(

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "daemon/gpu/staging.h"
 #include "daemon/transport/region_table.h"
+#include "daemon/transport/step_fence.h"
 #include "daemon/transport/tcp/frame.h"
 #include "daemon/transport/tcp/socket_util.h"
 #include "daemon/transport/tcp/tcp_options.h"
@@ -42,6 +43,13 @@ class TcpReceiver {
   void ForgetPeer(const std::string& peer);
   void SetArrivalCallback(ArrivalCallback cb);
 
+  // The step fence (Transport::OpenStep): writes of other steps are NACKed untouched; writes
+  // of the previous step still landing are cut (their connections shut down) and waited for.
+  absl::Status OpenStep(uint64_t step);
+  absl::Status CloseStep();
+  uint64_t RefusedWrites(uint64_t step) const { return fence_.Refused(step); }
+  void SetFenceCallback(FenceCallback cb) { fence_.SetCallback(std::move(cb)); }
+
  private:
   struct Connection {
     UniqueFd fd;
@@ -51,6 +59,12 @@ class TcpReceiver {
     std::thread thread;
     std::atomic<bool> finished{false};
     gpu::LazyStaging staging;  // pinned ring for GPU destinations
+    // Set while a payload admitted by the fence is landing, with the step it belongs to: moving
+    // the fence cuts connections landing another step's bytes. Atomics, not conns_mu_, on
+    // this per-frame path: a flag set just after a cut looked is seen by the next cut (the
+    // fence keeps cutting every 100 ms until the writes it admitted have drained).
+    std::atomic<bool> landing{false};
+    std::atomic<uint64_t> landing_step{0};
   };
   struct BatchProgress {
     uint32_t parts_seen = 0;
@@ -73,6 +87,9 @@ class TcpReceiver {
   // Closes the oldest connection from `source` still without a valid HELLO when `source`
   // already has the maximum of those. Requires conns_mu_.
   void CapUnauthenticated(const std::string& source);
+  // Shuts down the connections landing a write of a step other than `keep` (any, when
+  // `keep_any` is false).
+  void CutLanding(bool keep_any, uint64_t keep);
 
   const std::shared_ptr<RegionTable> regions_;
   const TcpOptions options_;
@@ -80,6 +97,7 @@ class TcpReceiver {
   uint16_t port_ = 0;
   std::thread acceptor_;
   std::atomic<bool> stopping_{false};
+  StepFence fence_{"tcp"};
 
   std::mutex conns_mu_;
   std::list<std::unique_ptr<Connection>> conns_;
