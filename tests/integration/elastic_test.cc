@@ -261,14 +261,14 @@ TEST_CASE("a replica's agent SIGKILLed between steps: training goes on; restarte
       f.VerifyCommitted(*r);
       std::this_thread::sleep_for(std::chrono::milliseconds(1800));
     }
-    CHECK(f.ReplicaState(1).state() == "lost");
+    CHECK(f.ReplicaState(1).state() == v1::REPLICA_STATE_LOST);
     CHECK(f.ReplicaState(1).staleness() >= 2);
 
     REQUIRE(f.cluster->StartAgent("inference-1"));
     REQUIRE(f.replicas[1]->Register(*f.cluster).ok());
     v1::StepResult back = f.StepUntilServing({0, 1});
     CHECK(back.committed_replicas_size() == 2);
-    CHECK(f.ReplicaState(1).state() == "serving");
+    CHECK(f.ReplicaState(1).state() == v1::REPLICA_STATE_SERVING);
     CHECK(f.ReplicaState(1).staleness() == 0);
     // Delta steps again after the catch-up anchor.
     if (delta) {
@@ -410,8 +410,9 @@ TEST_CASE("wbctl status and /metrics show each replica's committed version, stal
   // Back (agent restarted, worker registered again): catching up until the next step.
   REQUIRE(f.cluster->StartAgent("inference-1"));
   REQUIRE(f.replicas[1]->Register(*f.cluster).ok());
-  REQUIRE(wb::testing::WaitUntil([&] { return f.ReplicaState(1).state() == "catching_up"; },
-                                 std::chrono::seconds(10)));
+  REQUIRE(wb::testing::WaitUntil(
+      [&] { return f.ReplicaState(1).state() == v1::REPLICA_STATE_CATCHING_UP; },
+      std::chrono::seconds(10)));
   CHECK(f.WbctlRow(1) == std::vector<std::string>{"catching_up", std::to_string(v_both), "2"});
   const v1::StepResult back = f.StepUntilServing({0, 1});
   CHECK(f.WbctlRow(1) == std::vector<std::string>{"serving", std::to_string(back.version()), "0"});
