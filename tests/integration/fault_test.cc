@@ -13,10 +13,12 @@
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
 #include "tests/support/cluster.h"
+#include "tests/support/one_tensor.h"
 
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
 using wb::testing::Cluster;
+using wb::testing::ListedTensors;
 
 namespace {
 
@@ -106,14 +108,6 @@ void KillChild(pid_t child) {
   waitpid(child, nullptr, 0);
 }
 
-int TensorCount(ControllerClient& ctl, const std::string& agent) {
-  auto t = ctl.ListTensors(agent);
-  if (!t.ok()) return -1;
-  int n = 0;
-  for (const auto& layout : t->layouts()) n += layout.tensors_size();
-  return n;
-}
-
 // Steps from `*version` on (one version per try) until one commits or `tries` run out.
 absl::StatusOr<v1::StepResult> StepUntilOk(ControllerClient& ctl, uint64_t* version,
                                            int tries = 50) {
@@ -126,23 +120,10 @@ absl::StatusOr<v1::StepResult> StepUntilOk(ControllerClient& ctl, uint64_t* vers
   return r;
 }
 
-v1::ExpectedWorld OneByOne() {
-  v1::ExpectedWorld world;
-  world.set_trainer_ranks(1);
-  world.set_inference_replicas(1);
-  world.set_inference_ranks_per_replica(1);
-  return world;
-}
-
 ControllerClient ConnectAndPlan(const Cluster& cluster) {
-  auto ctl = ControllerClient::Connect(cluster.controller_address());
-  REQUIRE(ctl.ok());
-  // The controller may still be starting: wait until it answers.
-  REQUIRE(wb::testing::WaitUntil([&] { return ctl->Status().ok(); }, std::chrono::seconds(15)));
-  auto plan = ctl->Plan(OneByOne(), std::chrono::seconds(20));
-  INFO((plan.ok() ? "" : Message(plan.status())));
-  REQUIRE(plan.ok());
-  return std::move(*ctl);
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  wb::testing::PlanOneToOne(&ctl);
+  return ctl;
 }
 
 }  // namespace
@@ -192,7 +173,7 @@ TEST_CASE("a trainer process killed loses its source; the next step cannot plan;
   REQUIRE(SameBytes(*source, inference.buffer));
 
   KillChild(child);
-  REQUIRE(wb::testing::WaitUntil([&] { return TensorCount(ctl, "trainer-node") == 0; },
+  REQUIRE(wb::testing::WaitUntil([&] { return ListedTensors(ctl, "trainer-node") == 0; },
                                  std::chrono::seconds(10)));
   const auto t0 = std::chrono::steady_clock::now();
   auto lost = ctl.Step(2, std::chrono::seconds(15));
@@ -226,7 +207,7 @@ TEST_CASE("an exited inference process's memory is never written after its regio
 
   std::memset(dest->data(), 0xA5, dest->size());
   KillChild(child);
-  REQUIRE(wb::testing::WaitUntil([&] { return TensorCount(ctl, "inference-node") == 0; },
+  REQUIRE(wb::testing::WaitUntil([&] { return ListedTensors(ctl, "inference-node") == 0; },
                                  std::chrono::seconds(10)));
   for (uint64_t v = 2; v <= 4; ++v) {
     Fill(trainer.buffer, v);
@@ -313,11 +294,11 @@ TEST_CASE("malformed registrations and steps are refused by name; the daemons ke
     WARN(registered << " tiny tensors registered in " << SecondsSince(t0) << " s");
     CHECK(registered == kMany);
     // The controller's view follows on the next heartbeat.
-    CHECK(
-        wb::testing::WaitUntil([&] { return TensorCount(ctl, "inference-node") == registered + 2; },
-                               std::chrono::seconds(10)));
+    CHECK(wb::testing::WaitUntil(
+        [&] { return ListedTensors(ctl, "inference-node") == registered + 2; },
+        std::chrono::seconds(10)));
     bad->Close();
-    REQUIRE(wb::testing::WaitUntil([&] { return TensorCount(ctl, "inference-node") == 2; },
+    REQUIRE(wb::testing::WaitUntil([&] { return ListedTensors(ctl, "inference-node") == 2; },
                                    std::chrono::seconds(30)));
   }
   SECTION("a step with version 0") {
@@ -333,10 +314,10 @@ TEST_CASE("malformed registrations and steps are refused by name; the daemons ke
       LocalSession::Connect(cluster.socket("inference-node"), Identity{v1::ROLE_INFERENCE, 0, 0});
   REQUIRE(good.ok());
   CHECK(good->Register(TensorInfo{"extra", v1::DTYPE_BF16, {2}, {}}, *scratch, 0, 4).ok());
-  CHECK(wb::testing::WaitUntil([&] { return TensorCount(ctl, "inference-node") == 3; },
+  CHECK(wb::testing::WaitUntil([&] { return ListedTensors(ctl, "inference-node") == 3; },
                                std::chrono::seconds(10)));
   good->Close();
-  REQUIRE(wb::testing::WaitUntil([&] { return TensorCount(ctl, "inference-node") == 2; },
+  REQUIRE(wb::testing::WaitUntil([&] { return ListedTensors(ctl, "inference-node") == 2; },
                                  std::chrono::seconds(30)));
   Fill(trainer.buffer, 7);
   uint64_t version = 7;

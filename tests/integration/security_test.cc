@@ -27,14 +27,7 @@
 
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
-using wb::testing::AgentTlsYaml;
-using wb::testing::Cluster;
-using wb::testing::ClusterOptions;
-using wb::testing::ControllerTlsYaml;
-using wb::testing::kTestToken;
-using wb::testing::Output;
-using wb::testing::Process;
-using wb::testing::Wbctl;
+using namespace wb::testing;  // the Cluster harness, test PKI, wbctl runner
 
 namespace {
 

@@ -1,0 +1,31 @@
+// Controller-client shorthands that tests and benchmarks share: an ExpectedWorld in one call,
+// and how many tensors the controller lists for an agent. Free of Catch2.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "client/weightbeam/controller_client.h"
+
+namespace wb::testing {
+
+// The world a plan covers: `trainer_ranks` trainer ranks, `replicas` inference replicas of
+// `ranks_per_replica` ranks each.
+inline weightbeam::v1::ExpectedWorld World(int trainer_ranks, int replicas, int ranks_per_replica) {
+  weightbeam::v1::ExpectedWorld world;
+  world.set_trainer_ranks(trainer_ranks);
+  world.set_inference_replicas(replicas);
+  world.set_inference_ranks_per_replica(ranks_per_replica);
+  return world;
+}
+
+// Tensors the controller lists for `agent`; -1 when the call fails.
+inline int64_t ListedTensors(client::ControllerClient& ctl, const std::string& agent) {
+  auto listed = ctl.ListTensors(agent);
+  if (!listed.ok()) return -1;
+  int64_t n = 0;
+  for (const auto& layout : listed->layouts()) n += layout.tensors_size();
+  return n;
+}
+
+}  // namespace wb::testing
