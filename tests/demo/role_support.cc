@@ -94,12 +94,8 @@ std::string FirstMismatch(const std::string& name, const uint8_t* want, const ui
 std::string CheckFp8(const TensorEntry& e, const std::vector<uint16_t>& want, uint64_t rows,
                      uint64_t cols, const uint8_t* got, const TensorEntry* scale,
                      const uint8_t* scale_got, uint64_t* checked) {
-  transform::TransformDesc d;
-  d.kind = transform::Kind::kFp8Block;
-  d.src_dtype = transform::DType::kBF16;
-  d.dst_dtype = transform::DType::kF8E4M3;
-  d.rows = rows;
-  d.cols = cols;
+  const transform::TransformDesc d{transform::Kind::kFp8Block, transform::DType::kBF16,
+                                   transform::DType::kF8E4M3, rows, cols};
   std::vector<uint8_t> fp8(rows * cols);
   std::vector<float> scales(transform::ScaleRows(d) * transform::ScaleCols(d));
   if (auto s = transform::ApplyTransformCpu(d, want.data(), fp8.data(), scales.data()); !s.ok()) {

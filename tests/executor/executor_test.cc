@@ -257,21 +257,13 @@ TEST_CASE("a plan of many operations lands every byte, under the staging waterma
 
   // Every destination byte, checked against the transform library on the whole tensor.
   CHECK(f.Bytes("dst_copy") == f.Bytes("src"));
-  transform::TransformDesc cast;
-  cast.kind = transform::Kind::kCast;
-  cast.src_dtype = transform::DType::kBF16;
-  cast.dst_dtype = transform::DType::kF32;
-  cast.rows = R;
-  cast.cols = C;
+  const transform::TransformDesc cast{transform::Kind::kCast, transform::DType::kBF16,
+                                      transform::DType::kF32, R, C};
   std::vector<uint8_t> want_cast(R * C * 4);
   REQUIRE(transform::ApplyTransformCpu(cast, f.Bytes("src").data(), want_cast.data()).ok());
   CHECK(f.Bytes("dst_cast") == want_cast);
-  transform::TransformDesc q;
-  q.kind = transform::Kind::kFp8Block;
-  q.src_dtype = transform::DType::kBF16;
-  q.dst_dtype = transform::DType::kF8E4M3;
-  q.rows = R;
-  q.cols = C;
+  const transform::TransformDesc q{transform::Kind::kFp8Block, transform::DType::kBF16,
+                                   transform::DType::kF8E4M3, R, C};
   std::vector<uint8_t> want_fp8(R * C);
   std::vector<float> want_scales((R / 128) * (C / 128));
   REQUIRE(
