@@ -1,9 +1,12 @@
 // Controller-client shorthands that tests and benchmarks share: an ExpectedWorld in one call,
-// and how many tensors the controller lists for an agent. Free of Catch2.
+// how many tensors the controller lists for an agent, stepping until a step commits. Free of
+// Catch2.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 
 #include "client/weightbeam/controller_client.h"
 
@@ -26,6 +29,20 @@ inline int64_t ListedTensors(client::ControllerClient& ctl, const std::string& a
   int64_t n = 0;
   for (const auto& layout : listed->layouts()) n += layout.tensors_size();
   return n;
+}
+
+// Steps from `*version` on, one new version per try, 200 ms apart, until one commits or `tries`
+// run out; returns the last result. For steps that must wait for agents to come back.
+inline absl::StatusOr<weightbeam::v1::StepResult> StepUntilCommitted(client::ControllerClient& ctl,
+                                                                     uint64_t* version,
+                                                                     int tries = 50) {
+  absl::StatusOr<weightbeam::v1::StepResult> r = absl::UnknownError("not run");
+  for (int i = 0; i < tries; ++i) {
+    r = ctl.Step((*version)++);
+    if (r.ok()) return r;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return r;
 }
 
 }  // namespace wb::testing

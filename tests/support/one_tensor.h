@@ -59,6 +59,14 @@ struct OneTensorSides {
   bool Same() const { return std::memcmp(src.data(), dst.data(), src.size()) == 0; }
 };
 
+// The result of a step that must have committed; REQUIREs it (showing the error).
+inline weightbeam::v1::StepResult RequireCommitted(
+    const absl::StatusOr<weightbeam::v1::StepResult>& step) {
+  INFO((step.ok() ? "" : std::string(step.status().message())));
+  REQUIRE(step.ok());
+  return *step;
+}
+
 // A client of the cluster's controller; REQUIREs that it connects and (the controller may still
 // be starting) that the controller answers within 15 s.
 inline client::ControllerClient ConnectController(const Cluster& cluster) {
