@@ -154,6 +154,14 @@ TEST_CASE("delta mode: Adam steps land bit for bit, anchors heal a failed and a 
     CheckBitForBit(trainer, inference, v);
     return *step;
   };
+  // Steps version `v`, which must fail, and the watcher sees begin then abort; the error.
+  auto failed_step = [&](uint64_t v) {
+    auto step = ctl.Step(v);
+    REQUIRE_FALSE(step.ok());
+    CHECK(NextEvent(inference).kind() == v1::Event::KIND_BEGIN);
+    CHECK(NextEvent(inference).kind() == v1::Event::KIND_ABORT);
+    return std::string(step.status().message());
+  };
   auto check_anchor = [](const v1::StepResult& r) {
     CHECK(r.delta_anchor());
     CHECK(r.bytes() == kDense);
@@ -176,13 +184,9 @@ TEST_CASE("delta mode: Adam steps land bit for bit, anchors heal a failed and a 
 
   // Version 6: the receiver applies half of its deltas, then its commit fails.
   trainer.Step();
-  auto failed = ctl.Step(kFailVersion);
-  REQUIRE_FALSE(failed.ok());
-  CHECK_THAT(std::string(failed.status().message()),
+  CHECK_THAT(failed_step(kFailVersion),
              Catch::Contains("agent inference-node: commit failed: delta mode on agent "
                              "inference-node: injected failure"));
-  CHECK(NextEvent(inference).kind() == v1::Event::KIND_BEGIN);
-  CHECK(NextEvent(inference).kind() == v1::Event::KIND_ABORT);
   // The partial patch is never built upon: the next step is a dense anchor.
   trainer.Step();
   check_anchor(commit(7));
@@ -193,13 +197,8 @@ TEST_CASE("delta mode: Adam steps land bit for bit, anchors heal a failed and a 
   // verification names the tensor; the anchor after it restores every byte.
   for (int i = 0; i < 64; ++i) inference.A()[1 + 2 * (i * 31337 % kElems)] ^= 0x40;
   trainer.Step();
-  auto scribbled = ctl.Step(9);
-  REQUIRE_FALSE(scribbled.ok());
-  CHECK_THAT(std::string(scribbled.status().message()),
-             Catch::Contains("verification failed for version 9") &&
-                 Catch::Contains("a.weight (op") && !Catch::Contains("b.weight ("));
-  CHECK(NextEvent(inference).kind() == v1::Event::KIND_BEGIN);
-  CHECK(NextEvent(inference).kind() == v1::Event::KIND_ABORT);
+  CHECK_THAT(failed_step(9), Catch::Contains("verification failed for version 9") &&
+                                 Catch::Contains("a.weight (op") && !Catch::Contains("b.weight ("));
   // Version 9 again, with newer weights: an anchor. The failed attempt's slots carry the same
   // version but another nonce, so they are not applied over the fresh bytes.
   trainer.Step();

@@ -212,10 +212,7 @@ TEST_CASE("a receiver frozen at begin fails the step by name within the step tim
 
   // Thawed, the next step commits.
   uint64_t version = 3;
-  absl::StatusOr<v1::StepResult> next = absl::UnknownError("not run");
-  for (int i = 0; i < 20 && !next.ok(); ++i) next = ctl.Step(version++);
-  INFO((next.ok() ? "" : Message(next.status())));
-  CHECK(next.ok());
+  wb::testing::RequireCommitted(wb::testing::StepUntilCommitted(ctl, &version, 20));
 }
 
 TEST_CASE("SIGTERM to the controller mid-step aborts the step on its agents at once") {
@@ -244,16 +241,9 @@ TEST_CASE("SIGTERM to the controller mid-step aborts the step on its agents at o
   CHECK_THAT(abort->reason(), Catch::Contains("controller shutting down (signal 15)"));
 
   // The restarted controller re-plans and the next step commits.
-  auto ctl2 = ControllerClient::Connect(cluster.controller_address());
-  REQUIRE(ctl2.ok());
-  absl::StatusOr<v1::StepResult> next = absl::UnknownError("not run");
+  ControllerClient ctl2 = wb::testing::ConnectController(cluster);
   uint64_t version = 3;
-  for (int i = 0; i < 50 && !next.ok(); ++i) {
-    next = ctl2->Step(version++);
-    if (!next.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  INFO((next.ok() ? "" : Message(next.status())));
-  CHECK(next.ok());
+  wb::testing::RequireCommitted(wb::testing::StepUntilCommitted(ctl2, &version));
 }
 
 TEST_CASE("a frozen agent makes a session call fail after the call timeout, not hang") {

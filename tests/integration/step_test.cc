@@ -157,12 +157,9 @@ TEST_CASE("steps commit verified bytes; a killed agent fails its step by name; i
     REQUIRE(cluster.StartAgent("trainer-node"));
     Trainer again = Trainer::Open(cluster.socket("trainer-node"));
     again.Fill(5);
-    absl::StatusOr<v1::StepResult> next = absl::UnknownError("not run");
     // The agent may need a heartbeat or two to re-register.
-    for (int i = 0; i < 50 && !next.ok(); ++i) {
-      next = ctl.Step(5 + i);
-      if (!next.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
+    uint64_t version = 5;
+    auto next = wb::testing::StepUntilCommitted(ctl, &version);
     INFO((next.ok() ? "" : std::string(next.status().message())));
     REQUIRE(next.ok());
     CHECK(std::memcmp(again.buffer.data(), inference.buffer.data(), again.buffer.size()) == 0);
