@@ -29,9 +29,12 @@ using demo::FirstMismatch;
 using demo::InfoOf;
 using demo::NameHash;
 using demo::Rect;
+using demo::ServeInferenceChecks;
+using demo::ServeTrainerLines;
 using demo::ShardRect;
 using demo::StdinClosed;
 using demo::Total;
+using demo::WriteF32;
 using planner::TensorEntry;
 
 namespace {
@@ -132,10 +135,6 @@ std::vector<uint16_t> ExpectedBf16(const TensorEntry& e, Reference& ref, uint64_
   return out;
 }
 
-void WriteF32(const uint16_t* bf16, uint64_t n, float* out) {
-  for (uint64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(bf16[i]);
-}
-
 }  // namespace
 
 int RunTrainer(const ClusterShape& shape, int rank, const std::string& socket) {
@@ -145,19 +144,16 @@ int RunTrainer(const ClusterShape& shape, int rank, const std::string& socket) {
     return 1;
   }
   const auto entries = TrainerEntries(*model, rank);
-  auto session = client::LocalSession::Connect(socket, client::Identity{v1::ROLE_TRAINER, rank, 0});
-  if (!session.ok()) {
-    std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(session.status().message()).c_str());
-    return 1;
-  }
-  auto reg = demo::Allocate(entries, "cluster");
-  if (!reg.ok()) return 1;
+  const std::string who = absl::StrCat("trainer ", rank);
+  auto side = demo::OpenSide(socket, {v1::ROLE_TRAINER, rank, 0}, entries, "cluster", who);
+  if (!side) return 1;
+  demo::Registered* reg = &side->reg;
+  client::LocalSession* session = &side->session;
   auto* base = static_cast<uint8_t*>(reg->buffer.data());
   // Trainers hold dim-0 shards: one contiguous element run [begin, end) each. Float32 tensors
   // (the router's correction bias) keep their BF16-valued synthetic values aside.
   std::vector<uint64_t> begin(entries.size()), end(entries.size());
   std::map<size_t, std::vector<uint16_t>> f32;
-  uint64_t bytes = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     const Rect r = ShardRect(e);
@@ -171,21 +167,12 @@ int RunTrainer(const ClusterShape& shape, int rank, const std::string& socket) {
     if (e.dtype == v1::DTYPE_F32) {
       WriteF32(values, end[i] - begin[i], reinterpret_cast<float*>(base + reg->offsets[i]));
     }
-    bytes += EntryBytes(e);
   }
   if (auto s = RegisterAll(*session, entries, *reg); !s.ok()) {
-    std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(s.message()).c_str());
+    std::fprintf(stderr, "%s: %s\n", who.c_str(), std::string(s.message()).c_str());
     return 1;
   }
-  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
-  std::fflush(stdout);
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    std::istringstream in(line);
-    std::string cmd;
-    uint32_t version = 0;
-    in >> cmd >> version;
-    if (cmd != "perturb") continue;
+  ServeTrainerLines(entries, [&](uint32_t version) {
     for (size_t i = 0; i < entries.size(); ++i) {
       const auto& e = entries[i];
       auto it = f32.find(i);
@@ -196,9 +183,7 @@ int RunTrainer(const ClusterShape& shape, int rank, const std::string& socket) {
         WriteF32(values, end[i] - begin[i], reinterpret_cast<float*>(base + reg->offsets[i]));
       }
     }
-    std::printf("ok %u\n", version);
-    std::fflush(stdout);
-  }
+  });
   return 0;
 }
 
@@ -206,84 +191,21 @@ int RunInference(const ClusterShape& shape, int replica, int rank, const std::st
   auto model = BuildClusterModel(shape);
   if (!model.ok()) return 1;
   const auto entries = InferenceEntries(*model, replica, rank);
-  auto session =
-      client::LocalSession::Connect(socket, client::Identity{v1::ROLE_INFERENCE, rank, replica});
-  if (!session.ok()) {
-    std::fprintf(stderr, "inference %d/%d: %s\n", replica, rank,
-                 std::string(session.status().message()).c_str());
+  const std::string who = absl::StrCat("inference ", replica, "/", rank);
+  auto side = demo::OpenSide(socket, {v1::ROLE_INFERENCE, rank, replica}, entries, "cluster", who);
+  if (!side) return 1;
+  if (auto s = RegisterAll(side->session, entries, side->reg); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", who.c_str(), std::string(s.message()).c_str());
     return 1;
   }
-  auto reg = demo::Allocate(entries, "cluster");
-  if (!reg.ok()) return 1;
-  if (auto s = RegisterAll(*session, entries, *reg); !s.ok()) {
-    std::fprintf(stderr, "inference %d/%d: %s\n", replica, rank, std::string(s.message()).c_str());
-    return 1;
-  }
-  uint64_t bytes = 0;
-  std::map<std::string, size_t> index;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    index[entries[i].name] = i;
-    bytes += EntryBytes(entries[i]);
-  }
-  if (!session->Watch().ok()) return 1;
+  if (!side->session.Watch().ok()) return 1;
   Reference ref(model->spec);
-  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
-  std::fflush(stdout);
-  const auto* base = static_cast<const uint8_t*>(reg->buffer.data());
-  while (!StdinClosed()) {
-    auto event = session->NextEvent(std::chrono::milliseconds(200));
-    if (!event.ok()) {
-      if (event.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
-      std::fprintf(stderr, "inference %d/%d: %s\n", replica, rank,
-                   std::string(event.status().message()).c_str());
-      std::printf("gone %s\n", std::string(event.status().message()).c_str());
-      std::fflush(stdout);
-      return 1;
-    }
-    if (event->kind() == v1::Event::KIND_ABORT) {
-      std::printf("aborted %llu %s\n", static_cast<unsigned long long>(event->version()),
-                  event->reason().c_str());
-      std::fflush(stdout);
-      continue;
-    }
-    if (event->kind() != v1::Event::KIND_COMMIT) continue;
-    const uint32_t version = static_cast<uint32_t>(event->version());
-    ref.Advance(version);
-    std::string mismatch;
-    uint64_t checked = 0;
-    for (size_t i = 0; i < entries.size() && mismatch.empty(); ++i) {
-      const auto& e = entries[i];
-      if (absl::EndsWith(e.name, "_scale_inv")) continue;  // checked with its weight
-      uint64_t rows = 0, cols = 0;
-      std::vector<uint16_t> want = ExpectedBf16(e, ref, &rows, &cols);
-      const uint8_t* got = base + reg->offsets[i];
-      if (e.dtype == v1::DTYPE_BF16) {
-        mismatch = FirstMismatch(e.name, reinterpret_cast<const uint8_t*>(want.data()), got,
-                                 EntryBytes(e));
-        checked += EntryBytes(e);
-        continue;
-      }
-      if (e.dtype == v1::DTYPE_F32) {
-        std::vector<float> f(want.size());
-        WriteF32(want.data(), want.size(), f.data());
-        mismatch =
-            FirstMismatch(e.name, reinterpret_cast<const uint8_t*>(f.data()), got, EntryBytes(e));
-        checked += EntryBytes(e);
-        continue;
-      }
-      auto sit = index.find(e.name + "_scale_inv");
-      const bool scaled = sit != index.end();
-      mismatch = CheckFp8(e, want, rows, cols, got, scaled ? &entries[sit->second] : nullptr,
-                          scaled ? base + reg->offsets[sit->second] : nullptr, &checked);
-    }
-    if (mismatch.empty()) {
-      std::printf("verified %u PASS %llu\n", version, static_cast<unsigned long long>(checked));
-    } else {
-      std::printf("verified %u FAIL %s\n", version, mismatch.c_str());
-    }
-    std::fflush(stdout);
-  }
-  return 0;
+  return ServeInferenceChecks(
+      side->session, entries, side->reg, who, /*say_gone=*/true,
+      [&](uint32_t version) { ref.Advance(version); },
+      [&](const TensorEntry& e, uint64_t* rows, uint64_t* cols) {
+        return ExpectedBf16(e, ref, rows, cols);
+      });
 }
 
 }  // namespace wb::cluster

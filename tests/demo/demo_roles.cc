@@ -48,15 +48,12 @@ int RunTrainer(const DemoShape& shape, int rank, const std::string& socket) {
     return 1;
   }
   auto entries = EntriesFor(*model, planner::Role::kTrainer, rank);
-  auto session = client::LocalSession::Connect(socket, client::Identity{v1::ROLE_TRAINER, rank, 0});
-  if (!session.ok()) {
-    std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(session.status().message()).c_str());
-    return 1;
-  }
-  auto reg = Allocate(entries, "demo");
-  if (!reg.ok()) return 1;
+  const std::string who = absl::StrCat("trainer ", rank);
+  auto side = OpenSide(socket, {v1::ROLE_TRAINER, rank, 0}, entries, "demo", who);
+  if (!side) return 1;
+  Registered* reg = &side->reg;
+  client::LocalSession* session = &side->session;
   auto* base = static_cast<uint8_t*>(reg->buffer.data());
-  uint64_t bytes = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     auto* values = reinterpret_cast<uint16_t*>(base + reg->offsets[i]);
@@ -66,20 +63,11 @@ int RunTrainer(const DemoShape& shape, int rank, const std::string& socket) {
     });
     auto s = session->Register(InfoOf(e), reg->buffer, reg->offsets[i], EntryBytes(e));
     if (!s.ok()) {
-      std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(s.message()).c_str());
+      std::fprintf(stderr, "%s: %s\n", who.c_str(), std::string(s.message()).c_str());
       return 1;
     }
-    bytes += EntryBytes(e);
   }
-  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
-  std::fflush(stdout);
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    std::istringstream in(line);
-    std::string cmd;
-    uint32_t version = 0;
-    in >> cmd >> version;
-    if (cmd != "perturb") continue;
+  ServeTrainerLines(entries, [&](uint32_t version) {
     for (size_t i = 0; i < entries.size(); ++i) {
       const auto& e = entries[i];
       auto* values = reinterpret_cast<uint16_t*>(base + reg->offsets[i]);
@@ -88,9 +76,7 @@ int RunTrainer(const DemoShape& shape, int rank, const std::string& socket) {
         ApplyVersion(h, total, version, begin, begin + count, values + local);
       });
     }
-    std::printf("ok %u\n", version);
-    std::fflush(stdout);
-  }
+  });
   return 0;
 }
 
@@ -169,76 +155,25 @@ int RunInference(const DemoShape& shape, int rank, const std::string& socket) {
   auto model = BuildDemoModel(shape);
   if (!model.ok()) return 1;
   auto entries = EntriesFor(*model, planner::Role::kInference, rank);
-  auto session =
-      client::LocalSession::Connect(socket, client::Identity{v1::ROLE_INFERENCE, rank, 0});
-  if (!session.ok()) {
-    std::fprintf(stderr, "inference %d: %s\n", rank,
-                 std::string(session.status().message()).c_str());
-    return 1;
-  }
-  auto reg = Allocate(entries, "demo");
-  if (!reg.ok()) return 1;
-  uint64_t bytes = 0;
-  std::map<std::string, size_t> index;
+  const std::string who = absl::StrCat("inference ", rank);
+  auto side = OpenSide(socket, {v1::ROLE_INFERENCE, rank, 0}, entries, "demo", who);
+  if (!side) return 1;
   for (size_t i = 0; i < entries.size(); ++i) {
-    auto s =
-        session->Register(InfoOf(entries[i]), reg->buffer, reg->offsets[i], EntryBytes(entries[i]));
+    auto s = side->session.Register(InfoOf(entries[i]), side->reg.buffer, side->reg.offsets[i],
+                                    EntryBytes(entries[i]));
     if (!s.ok()) {
-      std::fprintf(stderr, "inference %d: %s\n", rank, std::string(s.message()).c_str());
+      std::fprintf(stderr, "%s: %s\n", who.c_str(), std::string(s.message()).c_str());
       return 1;
     }
-    index[entries[i].name] = i;
-    bytes += EntryBytes(entries[i]);
   }
-  if (!session->Watch().ok()) return 1;
+  if (!side->session.Watch().ok()) return 1;
   Mirror mirror(model->spec);
-  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
-  std::fflush(stdout);
-  const auto* base = static_cast<const uint8_t*>(reg->buffer.data());
-  while (!StdinClosed()) {
-    auto event = session->NextEvent(std::chrono::milliseconds(200));
-    if (!event.ok()) {
-      if (event.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
-      std::fprintf(stderr, "inference %d: %s\n", rank,
-                   std::string(event.status().message()).c_str());
-      return 1;
-    }
-    if (event->kind() == v1::Event::KIND_ABORT) {
-      std::printf("aborted %llu %s\n", static_cast<unsigned long long>(event->version()),
-                  event->reason().c_str());
-      std::fflush(stdout);
-      continue;
-    }
-    if (event->kind() != v1::Event::KIND_COMMIT) continue;
-    const uint32_t version = static_cast<uint32_t>(event->version());
-    mirror.Advance(version);
-    std::string mismatch;
-    uint64_t checked = 0;
-    for (size_t i = 0; i < entries.size() && mismatch.empty(); ++i) {
-      const auto& e = entries[i];
-      if (absl::EndsWith(e.name, "_scale_inv")) continue;  // checked with its weight
-      uint64_t rows = 0, cols = 0;
-      std::vector<uint16_t> want = ExpectedBf16(e, mirror, &rows, &cols);
-      const uint8_t* got = base + reg->offsets[i];
-      if (e.dtype == v1::DTYPE_BF16) {
-        mismatch = FirstMismatch(e.name, reinterpret_cast<const uint8_t*>(want.data()), got,
-                                 EntryBytes(e));
-        checked += EntryBytes(e);
-        continue;
-      }
-      auto sit = index.find(e.name + "_scale_inv");
-      const bool scaled = sit != index.end();
-      mismatch = CheckFp8(e, want, rows, cols, got, scaled ? &entries[sit->second] : nullptr,
-                          scaled ? base + reg->offsets[sit->second] : nullptr, &checked);
-    }
-    if (mismatch.empty()) {
-      std::printf("verified %u PASS %llu\n", version, static_cast<unsigned long long>(checked));
-    } else {
-      std::printf("verified %u FAIL %s\n", version, mismatch.c_str());
-    }
-    std::fflush(stdout);
-  }
-  return 0;
+  return ServeInferenceChecks(
+      side->session, entries, side->reg, who, /*say_gone=*/false,
+      [&](uint32_t version) { mirror.Advance(version); },
+      [&](const TensorEntry& e, uint64_t* rows, uint64_t* cols) {
+        return ExpectedBf16(e, mirror, rows, cols);
+      });
 }
 
 }  // namespace wb::demo
