@@ -26,9 +26,11 @@ using demo::BaseValue;
 using demo::Bf16ToFloat;
 using demo::CheckFp8;
 using demo::FirstMismatch;
+using demo::FusionParts;
 using demo::InfoOf;
 using demo::NameHash;
 using demo::Rect;
+using demo::RegisterAll;
 using demo::ServeInferenceChecks;
 using demo::ServeTrainerLines;
 using demo::ShardRect;
@@ -38,20 +40,6 @@ using demo::WriteF32;
 using planner::TensorEntry;
 
 namespace {
-
-// Registers every entry of the one shared-memory buffer, in batches.
-absl::Status RegisterAll(client::LocalSession& session, const std::vector<TensorEntry>& entries,
-                         const demo::Registered& reg) {
-  std::vector<client::BufferSlice> batch;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    batch.push_back({InfoOf(entries[i]), reg.offsets[i], EntryBytes(entries[i])});
-    if (batch.size() == 1000 || i + 1 == entries.size()) {
-      if (auto s = session.RegisterBatch(batch, reg.buffer); !s.ok()) return s;
-      batch.clear();
-    }
-  }
-  return absl::OkStatus();
-}
 
 // The synthetic BF16 values of whole rows [r0, r0 + nr) of a source tensor, kept at the
 // latest version. Rows (not the shard's columns) because a version's changes are a stream over
@@ -106,14 +94,7 @@ class Reference {
 // tensors it is fused from.
 std::vector<uint16_t> ExpectedBf16(const TensorEntry& e, Reference& ref, uint64_t* rows,
                                    uint64_t* cols) {
-  std::vector<std::string> parts{e.name};
-  for (const auto& rule : config::DefaultFusionRules()) {
-    if (absl::EndsWith(e.name, rule.fused)) {
-      const std::string prefix = e.name.substr(0, e.name.size() - rule.fused.size());
-      parts.clear();
-      for (const auto& p : rule.parts) parts.push_back(prefix + p);
-    }
-  }
+  const std::vector<std::string> parts = FusionParts(e.name);
   const Rect r = ShardRect(e);
   std::vector<uint16_t> out(static_cast<size_t>(r.nr * r.nc));
   int64_t part_start = 0;
@@ -147,9 +128,7 @@ int RunTrainer(const ClusterShape& shape, int rank, const std::string& socket) {
   const std::string who = absl::StrCat("trainer ", rank);
   auto side = demo::OpenSide(socket, {v1::ROLE_TRAINER, rank, 0}, entries, "cluster", who);
   if (!side) return 1;
-  demo::Registered* reg = &side->reg;
-  client::LocalSession* session = &side->session;
-  auto* base = static_cast<uint8_t*>(reg->buffer.data());
+  auto* base = static_cast<uint8_t*>(side->reg.buffer.data());
   // Trainers hold dim-0 shards: one contiguous element run [begin, end) each. Float32 tensors
   // (the router's correction bias) keep their BF16-valued synthetic values aside.
   std::vector<uint64_t> begin(entries.size()), end(entries.size());
@@ -160,27 +139,24 @@ int RunTrainer(const ClusterShape& shape, int rank, const std::string& socket) {
     begin[i] = static_cast<uint64_t>(r.r0 * r.cols + r.c0);
     end[i] = begin[i] + EntryElements(e);
     const uint64_t h = NameHash(e.name);
-    uint16_t* values = reinterpret_cast<uint16_t*>(base + reg->offsets[i]);
+    uint16_t* values = reinterpret_cast<uint16_t*>(base + side->reg.offsets[i]);
     if (e.dtype == v1::DTYPE_F32)
       values = (f32[i] = std::vector<uint16_t>(end[i] - begin[i])).data();
     for (uint64_t k = begin[i]; k < end[i]; ++k) values[k - begin[i]] = BaseValue(h, k);
     if (e.dtype == v1::DTYPE_F32) {
-      WriteF32(values, end[i] - begin[i], reinterpret_cast<float*>(base + reg->offsets[i]));
+      WriteF32(values, end[i] - begin[i], reinterpret_cast<float*>(base + side->reg.offsets[i]));
     }
   }
-  if (auto s = RegisterAll(*session, entries, *reg); !s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", who.c_str(), std::string(s.message()).c_str());
-    return 1;
-  }
+  if (!RegisterAll(*side, entries, who)) return 1;
   ServeTrainerLines(entries, [&](uint32_t version) {
     for (size_t i = 0; i < entries.size(); ++i) {
       const auto& e = entries[i];
       auto it = f32.find(i);
-      uint16_t* values =
-          it != f32.end() ? it->second.data() : reinterpret_cast<uint16_t*>(base + reg->offsets[i]);
+      uint16_t* values = it != f32.end() ? it->second.data()
+                                         : reinterpret_cast<uint16_t*>(base + side->reg.offsets[i]);
       ApplyVersion(NameHash(e.name), Total(e.shape), version, begin[i], end[i], values);
       if (it != f32.end()) {
-        WriteF32(values, end[i] - begin[i], reinterpret_cast<float*>(base + reg->offsets[i]));
+        WriteF32(values, end[i] - begin[i], reinterpret_cast<float*>(base + side->reg.offsets[i]));
       }
     }
   });
@@ -194,11 +170,7 @@ int RunInference(const ClusterShape& shape, int replica, int rank, const std::st
   const std::string who = absl::StrCat("inference ", replica, "/", rank);
   auto side = demo::OpenSide(socket, {v1::ROLE_INFERENCE, rank, replica}, entries, "cluster", who);
   if (!side) return 1;
-  if (auto s = RegisterAll(side->session, entries, side->reg); !s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", who.c_str(), std::string(s.message()).c_str());
-    return 1;
-  }
-  if (!side->session.Watch().ok()) return 1;
+  if (!RegisterAll(*side, entries, who) || !side->session.Watch().ok()) return 1;
   Reference ref(model->spec);
   return ServeInferenceChecks(
       side->session, entries, side->reg, who, /*say_gone=*/true,

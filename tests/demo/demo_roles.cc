@@ -51,17 +51,16 @@ int RunTrainer(const DemoShape& shape, int rank, const std::string& socket) {
   const std::string who = absl::StrCat("trainer ", rank);
   auto side = OpenSide(socket, {v1::ROLE_TRAINER, rank, 0}, entries, "demo", who);
   if (!side) return 1;
-  Registered* reg = &side->reg;
-  client::LocalSession* session = &side->session;
-  auto* base = static_cast<uint8_t*>(reg->buffer.data());
+  auto* base = static_cast<uint8_t*>(side->reg.buffer.data());
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
-    auto* values = reinterpret_cast<uint16_t*>(base + reg->offsets[i]);
+    auto* values = reinterpret_cast<uint16_t*>(base + side->reg.offsets[i]);
     const uint64_t h = NameHash(e.name);
     ForEachRun(e, [&](uint64_t begin, uint64_t count, uint64_t local) {
       for (uint64_t k = 0; k < count; ++k) values[local + k] = BaseValue(h, begin + k);
     });
-    auto s = session->Register(InfoOf(e), reg->buffer, reg->offsets[i], EntryBytes(e));
+    auto s =
+        side->session.Register(InfoOf(e), side->reg.buffer, side->reg.offsets[i], EntryBytes(e));
     if (!s.ok()) {
       std::fprintf(stderr, "%s: %s\n", who.c_str(), std::string(s.message()).c_str());
       return 1;
@@ -70,7 +69,7 @@ int RunTrainer(const DemoShape& shape, int rank, const std::string& socket) {
   ServeTrainerLines(entries, [&](uint32_t version) {
     for (size_t i = 0; i < entries.size(); ++i) {
       const auto& e = entries[i];
-      auto* values = reinterpret_cast<uint16_t*>(base + reg->offsets[i]);
+      auto* values = reinterpret_cast<uint16_t*>(base + side->reg.offsets[i]);
       const uint64_t h = NameHash(e.name), total = Total(e.shape);
       ForEachRun(e, [&](uint64_t begin, uint64_t count, uint64_t local) {
         ApplyVersion(h, total, version, begin, begin + count, values + local);
@@ -119,14 +118,7 @@ class Mirror {
 // tensors it is fused from.
 std::vector<uint16_t> ExpectedBf16(const TensorEntry& e, Mirror& mirror, uint64_t* rows,
                                    uint64_t* cols) {
-  std::vector<std::string> parts{e.name};
-  for (const auto& rule : config::DefaultFusionRules()) {
-    if (absl::EndsWith(e.name, rule.fused)) {
-      std::string prefix = e.name.substr(0, e.name.size() - rule.fused.size());
-      parts.clear();
-      for (const auto& p : rule.parts) parts.push_back(prefix + p);
-    }
-  }
+  const std::vector<std::string> parts = FusionParts(e.name);
   std::vector<uint16_t> out;
   const Rect rect = ShardRect(e);
   const int64_t C = rect.cols, r0 = rect.r0, nr = rect.nr, c0 = rect.c0, nc = rect.nc;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "config/config.h"
 #include "daemon/transform/transform.h"
 #include "tests/demo/synthetic_weights.h"
 
@@ -158,6 +159,33 @@ std::optional<Side> OpenSide(const std::string& socket, const client::Identity& 
     return std::nullopt;
   }
   return Side{std::move(*session), std::move(*reg)};
+}
+
+bool RegisterAll(Side& side, const std::vector<TensorEntry>& entries, const std::string& log_name) {
+  std::vector<client::BufferSlice> batch;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    batch.push_back({InfoOf(entries[i]), side.reg.offsets[i], EntryBytes(entries[i])});
+    if (batch.size() == 1000 || i + 1 == entries.size()) {
+      if (auto s = side.session.RegisterBatch(batch, side.reg.buffer); !s.ok()) {
+        std::fprintf(stderr, "%s: %s\n", log_name.c_str(), std::string(s.message()).c_str());
+        return false;
+      }
+      batch.clear();
+    }
+  }
+  return true;
+}
+
+std::vector<std::string> FusionParts(const std::string& name) {
+  std::vector<std::string> parts{name};
+  for (const auto& rule : config::DefaultFusionRules()) {
+    if (absl::EndsWith(name, rule.fused)) {
+      const std::string prefix = name.substr(0, name.size() - rule.fused.size());
+      parts.clear();
+      for (const auto& p : rule.parts) parts.push_back(prefix + p);
+    }
+  }
+  return parts;
 }
 
 void WriteF32(const uint16_t* bf16, uint64_t n, float* out) {

@@ -67,6 +67,14 @@ std::optional<Side> OpenSide(const std::string& socket, const client::Identity& 
                              const std::vector<planner::TensorEntry>& entries,
                              const std::string& buffer_name, const std::string& log_name);
 
+// Registers every entry of `side` (in batches of 1000); a failure is printed after `log_name`.
+bool RegisterAll(Side& side, const std::vector<planner::TensorEntry>& entries,
+                 const std::string& log_name);
+
+// The training-side tensors a destination is fused from (the default fusion rules of
+// config/config.h), in order; just its own name when it is not fused.
+std::vector<std::string> FusionParts(const std::string& name);
+
 // Whether the driver has closed our stdin (it only closes it, it sends nothing).
 bool StdinClosed();
 
