@@ -26,14 +26,6 @@ namespace {
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
-int64_t StatusTensors(ControllerClient& ctl) {
-  auto s = ctl.Status();
-  if (!s.ok()) return -1;
-  int64_t n = 0;
-  for (const auto& a : s->agents()) n += a.tensors();
-  return n;
-}
-
 // Registers tensors "t.<i>" (i in [0, n)), 2 BF16 elements each at offset 4 i, in batches.
 absl::Status RegisterMany(LocalSession& s, const SharedBuffer& buf, int n, int batch) {
   std::vector<BufferSlice> slices;
@@ -124,7 +116,7 @@ TEST_CASE("10^5 tiny tensors through one session: listed, planned, stepped, with
   REQUIRE(r.ok());
 
   // Reports are coalesced; the controller catches up with the last batch.
-  REQUIRE(wb::testing::WaitUntil([&] { return StatusTensors(ctl) == 2 * kTensors; },
+  REQUIRE(wb::testing::WaitUntil([&] { return wb::testing::StatusTensors(ctl) == 2 * kTensors; },
                                  std::chrono::seconds(120)));
   CHECK(wb::testing::ListedTensors(ctl, "trainer-node") == kTensors);
   CHECK(wb::testing::ListedTensors(ctl, "inference-node") == kTensors);

@@ -31,6 +31,15 @@ inline int64_t ListedTensors(client::ControllerClient& ctl, const std::string& a
   return n;
 }
 
+// Tensors the controller's status counts over all agents; -1 when the call fails.
+inline int64_t StatusTensors(client::ControllerClient& ctl) {
+  auto status = ctl.Status();
+  if (!status.ok()) return -1;
+  int64_t n = 0;
+  for (const auto& agent : status->agents()) n += agent.tensors();
+  return n;
+}
+
 // Steps from `*version` on, one new version per try, 200 ms apart, until one commits or `tries`
 // run out; returns the last result. For steps that must wait for agents to come back.
 inline absl::StatusOr<weightbeam::v1::StepResult> StepUntilCommitted(client::ControllerClient& ctl,
