@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/table.h"
+#include "proto/state_words.h"
 
 namespace wb::client {
 
@@ -71,8 +72,9 @@ std::string FormatReplicas(const v1::StatusResponse& s) {
   if (s.replicas_size() == 0) return "";
   Table t({"REPLICA", "STATE", "COMMITTED", "STALENESS", "AGENTS"});
   for (const auto& r : s.replicas()) {
-    t.Add({std::to_string(r.replica()), r.state(), std::to_string(r.committed_version()),
-           std::to_string(r.staleness()), absl::StrJoin(r.agents(), ",")});
+    t.Add({std::to_string(r.replica()), wb::proto::StateWord(r.state()),
+           std::to_string(r.committed_version()), std::to_string(r.staleness()),
+           absl::StrJoin(r.agents(), ",")});
   }
   return absl::StrCat("inference replicas (min_replicas ", s.min_replicas(), "):\n", t.Render());
 }

@@ -620,7 +620,7 @@ v1::StatusResponse ControllerCore::Status() const {
   for (const auto& a : membership_.Snapshot()) {
     auto* st = s.add_agents();
     *st->mutable_info() = a.info;
-    st->set_state(a.lost ? "lost" : "alive");
+    st->set_state(a.lost ? v1::AGENT_LIVENESS_LOST : v1::AGENT_LIVENESS_ALIVE);
     st->set_last_heartbeat_ms_ago(
         std::chrono::duration_cast<std::chrono::milliseconds>(now - a.last_seen).count());
     st->set_tensors(a.layout->tensors_size());
@@ -649,10 +649,10 @@ v1::StatusResponse ControllerCore::Status() const {
       for (const auto& a : it->second.agents) r->add_agents(a);
       for (const auto& a : it->second.lost_agents) r->add_agents(a);
     }
-    r->set_state(!complete ? "lost"
+    r->set_state(!complete ? v1::REPLICA_STATE_LOST
                  : r->committed_version() == ledger_.latest() && ledger_.latest() > 0
-                     ? "serving"
-                     : "catching_up");
+                     ? v1::REPLICA_STATE_SERVING
+                     : v1::REPLICA_STATE_CATCHING_UP);
   }
   return s;
 }

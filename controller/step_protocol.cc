@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "proto/state_words.h"
 
 namespace wb::controller {
 
@@ -325,7 +326,8 @@ std::map<std::string, std::string> StepProtocol::UnreachableReceivers(
     if (!r.status.ok()) {
       gone[r.agent] = absl::StrCat("unreachable during execute: ", CallError(r.status));
     } else if (!r.response.serving()) {
-      gone[r.agent] = absl::StrCat("not serving during execute (", r.response.state(), ")");
+      gone[r.agent] = absl::StrCat("not serving during execute (",
+                                   wb::proto::StateWord(r.response.state()), ")");
     }
   }
   return gone;

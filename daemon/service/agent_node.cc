@@ -373,7 +373,7 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
       metrics_.Error(AgentMetrics::kStepFailed);
       return failed;
     }
-    state_ = "executing";
+    state_ = v1::AGENT_ACTIVITY_EXECUTING;
     // Connect again after a failure, or when this step needs a peer left out before.
     reconnect = reconnect_;
     for (const auto& peer : unconnected_) reconnect = reconnect || !skip.count(peer);
@@ -390,7 +390,7 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
       failed.set_error(absl::StrCat("reconnecting to peers: ", s.message()));
       metrics_.Error(AgentMetrics::kStepFailed);
       absl::MutexLock lock(&mu_);
-      state_ = "idle";
+      state_ = v1::AGENT_ACTIVITY_IDLE;
       return failed;
     }
   }
@@ -402,7 +402,7 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
   metrics_.StepFinished(report.seconds(), report.ok());
   absl::MutexLock lock(&mu_);
   reconnect_ = !report.ok();
-  state_ = "idle";
+  state_ = v1::AGENT_ACTIVITY_IDLE;
   return report;
 }
 
@@ -568,7 +568,7 @@ v1::HealthResponse AgentNode::Health() const {
   v1::HealthResponse h;
   absl::MutexLock lock(&mu_);
   h.set_serving(!shutting_down_);
-  h.set_state(shutting_down_ ? "draining" : state_);
+  h.set_state(shutting_down_ ? v1::AGENT_ACTIVITY_DRAINING : state_);
   h.set_committed_version(committed_version_);
   if (link_ && !link_->registered()) h.add_problems("not registered with the controller");
   return h;

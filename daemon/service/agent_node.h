@@ -127,7 +127,7 @@ class AgentNode {
   std::set<std::string> unconnected_ ABSL_GUARDED_BY(mu_);
   uint64_t committed_version_ ABSL_GUARDED_BY(mu_) = 0;
   bool delta_sending_ ABSL_GUARDED_BY(mu_) = false;  // the loaded plan sends deltas
-  std::string state_ ABSL_GUARDED_BY(mu_) = "idle";
+  weightbeam::v1::AgentActivity state_ ABSL_GUARDED_BY(mu_) = weightbeam::v1::AGENT_ACTIVITY_IDLE;
   std::set<std::string> introduced_ ABSL_GUARDED_BY(mu_);  // senders allowed to handshake
   // The step this agent's fence is open for (receiving side), if any.
   bool step_open_ ABSL_GUARDED_BY(mu_) = false;

@@ -17,6 +17,7 @@
 #include "daemon/delta/gpu_apply.h"
 #include "daemon/delta/op_layout.h"
 #include "daemon/gpu/device_memory.h"
+#include "tests/transform/transfer_ops.h"
 
 namespace wb::delta {
 namespace {
@@ -36,14 +37,7 @@ int Main(int argc, char** argv) {
     if (flag == "--cols") cols = std::strtoull(argv[i + 1], nullptr, 10);
     if (flag == "--percent") percent = std::atof(argv[i + 1]);
   }
-  v1::TransferOp op;
-  op.set_dst_tensor("bench.weight");
-  op.set_rows(rows);
-  op.set_row_elems(cols);
-  op.set_src_dtype(v1::DTYPE_BF16);
-  op.set_dst_dtype(v1::DTYPE_BF16);
-  op.set_transform(v1::TRANSFORM_COPY);
-  op.set_dst_stride((cols + 64) * 2);
+  const v1::TransferOp op = wb::testing::StridedCopy(v1::DTYPE_BF16, rows, cols, 64, 0);
   const OpLayout layout = LayoutOf(op);
   std::vector<uint8_t> shadow(layout.flat_bytes, 0), next(layout.flat_bytes, 0);
   std::mt19937_64 rng(1);

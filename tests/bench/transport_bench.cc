@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "daemon/transport/factory.h"
+#include "tests/transport/suite_util.h"
 #include "weightbeam/v1/types.pb.h"
 
 namespace {
@@ -45,41 +46,16 @@ struct Flags {
   std::exit(1);
 }
 
-bool WriteAll(int fd, const void* data, size_t size) {
-  const auto* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= n;
-  }
-  return true;
-}
-
-bool ReadAll(int fd, void* data, size_t size) {
-  auto* p = static_cast<char*>(data);
-  while (size > 0) {
-    ssize_t n = ::read(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= n;
-  }
-  return true;
-}
-
+// The control channel to the receiver process (length-prefixed messages, as in the transport
+// suite); the benchmark cannot go on without it.
 void SendMessage(int fd, const std::string& m) {
-  uint64_t n = m.size();
-  if (!WriteAll(fd, &n, sizeof(n)) || !WriteAll(fd, m.data(), n)) Die("control channel closed");
+  if (!wb::transport::testing::SendMessage(fd, m)) Die("control channel closed");
 }
 
 std::string ReceiveMessage(int fd) {
-  uint64_t n = 0;
-  if (!ReadAll(fd, &n, sizeof(n))) Die("control channel closed");
-  std::string m(n, '\0');
-  if (!ReadAll(fd, m.data(), n)) Die("control channel closed");
-  return m;
+  auto m = wb::transport::testing::ReceiveMessage(fd);
+  if (!m.ok()) Die(std::string(m.status().message()));
+  return *m;
 }
 
 wb::config::AgentConfig BenchConfig(const Flags& flags) {

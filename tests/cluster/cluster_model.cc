@@ -31,47 +31,24 @@ absl::StatusOr<planner::DeepSeekV3Config> ModelConfig(const std::string& name, i
 absl::StatusOr<ClusterModel> BuildClusterModel(const ClusterShape& shape) {
   auto cfg = ModelConfig(shape.model, shape.layers);
   if (!cfg.ok()) return cfg.status();
-  ClusterModel m;
-  m.spec = planner::BuildDeepSeekV3(shape.model, *cfg);
   planner::TrainerOptions trainer;
   trainer.ranks = shape.trainer_ranks();
   trainer.ep = shape.trainer_nodes;  // expert parallel across trainer nodes
   trainer.gpus_per_agent = shape.gpus_per_node;
-  trainer.nics_per_agent = 1;
   planner::InferenceOptions inference;
   inference.gpus = shape.inference_nodes * shape.gpus_per_node;
   inference.tp = shape.inference_tp();
   inference.ep = 2;
   inference.gpus_per_agent = shape.gpus_per_node;
-  inference.nics_per_agent = 1;
-  inference.fp8 = true;
-  auto layouts = planner::BuildLayouts(m.spec, trainer, inference);
-  if (!layouts.ok()) return layouts.status();
-  m.layouts = std::move(*layouts);
-  return m;
+  return demo::LayOut(planner::BuildDeepSeekV3(shape.model, *cfg), trainer, inference);
 }
-
-namespace {
-std::vector<planner::TensorEntry> Select(const ClusterModel& m, planner::Role role, int replica,
-                                         int rank) {
-  std::vector<planner::TensorEntry> out;
-  for (const auto& agent : m.layouts) {
-    for (const auto& t : agent.tensors) {
-      if (t.owner.role == role && t.owner.rank == rank && t.owner.replica == replica) {
-        out.push_back(t);
-      }
-    }
-  }
-  return out;
-}
-}  // namespace
 
 std::vector<planner::TensorEntry> TrainerEntries(const ClusterModel& m, int rank) {
-  return Select(m, planner::Role::kTrainer, 0, rank);
+  return demo::EntriesOf(m, planner::Role::kTrainer, 0, rank);
 }
 
 std::vector<planner::TensorEntry> InferenceEntries(const ClusterModel& m, int replica, int rank) {
-  return Select(m, planner::Role::kInference, replica, rank);
+  return demo::EntriesOf(m, planner::Role::kInference, replica, rank);
 }
 
 std::vector<uint64_t> InferenceNodeBytes(const ClusterModel& m, const ClusterShape& shape) {

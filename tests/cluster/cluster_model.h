@@ -31,10 +31,7 @@ struct ClusterShape {
   int inference_replicas() const { return inference_nodes * gpus_per_node / inference_tp(); }
 };
 
-struct ClusterModel {
-  planner::ModelSpec spec;                    // training-side (unfused) tensors
-  std::vector<planner::AgentLayout> layouts;  // generated trainer + inference agents
-};
+using ClusterModel = demo::SyntheticModel;
 
 absl::StatusOr<planner::DeepSeekV3Config> ModelConfig(const std::string& name, int layers);
 absl::StatusOr<ClusterModel> BuildClusterModel(const ClusterShape& shape);

@@ -26,29 +26,20 @@ using demo::BaseValue;
 using demo::Bf16ToFloat;
 using demo::CheckFp8;
 using demo::FirstMismatch;
+using demo::FusionParts;
 using demo::InfoOf;
 using demo::NameHash;
 using demo::Rect;
+using demo::RegisterAll;
+using demo::ServeInferenceChecks;
+using demo::ServeTrainerLines;
 using demo::ShardRect;
 using demo::StdinClosed;
 using demo::Total;
+using demo::WriteF32;
 using planner::TensorEntry;
 
 namespace {
-
-// Registers every entry of the one shared-memory buffer, in batches.
-absl::Status RegisterAll(client::LocalSession& session, const std::vector<TensorEntry>& entries,
-                         const demo::Registered& reg) {
-  std::vector<client::BufferSlice> batch;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    batch.push_back({InfoOf(entries[i]), reg.offsets[i], EntryBytes(entries[i])});
-    if (batch.size() == 1000 || i + 1 == entries.size()) {
-      if (auto s = session.RegisterBatch(batch, reg.buffer); !s.ok()) return s;
-      batch.clear();
-    }
-  }
-  return absl::OkStatus();
-}
 
 // The synthetic BF16 values of whole rows [r0, r0 + nr) of a source tensor, kept at the
 // latest version. Rows (not the shard's columns) because a version's changes are a stream over
@@ -103,14 +94,7 @@ class Reference {
 // tensors it is fused from.
 std::vector<uint16_t> ExpectedBf16(const TensorEntry& e, Reference& ref, uint64_t* rows,
                                    uint64_t* cols) {
-  std::vector<std::string> parts{e.name};
-  for (const auto& rule : config::DefaultFusionRules()) {
-    if (absl::EndsWith(e.name, rule.fused)) {
-      const std::string prefix = e.name.substr(0, e.name.size() - rule.fused.size());
-      parts.clear();
-      for (const auto& p : rule.parts) parts.push_back(prefix + p);
-    }
-  }
+  const std::vector<std::string> parts = FusionParts(e.name);
   const Rect r = ShardRect(e);
   std::vector<uint16_t> out(static_cast<size_t>(r.nr * r.nc));
   int64_t part_start = 0;
@@ -132,10 +116,6 @@ std::vector<uint16_t> ExpectedBf16(const TensorEntry& e, Reference& ref, uint64_
   return out;
 }
 
-void WriteF32(const uint16_t* bf16, uint64_t n, float* out) {
-  for (uint64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(bf16[i]);
-}
-
 }  // namespace
 
 int RunTrainer(const ClusterShape& shape, int rank, const std::string& socket) {
@@ -145,60 +125,41 @@ int RunTrainer(const ClusterShape& shape, int rank, const std::string& socket) {
     return 1;
   }
   const auto entries = TrainerEntries(*model, rank);
-  auto session = client::LocalSession::Connect(socket, client::Identity{v1::ROLE_TRAINER, rank, 0});
-  if (!session.ok()) {
-    std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(session.status().message()).c_str());
-    return 1;
-  }
-  auto reg = demo::Allocate(entries, "cluster");
-  if (!reg.ok()) return 1;
-  auto* base = static_cast<uint8_t*>(reg->buffer.data());
+  const std::string who = absl::StrCat("trainer ", rank);
+  auto side = demo::OpenSide(socket, {v1::ROLE_TRAINER, rank, 0}, entries, "cluster", who);
+  if (!side) return 1;
+  auto* base = static_cast<uint8_t*>(side->reg.buffer.data());
   // Trainers hold dim-0 shards: one contiguous element run [begin, end) each. Float32 tensors
   // (the router's correction bias) keep their BF16-valued synthetic values aside.
   std::vector<uint64_t> begin(entries.size()), end(entries.size());
   std::map<size_t, std::vector<uint16_t>> f32;
-  uint64_t bytes = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     const Rect r = ShardRect(e);
     begin[i] = static_cast<uint64_t>(r.r0 * r.cols + r.c0);
     end[i] = begin[i] + EntryElements(e);
     const uint64_t h = NameHash(e.name);
-    uint16_t* values = reinterpret_cast<uint16_t*>(base + reg->offsets[i]);
+    uint16_t* values = reinterpret_cast<uint16_t*>(base + side->reg.offsets[i]);
     if (e.dtype == v1::DTYPE_F32)
       values = (f32[i] = std::vector<uint16_t>(end[i] - begin[i])).data();
     for (uint64_t k = begin[i]; k < end[i]; ++k) values[k - begin[i]] = BaseValue(h, k);
     if (e.dtype == v1::DTYPE_F32) {
-      WriteF32(values, end[i] - begin[i], reinterpret_cast<float*>(base + reg->offsets[i]));
+      WriteF32(values, end[i] - begin[i], reinterpret_cast<float*>(base + side->reg.offsets[i]));
     }
-    bytes += EntryBytes(e);
   }
-  if (auto s = RegisterAll(*session, entries, *reg); !s.ok()) {
-    std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(s.message()).c_str());
-    return 1;
-  }
-  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
-  std::fflush(stdout);
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    std::istringstream in(line);
-    std::string cmd;
-    uint32_t version = 0;
-    in >> cmd >> version;
-    if (cmd != "perturb") continue;
+  if (!RegisterAll(*side, entries, who)) return 1;
+  ServeTrainerLines(entries, [&](uint32_t version) {
     for (size_t i = 0; i < entries.size(); ++i) {
       const auto& e = entries[i];
       auto it = f32.find(i);
-      uint16_t* values =
-          it != f32.end() ? it->second.data() : reinterpret_cast<uint16_t*>(base + reg->offsets[i]);
+      uint16_t* values = it != f32.end() ? it->second.data()
+                                         : reinterpret_cast<uint16_t*>(base + side->reg.offsets[i]);
       ApplyVersion(NameHash(e.name), Total(e.shape), version, begin[i], end[i], values);
       if (it != f32.end()) {
-        WriteF32(values, end[i] - begin[i], reinterpret_cast<float*>(base + reg->offsets[i]));
+        WriteF32(values, end[i] - begin[i], reinterpret_cast<float*>(base + side->reg.offsets[i]));
       }
     }
-    std::printf("ok %u\n", version);
-    std::fflush(stdout);
-  }
+  });
   return 0;
 }
 
@@ -206,84 +167,20 @@ int RunInference(const ClusterShape& shape, int replica, int rank, const std::st
   auto model = BuildClusterModel(shape);
   if (!model.ok()) return 1;
   const auto entries = InferenceEntries(*model, replica, rank);
-  auto session =
-      client::LocalSession::Connect(socket, client::Identity{v1::ROLE_INFERENCE, rank, replica});
-  if (!session.ok()) {
-    std::fprintf(stderr, "inference %d/%d: %s\n", replica, rank,
-                 std::string(session.status().message()).c_str());
-    return 1;
-  }
-  auto reg = demo::Allocate(entries, "cluster");
-  if (!reg.ok()) return 1;
-  if (auto s = RegisterAll(*session, entries, *reg); !s.ok()) {
-    std::fprintf(stderr, "inference %d/%d: %s\n", replica, rank, std::string(s.message()).c_str());
-    return 1;
-  }
-  uint64_t bytes = 0;
-  std::map<std::string, size_t> index;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    index[entries[i].name] = i;
-    bytes += EntryBytes(entries[i]);
-  }
-  if (!session->Watch().ok()) return 1;
+  const std::string who = absl::StrCat("inference ", replica, "/", rank);
+  auto side = demo::OpenSide(socket, {v1::ROLE_INFERENCE, rank, replica}, entries, "cluster", who);
+  if (!side) return 1;
+  if (!RegisterAll(*side, entries, who) || !side->session.Watch().ok()) return 1;
   Reference ref(model->spec);
-  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
-  std::fflush(stdout);
-  const auto* base = static_cast<const uint8_t*>(reg->buffer.data());
-  while (!StdinClosed()) {
-    auto event = session->NextEvent(std::chrono::milliseconds(200));
-    if (!event.ok()) {
-      if (event.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
-      std::fprintf(stderr, "inference %d/%d: %s\n", replica, rank,
-                   std::string(event.status().message()).c_str());
-      std::printf("gone %s\n", std::string(event.status().message()).c_str());
-      std::fflush(stdout);
-      return 1;
-    }
-    if (event->kind() == v1::Event::KIND_ABORT) {
-      std::printf("aborted %llu %s\n", static_cast<unsigned long long>(event->version()),
-                  event->reason().c_str());
-      std::fflush(stdout);
-      continue;
-    }
-    if (event->kind() != v1::Event::KIND_COMMIT) continue;
-    const uint32_t version = static_cast<uint32_t>(event->version());
-    ref.Advance(version);
-    std::string mismatch;
-    uint64_t checked = 0;
-    for (size_t i = 0; i < entries.size() && mismatch.empty(); ++i) {
-      const auto& e = entries[i];
-      if (absl::EndsWith(e.name, "_scale_inv")) continue;  // checked with its weight
-      uint64_t rows = 0, cols = 0;
-      std::vector<uint16_t> want = ExpectedBf16(e, ref, &rows, &cols);
-      const uint8_t* got = base + reg->offsets[i];
-      if (e.dtype == v1::DTYPE_BF16) {
-        mismatch = FirstMismatch(e.name, reinterpret_cast<const uint8_t*>(want.data()), got,
-                                 EntryBytes(e));
-        checked += EntryBytes(e);
-        continue;
-      }
-      if (e.dtype == v1::DTYPE_F32) {
-        std::vector<float> f(want.size());
-        WriteF32(want.data(), want.size(), f.data());
-        mismatch =
-            FirstMismatch(e.name, reinterpret_cast<const uint8_t*>(f.data()), got, EntryBytes(e));
-        checked += EntryBytes(e);
-        continue;
-      }
-      auto sit = index.find(e.name + "_scale_inv");
-      const bool scaled = sit != index.end();
-      mismatch = CheckFp8(e, want, rows, cols, got, scaled ? &entries[sit->second] : nullptr,
-                          scaled ? base + reg->offsets[sit->second] : nullptr, &checked);
-    }
-    if (mismatch.empty()) {
-      std::printf("verified %u PASS %llu\n", version, static_cast<unsigned long long>(checked));
-    } else {
-      std::printf("verified %u FAIL %s\n", version, mismatch.c_str());
-    }
-    std::fflush(stdout);
-  }
-  return 0;
+  return ServeInferenceChecks(
+      side->session, entries, side->reg, who, /*say_gone=*/true,
+      [&](uint32_t version) {
+        ref.Advance(version);
+        return absl::OkStatus();
+      },
+      [&](const TensorEntry& e, uint64_t* rows, uint64_t* cols) {
+        return ExpectedBf16(e, ref, rows, cols);
+      });
 }
 
 }  // namespace wb::cluster

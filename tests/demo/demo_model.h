@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/planner/models.h"
-#include "tests/demo/role_support.h"  // EntryElements, EntryBytes
+#include "tests/demo/role_support.h"  // SyntheticModel, EntryElements, EntryBytes
 
 namespace wb::demo {
 
@@ -19,10 +19,7 @@ struct DemoShape {
   int tp = 2;
 };
 
-struct DemoModel {
-  planner::ModelSpec spec;                    // training-side (unfused) tensors
-  std::vector<planner::AgentLayout> layouts;  // generated trainer + inference agents
-};
+using DemoModel = SyntheticModel;
 
 absl::StatusOr<DemoModel> BuildDemoModel(const DemoShape& shape);
 

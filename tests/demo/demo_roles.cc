@@ -40,8 +40,8 @@ void ForEachRun(const TensorEntry& e, Fn fn) {
   }
 }
 
-int Fail(const char* who, int rank, const absl::Status& s) {
-  std::fprintf(stderr, "%s %d: %s\n", who, rank, std::string(s.message()).c_str());
+int Fail(const std::string& who, const absl::Status& s) {
+  std::fprintf(stderr, "%s: %s\n", who.c_str(), std::string(s.message()).c_str());
   return 1;
 }
 
@@ -54,58 +54,42 @@ int RunTrainer(const DemoShape& shape, int rank, const std::string& socket, bool
     return 1;
   }
   auto entries = EntriesFor(*model, planner::Role::kTrainer, rank);
-  auto session = client::LocalSession::Connect(socket, client::Identity{v1::ROLE_TRAINER, rank, 0});
-  if (!session.ok()) {
-    std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(session.status().message()).c_str());
-    return 1;
-  }
-  auto reg = Allocate(entries, "demo");
-  if (!reg.ok()) return 1;
-  auto* base = static_cast<uint8_t*>(reg->buffer.data());
-  uint64_t bytes = 0;
+  const std::string who = absl::StrCat("trainer ", rank);
+  auto side = OpenSide(socket, {v1::ROLE_TRAINER, rank, 0}, entries, "demo", who);
+  if (!side) return 1;
+  auto* base = static_cast<uint8_t*>(side->reg.buffer.data());
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
-    auto* values = reinterpret_cast<uint16_t*>(base + reg->offsets[i]);
+    auto* values = reinterpret_cast<uint16_t*>(base + side->reg.offsets[i]);
     const uint64_t h = NameHash(e.name);
     ForEachRun(e, [&](uint64_t begin, uint64_t count, uint64_t local) {
       for (uint64_t k = 0; k < count; ++k) values[local + k] = BaseValue(h, begin + k);
     });
-    bytes += EntryBytes(e);
     if (gpu) continue;  // registered below, from device memory
-    auto s = session->Register(InfoOf(e), reg->buffer, reg->offsets[i], EntryBytes(e));
-    if (!s.ok()) return Fail("trainer", rank, s);
+    auto s =
+        side->session.Register(InfoOf(e), side->reg.buffer, side->reg.offsets[i], EntryBytes(e));
+    if (!s.ok()) return Fail(who, s);
   }
   absl::StatusOr<DeviceCopy> device = absl::FailedPreconditionError("not --gpu");
   if (gpu) {
-    device = DeviceCopy::Create(*reg);
-    if (!device.ok()) return Fail("trainer", rank, device.status());
-    if (auto s = device->Upload(); !s.ok()) return Fail("trainer", rank, s);
-    if (auto s = device->RegisterAll(*session, entries); !s.ok()) return Fail("trainer", rank, s);
+    device = DeviceCopy::Create(side->reg);
+    if (!device.ok()) return Fail(who, device.status());
+    if (auto s = device->Upload(); !s.ok()) return Fail(who, s);
+    if (auto s = device->RegisterAll(side->session, entries); !s.ok()) return Fail(who, s);
   }
-  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
-  std::fflush(stdout);
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    std::istringstream in(line);
-    std::string cmd;
-    uint32_t version = 0;
-    in >> cmd >> version;
-    if (cmd != "perturb") continue;
+  absl::Status upload = absl::OkStatus();
+  ServeTrainerLines(entries, [&](uint32_t version) {
     for (size_t i = 0; i < entries.size(); ++i) {
       const auto& e = entries[i];
-      auto* values = reinterpret_cast<uint16_t*>(base + reg->offsets[i]);
+      auto* values = reinterpret_cast<uint16_t*>(base + side->reg.offsets[i]);
       const uint64_t h = NameHash(e.name), total = Total(e.shape);
       ForEachRun(e, [&](uint64_t begin, uint64_t count, uint64_t local) {
         ApplyVersion(h, total, version, begin, begin + count, values + local);
       });
     }
-    if (gpu) {
-      if (auto s = device->Upload(); !s.ok()) return Fail("trainer", rank, s);
-    }
-    std::printf("ok %u\n", version);
-    std::fflush(stdout);
-  }
-  return 0;
+    if (gpu && upload.ok()) upload = device->Upload();
+  });
+  return upload.ok() ? 0 : Fail(who, upload);
 }
 
 namespace {
@@ -147,14 +131,7 @@ class Mirror {
 // tensors it is fused from.
 std::vector<uint16_t> ExpectedBf16(const TensorEntry& e, Mirror& mirror, uint64_t* rows,
                                    uint64_t* cols) {
-  std::vector<std::string> parts{e.name};
-  for (const auto& rule : config::DefaultFusionRules()) {
-    if (absl::EndsWith(e.name, rule.fused)) {
-      std::string prefix = e.name.substr(0, e.name.size() - rule.fused.size());
-      parts.clear();
-      for (const auto& p : rule.parts) parts.push_back(prefix + p);
-    }
-  }
+  const std::vector<std::string> parts = FusionParts(e.name);
   std::vector<uint16_t> out;
   const Rect rect = ShardRect(e);
   const int64_t C = rect.cols, r0 = rect.r0, nr = rect.nr, c0 = rect.c0, nc = rect.nc;
@@ -183,91 +160,37 @@ int RunInference(const DemoShape& shape, int rank, const std::string& socket, bo
   auto model = BuildDemoModel(shape);
   if (!model.ok()) return 1;
   auto entries = EntriesFor(*model, planner::Role::kInference, rank);
-  auto session =
-      client::LocalSession::Connect(socket, client::Identity{v1::ROLE_INFERENCE, rank, 0});
-  if (!session.ok()) {
-    std::fprintf(stderr, "inference %d: %s\n", rank,
-                 std::string(session.status().message()).c_str());
-    return 1;
-  }
-  auto reg = Allocate(entries, "demo");
-  if (!reg.ok()) return 1;
-  uint64_t bytes = 0;
-  std::map<std::string, size_t> index;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    index[entries[i].name] = i;
-    bytes += EntryBytes(entries[i]);
-    if (gpu) continue;  // registered below, as device memory
-    auto s =
-        session->Register(InfoOf(entries[i]), reg->buffer, reg->offsets[i], EntryBytes(entries[i]));
-    if (!s.ok()) return Fail("inference", rank, s);
+  const std::string who = absl::StrCat("inference ", rank);
+  auto side = OpenSide(socket, {v1::ROLE_INFERENCE, rank, 0}, entries, "demo", who);
+  if (!side) return 1;
+  for (size_t i = 0; i < entries.size() && !gpu; ++i) {  // --gpu: registered below
+    auto s = side->session.Register(InfoOf(entries[i]), side->reg.buffer, side->reg.offsets[i],
+                                    EntryBytes(entries[i]));
+    if (!s.ok()) return Fail(who, s);
   }
   absl::StatusOr<DeviceCopy> device = absl::FailedPreconditionError("not --gpu");
   if (gpu) {
-    device = DeviceCopy::Create(*reg);
-    if (!device.ok()) return Fail("inference", rank, device.status());
-    if (auto s = device->RegisterAll(*session, entries); !s.ok()) {
-      return Fail("inference", rank, s);
-    }
+    device = DeviceCopy::Create(side->reg);
+    if (!device.ok()) return Fail(who, device.status());
+    if (auto s = device->RegisterAll(side->session, entries); !s.ok()) return Fail(who, s);
   }
-  if (!session->Watch().ok()) return 1;
+  if (!side->session.Watch().ok()) return 1;
   Mirror mirror(model->spec);
-  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
-  std::fflush(stdout);
-  const auto* base = static_cast<const uint8_t*>(reg->buffer.data());
-  while (!StdinClosed()) {
-    auto event = session->NextEvent(std::chrono::milliseconds(200));
-    if (!event.ok()) {
-      if (event.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
-      std::fprintf(stderr, "inference %d: %s\n", rank,
-                   std::string(event.status().message()).c_str());
-      return 1;
-    }
-    if (event->kind() == v1::Event::KIND_ABORT) {
-      std::printf("aborted %llu %s\n", static_cast<unsigned long long>(event->version()),
-                  event->reason().c_str());
-      std::fflush(stdout);
-      continue;
-    }
-    if (event->kind() != v1::Event::KIND_COMMIT) continue;
-    const uint32_t version = static_cast<uint32_t>(event->version());
-    mirror.Advance(version);
-    if (gpu) {
-      // The destination bytes are checked on the host: the device buffer copied back.
-      if (auto s = device->Download(); !s.ok()) {
-        std::printf("verified %u FAIL copying the device buffer back: %s\n", version,
-                    std::string(s.message()).c_str());
-        std::fflush(stdout);
-        continue;
-      }
-    }
-    std::string mismatch;
-    uint64_t checked = 0;
-    for (size_t i = 0; i < entries.size() && mismatch.empty(); ++i) {
-      const auto& e = entries[i];
-      if (absl::EndsWith(e.name, "_scale_inv")) continue;  // checked with its weight
-      uint64_t rows = 0, cols = 0;
-      std::vector<uint16_t> want = ExpectedBf16(e, mirror, &rows, &cols);
-      const uint8_t* got = base + reg->offsets[i];
-      if (e.dtype == v1::DTYPE_BF16) {
-        mismatch = FirstMismatch(e.name, reinterpret_cast<const uint8_t*>(want.data()), got,
-                                 EntryBytes(e));
-        checked += EntryBytes(e);
-        continue;
-      }
-      auto sit = index.find(e.name + "_scale_inv");
-      const bool scaled = sit != index.end();
-      mismatch = CheckFp8(e, want, rows, cols, got, scaled ? &entries[sit->second] : nullptr,
-                          scaled ? base + reg->offsets[sit->second] : nullptr, &checked);
-    }
-    if (mismatch.empty()) {
-      std::printf("verified %u PASS %llu\n", version, static_cast<unsigned long long>(checked));
-    } else {
-      std::printf("verified %u FAIL %s\n", version, mismatch.c_str());
-    }
-    std::fflush(stdout);
-  }
-  return 0;
+  return ServeInferenceChecks(
+      side->session, entries, side->reg, who, /*say_gone=*/false,
+      [&](uint32_t version) -> absl::Status {
+        mirror.Advance(version);
+        // With --gpu the destination bytes are checked on the host: the device buffer copied back.
+        if (!gpu) return absl::OkStatus();
+        absl::Status s = device->Download();
+        if (!s.ok())
+          return absl::Status(s.code(),
+                              absl::StrCat("copying the device buffer back: ", s.message()));
+        return s;
+      },
+      [&](const TensorEntry& e, uint64_t* rows, uint64_t* cols) {
+        return ExpectedBf16(e, mirror, rows, cols);
+      });
 }
 
 }  // namespace wb::demo

@@ -142,25 +142,33 @@ TEST_CASE("a plan of many operations lands every byte, under the staging waterma
 
   std::vector<v1::TransferOp> ops;
   uint64_t id = 0;
-  // Copies: one op per 8 rows, and a strided op for the right half of every row.
-  for (int64_t r = 0; r < R; r += 8) {
+  // An op from `src` starting at row r, whole rows of BF16 unless changed after.
+  auto from_src = [&](const std::string& dst, const auto& dst_reg, v1::DType dst_dtype,
+                      v1::Transform transform, int64_t r, int64_t rows, uint32_t phase) {
     v1::TransferOp op;
     op.set_op_id(id++);
     op.set_dst_agent("self");
     op.set_src_tensor("src");
-    op.set_dst_tensor("dst_copy");
+    op.set_dst_tensor(dst);
     op.set_src_region(src.region().region_id());
-    op.set_dst_region(dst_copy.region().region_id());
+    op.set_dst_region(dst_reg.region().region_id());
     op.set_src_offset(r * C * 2);
+    op.set_rows(rows);
+    op.set_row_elems(C);
+    op.set_src_dtype(v1::DTYPE_BF16);
+    op.set_dst_dtype(dst_dtype);
+    op.set_transform(transform);
+    op.set_phase(phase);
+    return op;
+  };
+  // Copies: one op per 8 rows, and a strided op for the right half of every row.
+  for (int64_t r = 0; r < R; r += 8) {
+    v1::TransferOp op =
+        from_src("dst_copy", dst_copy, v1::DTYPE_BF16, v1::TRANSFORM_COPY, r, 8, /*phase=*/0);
     op.set_dst_offset(r * C * 2);
-    op.set_rows(8);
     op.set_row_elems(C / 2);  // left half, strided
     op.set_src_stride(C * 2);
     op.set_dst_stride(C * 2);
-    op.set_src_dtype(v1::DTYPE_BF16);
-    op.set_dst_dtype(v1::DTYPE_BF16);
-    op.set_transform(v1::TRANSFORM_COPY);
-    op.set_phase(0);
     ops.push_back(op);
     op.set_op_id(id++);
     op.set_src_offset(r * C * 2 + C);  // right half
@@ -169,42 +177,18 @@ TEST_CASE("a plan of many operations lands every byte, under the staging waterma
   }
   // Casts to f32, 16 rows per op, in phase 1.
   for (int64_t r = 0; r < R; r += 16) {
-    v1::TransferOp op;
-    op.set_op_id(id++);
-    op.set_dst_agent("self");
-    op.set_src_tensor("src");
-    op.set_dst_tensor("dst_cast");
-    op.set_src_region(src.region().region_id());
-    op.set_dst_region(dst_cast.region().region_id());
-    op.set_src_offset(r * C * 2);
+    v1::TransferOp op =
+        from_src("dst_cast", dst_cast, v1::DTYPE_F32, v1::TRANSFORM_CAST, r, 16, /*phase=*/1);
     op.set_dst_offset(r * C * 4);
-    op.set_rows(16);
-    op.set_row_elems(C);
-    op.set_src_dtype(v1::DTYPE_BF16);
-    op.set_dst_dtype(v1::DTYPE_F32);
-    op.set_transform(v1::TRANSFORM_CAST);
-    op.set_phase(1);
     ops.push_back(op);
   }
   // FP8: one op per 128-row block row, scales to the scale tensor.
   for (int64_t r = 0; r < R; r += 128) {
-    v1::TransferOp op;
-    op.set_op_id(id++);
-    op.set_dst_agent("self");
-    op.set_src_tensor("src");
-    op.set_dst_tensor("dst_fp8");
-    op.set_src_region(src.region().region_id());
-    op.set_dst_region(dst_fp8.region().region_id());
-    op.set_scale_region(dst_scale.region().region_id());
-    op.set_src_offset(r * C * 2);
+    v1::TransferOp op = from_src("dst_fp8", dst_fp8, v1::DTYPE_F8_E4M3, v1::TRANSFORM_FP8_BLOCK, r,
+                                 128, /*phase=*/1);
     op.set_dst_offset(r * C);
+    op.set_scale_region(dst_scale.region().region_id());
     op.set_scale_offset((r / 128) * (C / 128) * 4);
-    op.set_rows(128);
-    op.set_row_elems(C);
-    op.set_src_dtype(v1::DTYPE_BF16);
-    op.set_dst_dtype(v1::DTYPE_F8_E4M3);
-    op.set_transform(v1::TRANSFORM_FP8_BLOCK);
-    op.set_phase(1);
     ops.push_back(op);
   }
 
@@ -258,21 +242,13 @@ TEST_CASE("a plan of many operations lands every byte, under the staging waterma
 
   // Every destination byte, checked against the transform library on the whole tensor.
   CHECK(f.Bytes("dst_copy") == f.Bytes("src"));
-  transform::TransformDesc cast;
-  cast.kind = transform::Kind::kCast;
-  cast.src_dtype = transform::DType::kBF16;
-  cast.dst_dtype = transform::DType::kF32;
-  cast.rows = R;
-  cast.cols = C;
+  const transform::TransformDesc cast{transform::Kind::kCast, transform::DType::kBF16,
+                                      transform::DType::kF32, R, C};
   std::vector<uint8_t> want_cast(R * C * 4);
   REQUIRE(transform::ApplyTransformCpu(cast, f.Bytes("src").data(), want_cast.data()).ok());
   CHECK(f.Bytes("dst_cast") == want_cast);
-  transform::TransformDesc q;
-  q.kind = transform::Kind::kFp8Block;
-  q.src_dtype = transform::DType::kBF16;
-  q.dst_dtype = transform::DType::kF8E4M3;
-  q.rows = R;
-  q.cols = C;
+  const transform::TransformDesc q{transform::Kind::kFp8Block, transform::DType::kBF16,
+                                   transform::DType::kF8E4M3, R, C};
   std::vector<uint8_t> want_fp8(R * C);
   std::vector<float> want_scales((R / 128) * (C / 128));
   REQUIRE(

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "config/config.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
@@ -23,16 +24,7 @@ using wb::config::ControllerConfig;
 using wb::grpcutil::TlsConfig;
 
 constexpr char kSource[] = "fuzz-input.yaml";
-
-[[noreturn]] void Fail(const char* what) {
-  std::fprintf(stderr, "config_fuzz invariant violated: %s\n", what);
-  __builtin_trap();
-}
-
-#define CHECK_INVARIANT(cond) \
-  do {                        \
-    if (!(cond)) Fail(#cond); \
-  } while (0)
+constexpr char kTarget[] = "config_fuzz";
 
 template <typename T>
 bool InRange(T value, T lo, T hi) {
@@ -111,7 +103,7 @@ void CheckController(const ControllerConfig& c) {
     try {
       std::regex re(rule.pattern);
     } catch (const std::regex_error&) {
-      Fail("accepted a rename pattern that is not a regular expression");
+      wb::fuzz::Fail(kTarget, "accepted a rename pattern that is not a regular expression");
     }
   }
   for (const auto& rule : c.fusions) {
@@ -196,35 +188,30 @@ std::string InputToYaml(const uint8_t* data, size_t size) {
   return yaml;
 }
 
+// Runs `parse` (named `name`) on `yaml`: an accepted configuration goes to `check`, a refusal
+// to CheckError; any exception is a failure.
+template <typename Parse, typename Check>
+void ParseAndCheck(const char* name, Parse parse, Check check, const std::string& yaml) {
+  try {
+    auto config = parse(yaml, kSource);
+    if (config.ok()) {
+      check(*config);
+    } else {
+      CheckError(config.status());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s threw %s\n", name, e.what());
+    wb::fuzz::Fail(kTarget, (std::string(name) + " threw").c_str());
+  } catch (...) {
+    wb::fuzz::Fail(kTarget, (std::string(name) + " threw a non-std exception").c_str());
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string yaml = InputToYaml(data, size);
-  try {
-    absl::StatusOr<AgentConfig> agent = wb::config::ParseAgentConfig(yaml, kSource);
-    if (agent.ok()) {
-      CheckAgent(*agent);
-    } else {
-      CheckError(agent.status());
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ParseAgentConfig threw %s\n", e.what());
-    Fail("ParseAgentConfig threw");
-  } catch (...) {
-    Fail("ParseAgentConfig threw a non-std exception");
-  }
-  try {
-    absl::StatusOr<ControllerConfig> controller = wb::config::ParseControllerConfig(yaml, kSource);
-    if (controller.ok()) {
-      CheckController(*controller);
-    } else {
-      CheckError(controller.status());
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ParseControllerConfig threw %s\n", e.what());
-    Fail("ParseControllerConfig threw");
-  } catch (...) {
-    Fail("ParseControllerConfig threw a non-std exception");
-  }
+  ParseAndCheck("ParseAgentConfig", wb::config::ParseAgentConfig, CheckAgent, yaml);
+  ParseAndCheck("ParseControllerConfig", wb::config::ParseControllerConfig, CheckController, yaml);
   return 0;
 }

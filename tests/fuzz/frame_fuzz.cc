@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/transport/region_table.h"
 #include "daemon/transport/tcp/frame.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
@@ -29,15 +30,7 @@ using wb::transport::tcp::ParseFrameHeader;
 // The receiver's frame limit in this harness (TcpReceiver::HandleWrite checks it first).
 constexpr uint64_t kMaxFrameBytes = 1 << 20;
 
-[[noreturn]] void Fail(const char* what) {
-  std::fprintf(stderr, "frame_fuzz invariant violated: %s\n", what);
-  __builtin_trap();
-}
-
-#define CHECK_INVARIANT(cond) \
-  do {                        \
-    if (!(cond)) Fail(#cond); \
-  } while (0)
+constexpr char kTarget[] = "frame_fuzz";
 
 bool SameHeader(const FrameHeader& a, const FrameHeader& b) {
   return a.type == b.type && a.aux == b.aux && a.region_id == b.region_id && a.key == b.key &&
@@ -63,7 +56,7 @@ struct Regions {
     mem.addr = buffers.back().get();
     mem.length = length;
     auto info = table.Add(mem, access);
-    if (!info.ok()) Fail("RegionTable::Add refused a harness region");
+    if (!info.ok()) wb::fuzz::Fail(kTarget, "RegionTable::Add refused a harness region");
     infos.push_back(*info);
   }
   const wb::transport::RegionInfo* Find(uint64_t id) const {
@@ -131,7 +124,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       CHECK_INVARIANT(header.length == 0);
       break;
     default:
-      Fail("parsed a frame type outside the enum");
+      wb::fuzz::Fail(kTarget, "parsed a frame type outside the enum");
   }
 
   // Encoding is the exact inverse: same 56 bytes, and parsing those gives the same header.

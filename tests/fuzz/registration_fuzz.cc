@@ -10,13 +10,11 @@
 
 #include "common/tensor/dtype.h"
 #include "common/tensor/tensor_checks.h"
+#include "tests/fuzz/fuzz_check.h"
 #include "weightbeam/v1/local.pb.h"
 
 namespace {
-[[noreturn]] void Fail(const char* what) {
-  std::fprintf(stderr, "registration_fuzz invariant violated: %s\n", what);
-  __builtin_trap();
-}
+constexpr char kTarget[] = "registration_fuzz";
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -30,7 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     for (const auto& s : reg.spec().shard()) need *= static_cast<uint64_t>(s.size());
   }
-  if (need != length) Fail("accepted spec does not need exactly `length` bytes");
+  if (need != length) wb::fuzz::Fail(kTarget, "accepted spec does not need exactly `length` bytes");
   if (length <= (1 << 20)) {
     std::vector<uint8_t> memory(length);
     for (uint64_t i = 0; i < length; ++i) memory[i] = static_cast<uint8_t>(i);

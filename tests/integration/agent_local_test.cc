@@ -60,7 +60,22 @@ TensorInfo Bf16(const std::string& name, std::vector<int64_t> shape,
   return TensorInfo{name, v1::DTYPE_BF16, std::move(shape), std::move(shard)};
 }
 
+std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
 }  // namespace
+
+// A 64 KiB buffer and an inference rank 0 session on the agent under test.
+struct InferenceSide {
+  SharedBuffer buffer;
+  LocalSession session;
+  static InferenceSide Open(const AgentUnderTest& agent, const std::string& name) {
+    auto buffer = SharedBuffer::Create(1 << 16, name);
+    REQUIRE(buffer.ok());
+    auto session = LocalSession::Connect(agent.socket, Identity{v1::ROLE_INFERENCE, 0, 0});
+    REQUIRE(session.ok());
+    return InferenceSide{std::move(*buffer), std::move(*session)};
+  }
+};
 
 TEST_CASE("registered tensors appear in Describe and go when their process is killed") {
   AgentUnderTest agent;
@@ -114,43 +129,40 @@ TEST_CASE("registered tensors appear in Describe and go when their process is ki
 
 TEST_CASE("bad registrations are refused with the tensor named; the agent keeps serving") {
   AgentUnderTest agent;
-  auto buf = SharedBuffer::Create(1 << 16, "bad");
-  REQUIRE(buf.ok());
-  auto session = LocalSession::Connect(agent.socket, Identity{v1::ROLE_INFERENCE, 0, 0});
-  REQUIRE(session.ok());
-
-  auto message = [](const absl::Status& s) { return std::string(s.message()); };
+  InferenceSide side = InferenceSide::Open(agent, "bad");
+  SharedBuffer* buf = &side.buffer;
+  LocalSession* session = &side.session;
 
   SECTION("shape inconsistent with the byte length") {
     auto s = session->Register(Bf16("w.shape", {16, 16}), *buf, 0, 100);
     CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-    CHECK_THAT(message(s), Catch::Contains("tensor 'w.shape'") &&
+    CHECK_THAT(Message(s), Catch::Contains("tensor 'w.shape'") &&
                                Catch::Contains("needs 512 bytes but the memory handle covers 100"));
   }
   SECTION("unknown dtype") {
     TensorInfo t = Bf16("w.dtype", {4});
     t.dtype = static_cast<v1::DType>(42);
     auto s = session->Register(t, *buf, 0, 8);
-    CHECK_THAT(message(s), Catch::Contains("tensor 'w.dtype': unknown dtype 42"));
+    CHECK_THAT(Message(s), Catch::Contains("tensor 'w.dtype': unknown dtype 42"));
   }
   SECTION("shard outside the global shape") {
     auto s = session->Register(Bf16("w.shard", {8, 8}, {{6, 4}, {0, 8}}), *buf, 0, 64);
-    CHECK_THAT(message(s), Catch::Contains("tensor 'w.shard': shard slice [6, 10) of dimension "
+    CHECK_THAT(Message(s), Catch::Contains("tensor 'w.shard': shard slice [6, 10) of dimension "
                                            "0 is outside the global extent 8"));
   }
   SECTION("negative dimension") {
     auto s = session->Register(Bf16("w.neg", {-3, 8}), *buf, 0, 48);
-    CHECK_THAT(message(s), Catch::Contains("dimension 0 of the global shape is -3"));
+    CHECK_THAT(Message(s), Catch::Contains("dimension 0 of the global shape is -3"));
   }
   SECTION("shared memory too small") {
     auto s = session->Register(Bf16("w.small", {64, 1024}), *buf, 0, 64 * 1024 * 2);
-    CHECK_THAT(message(s), Catch::Contains("tensor 'w.small'") && Catch::Contains("too small"));
+    CHECK_THAT(Message(s), Catch::Contains("tensor 'w.small'") && Catch::Contains("too small"));
   }
   SECTION("duplicate registration, also from another process claiming the same rank") {
     REQUIRE(session->Register(Bf16("w.dup", {8, 8}), *buf, 0, 128).ok());
     auto again = session->Register(Bf16("w.dup", {8, 8}), *buf, 0, 128);
     CHECK(again.code() == absl::StatusCode::kAlreadyExists);
-    CHECK_THAT(message(again), Catch::Contains("tensor 'w.dup' is already registered by "
+    CHECK_THAT(Message(again), Catch::Contains("tensor 'w.dup' is already registered by "
                                                "inference replica 0 rank 0"));
     pid_t child = fork();
     if (child == 0) {
@@ -181,7 +193,7 @@ TEST_CASE("bad registrations are refused with the tensor named; the agent keeps 
     // Refused by the client library before a request is sent, naming the tensor.
     auto s = session->RegisterCuda(Bf16("w.gpu", {4}), nullptr, 8, 0);
     CHECK_FALSE(s.ok());
-    CHECK_THAT(message(s), Catch::Contains("tensor 'w.gpu': CUDA IPC: "));
+    CHECK_THAT(Message(s), Catch::Contains("tensor 'w.gpu': CUDA IPC: "));
   }
   // After any refusal the agent still serves: a good registration works.
   REQUIRE(session->Register(Bf16("w.good", {4, 4}), *buf, 1024, 32).ok());
@@ -193,11 +205,9 @@ TEST_CASE("bad registrations are refused with the tensor named; the agent keeps 
 
 TEST_CASE("parts of one buffer share its memory; overlaps and bad views are refused") {
   AgentUnderTest agent;
-  auto buf = SharedBuffer::Create(1 << 16, "view");
-  REQUIRE(buf.ok());
-  auto session = LocalSession::Connect(agent.socket, Identity{v1::ROLE_INFERENCE, 0, 0});
-  REQUIRE(session.ok());
-  auto message = [](const absl::Status& s) { return std::string(s.message()); };
+  InferenceSide side = InferenceSide::Open(agent, "view");
+  SharedBuffer* buf = &side.buffer;
+  LocalSession* session = &side.session;
   // qkv [12, 8] bf16 = 192 bytes: q rows 0..8, k rows 8..10, v rows 10..12.
   auto part = [](const std::string& name, int64_t rows, int64_t start, int64_t at) {
     TensorInfo t = Bf16(name, {8, 8}, {{start, rows}, {0, 8}});
@@ -221,24 +231,24 @@ TEST_CASE("parts of one buffer share its memory; overlaps and bad views are refu
   SECTION("a part overlapping another inside the buffer") {
     auto s = session->Register(part("v.weight", 2, 0, 9), *buf, 0, 192);
     CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-    CHECK_THAT(message(s), Catch::Contains("tensor 'v.weight'") &&
+    CHECK_THAT(Message(s), Catch::Contains("tensor 'v.weight'") &&
                                Catch::Contains("overlaps part 'k.weight'") &&
                                Catch::Contains("buffer 'qkv_proj.weight'"));
   }
   SECTION("a part sticking out of the buffer") {
     auto s = session->Register(part("v.weight", 2, 0, 11), *buf, 0, 192);
-    CHECK_THAT(message(s), Catch::Contains("tensor 'v.weight' (part of buffer 'qkv_proj.weight'") &&
+    CHECK_THAT(Message(s), Catch::Contains("tensor 'v.weight' (part of buffer 'qkv_proj.weight'") &&
                                Catch::Contains("spans [11, 11 + 2) of buffer dimension 0"));
   }
   SECTION("memory that is not the whole buffer") {
     auto s = session->Register(part("v.weight", 2, 0, 10), *buf, 256, 32);
-    CHECK_THAT(message(s), Catch::Contains("needs 192 bytes but the memory handle covers 32"));
+    CHECK_THAT(Message(s), Catch::Contains("needs 192 bytes but the memory handle covers 32"));
   }
   SECTION("a view with more shard dims than buffer dims") {
     TensorInfo t = part("v.weight", 2, 0, 10);
     t.view_shape = {96};
     t.view_offset = {0};
-    CHECK_THAT(message(session->Register(t, *buf, 0, 192)),
+    CHECK_THAT(Message(session->Register(t, *buf, 0, 192)),
                Catch::Contains("the shard has 2 dimensions, more than the buffer's 1"));
   }
   // The last part fits exactly.

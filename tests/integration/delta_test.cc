@@ -16,6 +16,7 @@
 #include "client/weightbeam/shared_buffer.h"
 #include "daemon/transform/transform.h"
 #include "tests/support/cluster.h"
+#include "tests/support/one_tensor.h"
 #include "tests/support/synthetic_adam.h"
 
 namespace v1 = weightbeam::v1;
@@ -135,21 +136,14 @@ TEST_CASE("delta mode: Adam steps land bit for bit, anchors heal a failed and a 
   Cluster cluster(wb::testing::Runfile(""), opts);
   Trainer trainer = OpenTrainer(cluster.socket("trainer-node"));
   Inference inference = OpenInference(cluster.socket("inference-node"));
-  auto ctl = ControllerClient::Connect(cluster.controller_address());
-  REQUIRE(ctl.ok());
-  v1::ExpectedWorld world;
-  world.set_trainer_ranks(1);
-  world.set_inference_replicas(1);
-  world.set_inference_ranks_per_replica(1);
-  auto plan = ctl->Plan(world, std::chrono::seconds(20));
-  INFO((plan.ok() ? "" : std::string(plan.status().message())));
-  REQUIRE(plan.ok());
-  CHECK(plan->delta().enabled());
-  CHECK(plan->total_bytes() == kDense);
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  const v1::PlanSummary plan = wb::testing::PlanOneToOne(&ctl);
+  CHECK(plan.delta().enabled());
+  CHECK(plan.total_bytes() == kDense);
 
   // Commits one step; returns its result.
   auto commit = [&](uint64_t v) {
-    auto step = ctl->Step(v);
+    auto step = ctl.Step(v);
     INFO("version " << v << ": " << (step.ok() ? "" : std::string(step.status().message())));
     REQUIRE(step.ok());
     CHECK(step->bytes_dense() == kDense);
@@ -159,6 +153,14 @@ TEST_CASE("delta mode: Adam steps land bit for bit, anchors heal a failed and a 
     CHECK(e.version() == v);
     CheckBitForBit(trainer, inference, v);
     return *step;
+  };
+  // Steps version `v`, which must fail, and the watcher sees begin then abort; the error.
+  auto failed_step = [&](uint64_t v) {
+    auto step = ctl.Step(v);
+    REQUIRE_FALSE(step.ok());
+    CHECK(NextEvent(inference).kind() == v1::Event::KIND_BEGIN);
+    CHECK(NextEvent(inference).kind() == v1::Event::KIND_ABORT);
+    return std::string(step.status().message());
   };
   auto check_anchor = [](const v1::StepResult& r) {
     CHECK(r.delta_anchor());
@@ -182,13 +184,9 @@ TEST_CASE("delta mode: Adam steps land bit for bit, anchors heal a failed and a 
 
   // Version 6: the receiver applies half of its deltas, then its commit fails.
   trainer.Step();
-  auto failed = ctl->Step(kFailVersion);
-  REQUIRE_FALSE(failed.ok());
-  CHECK_THAT(std::string(failed.status().message()),
+  CHECK_THAT(failed_step(kFailVersion),
              Catch::Contains("agent inference-node: commit failed: delta mode on agent "
                              "inference-node: injected failure"));
-  CHECK(NextEvent(inference).kind() == v1::Event::KIND_BEGIN);
-  CHECK(NextEvent(inference).kind() == v1::Event::KIND_ABORT);
   // The partial patch is never built upon: the next step is a dense anchor.
   trainer.Step();
   check_anchor(commit(7));
@@ -199,13 +197,8 @@ TEST_CASE("delta mode: Adam steps land bit for bit, anchors heal a failed and a 
   // verification names the tensor; the anchor after it restores every byte.
   for (int i = 0; i < 64; ++i) inference.A()[1 + 2 * (i * 31337 % kElems)] ^= 0x40;
   trainer.Step();
-  auto scribbled = ctl->Step(9);
-  REQUIRE_FALSE(scribbled.ok());
-  CHECK_THAT(std::string(scribbled.status().message()),
-             Catch::Contains("verification failed for version 9") &&
-                 Catch::Contains("a.weight (op") && !Catch::Contains("b.weight ("));
-  CHECK(NextEvent(inference).kind() == v1::Event::KIND_BEGIN);
-  CHECK(NextEvent(inference).kind() == v1::Event::KIND_ABORT);
+  CHECK_THAT(failed_step(9), Catch::Contains("verification failed for version 9") &&
+                                 Catch::Contains("a.weight (op") && !Catch::Contains("b.weight ("));
   // Version 9 again, with newer weights: an anchor. The failed attempt's slots carry the same
   // version but another nonce, so they are not applied over the fresh bytes.
   trainer.Step();
@@ -214,7 +207,7 @@ TEST_CASE("delta mode: Adam steps land bit for bit, anchors heal a failed and a 
   check_delta(commit(10));
 
   // Delta off for the next plan (wbctl plan --create --delta off): dense steps, same bytes.
-  auto off = ctl->Plan(world, std::chrono::seconds(20), v1::DELTA_CHOICE_OFF);
+  auto off = ctl.Plan(wb::testing::World(1, 1, 1), std::chrono::seconds(20), v1::DELTA_CHOICE_OFF);
   REQUIRE(off.ok());
   CHECK_FALSE(off->delta().enabled());
   trainer.Step();
@@ -223,7 +216,7 @@ TEST_CASE("delta mode: Adam steps land bit for bit, anchors heal a failed and a 
   CHECK(dense.delta_ops() == 0);
   CHECK(dense.bytes() == kDense);
   // And on again: a new plan starts with an anchor, then deltas.
-  auto on = ctl->Plan(world, std::chrono::seconds(20), v1::DELTA_CHOICE_ON);
+  auto on = ctl.Plan(wb::testing::World(1, 1, 1), std::chrono::seconds(20), v1::DELTA_CHOICE_ON);
   REQUIRE(on.ok());
   CHECK(on->delta().enabled());
   trainer.Step();

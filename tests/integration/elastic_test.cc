@@ -216,6 +216,24 @@ struct Fleet {
     }
   }
 
+  // Two steps to every replica, so that delta mode has a base everywhere.
+  void WarmUp() {
+    std::set<int> all;
+    for (const auto& rep : replicas) all.insert(rep->index);
+    StepUntilServing(all);
+    StepUntilServing(all);
+  }
+
+  // One step that must commit to every replica but those in `skipped`; verified; returns it.
+  v1::StepResult StepSkipping(const std::set<int>& skipped) {
+    auto r = Step();
+    INFO((r.ok() ? "" : Message(r.status())));
+    REQUIRE(r.ok());
+    CHECK(Skipped(*r) == skipped);
+    VerifyCommitted(*r);
+    return *r;
+  }
+
   // Steps until one commits to every replica in `want` (bounded); returns it.
   v1::StepResult StepUntilServing(const std::set<int>& want, int tries = 40) {
     for (int i = 0; i < tries; ++i) {
@@ -247,35 +265,26 @@ TEST_CASE("a replica's agent SIGKILLed between steps: training goes on; restarte
   const bool delta = GENERATE(false, true);
   INFO((delta ? "delta mode" : "dense mode"));
   Fleet f(2, delta);
-  f.StepUntilServing({0, 1});
-  f.StepUntilServing({0, 1});
+  f.WarmUp();
 
   for (int round = 0; round < 2; ++round) {
     f.cluster->KillAgent("inference-1", SIGKILL);
     // At once (not yet lost by heartbeat) and after the timeout (lost): both commit to replica 0.
     for (int i = 0; i < 2; ++i) {
-      auto r = f.Step();
-      INFO((r.ok() ? "" : Message(r.status())));
-      REQUIRE(r.ok());
-      CHECK(Fleet::Skipped(*r) == std::set<int>{1});
-      f.VerifyCommitted(*r);
+      f.StepSkipping({1});
       std::this_thread::sleep_for(std::chrono::milliseconds(1800));
     }
-    CHECK(f.ReplicaState(1).state() == "lost");
+    CHECK(f.ReplicaState(1).state() == v1::REPLICA_STATE_LOST);
     CHECK(f.ReplicaState(1).staleness() >= 2);
 
     REQUIRE(f.cluster->StartAgent("inference-1"));
     REQUIRE(f.replicas[1]->Register(*f.cluster).ok());
     v1::StepResult back = f.StepUntilServing({0, 1});
     CHECK(back.committed_replicas_size() == 2);
-    CHECK(f.ReplicaState(1).state() == "serving");
+    CHECK(f.ReplicaState(1).state() == v1::REPLICA_STATE_SERVING);
     CHECK(f.ReplicaState(1).staleness() == 0);
     // Delta steps again after the catch-up anchor.
-    if (delta) {
-      auto next = f.Step();
-      REQUIRE(next.ok());
-      f.VerifyCommitted(*next);
-    }
+    if (delta) f.StepSkipping({});
   }
 }
 
@@ -283,8 +292,7 @@ TEST_CASE("a replica's agent SIGKILLed mid-step is dropped from that step; it re
   const bool delta = GENERATE(false, true);
   INFO((delta ? "delta mode" : "dense mode"));
   Fleet f(3, delta);
-  f.StepUntilServing({0, 1, 2});
-  f.StepUntilServing({0, 1, 2});
+  f.WarmUp();
 
   // When replica 2's agent begins, freeze it (the sender stalls writing to it), then kill it.
   std::thread killer([&] {
@@ -306,12 +314,7 @@ TEST_CASE("a replica's agent SIGKILLed mid-step is dropped from that step; it re
   REQUIRE(f.cluster->StartAgent("inference-2"));
   REQUIRE(f.replicas[2]->Register(*f.cluster).ok());
   f.StepUntilServing({0, 1, 2});
-  if (delta) {
-    auto next = f.Step();
-    REQUIRE(next.ok());
-    CHECK(next->committed_replicas_size() == 3);
-    f.VerifyCommitted(*next);
-  }
+  if (delta) CHECK(f.StepSkipping({}).committed_replicas_size() == 3);
 }
 
 TEST_CASE(
@@ -320,43 +323,30 @@ TEST_CASE(
   const bool delta = GENERATE(false, true);
   INFO((delta ? "delta mode" : "dense mode"));
   Fleet f(2, delta);
-  f.StepUntilServing({0, 1});
-  f.StepUntilServing({0, 1});
+  f.WarmUp();
 
   f.cluster->KillAgent("inference-1", SIGSTOP);
   std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // past the 1500 ms timeout
   for (int i = 0; i < 2; ++i) {
-    auto r = f.Step();
-    INFO((r.ok() ? "" : Message(r.status())));
-    REQUIRE(r.ok());
-    CHECK(Fleet::Skipped(*r) == std::set<int>{1});
-    f.VerifyCommitted(*r);
+    f.StepSkipping({1});
   }
   f.cluster->KillAgent("inference-1", SIGCONT);
   // The same agent and worker come back holding an older version: the next step that includes
   // it must be dense for it (the bytes comparison in VerifyCommitted catches a wrong base).
   f.StepUntilServing({0, 1});
-  if (delta) {
-    auto next = f.Step();
-    REQUIRE(next.ok());
-    f.VerifyCommitted(*next);
-  }
+  if (delta) f.StepSkipping({});
 }
 
 TEST_CASE("a brand-new replica added mid-run receives the next step in full") {
   const bool delta = GENERATE(false, true);
   INFO((delta ? "delta mode" : "dense mode"));
   Fleet f(2, delta);
-  f.StepUntilServing({0, 1});
-  f.StepUntilServing({0, 1});
+  f.WarmUp();
   REQUIRE(f.cluster->AddAgent("inference-2"));
   f.AddReplica(2);
   v1::StepResult joined = f.StepUntilServing({0, 1, 2});
   CHECK(joined.delta_anchor() == delta);
-  auto r = f.Step();
-  REQUIRE(r.ok());
-  CHECK(r->committed_replicas_size() == 3);
-  f.VerifyCommitted(*r);
+  CHECK(f.StepSkipping({}).committed_replicas_size() == 3);
 }
 
 TEST_CASE("below min_replicas a step fails with a named error; it commits again once back") {
@@ -386,11 +376,7 @@ TEST_CASE("wbctl status and /metrics show each replica's committed version, stal
   f.cluster->KillAgent("inference-1", SIGKILL);
   std::this_thread::sleep_for(std::chrono::milliseconds(1800));  // past the heartbeat timeout
   for (int i = 0; i < 2; ++i) {
-    auto r = f.Step();
-    INFO((r.ok() ? "" : Message(r.status())));
-    REQUIRE(r.ok());
-    CHECK(Fleet::Skipped(*r) == std::set<int>{1});
-    f.VerifyCommitted(*r);
+    f.StepSkipping({1});
   }
   CHECK(f.WbctlRow(0) == std::vector<std::string>{"serving", std::to_string(f.version), "0"});
   CHECK(f.WbctlRow(1) == std::vector<std::string>{"lost", std::to_string(v_both), "2"});
@@ -410,8 +396,9 @@ TEST_CASE("wbctl status and /metrics show each replica's committed version, stal
   // Back (agent restarted, worker registered again): catching up until the next step.
   REQUIRE(f.cluster->StartAgent("inference-1"));
   REQUIRE(f.replicas[1]->Register(*f.cluster).ok());
-  REQUIRE(wb::testing::WaitUntil([&] { return f.ReplicaState(1).state() == "catching_up"; },
-                                 std::chrono::seconds(10)));
+  REQUIRE(wb::testing::WaitUntil(
+      [&] { return f.ReplicaState(1).state() == v1::REPLICA_STATE_CATCHING_UP; },
+      std::chrono::seconds(10)));
   CHECK(f.WbctlRow(1) == std::vector<std::string>{"catching_up", std::to_string(v_both), "2"});
   const v1::StepResult back = f.StepUntilServing({0, 1});
   CHECK(f.WbctlRow(1) == std::vector<std::string>{"serving", std::to_string(back.version()), "0"});

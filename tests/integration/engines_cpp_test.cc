@@ -18,6 +18,7 @@
 #include "common/engines/engine_layout.h"
 #include "common/engines/model_config.h"
 #include "tests/support/cluster.h"
+#include "tests/support/one_tensor.h"
 
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
@@ -156,15 +157,8 @@ TEST_CASE("RegisterHfShards + RegisterEngineParams: a vLLM TP-2 step lands byte 
     REQUIRE(s2.ok());
   }
 
-  auto ctl = ControllerClient::Connect(cluster.controller_address());
-  REQUIRE(ctl.ok());
-  v1::ExpectedWorld world;
-  world.set_trainer_ranks(1);
-  world.set_inference_replicas(1);
-  world.set_inference_ranks_per_replica(2);
-  auto plan = ctl->Plan(world, std::chrono::seconds(20));
-  INFO((plan.ok() ? "" : std::string(plan.status().message())));
-  REQUIRE(plan.ok());
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  wb::testing::PlanWorld(&ctl, wb::testing::World(1, 1, 2));
 
   // Fill the trainer buffers with the pattern, then step.
   for (const auto& t : sources) {
@@ -173,7 +167,7 @@ TEST_CASE("RegisterHfShards + RegisterEngineParams: a vLLM TP-2 step lands byte 
     const uint64_t n = Elements(t.shape);
     for (uint64_t i = 0; i < n; ++i) p[i] = Pattern(t.name, i);
   }
-  auto step = ctl->Step(1);
+  auto step = ctl.Step(1);
   INFO((step.ok() ? "" : std::string(step.status().message())));
   REQUIRE(step.ok());
 

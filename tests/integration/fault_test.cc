@@ -13,10 +13,13 @@
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
 #include "tests/support/cluster.h"
+#include "tests/support/one_tensor.h"
 
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
 using wb::testing::Cluster;
+using wb::testing::ListedTensors;
+using wb::testing::StepUntilCommitted;
 
 namespace {
 
@@ -76,10 +79,19 @@ struct Side {
   }
 };
 
-// A child process that registers `buffer` (inherited over fork) with `socket` and waits to be
-// killed. Returns its pid once it has registered.
-pid_t RegisterInChild(const std::string& socket, v1::Role role, const SharedBuffer& buffer,
-                      uint32_t fill_version) {
+// A buffer made here, registered with `socket` by a child process (which inherits it over fork)
+// that then waits to be killed; the buffer stays mapped here after the child dies.
+struct ChildSide {
+  SharedBuffer buffer;
+  pid_t pid;
+};
+
+// Returns once the child has registered.
+ChildSide RegisterInChild(const std::string& socket, v1::Role role, const std::string& name,
+                          uint32_t fill_version) {
+  auto made = SharedBuffer::Create(kSideBytes, name);
+  REQUIRE(made.ok());
+  const SharedBuffer& buffer = *made;
   int ready[2];
   REQUIRE(pipe(ready) == 0);
   pid_t child = fork();
@@ -98,7 +110,7 @@ pid_t RegisterInChild(const std::string& socket, v1::Role role, const SharedBuff
   REQUIRE(read(ready[0], &c, 1) == 1);
   close(ready[0]);
   REQUIRE(c == 'y');
-  return child;
+  return ChildSide{std::move(*made), child};
 }
 
 void KillChild(pid_t child) {
@@ -106,43 +118,27 @@ void KillChild(pid_t child) {
   waitpid(child, nullptr, 0);
 }
 
-int TensorCount(ControllerClient& ctl, const std::string& agent) {
-  auto t = ctl.ListTensors(agent);
-  if (!t.ok()) return -1;
-  int n = 0;
-  for (const auto& layout : t->layouts()) n += layout.tensors_size();
-  return n;
+// Kills the registering child and waits until the controller lists none of `agent`'s tensors.
+void KillAndAwaitWithdrawal(pid_t child, ControllerClient& ctl, const std::string& agent) {
+  KillChild(child);
+  REQUIRE(wb::testing::WaitUntil([&] { return ListedTensors(ctl, agent) == 0; },
+                                 std::chrono::seconds(10)));
 }
 
 // Steps from `*version` on (one version per try) until one commits or `tries` run out.
-absl::StatusOr<v1::StepResult> StepUntilOk(ControllerClient& ctl, uint64_t* version,
-                                           int tries = 50) {
-  absl::StatusOr<v1::StepResult> r = absl::UnknownError("not run");
-  for (int i = 0; i < tries; ++i) {
-    r = ctl.Step((*version)++);
-    if (r.ok()) return r;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return r;
-}
-
-v1::ExpectedWorld OneByOne() {
-  v1::ExpectedWorld world;
-  world.set_trainer_ranks(1);
-  world.set_inference_replicas(1);
-  world.set_inference_ranks_per_replica(1);
-  return world;
+// Fills `trainer` for `version` and steps from that version on until a step commits (agents may
+// still be coming back); `inference` then holds the same bytes.
+void CommitsAgain(ControllerClient& ctl, const SharedBuffer& trainer, const SharedBuffer& inference,
+                  uint64_t version) {
+  Fill(trainer, version);
+  wb::testing::RequireCommitted(StepUntilCommitted(ctl, &version));
+  CHECK(SameBytes(trainer, inference));
 }
 
 ControllerClient ConnectAndPlan(const Cluster& cluster) {
-  auto ctl = ControllerClient::Connect(cluster.controller_address());
-  REQUIRE(ctl.ok());
-  // The controller may still be starting: wait until it answers.
-  REQUIRE(wb::testing::WaitUntil([&] { return ctl->Status().ok(); }, std::chrono::seconds(15)));
-  auto plan = ctl->Plan(OneByOne(), std::chrono::seconds(20));
-  INFO((plan.ok() ? "" : Message(plan.status())));
-  REQUIRE(plan.ok());
-  return std::move(*ctl);
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  wb::testing::PlanOneToOne(&ctl);
+  return ctl;
 }
 
 }  // namespace
@@ -153,9 +149,7 @@ TEST_CASE("a frozen agent is reported lost by name; after SIGCONT the next step 
   Side inference = Side::Open(cluster.socket("inference-node"), v1::ROLE_INFERENCE);
   ControllerClient ctl = ConnectAndPlan(cluster);
   Fill(trainer.buffer, 1);
-  auto first = ctl.Step(1);
-  INFO((first.ok() ? "" : Message(first.status())));
-  REQUIRE(first.ok());
+  wb::testing::RequireCommitted(ctl.Step(1));
   REQUIRE(SameBytes(trainer.buffer, inference.buffer));
 
   cluster.KillAgent("inference-node", SIGSTOP);
@@ -170,30 +164,19 @@ TEST_CASE("a frozen agent is reported lost by name; after SIGCONT the next step 
   CHECK_THAT(Message(step.status()), Catch::Contains("inference-node") && Catch::Contains("lost"));
   CHECK(seconds < 5);  // decided from membership, not by waiting out the 15 s step timeout
 
-  uint64_t version = 3;
-  Fill(trainer.buffer, 3);
-  auto next = StepUntilOk(ctl, &version);
-  INFO((next.ok() ? "" : Message(next.status())));
-  REQUIRE(next.ok());
-  CHECK(SameBytes(trainer.buffer, inference.buffer));
+  CommitsAgain(ctl, trainer.buffer, inference.buffer, 3);
 }
 
 TEST_CASE("a trainer process killed loses its source; the next step cannot plan; a new one works") {
   Cluster cluster(wb::testing::Runfile(""), {});
   // The trainer's buffer is made here so the test can compare bytes; the child registers it.
-  auto source = SharedBuffer::Create(kSideBytes, "src");
-  REQUIRE(source.ok());
-  pid_t child = RegisterInChild(cluster.socket("trainer-node"), v1::ROLE_TRAINER, *source, 1);
+  ChildSide source = RegisterInChild(cluster.socket("trainer-node"), v1::ROLE_TRAINER, "src", 1);
   Side inference = Side::Open(cluster.socket("inference-node"), v1::ROLE_INFERENCE);
   ControllerClient ctl = ConnectAndPlan(cluster);
-  auto first = ctl.Step(1);
-  INFO((first.ok() ? "" : Message(first.status())));
-  REQUIRE(first.ok());
-  REQUIRE(SameBytes(*source, inference.buffer));
+  wb::testing::RequireCommitted(ctl.Step(1));
+  REQUIRE(SameBytes(source.buffer, inference.buffer));
 
-  KillChild(child);
-  REQUIRE(wb::testing::WaitUntil([&] { return TensorCount(ctl, "trainer-node") == 0; },
-                                 std::chrono::seconds(10)));
+  KillAndAwaitWithdrawal(source.pid, ctl, "trainer-node");
   const auto t0 = std::chrono::steady_clock::now();
   auto lost = ctl.Step(2, std::chrono::seconds(15));
   CHECK(SecondsSince(t0) < 5);
@@ -202,48 +185,32 @@ TEST_CASE("a trainer process killed loses its source; the next step cannot plan;
   CHECK_THAT(Message(lost.status()), Catch::Contains("missing: trainer rank 0"));
 
   Side trainer = Side::Open(cluster.socket("trainer-node"), v1::ROLE_TRAINER);
-  Fill(trainer.buffer, 3);
-  uint64_t version = 3;
-  auto next = StepUntilOk(ctl, &version);
-  INFO((next.ok() ? "" : Message(next.status())));
-  REQUIRE(next.ok());
-  CHECK(SameBytes(trainer.buffer, inference.buffer));
+  CommitsAgain(ctl, trainer.buffer, inference.buffer, 3);
 }
 
 TEST_CASE("an exited inference process's memory is never written after its regions go") {
   Cluster cluster(wb::testing::Runfile(""), {});
   // The destination is mapped here and stays mapped after the registering child dies.
-  auto dest = SharedBuffer::Create(kSideBytes, "dst");
-  REQUIRE(dest.ok());
-  pid_t child = RegisterInChild(cluster.socket("inference-node"), v1::ROLE_INFERENCE, *dest, 0);
+  ChildSide dest = RegisterInChild(cluster.socket("inference-node"), v1::ROLE_INFERENCE, "dst", 0);
   Side trainer = Side::Open(cluster.socket("trainer-node"), v1::ROLE_TRAINER);
   ControllerClient ctl = ConnectAndPlan(cluster);
   Fill(trainer.buffer, 1);
-  auto first = ctl.Step(1);
-  INFO((first.ok() ? "" : Message(first.status())));
-  REQUIRE(first.ok());
-  REQUIRE(SameBytes(trainer.buffer, *dest));  // the child's registration was live
+  wb::testing::RequireCommitted(ctl.Step(1));
+  REQUIRE(SameBytes(trainer.buffer, dest.buffer));  // the child's registration was live
 
-  std::memset(dest->data(), 0xA5, dest->size());
-  KillChild(child);
-  REQUIRE(wb::testing::WaitUntil([&] { return TensorCount(ctl, "inference-node") == 0; },
-                                 std::chrono::seconds(10)));
+  std::memset(dest.buffer.data(), 0xA5, dest.buffer.size());
+  KillAndAwaitWithdrawal(dest.pid, ctl, "inference-node");
   for (uint64_t v = 2; v <= 4; ++v) {
     Fill(trainer.buffer, v);
     auto step = ctl.Step(v, std::chrono::seconds(15));
     INFO("step " << v << ": " << (step.ok() ? "committed" : Message(step.status())));
     if (step.ok()) CHECK(step->bytes() == 0);  // nothing may be sent to a withdrawn region
-    CHECK(AllBytesAre(*dest, 0xA5));
+    CHECK(AllBytesAre(dest.buffer, 0xA5));
   }
 
   Side inference = Side::Open(cluster.socket("inference-node"), v1::ROLE_INFERENCE);
-  Fill(trainer.buffer, 5);
-  uint64_t version = 5;
-  auto next = StepUntilOk(ctl, &version);
-  INFO((next.ok() ? "" : Message(next.status())));
-  REQUIRE(next.ok());
-  CHECK(SameBytes(trainer.buffer, inference.buffer));
-  CHECK(AllBytesAre(*dest, 0xA5));
+  CommitsAgain(ctl, trainer.buffer, inference.buffer, 5);
+  CHECK(AllBytesAre(dest.buffer, 0xA5));
 }
 
 TEST_CASE("malformed registrations and steps are refused by name; the daemons keep serving") {
@@ -313,11 +280,11 @@ TEST_CASE("malformed registrations and steps are refused by name; the daemons ke
     WARN(registered << " tiny tensors registered in " << SecondsSince(t0) << " s");
     CHECK(registered == kMany);
     // The controller's view follows on the next heartbeat.
-    CHECK(
-        wb::testing::WaitUntil([&] { return TensorCount(ctl, "inference-node") == registered + 2; },
-                               std::chrono::seconds(10)));
+    CHECK(wb::testing::WaitUntil(
+        [&] { return ListedTensors(ctl, "inference-node") == registered + 2; },
+        std::chrono::seconds(10)));
     bad->Close();
-    REQUIRE(wb::testing::WaitUntil([&] { return TensorCount(ctl, "inference-node") == 2; },
+    REQUIRE(wb::testing::WaitUntil([&] { return ListedTensors(ctl, "inference-node") == 2; },
                                    std::chrono::seconds(30)));
   }
   SECTION("a step with version 0") {
@@ -333,15 +300,10 @@ TEST_CASE("malformed registrations and steps are refused by name; the daemons ke
       LocalSession::Connect(cluster.socket("inference-node"), Identity{v1::ROLE_INFERENCE, 0, 0});
   REQUIRE(good.ok());
   CHECK(good->Register(TensorInfo{"extra", v1::DTYPE_BF16, {2}, {}}, *scratch, 0, 4).ok());
-  CHECK(wb::testing::WaitUntil([&] { return TensorCount(ctl, "inference-node") == 3; },
+  CHECK(wb::testing::WaitUntil([&] { return ListedTensors(ctl, "inference-node") == 3; },
                                std::chrono::seconds(10)));
   good->Close();
-  REQUIRE(wb::testing::WaitUntil([&] { return TensorCount(ctl, "inference-node") == 2; },
+  REQUIRE(wb::testing::WaitUntil([&] { return ListedTensors(ctl, "inference-node") == 2; },
                                  std::chrono::seconds(30)));
-  Fill(trainer.buffer, 7);
-  uint64_t version = 7;
-  auto step = StepUntilOk(ctl, &version);
-  INFO((step.ok() ? "" : Message(step.status())));
-  REQUIRE(step.ok());
-  CHECK(SameBytes(trainer.buffer, inference.buffer));
+  CommitsAgain(ctl, trainer.buffer, inference.buffer, 7);
 }

@@ -16,6 +16,7 @@
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
 #include "tests/support/cluster.h"
+#include "tests/support/one_tensor.h"
 
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
@@ -24,30 +25,6 @@ using wb::testing::Cluster;
 namespace {
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
-
-v1::ExpectedWorld OneByOne() {
-  v1::ExpectedWorld world;
-  world.set_trainer_ranks(1);
-  world.set_inference_replicas(1);
-  world.set_inference_ranks_per_replica(1);
-  return world;
-}
-
-int64_t ListedTensors(ControllerClient& ctl, const std::string& agent) {
-  auto t = ctl.ListTensors(agent);
-  if (!t.ok()) return -1;
-  int64_t n = 0;
-  for (const auto& layout : t->layouts()) n += layout.tensors_size();
-  return n;
-}
-
-int64_t StatusTensors(ControllerClient& ctl) {
-  auto s = ctl.Status();
-  if (!s.ok()) return -1;
-  int64_t n = 0;
-  for (const auto& a : s->agents()) n += a.tensors();
-  return n;
-}
 
 // Registers tensors "t.<i>" (i in [0, n)), 2 BF16 elements each at offset 4 i, in batches.
 absl::Status RegisterMany(LocalSession& s, const SharedBuffer& buf, int n, int batch) {
@@ -108,13 +85,6 @@ void Freeze(Cluster& cluster, const std::string& agent) {
                                  std::chrono::seconds(10)));
 }
 
-ControllerClient Connect(const Cluster& cluster) {
-  auto ctl = ControllerClient::Connect(cluster.controller_address());
-  REQUIRE(ctl.ok());
-  REQUIRE(wb::testing::WaitUntil([&] { return ctl->Status().ok(); }, std::chrono::seconds(15)));
-  return std::move(*ctl);
-}
-
 }  // namespace
 
 TEST_CASE("10^5 tiny tensors through one session: listed, planned, stepped, withdrawn") {
@@ -124,7 +94,7 @@ TEST_CASE("10^5 tiny tensors through one session: listed, planned, stepped, with
   // agent while 10^5-tensor layouts are in flight.
   options.heartbeat_timeout_ms = 15000;
   Cluster cluster(wb::testing::Runfile(""), options);
-  ControllerClient ctl = Connect(cluster);
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
   auto src = SharedBuffer::Create(4ull * kTensors, "many-src");
   auto dst = SharedBuffer::Create(4ull * kTensors, "many-dst");
   REQUIRE(src.ok());
@@ -146,10 +116,10 @@ TEST_CASE("10^5 tiny tensors through one session: listed, planned, stepped, with
   REQUIRE(r.ok());
 
   // Reports are coalesced; the controller catches up with the last batch.
-  REQUIRE(wb::testing::WaitUntil([&] { return StatusTensors(ctl) == 2 * kTensors; },
+  REQUIRE(wb::testing::WaitUntil([&] { return wb::testing::StatusTensors(ctl) == 2 * kTensors; },
                                  std::chrono::seconds(120)));
-  CHECK(ListedTensors(ctl, "trainer-node") == kTensors);
-  CHECK(ListedTensors(ctl, "inference-node") == kTensors);
+  CHECK(wb::testing::ListedTensors(ctl, "trainer-node") == kTensors);
+  CHECK(wb::testing::ListedTensors(ctl, "inference-node") == kTensors);
 
   // A duplicate in a batch refuses the whole batch, naming the tensor; nothing stays.
   std::vector<BufferSlice> dup = {
@@ -161,7 +131,7 @@ TEST_CASE("10^5 tiny tensors through one session: listed, planned, stepped, with
   CHECK_THAT(Message(refused),
              Catch::Contains("tensor 't.54321' is already registered by trainer rank 0"));
 
-  auto plan = ctl.Plan(OneByOne(), std::chrono::seconds(60));
+  auto plan = ctl.Plan(wb::testing::World(1, 1, 1), std::chrono::seconds(60));
   INFO((plan.ok() ? "" : Message(plan.status())));
   REQUIRE(plan.ok());
   CHECK(plan->total_ops() == kTensors);
@@ -172,21 +142,22 @@ TEST_CASE("10^5 tiny tensors through one session: listed, planned, stepped, with
 
   // Closing the session withdraws all of them; the daemons keep serving.
   trainer->Close();
-  REQUIRE(wb::testing::WaitUntil([&] { return ListedTensors(ctl, "trainer-node") == 0; },
-                                 std::chrono::seconds(60)));
+  REQUIRE(
+      wb::testing::WaitUntil([&] { return wb::testing::ListedTensors(ctl, "trainer-node") == 0; },
+                             std::chrono::seconds(60)));
   auto again =
       LocalSession::Connect(cluster.socket("trainer-node"), Identity{v1::ROLE_TRAINER, 0, 0});
   REQUIRE(again.ok());
   CHECK(again->Register(TensorInfo{"t.1", v1::DTYPE_BF16, {2}, {}}, *src, 4, 4).ok());
-  CHECK(wb::testing::WaitUntil([&] { return ListedTensors(ctl, "trainer-node") == 1; },
+  CHECK(wb::testing::WaitUntil([&] { return wb::testing::ListedTensors(ctl, "trainer-node") == 1; },
                                std::chrono::seconds(10)));
 }
 
 TEST_CASE("Watch() returns once subscribed: the very next step's begin and commit arrive") {
   Cluster cluster(wb::testing::Runfile(""), {});
   Pair pair = OpenPair(cluster);
-  ControllerClient ctl = Connect(cluster);
-  REQUIRE(ctl.Plan(OneByOne(), std::chrono::seconds(20)).ok());
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  REQUIRE(ctl.Plan(wb::testing::World(1, 1, 1), std::chrono::seconds(20)).ok());
   for (uint64_t version = 1; version <= 3; ++version) {
     // A fresh watcher each time, stepping right after Watch() returns: no sleep needed.
     auto watcher =
@@ -213,8 +184,8 @@ TEST_CASE("a receiver frozen at begin fails the step by name within the step tim
   options.heartbeat_timeout_ms = 60000;  // frozen, not lost: the step itself must notice
   Cluster cluster(wb::testing::Runfile(""), options);
   Pair pair = OpenPair(cluster);
-  ControllerClient ctl = Connect(cluster);
-  REQUIRE(ctl.Plan(OneByOne(), std::chrono::seconds(20)).ok());
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  REQUIRE(ctl.Plan(wb::testing::World(1, 1, 1), std::chrono::seconds(20)).ok());
   REQUIRE(ctl.Step(1).ok());
 
   Freeze(cluster, "inference-node");
@@ -233,10 +204,7 @@ TEST_CASE("a receiver frozen at begin fails the step by name within the step tim
 
   // Thawed, the next step commits.
   uint64_t version = 3;
-  absl::StatusOr<v1::StepResult> next = absl::UnknownError("not run");
-  for (int i = 0; i < 20 && !next.ok(); ++i) next = ctl.Step(version++);
-  INFO((next.ok() ? "" : Message(next.status())));
-  CHECK(next.ok());
+  wb::testing::RequireCommitted(wb::testing::StepUntilCommitted(ctl, &version, 20));
 }
 
 TEST_CASE("SIGTERM to the controller mid-step aborts the step on its agents at once") {
@@ -244,8 +212,8 @@ TEST_CASE("SIGTERM to the controller mid-step aborts the step on its agents at o
   options.heartbeat_timeout_ms = 60000;
   Cluster cluster(wb::testing::Runfile(""), options);
   Pair pair = OpenPair(cluster);
-  ControllerClient ctl = Connect(cluster);
-  REQUIRE(ctl.Plan(OneByOne(), std::chrono::seconds(20)).ok());
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  REQUIRE(ctl.Plan(wb::testing::World(1, 1, 1), std::chrono::seconds(20)).ok());
   REQUIRE(ctl.Step(1).ok());
   REQUIRE(pair.inference.Watch().ok());
 
@@ -265,16 +233,9 @@ TEST_CASE("SIGTERM to the controller mid-step aborts the step on its agents at o
   CHECK_THAT(abort->reason(), Catch::Contains("controller shutting down (signal 15)"));
 
   // The restarted controller re-plans and the next step commits.
-  auto ctl2 = ControllerClient::Connect(cluster.controller_address());
-  REQUIRE(ctl2.ok());
-  absl::StatusOr<v1::StepResult> next = absl::UnknownError("not run");
+  ControllerClient ctl2 = wb::testing::ConnectController(cluster);
   uint64_t version = 3;
-  for (int i = 0; i < 50 && !next.ok(); ++i) {
-    next = ctl2->Step(version++);
-    if (!next.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  INFO((next.ok() ? "" : Message(next.status())));
-  CHECK(next.ok());
+  wb::testing::RequireCommitted(wb::testing::StepUntilCommitted(ctl2, &version));
 }
 
 TEST_CASE("a frozen agent makes a session call fail after the call timeout, not hang") {

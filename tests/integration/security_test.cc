@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <set>
 
 #include "client/weightbeam/controller_client.h"
@@ -27,14 +28,7 @@
 
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
-using wb::testing::AgentTlsYaml;
-using wb::testing::Cluster;
-using wb::testing::ClusterOptions;
-using wb::testing::ControllerTlsYaml;
-using wb::testing::kTestToken;
-using wb::testing::Output;
-using wb::testing::Process;
-using wb::testing::Wbctl;
+using namespace wb::testing;  // the Cluster harness, test PKI, wbctl runner
 
 namespace {
 
@@ -52,15 +46,62 @@ void WaitForController(const Cluster& cluster) {
                                  std::chrono::seconds(15)));
 }
 
+// A client of the cluster's plain controller (no TLS, no token, whatever the environment says),
+// once it listens.
+ControllerClient PlainController(const Cluster& cluster) {
+  WaitForController(cluster);
+  auto ctl = ControllerClient::Connect(cluster.controller_address(), ControllerClient::Security{});
+  REQUIRE(ctl.ok());
+  return std::move(*ctl);
+}
+
 // One BF16 tensor on each side, registered through the agents' Unix sockets (no TLS there).
 using Sides = wb::testing::OneTensorSides;
+
+// One process's lm_head.weight (64 x 256 bf16) on `agent` as rank 0 of `role`, its buffer
+// filled with `fill`; the registration goes when the Side does.
+struct Side {
+  SharedBuffer buffer;
+  LocalSession session;
+  static Side Register(const Cluster& cluster, const std::string& agent, v1::Role role,
+                       uint8_t fill) {
+    auto buffer = SharedBuffer::Create(64 * 256 * 2, agent);
+    REQUIRE(buffer.ok());
+    std::memset(buffer->data(), fill, buffer->size());
+    auto session = LocalSession::Connect(cluster.socket(agent), {role, 0, 0});
+    REQUIRE(session.ok());
+    REQUIRE(session
+                ->Register({"lm_head.weight", v1::DTYPE_BF16, {64, 256}, {}}, *buffer, 0,
+                           buffer->size())
+                .ok());
+    return Side{std::move(*buffer), std::move(*session)};
+  }
+  bool SameAs(const Side& other) const {
+    return std::memcmp(buffer.data(), other.buffer.data(), buffer.size()) == 0;
+  }
+};
+
+// Plans and steps version 1 between `fixed` and the side `open_first` registers; that side's
+// process then leaves (its regions are withdrawn, the layout changes) and `open_second`'s takes
+// its place: version 2 must re-plan and commit. Both steps' bytes are checked.
+void ReplaceAfterFirstStep(ControllerClient* ctl, const Side& fixed,
+                           const std::function<Side()>& open_first,
+                           const std::function<Side()>& open_second) {
+  {
+    Side first = open_first();
+    PlanOneToOne(ctl);
+    RequireCommitted(ctl->Step(1));
+    CHECK(first.SameAs(fixed));
+  }
+  Side second = open_second();
+  REQUIRE(wb::testing::WaitUntil([&] { return ctl->Step(2).ok(); }, std::chrono::seconds(15)));
+  CHECK(second.SameAs(fixed));
+}
 
 void PlanAndStep(ControllerClient* ctl, Sides* sides, uint64_t version) {
   if (version == 1) wb::testing::PlanOneToOne(ctl);
   sides->Fill(static_cast<uint8_t>(0x30 + version));
-  auto step = ctl->Step(version);
-  INFO((step.ok() ? "" : std::string(step.status().message())));
-  REQUIRE(step.ok());
+  RequireCommitted(ctl->Step(version));
   CHECK(sides->Same());
 }
 
@@ -346,93 +387,51 @@ TEST_CASE("the Unix socket gets the configured owner, group and mode; an unknown
              Catch::Contains("socket_owner 'no-such-user-wb' does not exist"));
 }
 
-TEST_CASE("a sender dropped from the plan is disconnected by its receiver and refused after") {
-  ClusterOptions options;
-  options.agents = {"trainer-a", "trainer-b", "inference-node"};
-  Cluster cluster(wb::testing::Runfile(""), options);
-  WaitForController(cluster);
-  const uint64_t bytes = 64 * 256 * 2;
-  auto a_buf = SharedBuffer::Create(bytes, "a");
-  auto b_buf = SharedBuffer::Create(bytes, "b");
-  auto dst = SharedBuffer::Create(bytes, "dst");
-  REQUIRE((a_buf.ok() && b_buf.ok() && dst.ok()));
-  std::memset(a_buf->data(), 0xa1, bytes);
-  std::memset(b_buf->data(), 0xb2, bytes);
-  TensorInfo t{"lm_head.weight", v1::DTYPE_BF16, {64, 256}, {}};
-  auto inference =
-      LocalSession::Connect(cluster.socket("inference-node"), {v1::ROLE_INFERENCE, 0, 0});
-  REQUIRE(inference.ok());
-  REQUIRE(inference->Register(t, *dst, 0, bytes).ok());
-  auto ctl = ControllerClient::Connect(cluster.controller_address(), ControllerClient::Security{});
-  REQUIRE(ctl.ok());
-  {
-    // Plan 1: trainer-a holds rank 0 and sends.
-    auto a = LocalSession::Connect(cluster.socket("trainer-a"), {v1::ROLE_TRAINER, 0, 0});
-    REQUIRE(a.ok());
-    REQUIRE(a->Register(t, *a_buf, 0, bytes).ok());
-    v1::ExpectedWorld world;
-    world.set_trainer_ranks(1);
-    world.set_inference_replicas(1);
-    world.set_inference_ranks_per_replica(1);
-    REQUIRE(ctl->Plan(world, std::chrono::seconds(20)).ok());
-    auto step = ctl->Step(1);
-    INFO((step.ok() ? "" : std::string(step.status().message())));
-    REQUIRE(step.ok());
-    CHECK(std::memcmp(dst->data(), a_buf->data(), bytes) == 0);
-  }  // trainer-a's process leaves: its regions are withdrawn, the layout changed
-  auto b = LocalSession::Connect(cluster.socket("trainer-b"), {v1::ROLE_TRAINER, 0, 0});
-  REQUIRE(b.ok());
-  REQUIRE(b->Register(t, *b_buf, 0, bytes).ok());
-  // The next step re-plans: trainer-b sends, and the receiver drops trainer-a.
-  auto step = wb::testing::WaitUntil([&] { return ctl->Step(2).ok(); }, std::chrono::seconds(15));
-  REQUIRE(step);
-  CHECK(std::memcmp(dst->data(), b_buf->data(), bytes) == 0);
-  CHECK_THAT(cluster.Log("inference-node"),
-             Catch::Contains("1 sender(s) introduced, 1 disconnected"));
-  auto stub = AgentStub("", cluster.agent_address("inference-node"), "", false, /*tls=*/false);
-  grpc::Status s = Handshake(stub.get(), "trainer-a");
-  CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
-  CHECK_THAT(s.error_message(),
-             Catch::Contains("agent 'trainer-a' was not introduced by the controller"));
-}
-
-TEST_CASE("a sender closes its connections to a receiver dropped from the plan") {
-  ClusterOptions options;
-  options.agents = {"trainer-node", "inference-a", "inference-b"};
-  Cluster cluster(wb::testing::Runfile(""), options);
-  WaitForController(cluster);
-  const uint64_t bytes = 64 * 256 * 2;
-  auto src = SharedBuffer::Create(bytes, "src");
-  auto dst_a = SharedBuffer::Create(bytes, "dst-a");
-  auto dst_b = SharedBuffer::Create(bytes, "dst-b");
-  REQUIRE((src.ok() && dst_a.ok() && dst_b.ok()));
-  std::memset(src->data(), 0x5c, bytes);
-  TensorInfo t{"lm_head.weight", v1::DTYPE_BF16, {64, 256}, {}};
-  auto trainer = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
-  REQUIRE(trainer.ok());
-  REQUIRE(trainer->Register(t, *src, 0, bytes).ok());
-  auto ctl = ControllerClient::Connect(cluster.controller_address(), ControllerClient::Security{});
-  REQUIRE(ctl.ok());
-  {
-    // Plan 1: inference-a holds replica 0 rank 0 and receives.
-    auto a = LocalSession::Connect(cluster.socket("inference-a"), {v1::ROLE_INFERENCE, 0, 0});
-    REQUIRE(a.ok());
-    REQUIRE(a->Register(t, *dst_a, 0, bytes).ok());
-    v1::ExpectedWorld world;
-    world.set_trainer_ranks(1);
-    world.set_inference_replicas(1);
-    world.set_inference_ranks_per_replica(1);
-    REQUIRE(ctl->Plan(world, std::chrono::seconds(20)).ok());
-    REQUIRE(ctl->Step(1).ok());
-    CHECK(std::memcmp(dst_a->data(), src->data(), bytes) == 0);
-  }  // the inference process on inference-a leaves
-  auto b = LocalSession::Connect(cluster.socket("inference-b"), {v1::ROLE_INFERENCE, 0, 0});
-  REQUIRE(b.ok());
-  REQUIRE(b->Register(t, *dst_b, 0, bytes).ok());
-  auto step = wb::testing::WaitUntil([&] { return ctl->Step(2).ok(); }, std::chrono::seconds(15));
-  REQUIRE(step);
-  CHECK(std::memcmp(dst_b->data(), src->data(), bytes) == 0);
-  CHECK_THAT(cluster.Log("trainer-node"),
-             Catch::Contains("closed the connections to 1 peer(s) no longer in the plan: "
-                             "inference-a"));
+TEST_CASE("a side dropped from the plan is disconnected by its peer") {
+  // A sender dropped: its receiver disconnects it and refuses its handshakes after. A receiver
+  // dropped: its sender closes the connections to it.
+  struct SideSpec {
+    const char* agent;
+    v1::Role role;
+    uint8_t fill;
+  };
+  struct Case {
+    const char* what;
+    SideSpec fixed, first, second;
+    const char* log_words;  // in the fixed side's log: what happened to `first`
+  };
+  const Case cases[] = {
+      {"sender dropped",
+       {"inference-node", v1::ROLE_INFERENCE, 0},
+       {"trainer-a", v1::ROLE_TRAINER, 0xa1},
+       {"trainer-b", v1::ROLE_TRAINER, 0xb2},
+       "1 sender(s) introduced, 1 disconnected"},
+      {"receiver dropped",
+       {"trainer-node", v1::ROLE_TRAINER, 0x5c},
+       {"inference-a", v1::ROLE_INFERENCE, 0},
+       {"inference-b", v1::ROLE_INFERENCE, 0},
+       "closed the connections to 1 peer(s) no longer in the plan: inference-a"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    ClusterOptions options;
+    options.agents = {c.fixed.agent, c.first.agent, c.second.agent};
+    Cluster cluster(wb::testing::Runfile(""), options);
+    auto open = [&](const SideSpec& side) {
+      return Side::Register(cluster, side.agent, side.role, side.fill);
+    };
+    Side fixed = open(c.fixed);
+    ControllerClient ctl = PlainController(cluster);
+    // Plan 1 with `first`; then its process leaves and `second` takes its place.
+    ReplaceAfterFirstStep(
+        &ctl, fixed, [&] { return open(c.first); }, [&] { return open(c.second); });
+    CHECK_THAT(cluster.Log(c.fixed.agent), Catch::Contains(c.log_words));
+    if (c.first.role == v1::ROLE_TRAINER) {
+      auto stub = AgentStub("", cluster.agent_address(c.fixed.agent), "", false, /*tls=*/false);
+      grpc::Status s = Handshake(stub.get(), c.first.agent);
+      CHECK(s.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+      CHECK_THAT(s.error_message(), Catch::Contains(std::string("agent '") + c.first.agent +
+                                                    "' was not introduced by the controller"));
+    }
+  }
 }

@@ -12,6 +12,7 @@
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
 #include "tests/support/cluster.h"
+#include "tests/support/one_tensor.h"
 
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
@@ -76,21 +77,13 @@ TEST_CASE("steps commit verified bytes; a killed agent fails its step by name; i
   Cluster cluster(wb::testing::Runfile(""), {});
   Trainer trainer = Trainer::Open(cluster.socket("trainer-node"));
   Inference inference = Inference::Open(cluster.socket("inference-node"));
-  auto ctl = ControllerClient::Connect(cluster.controller_address());
-  REQUIRE(ctl.ok());
-
-  v1::ExpectedWorld world;
-  world.set_trainer_ranks(1);
-  world.set_inference_replicas(1);
-  world.set_inference_ranks_per_replica(1);
-  auto plan = ctl->Plan(world, std::chrono::seconds(20));
-  INFO((plan.ok() ? "" : std::string(plan.status().message())));
-  REQUIRE(plan.ok());
-  CHECK(plan->total_bytes() == 2 * kRows * kCols * 2);
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  const v1::PlanSummary plan = wb::testing::PlanOneToOne(&ctl);
+  CHECK(plan.total_bytes() == 2 * kRows * kCols * 2);
 
   for (uint32_t v = 1; v <= 3; ++v) {
     trainer.Fill(v);
-    auto step = ctl->Step(v);
+    auto step = ctl.Step(v);
     INFO((step.ok() ? "" : std::string(step.status().message())));
     REQUIRE(step.ok());
     CHECK(step->bytes() == 2 * kRows * kCols * 2);
@@ -107,7 +100,7 @@ TEST_CASE("steps commit verified bytes; a killed agent fails its step by name; i
   }
 
   SECTION("a version not newer than the last commit is refused") {
-    auto old = ctl->Step(2);
+    auto old = ctl.Step(2);
     REQUIRE_FALSE(old.ok());
     CHECK_THAT(std::string(old.status().message()),
                Catch::Contains("version 2 is not newer than the last committed version 3"));
@@ -120,12 +113,12 @@ TEST_CASE("steps commit verified bytes; a killed agent fails its step by name; i
     // Agents notice the new incarnation on their next heartbeat and register again.
     absl::StatusOr<v1::PlanSummary> replanned = absl::UnknownError("not run");
     for (int i = 0; i < 50 && !replanned.ok(); ++i) {
-      replanned = again->Plan(world, std::chrono::seconds(5));
+      replanned = again->Plan(wb::testing::World(1, 1, 1), std::chrono::seconds(5));
       if (!replanned.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     INFO((replanned.ok() ? "" : std::string(replanned.status().message())));
     REQUIRE(replanned.ok());
-    CHECK(replanned->plan_hash() == plan->plan_hash());
+    CHECK(replanned->plan_hash() == plan.plan_hash());
     trainer.Fill(10);
     // The new controller starts with no committed version; any newer version works.
     auto step = again->Step(10);
@@ -148,7 +141,7 @@ TEST_CASE("steps commit verified bytes; a killed agent fails its step by name; i
       }
     });
     const auto t0 = std::chrono::steady_clock::now();
-    auto step = ctl->Step(4, std::chrono::seconds(15));
+    auto step = ctl.Step(4, std::chrono::seconds(15));
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     killer.join();
@@ -164,12 +157,9 @@ TEST_CASE("steps commit verified bytes; a killed agent fails its step by name; i
     REQUIRE(cluster.StartAgent("trainer-node"));
     Trainer again = Trainer::Open(cluster.socket("trainer-node"));
     again.Fill(5);
-    absl::StatusOr<v1::StepResult> next = absl::UnknownError("not run");
     // The agent may need a heartbeat or two to re-register.
-    for (int i = 0; i < 50 && !next.ok(); ++i) {
-      next = ctl->Step(5 + i);
-      if (!next.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
+    uint64_t version = 5;
+    auto next = wb::testing::StepUntilCommitted(ctl, &version);
     INFO((next.ok() ? "" : std::string(next.status().message())));
     REQUIRE(next.ok());
     CHECK(std::memcmp(again.buffer.data(), inference.buffer.data(), again.buffer.size()) == 0);

@@ -8,6 +8,7 @@
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
 #include "tests/support/cluster.h"
+#include "tests/support/grpc_call.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 #include "weightbeam/v1/controller.grpc.pb.h"
 
@@ -19,24 +20,35 @@ namespace {
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
-}  // namespace
+// A 4 KiB buffer and a session of trainer rank 0 on the trainer agent.
+struct TrainerSide {
+  SharedBuffer buffer;
+  LocalSession session;
+};
 
-TEST_CASE("a registration whose byte count overflows 64 bits is refused", "[security]") {
-  Cluster cluster(wb::testing::Runfile(""), {});
-  auto buffer = SharedBuffer::Create(4096, "overflow");
+TrainerSide OpenTrainer(const Cluster& cluster, const std::string& buffer_name) {
+  auto buffer = SharedBuffer::Create(4096, buffer_name);
   REQUIRE(buffer.ok());
   auto session = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
   INFO((session.ok() ? "" : Message(session.status())));
   REQUIRE(session.ok());
+  return TrainerSide{std::move(*buffer), std::move(*session)};
+}
+
+}  // namespace
+
+TEST_CASE("a registration whose byte count overflows 64 bits is refused", "[security]") {
+  Cluster cluster(wb::testing::Runfile(""), {});
+  auto [buffer, session] = OpenTrainer(cluster, "overflow");
   // 2^61 + 1 i64 elements need 2^64 + 8 bytes: wrapped, that is the 8 bytes registered.
   TensorInfo t{"huge.weight", v1::DTYPE_I64, {(int64_t{1} << 61) + 1}, {}};
-  absl::Status s = session->Register(t, *buffer, 0, 8);
+  absl::Status s = session.Register(t, buffer, 0, 8);
   INFO(Message(s));
   REQUIRE_FALSE(s.ok());
   CHECK_THAT(Message(s), Catch::Contains("huge.weight") && Catch::Contains("2^64"));
   // The agent keeps serving: a proper tensor still registers.
   TensorInfo ok{"small.weight", v1::DTYPE_I64, {512}, {}};
-  CHECK(session->Register(ok, *buffer, 0, 4096).ok());
+  CHECK(session.Register(ok, buffer, 0, 4096).ok());
 }
 
 TEST_CASE("the controller refuses a layout whose sizes overflow", "[security]") {
@@ -53,10 +65,9 @@ TEST_CASE("the controller refuses a layout whose sizes overflow", "[security]") 
   t->mutable_spec()->add_global_shape((int64_t{1} << 61) + 1);
   t->mutable_region()->set_length(8);
   t->mutable_owner()->set_role(v1::ROLE_TRAINER);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   v1::RegisterAgentResponse resp;
-  grpc::Status st = stub->RegisterAgent(&ctx, req, &resp);
+  grpc::Status st = wb::testing::CallWithin(std::chrono::seconds(20), stub.get(),
+                                            &v1::Controller::Stub::RegisterAgent, req, &resp);
   INFO(st.error_message());
   REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK_THAT(st.error_message(), Catch::Contains("forger") && Catch::Contains("huge.weight"));
@@ -64,12 +75,8 @@ TEST_CASE("the controller refuses a layout whose sizes overflow", "[security]") 
 
 TEST_CASE("an agent refuses a plan op that reads past its own region", "[security]") {
   Cluster cluster(wb::testing::Runfile(""), {});
-  auto buffer = SharedBuffer::Create(4096, "src");
-  REQUIRE(buffer.ok());
-  auto session = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
-  INFO((session.ok() ? "" : Message(session.status())));
-  REQUIRE(session.ok());
-  REQUIRE(session->Register({"w", v1::DTYPE_BF16, {2048}, {}}, *buffer, 0, 4096).ok());
+  auto [buffer, session] = OpenTrainer(cluster, "src");
+  REQUIRE(session.Register({"w", v1::DTYPE_BF16, {2048}, {}}, buffer, 0, 4096).ok());
 
   auto stub = v1::Agent::NewStub(grpc::CreateChannel(cluster.agent_address("trainer-node"),
                                                      grpc::InsecureChannelCredentials()));
@@ -93,10 +100,9 @@ TEST_CASE("an agent refuses a plan op that reads past its own region", "[securit
     op.set_src_dtype(v1::DTYPE_BF16);
     op.set_dst_dtype(v1::DTYPE_BF16);
     *req.mutable_plan()->add_ops() = op;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
     v1::LoadPlanResponse resp;
-    return stub->LoadPlan(&ctx, req, &resp);
+    return wb::testing::CallWithin(std::chrono::seconds(20), stub.get(), &v1::Agent::Stub::LoadPlan,
+                                   req, &resp);
   };
   v1::TransferOp past_end;  // 1 MiB read from a 4 KiB region
   past_end.set_rows(1);

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "client/weightbeam/controller_client.h"
-#include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
 #include "daemon/registry/bus_guard.h"
 #include "tests/support/cluster.h"
+#include "tests/support/one_tensor.h"
 
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
@@ -28,42 +28,33 @@ void Shrink(const SharedBuffer& buf) {
   close(fd);
 }
 
-absl::StatusOr<v1::PlanSummary> PlanOneToOne(ControllerClient& ctl) {
-  v1::ExpectedWorld world;
-  world.set_trainer_ranks(1);
-  world.set_inference_replicas(1);
-  world.set_inference_ranks_per_replica(1);
-  return ctl.Plan(world, std::chrono::seconds(30));
+// Tensor "w", 512 x 1024, registered on the usual trainer and inference agents.
+wb::testing::OneTensorShape Shape() {
+  wb::testing::OneTensorShape shape;
+  shape.name = "w";
+  shape.rows = 512;
+  shape.cols = 1024;
+  return shape;
 }
 
 }  // namespace
 
 TEST_CASE("a source shrunk after registration fails the step, not the agent", "[security]") {
   Cluster cluster(wb::testing::Runfile(""), {});
-  const int64_t rows = 512, cols = 1024;
+  wb::testing::OneTensorShape shape = Shape();
   // f32 -> bf16: the sending agent converts on the CPU, reading every source byte.
-  auto src = SharedBuffer::Create(rows * cols * 4, "src");
-  auto dst = SharedBuffer::Create(rows * cols * 2, "dst");
-  REQUIRE((src.ok() && dst.ok()));
-  auto trainer = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
-  auto inference =
-      LocalSession::Connect(cluster.socket("inference-node"), {v1::ROLE_INFERENCE, 0, 0});
-  REQUIRE((trainer.ok() && inference.ok()));
-  REQUIRE(trainer->Register({"w", v1::DTYPE_F32, {rows, cols}, {}}, *src, 0, src->size()).ok());
-  REQUIRE(inference->Register({"w", v1::DTYPE_BF16, {rows, cols}, {}}, *dst, 0, dst->size()).ok());
-  auto ctl = ControllerClient::Connect(cluster.controller_address());
-  REQUIRE(ctl.ok());
-  auto plan = PlanOneToOne(*ctl);
-  INFO((plan.ok() ? "" : std::string(plan.status().message())));
-  REQUIRE(plan.ok());
-  std::vector<float> ones(rows * cols, 1.0f);
-  std::memcpy(src->data(), ones.data(), src->size());
-  auto first = ctl->Step(1, std::chrono::seconds(20));
+  shape.src_dtype = v1::DTYPE_F32;
+  auto sides = wb::testing::OneTensorSides::Open(cluster, shape);
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  wb::testing::PlanOneToOne(&ctl, std::chrono::seconds(30));
+  std::vector<float> ones(shape.rows * shape.cols, 1.0f);
+  std::memcpy(sides.src.data(), ones.data(), sides.src.size());
+  auto first = ctl.Step(1, std::chrono::seconds(20));
   INFO((first.ok() ? "" : std::string(first.status().message())));
   REQUIRE(first.ok());
 
-  Shrink(*src);  // src->data() must not be touched from here on
-  auto step = ctl->Step(2, std::chrono::seconds(20));
+  Shrink(sides.src);  // sides.src.data() must not be touched from here on
+  auto step = ctl.Step(2, std::chrono::seconds(20));
   REQUIRE_FALSE(step.ok());
   const std::string error(step.status().message());
   INFO(error);
@@ -78,28 +69,19 @@ TEST_CASE("a destination shrunk after registration fails the step, not the agent
   wb::testing::ClusterOptions options;
   options.agents = {"node"};
   Cluster cluster(wb::testing::Runfile(""), options);
-  const int64_t rows = 512, cols = 1024;
-  auto src = SharedBuffer::Create(rows * cols * 2, "src");
-  auto dst = SharedBuffer::Create(rows * cols * 2, "dst");
-  REQUIRE((src.ok() && dst.ok()));
-  auto trainer = LocalSession::Connect(cluster.socket("node"), {v1::ROLE_TRAINER, 0, 0});
-  auto inference = LocalSession::Connect(cluster.socket("node"), {v1::ROLE_INFERENCE, 0, 0});
-  REQUIRE((trainer.ok() && inference.ok()));
-  REQUIRE(trainer->Register({"w", v1::DTYPE_BF16, {rows, cols}, {}}, *src, 0, src->size()).ok());
-  REQUIRE(inference->Register({"w", v1::DTYPE_BF16, {rows, cols}, {}}, *dst, 0, dst->size()).ok());
-  auto ctl = ControllerClient::Connect(cluster.controller_address());
-  REQUIRE(ctl.ok());
-  auto plan = PlanOneToOne(*ctl);
-  INFO((plan.ok() ? "" : std::string(plan.status().message())));
-  REQUIRE(plan.ok());
-  std::memset(src->data(), 0x5a, src->size());
-  auto first = ctl->Step(1, std::chrono::seconds(20));
+  wb::testing::OneTensorShape shape = Shape();
+  shape.trainer_agent = shape.inference_agent = "node";
+  auto sides = wb::testing::OneTensorSides::Open(cluster, shape);
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  wb::testing::PlanOneToOne(&ctl, std::chrono::seconds(30));
+  sides.Fill(0x5a);
+  auto first = ctl.Step(1, std::chrono::seconds(20));
   INFO((first.ok() ? "" : std::string(first.status().message())));
   REQUIRE(first.ok());
-  CHECK(std::memcmp(src->data(), dst->data(), src->size()) == 0);
+  CHECK(sides.Same());
 
-  Shrink(*dst);
-  auto step = ctl->Step(2, std::chrono::seconds(20));
+  Shrink(sides.dst);
+  auto step = ctl.Step(2, std::chrono::seconds(20));
   REQUIRE_FALSE(step.ok());
   INFO(step.status().message());
   CHECK_THAT(std::string(step.status().message()), Catch::Contains("shrunk"));

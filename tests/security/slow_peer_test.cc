@@ -10,13 +10,12 @@
 #include <cstring>
 
 #include "client/weightbeam/controller_client.h"
-#include "client/weightbeam/local_session.h"
-#include "client/weightbeam/shared_buffer.h"
 #include "tests/support/cluster.h"
+#include "tests/support/one_tensor.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
 namespace v1 = weightbeam::v1;
-using namespace wb::client;
+using wb::client::ControllerClient;
 using wb::testing::Cluster;
 
 TEST_CASE("a stalled receiver fails the step naming it; the sender lives", "[security]") {
@@ -26,28 +25,14 @@ TEST_CASE("a stalled receiver fails the step naming it; the sender lives", "[sec
   // for it.
   options.extra_agent_yaml = "executor:\n  write_timeout_ms: 30000\n";
   Cluster cluster(wb::testing::Runfile(""), options);
-  const uint64_t rows = 2048, cols = 1024;  // 4 MiB of bf16
-  auto src = SharedBuffer::Create(rows * cols * 2, "src");
-  auto dst = SharedBuffer::Create(rows * cols * 2, "dst");
-  REQUIRE((src.ok() && dst.ok()));
-  auto trainer = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
-  auto inference =
-      LocalSession::Connect(cluster.socket("inference-node"), {v1::ROLE_INFERENCE, 0, 0});
-  REQUIRE((trainer.ok() && inference.ok()));
-  TensorInfo t{"lm_head.weight", v1::DTYPE_BF16, {int64_t(rows), int64_t(cols)}, {}};
-  REQUIRE(trainer->Register(t, *src, 0, src->size()).ok());
-  REQUIRE(inference->Register(t, *dst, 0, dst->size()).ok());
-  auto ctl = ControllerClient::Connect(cluster.controller_address());
-  REQUIRE(ctl.ok());
-  v1::ExpectedWorld world;
-  world.set_trainer_ranks(1);
-  world.set_inference_replicas(1);
-  world.set_inference_ranks_per_replica(1);
-  auto plan = ctl->Plan(world, std::chrono::seconds(30));
-  INFO((plan.ok() ? "" : std::string(plan.status().message())));
-  REQUIRE(plan.ok());
-  std::memset(src->data(), 0x11, src->size());
-  auto first = ctl->Step(1, std::chrono::seconds(20));
+  wb::testing::OneTensorShape shape;
+  shape.rows = 2048;  // 4 MiB of bf16
+  shape.cols = 1024;
+  auto sides = wb::testing::OneTensorSides::Open(cluster, shape);
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  const v1::PlanSummary plan = wb::testing::PlanOneToOne(&ctl, std::chrono::seconds(30));
+  sides.Fill(0x11);
+  auto first = ctl.Step(1, std::chrono::seconds(20));
   INFO((first.ok() ? "" : std::string(first.status().message())));
   REQUIRE(first.ok());
 
@@ -55,12 +40,12 @@ TEST_CASE("a stalled receiver fails the step naming it; the sender lives", "[sec
   // sending agent to execute directly (as the controller does after Begin) while the receiver
   // is frozen.
   cluster.KillAgent("inference-node", SIGSTOP);
-  std::memset(src->data(), 0x22, src->size());
+  sides.Fill(0x22);
   auto agent = v1::Agent::NewStub(grpc::CreateChannel(cluster.agent_address("trainer-node"),
                                                       grpc::InsecureChannelCredentials()));
   v1::ExecuteRequest req;
   req.set_version(2);
-  req.set_plan_id(plan->plan_id());
+  req.set_plan_id(plan.plan_id());
   req.set_timeout_ms(2000);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
@@ -79,15 +64,15 @@ TEST_CASE("a stalled receiver fails the step naming it; the sender lives", "[sec
   CHECK(cluster.agent("trainer-node")->running());
 
   cluster.KillAgent("inference-node", SIGCONT);
-  std::memset(src->data(), 0x33, src->size());
+  sides.Fill(0x33);
   // The next step commits every byte (a retry or two while the sender reconnects is fine).
   bool committed = false;
   for (uint64_t v = 3; v < 8 && !committed; ++v) {
-    auto step = ctl->Step(v, std::chrono::seconds(20));
+    auto step = ctl.Step(v, std::chrono::seconds(20));
     if (!step.ok()) UNSCOPED_INFO("step " << v << ": " << step.status().message());
     committed = step.ok();
   }
   REQUIRE(committed);
-  CHECK(std::memcmp(src->data(), dst->data(), src->size()) == 0);
+  CHECK(sides.Same());
   CHECK(cluster.agent("trainer-node")->running());
 }

@@ -18,12 +18,10 @@
 #include <vector>
 
 #include "client/weightbeam/controller_client.h"
-#include "client/weightbeam/local_session.h"
-#include "client/weightbeam/shared_buffer.h"
 #include "tests/support/cluster.h"
+#include "tests/support/one_tensor.h"
 
-namespace v1 = weightbeam::v1;
-using namespace wb::client;
+using wb::client::ControllerClient;
 using wb::testing::Cluster;
 using Clock = std::chrono::steady_clock;
 
@@ -128,17 +126,10 @@ TEST_CASE("dribbling connections are cut off, capped, and do not stop a step", "
       "    handshake_timeout_ms: 1000\n    max_unauthenticated_per_source: 16\n";
   Cluster cluster(wb::testing::Runfile(""), options);
   const int port = cluster.tcp_port("inference-node");
-  const uint64_t rows = 1024, cols = 1024;  // 2 MiB of bf16
-  auto src = SharedBuffer::Create(rows * cols * 2, "src");
-  auto dst = SharedBuffer::Create(rows * cols * 2, "dst");
-  REQUIRE((src.ok() && dst.ok()));
-  auto trainer = LocalSession::Connect(cluster.socket("trainer-node"), {v1::ROLE_TRAINER, 0, 0});
-  auto inference =
-      LocalSession::Connect(cluster.socket("inference-node"), {v1::ROLE_INFERENCE, 0, 0});
-  REQUIRE((trainer.ok() && inference.ok()));
-  TensorInfo t{"lm_head.weight", v1::DTYPE_BF16, {int64_t(rows), int64_t(cols)}, {}};
-  REQUIRE(trainer->Register(t, *src, 0, src->size()).ok());
-  REQUIRE(inference->Register(t, *dst, 0, dst->size()).ok());
+  wb::testing::OneTensorShape shape;
+  shape.rows = 1024;  // 2 MiB of bf16
+  shape.cols = 1024;
+  auto sides = wb::testing::OneTensorSides::Open(cluster, shape);
   const pid_t receiver = cluster.agent("inference-node")->pid();
 
   // 1. A few connections dribbling a HELLO are closed at the handshake deadline (the old
@@ -179,21 +170,14 @@ TEST_CASE("dribbling connections are cut off, capped, and do not stop a step", "
   // and steps commit every byte.
   Dribbler flood(port, 1000);
   std::this_thread::sleep_for(std::chrono::seconds(2));
-  auto ctl = ControllerClient::Connect(cluster.controller_address());
-  REQUIRE(ctl.ok());
-  v1::ExpectedWorld world;
-  world.set_trainer_ranks(1);
-  world.set_inference_replicas(1);
-  world.set_inference_ranks_per_replica(1);
-  auto plan = ctl->Plan(world, std::chrono::seconds(30));
-  INFO((plan.ok() ? "" : std::string(plan.status().message())));
-  REQUIRE(plan.ok());
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  wb::testing::PlanOneToOne(&ctl, std::chrono::seconds(30));
   for (uint64_t v = 1; v <= 2; ++v) {
-    std::memset(src->data(), int(0x40 + v), src->size());
-    auto step = ctl->Step(v, std::chrono::seconds(20));
+    sides.Fill(uint8_t(0x40 + v));
+    auto step = ctl.Step(v, std::chrono::seconds(20));
     INFO("step " << v << ": " << (step.ok() ? "" : std::string(step.status().message())));
     REQUIRE(step.ok());
-    CHECK(std::memcmp(src->data(), dst->data(), src->size()) == 0);
+    CHECK(sides.Same());
   }
   INFO("flood: " << flood.opened() << " connections opened, " << flood.closed_by_receiver()
                  << " closed by the receiver");

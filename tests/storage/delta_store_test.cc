@@ -370,12 +370,8 @@ TEST_CASE("FP8 destinations are quantised from a BF16 copy that deltas keep curr
   const std::vector<ShardBuffer> dests = {
       {Spec("w", v1::DTYPE_F8_E4M3, {}), 0, absl::MakeSpan(q), 41},
       {scale_spec, 0, absl::MakeSpan(reinterpret_cast<uint8_t*>(&scale), 4), 42}};
-  transform::TransformDesc desc;
-  desc.kind = transform::Kind::kFp8Block;
-  desc.src_dtype = transform::DType::kBF16;
-  desc.dst_dtype = transform::DType::kF8E4M3;
-  desc.rows = kRows;
-  desc.cols = kCols;
+  transform::TransformDesc desc{transform::Kind::kFp8Block, transform::DType::kBF16,
+                                transform::DType::kF8E4M3, kRows, kCols};
   for (uint32_t v = 1; v <= 4; ++v) {
     CHECK(f.Publish(pub, v).anchor == (v == 1));
     CHECK(sub.Poll(dests, f.hooks).committed == std::vector<uint64_t>{v});

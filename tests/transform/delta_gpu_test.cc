@@ -13,6 +13,7 @@
 #include "daemon/delta/gpu_apply.h"
 #include "daemon/delta/op_layout.h"
 #include "daemon/gpu/device_memory.h"
+#include "tests/transform/transfer_ops.h"
 
 namespace wb::delta {
 namespace {
@@ -25,47 +26,6 @@ bool HaveDevice() {
   absl::Status s = GpuScatterAvailable();
   if (!s.ok()) WARN("skipped: " << s.message());
   return s.ok();
-}
-
-v1::TransferOp Copy(v1::DType dtype, uint64_t rows, uint64_t cols, uint64_t stride_pad) {
-  v1::TransferOp op;
-  op.set_op_id(1);
-  op.set_dst_tensor("model.layers.0.mlp.down_proj.weight");
-  op.set_rows(rows);
-  op.set_row_elems(cols);
-  op.set_src_dtype(dtype);
-  op.set_dst_dtype(dtype);
-  op.set_transform(v1::TRANSFORM_COPY);
-  op.set_dst_region(1);
-  op.set_dst_offset(24);
-  const uint64_t size = dtype == v1::DTYPE_F32 ? 4 : (dtype == v1::DTYPE_BF16 ? 2 : 1);
-  op.set_dst_stride((cols + stride_pad) * size);
-  return op;
-}
-
-v1::TransferOp RaggedFp8(uint64_t rows, uint64_t cols) {
-  v1::TransferOp op;
-  op.set_op_id(2);
-  op.set_dst_tensor("model.layers.0.self_attn.o_proj.weight");
-  op.set_rows(rows);
-  op.set_row_elems(cols);
-  op.set_src_dtype(v1::DTYPE_BF16);
-  op.set_dst_dtype(v1::DTYPE_F8_E4M3);
-  op.set_transform(v1::TRANSFORM_FP8_BLOCK);
-  op.set_dst_region(1);
-  op.set_dst_offset(8);
-  op.set_dst_stride(cols + 3);  // rows not aligned
-  op.set_scale_region(2);
-  op.set_scale_offset(16);
-  op.set_scale_stride(((cols + 127) / 128 + 1) * 4);
-  return op;
-}
-
-std::vector<uint8_t> Random(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> v(n);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
-  return v;
 }
 
 void DenseWrite(const OpLayout& l, const std::vector<uint8_t>& flat, std::vector<uint8_t>* data,
@@ -93,9 +53,9 @@ std::vector<uint8_t> Download(const gpu::DeviceBuffer& buf) {
 // on the host and on the device; both destinations must stay byte-identical.
 void CheckOp(const v1::TransferOp& op, uint32_t seed) {
   const OpLayout layout = LayoutOf(op);
-  std::vector<uint8_t> host_data = Random(kRegionBytes, seed);
-  std::vector<uint8_t> host_scales = Random(kRegionBytes, seed + 1);
-  std::vector<uint8_t> shadow = Random(layout.flat_bytes, seed + 2);
+  std::vector<uint8_t> host_data = wb::testing::RandomBytes(kRegionBytes, seed);
+  std::vector<uint8_t> host_scales = wb::testing::RandomBytes(kRegionBytes, seed + 1);
+  std::vector<uint8_t> shadow = wb::testing::RandomBytes(layout.flat_bytes, seed + 2);
   DenseWrite(layout, shadow, &host_data, &host_scales);
   gpu::DeviceBuffer dev_data = Upload(host_data);
   gpu::DeviceBuffer dev_scales = Upload(host_scales);
@@ -153,22 +113,22 @@ TEST_CASE("without a device the GPU scatter says why it cannot run", "[delta][cu
 
 TEST_CASE("GPU scatter of 1-byte elements into strided rows", "[delta][cuda]") {
   if (!HaveDevice()) return;
-  CheckOp(Copy(v1::DTYPE_F8_E4M3, 97, 301, 5), 10);
+  CheckOp(wb::testing::StridedCopy(v1::DTYPE_F8_E4M3, 97, 301, 5, 24), 10);
 }
 
 TEST_CASE("GPU scatter of BF16 elements into strided, unaligned rows", "[delta][cuda]") {
   if (!HaveDevice()) return;
-  CheckOp(Copy(v1::DTYPE_BF16, 64, 1000, 3), 20);
+  CheckOp(wb::testing::StridedCopy(v1::DTYPE_BF16, 64, 1000, 3, 24), 20);
 }
 
 TEST_CASE("GPU scatter of F32 elements into strided rows", "[delta][cuda]") {
   if (!HaveDevice()) return;
-  CheckOp(Copy(v1::DTYPE_F32, 33, 500, 1), 30);
+  CheckOp(wb::testing::StridedCopy(v1::DTYPE_F32, 33, 500, 1, 24), 30);
 }
 
 TEST_CASE("GPU scatter of an FP8 op: ragged blocks, strided scales, padding", "[delta][cuda]") {
   if (!HaveDevice()) return;
-  CheckOp(RaggedFp8(131, 201), 40);
+  CheckOp(wb::testing::RaggedFp8(131, 201, 8, 201 + 3), 40);  // rows not aligned
 }
 
 }  // namespace wb::delta

@@ -13,6 +13,7 @@
 #include "daemon/delta/delta_codec.h"
 #include "daemon/delta/delta_sender.h"
 #include "daemon/delta/op_layout.h"
+#include "tests/transform/transfer_ops.h"
 
 namespace wb::delta {
 namespace {
@@ -23,37 +24,12 @@ constexpr uint8_t kSentinel = 0xA5;
 
 // A BF16 copy of `rows` x `cols` landing with a row stride of cols + 8 elements at offset 64.
 v1::TransferOp StridedBf16(uint64_t rows, uint64_t cols) {
-  v1::TransferOp op;
-  op.set_op_id(7);
-  op.set_dst_tensor("model.layers.0.mlp.up_proj.weight");
-  op.set_rows(rows);
-  op.set_row_elems(cols);
-  op.set_src_dtype(v1::DTYPE_BF16);
-  op.set_dst_dtype(v1::DTYPE_BF16);
-  op.set_transform(v1::TRANSFORM_COPY);
-  op.set_dst_region(1);
-  op.set_dst_offset(64);
-  op.set_dst_stride((cols + 8) * 2);
-  return op;
+  return wb::testing::StridedCopy(v1::DTYPE_BF16, rows, cols, 8, 64);
 }
 
-// BF16 -> FP8 with ragged 128x128 blocks (rows, cols not multiples of 128); scales strided.
+// BF16 -> FP8 with ragged 128x128 blocks (rows, cols not multiples of 128), data rows packed.
 v1::TransferOp RaggedFp8(uint64_t rows, uint64_t cols) {
-  v1::TransferOp op;
-  op.set_op_id(3);
-  op.set_dst_tensor("model.layers.0.self_attn.o_proj.weight");
-  op.set_rows(rows);
-  op.set_row_elems(cols);
-  op.set_src_dtype(v1::DTYPE_BF16);
-  op.set_dst_dtype(v1::DTYPE_F8_E4M3);
-  op.set_transform(v1::TRANSFORM_FP8_BLOCK);
-  op.set_dst_region(1);
-  op.set_dst_offset(0);
-  op.set_dst_stride(0);
-  op.set_scale_region(2);
-  op.set_scale_offset(16);
-  op.set_scale_stride(((cols + 127) / 128 + 1) * 4);
-  return op;
+  return wb::testing::RaggedFp8(rows, cols, 0, 0);
 }
 
 struct Destination {
@@ -68,13 +44,6 @@ void DenseWrite(const OpLayout& l, const std::vector<uint8_t>& flat, Destination
     auto& region = s.scales ? d->scales : d->data;
     std::memcpy(region.data() + s.dst_offset, flat.data() + s.flat_offset, s.length);
   }
-}
-
-std::vector<uint8_t> Random(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> v(n);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
-  return v;
 }
 
 struct Harness {
@@ -152,7 +121,7 @@ TEST_CASE("layouts: strided rows, ragged FP8 blocks with padded, strided scales"
 
 TEST_CASE("strided BF16: no change, one change at each end, all changed", "[delta]") {
   Harness h(StridedBf16(64, 100));
-  std::vector<uint8_t> v = Random(h.layout.flat_bytes, 1);
+  std::vector<uint8_t> v = wb::testing::RandomBytes(h.layout.flat_bytes, 1);
   CHECK_FALSE(h.Step(v, /*anchor=*/true).packed);  // anchor: dense, shadow filled
 
   OpOutcome same = h.Step(v, false);  // no change: a bare header
@@ -165,16 +134,17 @@ TEST_CASE("strided BF16: no change, one change at each end, all changed", "[delt
   CHECK(ends.packed);
   CHECK(ends.changed_elems == 2);
 
-  OpOutcome all = h.Step(Random(v.size(), 2), false);  // all changed: dense is smaller
+  OpOutcome all =
+      h.Step(wb::testing::RandomBytes(v.size(), 2), false);  // all changed: dense is smaller
   CHECK_FALSE(all.packed);
-  v = Random(v.size(), 2);
+  v = wb::testing::RandomBytes(v.size(), 2);
   v[v.size() / 2] ^= 4;
   CHECK(h.Step(v, false).packed);  // the shadow followed the dense step
 }
 
 TEST_CASE("ragged FP8: changed data and scale bytes; padding never counts", "[delta]") {
   Harness h(RaggedFp8(131, 201));
-  std::vector<uint8_t> v = Random(h.layout.flat_bytes, 3);
+  std::vector<uint8_t> v = wb::testing::RandomBytes(h.layout.flat_bytes, 3);
   CHECK_FALSE(h.Step(v, true).packed);
   const Segment& last_scale = h.layout.segments.back();
   v[last_scale.flat_offset + last_scale.length - 1] ^= 0xff;  // last scale's top byte
@@ -188,7 +158,7 @@ TEST_CASE("ragged FP8: changed data and scale bytes; padding never counts", "[de
 
 TEST_CASE("a step after invalidation or with a too-small slot goes dense", "[delta]") {
   Harness h(StridedBf16(32, 64));
-  std::vector<uint8_t> v = Random(h.layout.flat_bytes, 4);
+  std::vector<uint8_t> v = wb::testing::RandomBytes(h.layout.flat_bytes, 4);
   h.Step(v, true);
   // 40% of the elements changed: packed would be smaller than dense but not fit the slot
   // (half of the dense bytes).
@@ -203,7 +173,7 @@ TEST_CASE("a step after invalidation or with a too-small slot goes dense", "[del
 
 TEST_CASE("a damaged delta is refused before any byte is written", "[delta]") {
   Harness h(StridedBf16(8, 16));  // 128 elements
-  std::vector<uint8_t> v = Random(h.layout.flat_bytes, 6);
+  std::vector<uint8_t> v = wb::testing::RandomBytes(h.layout.flat_bytes, 6);
   h.Step(v, true);
   v[5] ^= 1;
   std::vector<uint8_t> flat = v;

@@ -80,41 +80,33 @@ TEST_CASE("malformed frame headers are refused with a reason", "[frame]") {
 }
 
 TEST_CASE("per-type payload rules", "[frame]") {
-  uint8_t raw[kFrameHeaderBytes];
-  FrameHeader header;
-
-  header.type = FrameType::kWrite;
-  header.length = 0;
-  EncodeFrameHeader(header, raw);
-  CHECK_THAT(ParseError(raw), Catch::Contains("no payload"));
-
-  header.offset = ~uint64_t{0} - 5;
-  header.length = 10;
-  EncodeFrameHeader(header, raw);
-  CHECK_THAT(ParseError(raw), Catch::Contains("overflows"));
-
-  header = FrameHeader{};
-  header.type = FrameType::kHello;
-  header.length = kMaxControlPayload + 1;
-  EncodeFrameHeader(header, raw);
-  CHECK_THAT(ParseError(raw), Catch::Contains("exceeds"));
-
-  header = FrameHeader{};
-  header.type = FrameType::kFlush;
-  header.aux = 0;
-  EncodeFrameHeader(header, raw);
-  CHECK_THAT(ParseError(raw), Catch::Contains("zero connections"));
-
-  header.aux = 1;
-  header.length = 4;
-  EncodeFrameHeader(header, raw);
-  CHECK_THAT(ParseError(raw), Catch::Contains("FLUSH frame with a payload"));
-
-  header = FrameHeader{};
-  header.type = FrameType::kAck;
-  header.length = 1;
-  EncodeFrameHeader(header, raw);
-  CHECK_THAT(ParseError(raw), Catch::Contains("ACK frame with a payload"));
+  // Each header (all other fields zero) and the words its refusal must contain.
+  struct Case {
+    FrameType type;
+    uint64_t offset;
+    uint64_t length;
+    uint32_t aux;
+    const char* refusal;
+  };
+  const Case cases[] = {
+      {FrameType::kWrite, 0, 0, 0, "no payload"},
+      {FrameType::kWrite, ~uint64_t{0} - 5, 10, 0, "overflows"},
+      {FrameType::kHello, 0, kMaxControlPayload + 1, 0, "exceeds"},
+      {FrameType::kFlush, 0, 0, 0, "zero connections"},
+      {FrameType::kFlush, 0, 4, 1, "FLUSH frame with a payload"},
+      {FrameType::kAck, 0, 1, 0, "ACK frame with a payload"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.refusal);
+    FrameHeader header;
+    header.type = c.type;
+    header.offset = c.offset;
+    header.length = c.length;
+    header.aux = c.aux;
+    uint8_t raw[kFrameHeaderBytes];
+    EncodeFrameHeader(header, raw);
+    CHECK_THAT(ParseError(raw), Catch::Contains(c.refusal));
+  }
 }
 
 TEST_CASE("random bytes are parsed or refused, never trusted blindly", "[frame]") {

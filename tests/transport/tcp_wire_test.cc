@@ -71,6 +71,27 @@ void SendHello(int fd, const std::string& token) {
   SendFrame(fd, header, payload);
 }
 
+// A WRITE of `length` bytes at `offset` into the receiver's region, under its key.
+FrameHeader WriteTo(const Receiver& receiver, uint64_t offset, uint64_t length, uint64_t batch_id) {
+  FrameHeader write;
+  write.type = FrameType::kWrite;
+  write.region_id = receiver.desc.region_id();
+  write.key = receiver.key();
+  write.offset = offset;
+  write.length = length;
+  write.batch_id = batch_id;
+  return write;
+}
+
+// The FLUSH that ends batch `batch_id` sent over one connection.
+FrameHeader FlushOf(uint64_t batch_id) {
+  FrameHeader flush;
+  flush.type = FrameType::kFlush;
+  flush.aux = 1;
+  flush.batch_id = batch_id;
+  return flush;
+}
+
 // The next frame from the receiver, or nullopt when it closed the connection.
 std::optional<std::pair<FrameHeader, std::string>> ReadFrame(int fd) {
   uint8_t raw[kFrameHeaderBytes];
@@ -96,6 +117,22 @@ std::string TokenFor(Receiver& receiver) {
   return hello.token();
 }
 
+// The next frame from the receiver, REQUIREd to be there and of type `type`.
+std::pair<FrameHeader, std::string> NextFrameOf(int fd, FrameType type) {
+  auto frame = ReadFrame(fd);
+  REQUIRE(frame.has_value());
+  CHECK(frame->first.type == type);
+  return *frame;
+}
+
+// A connection that said HELLO with `token` and was acknowledged.
+UniqueFd DialIntroduced(const Receiver& receiver, const std::string& token) {
+  UniqueFd fd = Dial(receiver);
+  SendHello(fd.get(), token);
+  NextFrameOf(fd.get(), FrameType::kAck);
+  return fd;
+}
+
 TEST_CASE("a connection with an unknown token is closed without an answer", "[tcp]") {
   Receiver receiver;
   TokenFor(receiver);  // some other token exists
@@ -107,86 +144,39 @@ TEST_CASE("a connection with an unknown token is closed without an answer", "[tc
 TEST_CASE("a write before HELLO closes the connection and lands nowhere", "[tcp]") {
   Receiver receiver;
   UniqueFd fd = Dial(receiver);
-  FrameHeader write;
-  write.type = FrameType::kWrite;
-  write.region_id = receiver.desc.region_id();
-  write.key = receiver.key();
-  write.length = 16;
-  SendFrame(fd.get(), write, std::string(16, 'z'));
+  SendFrame(fd.get(), WriteTo(receiver, 0, 16, 0), std::string(16, 'z'));
   CHECK_FALSE(ReadFrame(fd.get()).has_value());
   CHECK(receiver.Untouched());
 }
 
 TEST_CASE("hand-made frames from an introduced peer", "[tcp]") {
   Receiver receiver;
-  const std::string token = TokenFor(receiver);
-  UniqueFd fd = Dial(receiver);
-  SendHello(fd.get(), token);
-  auto ack = ReadFrame(fd.get());
-  REQUIRE(ack.has_value());
-  CHECK(ack->first.type == FrameType::kAck);
+  UniqueFd fd = DialIntroduced(receiver, TokenFor(receiver));
 
   SECTION("a valid write lands and its FLUSH is acknowledged") {
-    FrameHeader write;
-    write.type = FrameType::kWrite;
-    write.region_id = receiver.desc.region_id();
-    write.key = receiver.key();
-    write.offset = 10;
-    write.length = 5;
-    write.batch_id = 1;
-    SendFrame(fd.get(), write, "hello");
-    FrameHeader flush;
-    flush.type = FrameType::kFlush;
-    flush.aux = 1;
-    flush.batch_id = 1;
-    SendFrame(fd.get(), flush);
-    auto reply = ReadFrame(fd.get());
-    REQUIRE(reply.has_value());
-    CHECK(reply->first.type == FrameType::kAck);
-    CHECK(reply->first.batch_id == 1);
+    SendFrame(fd.get(), WriteTo(receiver, 10, 5, 1), "hello");
+    SendFrame(fd.get(), FlushOf(1));
+    CHECK(NextFrameOf(fd.get(), FrameType::kAck).first.batch_id == 1);
     CHECK(std::memcmp(receiver.memory.data() + 10, "hello", 5) == 0);
     CHECK(receiver.memory[9] == 0xAB);
     CHECK(receiver.memory[15] == 0xAB);
   }
 
   SECTION("a refused write is NACKed with the reason and the connection keeps serving") {
-    FrameHeader write;
-    write.type = FrameType::kWrite;
-    write.region_id = receiver.desc.region_id();
-    write.key = receiver.key();
-    write.offset = receiver.memory.size() - 4;
-    write.length = 8;  // 4 bytes past the end
-    write.batch_id = 2;
-    SendFrame(fd.get(), write, "12345678");
-    auto nack = ReadFrame(fd.get());
-    REQUIRE(nack.has_value());
-    CHECK(nack->first.type == FrameType::kNack);
-    CHECK(nack->first.batch_id == 2);
-    CHECK_THAT(nack->second, Catch::Contains("out of bounds"));
+    // 4 bytes past the end.
+    SendFrame(fd.get(), WriteTo(receiver, receiver.memory.size() - 4, 8, 2), "12345678");
+    auto nack = NextFrameOf(fd.get(), FrameType::kNack);
+    CHECK(nack.first.batch_id == 2);
+    CHECK_THAT(nack.second, Catch::Contains("out of bounds"));
     CHECK(receiver.Untouched());
 
-    FrameHeader flush;
-    flush.type = FrameType::kFlush;
-    flush.aux = 1;
-    flush.batch_id = 2;
-    SendFrame(fd.get(), flush);
-    auto reply = ReadFrame(fd.get());
-    REQUIRE(reply.has_value());
-    CHECK(reply->first.type == FrameType::kAck);
+    SendFrame(fd.get(), FlushOf(2));
+    NextFrameOf(fd.get(), FrameType::kAck);
   }
 
   SECTION("an oversized frame is NACKed and the connection closed") {
-    FrameHeader write;
-    write.type = FrameType::kWrite;
-    write.region_id = receiver.desc.region_id();
-    write.key = receiver.key();
-    write.length = 8193;  // max_frame_bytes is 8192
-    write.batch_id = 3;
-    SendFrame(fd.get(), write);
-    auto nack = ReadFrame(fd.get());
-    REQUIRE(nack.has_value());
-    CHECK(nack->first.type == FrameType::kNack);
-    CHECK_THAT(nack->second, Catch::Contains("max_frame_bytes"));
+    SendFrame(fd.get(), WriteTo(receiver, 0, 8193, 3));  // max_frame_bytes is 8192
+    CHECK_THAT(NextFrameOf(fd.get(), FrameType::kNack).second, Catch::Contains("max_frame_bytes"));
     CHECK_FALSE(ReadFrame(fd.get()).has_value());
     CHECK(receiver.Untouched());
   }
@@ -202,9 +192,7 @@ TEST_CASE("hand-made frames from an introduced peer", "[tcp]") {
 TEST_CASE("forgetting a peer closes its connections and retires its token", "[tcp]") {
   Receiver receiver;
   const std::string token = TokenFor(receiver);
-  UniqueFd fd = Dial(receiver);
-  SendHello(fd.get(), token);
-  REQUIRE(ReadFrame(fd.get()).has_value());  // ACK
+  UniqueFd fd = DialIntroduced(receiver, token);
 
   receiver.transport->ForgetPeer("raw-client");
   CHECK_FALSE(ReadFrame(fd.get()).has_value());

@@ -116,6 +116,16 @@ class RemoteReceiver {
   weightbeam::v1::RegionDescriptor desc_;
 };
 
+// `n` writes of a 16 MiB source's first 16 MiB into the four 16 MiB quarters of a 64 MiB
+// destination region, in turn.
+std::vector<WriteOp> QuarterWrites(uint64_t src_region, uint64_t dst_region, uint64_t n) {
+  std::vector<WriteOp> ops;
+  for (uint64_t i = 0; i < n; ++i) {
+    ops.push_back(WriteOp{src_region, 0, dst_region, (i % 4) << 24, 16 << 20});
+  }
+  return ops;
+}
+
 TEST_CASE("writes land in a receiver process, refused ones do not", "[transport][remote]") {
   const size_t size = 6 << 20;
   RemoteReceiver receiver(size, 31);
@@ -150,16 +160,12 @@ TEST_CASE("writes land in a receiver process, refused ones do not", "[transport]
 }
 
 TEST_CASE("a receiver killed mid-batch fails the batch, naming the peer", "[transport][remote]") {
-  const size_t size = 64 << 20;
-  RemoteReceiver receiver(size, 41);
+  RemoteReceiver receiver(64 << 20, 41);
   auto sender = MakeBackend();
   receiver.Connect(sender.get());
   auto src = RegisterBuffer(sender.get(), 16 << 20, Access::kSource, 42);
   // 4 GiB in one batch: far more than can land before the kill.
-  std::vector<WriteOp> ops;
-  for (uint64_t i = 0; i < 256; ++i) {
-    ops.push_back(WriteOp{src->desc.region_id(), 0, receiver.region(), (i % 4) << 24, 16 << 20});
-  }
+  const std::vector<WriteOp> ops = QuarterWrites(src->desc.region_id(), receiver.region(), 256);
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
@@ -188,15 +194,11 @@ TEST_CASE("a receiver killed mid-batch fails the batch, naming the peer", "[tran
 
 TEST_CASE("a receiver that stops responding fails the batch after the write timeout",
           "[transport][remote]") {
-  const size_t size = 64 << 20;
-  RemoteReceiver receiver(size, 51);
+  RemoteReceiver receiver(64 << 20, 51);
   auto sender = MakeBackend();
   receiver.Connect(sender.get());
   auto src = RegisterBuffer(sender.get(), 16 << 20, Access::kSource, 52);
-  std::vector<WriteOp> ops;
-  for (uint64_t i = 0; i < 64; ++i) {
-    ops.push_back(WriteOp{src->desc.region_id(), 0, receiver.region(), (i % 4) << 24, 16 << 20});
-  }
+  const std::vector<WriteOp> ops = QuarterWrites(src->desc.region_id(), receiver.region(), 64);
   receiver.Signal(SIGSTOP);
   // The WriteBatch limit is far above the configured 3 s write timeout: the transport itself
   // has to notice that nothing moves.

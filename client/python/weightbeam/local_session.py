@@ -14,6 +14,7 @@ import threading
 import grpc
 
 from weightbeam import _stubs, cuda_ipc
+from weightbeam._closing import ClosesOnExit
 from weightbeam.dtypes import itemsize, to_dtype
 from weightbeam.errors import WeightbeamError, from_rpc_error
 from weightbeam.shared_buffer import SharedBuffer, find_buffer
@@ -41,7 +42,7 @@ class Event:
     reason: str = ""
 
 
-class LocalSession:
+class LocalSession(ClosesOnExit):
     """``LocalSession(socket, role, rank, replica)``: role "trainer" or "inference"."""
 
     def __init__(self, socket, role, rank=0, replica=0, connect_timeout=5.0):
@@ -200,18 +201,6 @@ class LocalSession:
             self._watch_call.cancel()
             self._watcher.join()
         self._channel.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # ---- internals ----------------------------------------------------------------------
 

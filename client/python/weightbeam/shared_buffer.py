@@ -14,6 +14,7 @@ import weakref
 
 import numpy as np
 
+from weightbeam._closing import ClosesOnExit
 from weightbeam.errors import WeightbeamError
 
 _SHM_DIR = "/dev/shm"
@@ -22,7 +23,7 @@ _live_lock = threading.Lock()
 _live = weakref.WeakSet()  # every open SharedBuffer, to find the one holding a pointer
 
 
-class SharedBuffer:
+class SharedBuffer(ClosesOnExit):
     """``nbytes`` of zero-filled shared memory named ``/wb-<pid>-<hint>-<n>``."""
 
     def __init__(self, nbytes, hint="buf"):
@@ -110,18 +111,6 @@ class SharedBuffer:
             self._mmap.close()
         except BufferError:
             pass  # views still reference the mapping; it goes when the last one does
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
 
     def __repr__(self):
         return f"SharedBuffer({self._name!r}, {self._nbytes} bytes)"
