@@ -325,7 +325,9 @@ absl::Status ControllerCore::IntroduceSenders(const BuiltPlan& built,
   }
   const std::string failed = FailedCalls(CallAll<v1::IntroduceRequest, v1::IntroduceResponse>(
       &channels_, targets, Until(deadline, std::chrono::milliseconds(10000)),
-      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Introduce(c, q, r, d); }));
+      [](auto* s, auto* c, const auto& q, auto* cq) {
+        return s->PrepareAsyncIntroduce(c, q, cq);
+      }));
   if (failed.empty()) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat("introducing senders to receivers failed: ", failed));
 }
@@ -341,7 +343,7 @@ std::vector<CallResult<v1::LoadPlanResponse>> ControllerCore::LoadPlans(
   }
   return CallAll<v1::LoadPlanRequest, v1::LoadPlanResponse>(
       &channels_, targets, Until(deadline, std::chrono::milliseconds(30000)),
-      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->LoadPlan(c, q, r, d); });
+      [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncLoadPlan(c, q, cq); });
 }
 
 absl::Status ControllerCore::LoadDeltaReceivers(BuiltPlan* built,
@@ -400,7 +402,7 @@ std::set<std::string> ControllerCore::RefreshLayouts(Clock::time_point deadline)
   }
   auto results = CallAll<v1::DescribeRequest, v1::DescribeResponse>(
       &channels_, targets, Until(deadline, std::chrono::milliseconds(60000)),
-      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Describe(c, q, r, d); });
+      [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncDescribe(c, q, cq); });
   std::set<std::string> silent;
   for (auto& r : results) {
     if (!r.status.ok()) {
