@@ -22,8 +22,10 @@
 #include "client/weightbeam/controller_client.h"
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
+#include "common/process/mutex_mode.h"
 #include "config/config.h"
 #include "daemon/service/agent_node.h"
+#include "tests/bench/machine_info.h"
 #include "tests/support/process.h"
 
 namespace v1 = weightbeam::v1;
@@ -85,6 +87,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "controller and agent log level");
   app.add_option("--heartbeat-ms", heartbeat_ms, "agents' heartbeat interval");
   CLI11_PARSE(app, argc, argv);
+  wb::UseFastMutexes();  // as the daemons do: the in-process agents are daemons
   if (agents < 2 || agents % 2 != 0) Die("--agents must be even and at least 2");
   const int pairs = agents / 2;
   RaiseFileLimit();
@@ -227,6 +230,7 @@ int main(int argc, char** argv) {
   out["max_ms"] = Percentile(ms, 1.0);
   out["steps_per_second"] = steps / run_seconds;
   out["controller_cpu_ms_per_step"] = steps ? (cpu1 - cpu0) / steps : 0;
+  wb::bench::AddMachineInfo(&out);
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);
 
