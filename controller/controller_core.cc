@@ -266,7 +266,7 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
     has_plan_ = false;
     return s;
   }
-  if (std::string failed = FailedCalls(LoadPlans(built->agent_plans, endpoints, deadline));
+  if (std::string failed = FailedCalls(LoadPlans(&built->agent_plans, endpoints, deadline));
       !failed.empty()) {
     has_plan_ = false;
     return absl::UnavailableError(absl::StrCat("loading the plan failed: ", failed));
@@ -333,17 +333,20 @@ absl::Status ControllerCore::IntroduceSenders(const BuiltPlan& built,
 }
 
 std::vector<CallResult<v1::LoadPlanResponse>> ControllerCore::LoadPlans(
-    std::map<std::string, v1::AgentPlan> plans, const std::map<std::string, std::string>& endpoints,
-    Clock::time_point deadline) {
+    std::map<std::string, v1::AgentPlan>* plans,
+    const std::map<std::string, std::string>& endpoints, Clock::time_point deadline) {
   std::vector<CallTarget<v1::LoadPlanRequest>> targets;
-  for (auto& [agent, plan] : plans) {
+  targets.reserve(plans->size());
+  for (auto& [agent, plan] : *plans) {
     CallTarget<v1::LoadPlanRequest> t{agent, Endpoint(endpoints, agent), {}};
-    *t.request.mutable_plan() = std::move(plan);
+    t.request.mutable_plan()->Swap(&plan);
     targets.push_back(std::move(t));
   }
-  return CallAll<v1::LoadPlanRequest, v1::LoadPlanResponse>(
+  auto results = CallAll<v1::LoadPlanRequest, v1::LoadPlanResponse>(
       &channels_, targets, Until(deadline, std::chrono::milliseconds(30000)),
       [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncLoadPlan(c, q, cq); });
+  for (auto& t : targets) (*plans)[t.agent].Swap(t.request.mutable_plan());
+  return results;
 }
 
 absl::Status ControllerCore::LoadDeltaReceivers(BuiltPlan* built,
@@ -371,7 +374,7 @@ absl::Status ControllerCore::LoadDeltaReceivers(BuiltPlan* built,
     half.set_delta_receive(true);
     *half.mutable_delta() = settings;
   }
-  const auto results = LoadPlans(std::move(halves), endpoints, deadline);
+  const auto results = LoadPlans(&halves, endpoints, deadline);
   for (const auto& r : results) {
     if (!r.status.ok()) continue;
     for (const auto& slot : r.response.delta_slots()) {
