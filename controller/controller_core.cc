@@ -25,7 +25,10 @@ bool WorldComplete(const std::vector<AgentRecord>& agents, const v1::ExpectedWor
       lost.push_back(a.info.name());
       continue;
     }
+    const v1::Owner* last = nullptr;
     for (const auto& t : a.layout->tensors()) {
+      if (last && SameOwner(*last, t.owner())) continue;  // 10^6 tensors, a few owners
+      last = &t.owner();
       if (t.owner().role() == v1::ROLE_TRAINER) trainers.insert(t.owner().rank());
       if (t.owner().role() == v1::ROLE_INFERENCE) {
         inference.insert({t.owner().replica(), t.owner().rank()});
