@@ -25,7 +25,10 @@ bool WorldComplete(const std::vector<AgentRecord>& agents, const v1::ExpectedWor
       lost.push_back(a.info.name());
       continue;
     }
+    const v1::Owner* last = nullptr;
     for (const auto& t : a.layout->tensors()) {
+      if (last && SameOwner(*last, t.owner())) continue;  // 10^6 tensors, a few owners
+      last = &t.owner();
       if (t.owner().role() == v1::ROLE_TRAINER) trainers.insert(t.owner().rank());
       if (t.owner().role() == v1::ROLE_INFERENCE) {
         inference.insert({t.owner().replica(), t.owner().rank()});
@@ -266,7 +269,7 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
     has_plan_ = false;
     return s;
   }
-  if (std::string failed = FailedCalls(LoadPlans(built->agent_plans, endpoints, deadline));
+  if (std::string failed = FailedCalls(LoadPlans(&built->agent_plans, endpoints, deadline));
       !failed.empty()) {
     has_plan_ = false;
     return absl::UnavailableError(absl::StrCat("loading the plan failed: ", failed));
@@ -325,23 +328,28 @@ absl::Status ControllerCore::IntroduceSenders(const BuiltPlan& built,
   }
   const std::string failed = FailedCalls(CallAll<v1::IntroduceRequest, v1::IntroduceResponse>(
       &channels_, targets, Until(deadline, std::chrono::milliseconds(10000)),
-      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Introduce(c, q, r, d); }));
+      [](auto* s, auto* c, const auto& q, auto* cq) {
+        return s->PrepareAsyncIntroduce(c, q, cq);
+      }));
   if (failed.empty()) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat("introducing senders to receivers failed: ", failed));
 }
 
 std::vector<CallResult<v1::LoadPlanResponse>> ControllerCore::LoadPlans(
-    std::map<std::string, v1::AgentPlan> plans, const std::map<std::string, std::string>& endpoints,
-    Clock::time_point deadline) {
+    std::map<std::string, v1::AgentPlan>* plans,
+    const std::map<std::string, std::string>& endpoints, Clock::time_point deadline) {
   std::vector<CallTarget<v1::LoadPlanRequest>> targets;
-  for (auto& [agent, plan] : plans) {
+  targets.reserve(plans->size());
+  for (auto& [agent, plan] : *plans) {
     CallTarget<v1::LoadPlanRequest> t{agent, Endpoint(endpoints, agent), {}};
-    *t.request.mutable_plan() = std::move(plan);
+    t.request.mutable_plan()->Swap(&plan);
     targets.push_back(std::move(t));
   }
-  return CallAll<v1::LoadPlanRequest, v1::LoadPlanResponse>(
+  auto results = CallAll<v1::LoadPlanRequest, v1::LoadPlanResponse>(
       &channels_, targets, Until(deadline, std::chrono::milliseconds(30000)),
-      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->LoadPlan(c, q, r, d); });
+      [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncLoadPlan(c, q, cq); });
+  for (auto& t : targets) (*plans)[t.agent].Swap(t.request.mutable_plan());
+  return results;
 }
 
 absl::Status ControllerCore::LoadDeltaReceivers(BuiltPlan* built,
@@ -369,7 +377,7 @@ absl::Status ControllerCore::LoadDeltaReceivers(BuiltPlan* built,
     half.set_delta_receive(true);
     *half.mutable_delta() = settings;
   }
-  const auto results = LoadPlans(std::move(halves), endpoints, deadline);
+  const auto results = LoadPlans(&halves, endpoints, deadline);
   for (const auto& r : results) {
     if (!r.status.ok()) continue;
     for (const auto& slot : r.response.delta_slots()) {
@@ -400,7 +408,7 @@ std::set<std::string> ControllerCore::RefreshLayouts(Clock::time_point deadline)
   }
   auto results = CallAll<v1::DescribeRequest, v1::DescribeResponse>(
       &channels_, targets, Until(deadline, std::chrono::milliseconds(60000)),
-      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Describe(c, q, r, d); });
+      [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncDescribe(c, q, cq); });
   std::set<std::string> silent;
   for (auto& r : results) {
     if (!r.status.ok()) {

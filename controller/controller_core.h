@@ -105,9 +105,10 @@ class ControllerCore {
                                 uint64_t plan_id,
                                 const std::map<std::string, std::string>& endpoints,
                                 std::chrono::steady_clock::time_point deadline);
-  // Loads each agent's plan (Agent.LoadPlan, in parallel) and returns every answer.
+  // Loads each agent's plan (Agent.LoadPlan, in parallel) and returns every answer. The plans
+  // travel in the requests and are put back afterwards: a plan of 10^6 ops is never copied.
   std::vector<CallResult<weightbeam::v1::LoadPlanResponse>> LoadPlans(
-      std::map<std::string, weightbeam::v1::AgentPlan> plans,
+      std::map<std::string, weightbeam::v1::AgentPlan>* plans,
       const std::map<std::string, std::string>& endpoints,
       std::chrono::steady_clock::time_point deadline);
   // Asks every alive agent for its current layout (Describe) and records changes; returns the

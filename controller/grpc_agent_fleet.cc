@@ -23,35 +23,35 @@ std::vector<CallResult<v1::BeginResponse>> GrpcAgentFleet::Begin(
     const std::vector<AgentCall<v1::BeginRequest>>& calls, std::chrono::milliseconds timeout) {
   return CallAll<v1::BeginRequest, v1::BeginResponse>(
       channels_, Targets(calls, false), timeout,
-      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Begin(c, q, r, d); });
+      [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncBegin(c, q, cq); });
 }
 
 std::vector<CallResult<v1::ExecuteResponse>> GrpcAgentFleet::Execute(
     const std::vector<AgentCall<v1::ExecuteRequest>>& calls, std::chrono::milliseconds timeout) {
   return CallAll<v1::ExecuteRequest, v1::ExecuteResponse>(
       channels_, Targets(calls, false), timeout,
-      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Execute(c, q, r, d); });
+      [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncExecute(c, q, cq); });
 }
 
 std::vector<CallResult<v1::CommitResponse>> GrpcAgentFleet::Commit(
     const std::vector<AgentCall<v1::CommitRequest>>& calls, std::chrono::milliseconds timeout) {
   return CallAll<v1::CommitRequest, v1::CommitResponse>(
       channels_, Targets(calls, false), timeout,
-      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Commit(c, q, r, d); });
+      [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncCommit(c, q, cq); });
 }
 
 std::vector<CallResult<v1::HealthResponse>> GrpcAgentFleet::Health(
     const std::vector<AgentCall<v1::HealthRequest>>& calls, std::chrono::milliseconds timeout) {
   return CallAll<v1::HealthRequest, v1::HealthResponse>(
       channels_, Targets(calls, false), timeout,
-      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Health(c, q, r, d); });
+      [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncHealth(c, q, cq); });
 }
 
 std::vector<CallResult<v1::AbortResponse>> GrpcAgentFleet::Abort(
     const std::vector<AgentCall<v1::AbortRequest>>& calls, std::chrono::milliseconds timeout) {
   return CallAll<v1::AbortRequest, v1::AbortResponse>(
       channels_, Targets(calls, true), timeout,
-      [](auto* s, auto* c, auto* q, auto* r, auto d) { s->async()->Abort(c, q, r, d); });
+      [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncAbort(c, q, cq); });
 }
 
 }  // namespace wb::controller

@@ -12,6 +12,7 @@
 #include "common/metrics/http_exporter.h"
 #include "common/process/daemon_lifecycle.h"
 #include "common/process/logging.h"
+#include "common/process/mutex_mode.h"
 #include "config/config.h"
 #include "controller/agent_plans.h"
 #include "controller/controller_core.h"
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
   }
   // Signals are taken by one thread with sigwait; block them before any thread starts.
   wb::TerminationSignals signals;
+  wb::UseFastMutexes();
 
   // A random epoch tells agents that this is a new incarnation: they register again.
   const uint64_t epoch = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);

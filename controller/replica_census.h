@@ -21,6 +21,9 @@ struct ReplicaView {
   bool complete = false;              // every rank 0..ranks_per_replica-1 on an alive agent
 };
 
+// Same role, replica and rank: layout walks look at a run of one process's tensors once.
+bool SameOwner(const weightbeam::v1::Owner& a, const weightbeam::v1::Owner& b);
+
 // Every inference replica named by a tensor in `agents`' layouts (lost agents' last layouts
 // too). `ranks_per_replica` 0: a replica is complete when its ranks are 0..max without a gap.
 std::map<int, ReplicaView> CensusReplicas(const std::vector<AgentRecord>& agents,

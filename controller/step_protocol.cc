@@ -335,17 +335,22 @@ std::map<std::string, std::string> StepProtocol::UnreachableReceivers(
 
 std::map<std::string, std::string> StepProtocol::CommitOnReceivers(
     const StepSpec& spec, const std::vector<std::string>& receivers, v1::StepResult* result) {
+  // Each sender's hashes go to their destination: one pass over all of them, not one per
+  // receiver (that made a commit O(senders x receivers)).
+  std::map<std::string, std::vector<const v1::OpHash*>> hashes_for;
+  for (const auto& report : result->agents()) {
+    for (const auto& h : report.hashes()) hashes_for[h.dst_agent()].push_back(&h);
+  }
   std::vector<AgentCall<v1::CommitRequest>> calls;
+  calls.reserve(receivers.size());
   for (const auto& a : receivers) {
     AgentCall<v1::CommitRequest> c{a, {}};
     c.request.set_version(spec.version);
     c.request.set_step_nonce(spec.nonce);
     c.request.set_step_id(spec.step_id);
     if (spec.delta && !spec.anchor) c.request.set_delta_base_version(spec.delta_base_version);
-    for (const auto& report : result->agents()) {
-      for (const auto& h : report.hashes()) {
-        if (h.dst_agent() == a) *c.request.add_expected_hashes() = h;
-      }
+    if (auto it = hashes_for.find(a); it != hashes_for.end()) {
+      for (const v1::OpHash* h : it->second) *c.request.add_expected_hashes() = *h;
     }
     calls.push_back(std::move(c));
   }

@@ -7,6 +7,7 @@
 
 #include "common/process/daemon_lifecycle.h"
 #include "common/process/logging.h"
+#include "common/process/mutex_mode.h"
 #include "config/config.h"
 #include "daemon/service/agent_node.h"
 
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
 
   // Signals are taken by one thread with sigwait; block them before any thread starts.
   wb::TerminationSignals signals;
+  wb::UseFastMutexes();
 
   wb::service::AgentNode node(config);
   if (auto s = node.Start(); !s.ok()) {

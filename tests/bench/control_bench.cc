@@ -3,6 +3,7 @@
 // trainer nodes and half inference nodes, each pair sharing one tiny BF16 tensor. Plans once,
 // then times ControllerClient::Step (call -> commit reply) over many steps and prints one JSON
 // line with the latency percentiles and the controller's CPU time per step (/proc/PID/stat).
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -22,8 +23,10 @@
 #include "client/weightbeam/controller_client.h"
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
+#include "common/process/mutex_mode.h"
 #include "config/config.h"
 #include "daemon/service/agent_node.h"
+#include "tests/bench/machine_info.h"
 #include "tests/support/process.h"
 
 namespace v1 = weightbeam::v1;
@@ -33,8 +36,13 @@ namespace {
 
 constexpr int64_t kElems = 2048;  // 4 KiB of BF16 per tensor
 
+// The wb-controller this run started: a failed run must not leave it behind (exit skips the
+// destructors that stop it).
+pid_t g_controller_pid = -1;
+
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "control_bench: %s\n", what.c_str());
+  if (g_controller_pid > 0) kill(g_controller_pid, SIGKILL);
   std::exit(1);
 }
 
@@ -83,8 +91,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"inproc", "process"}));
   app.add_option("--bin-dir", bin_dir, "where controller/wb-controller and daemon/wb-agent are");
   app.add_option("--log-level", log_level, "controller and agent log level");
+  std::string controller_log_level;
+  app.add_option("--controller-log-level", controller_log_level,
+                 "the controller's log level (default: --log-level), e.g. info to see why it "
+                 "planned again");
   app.add_option("--heartbeat-ms", heartbeat_ms, "agents' heartbeat interval");
   CLI11_PARSE(app, argc, argv);
+  wb::UseFastMutexes();  // as the daemons do: the in-process agents are daemons
   if (agents < 2 || agents % 2 != 0) Die("--agents must be even and at least 2");
   const int pairs = agents / 2;
   RaiseFileLimit();
@@ -94,7 +107,8 @@ int main(int argc, char** argv) {
   const int controller_port = wb::testing::FreePort();
   const std::string controller_address = "127.0.0.1:" + std::to_string(controller_port);
   std::ofstream(dir + "/controller.yaml")
-      << "listen: " << controller_address << "\nlog_level: " << log_level
+      << "listen: " << controller_address
+      << "\nlog_level: " << (controller_log_level.empty() ? log_level : controller_log_level)
       << "\nheartbeat_timeout_ms: " << heartbeat_timeout_ms
       << "\nstep_timeout_ms: 20000\nworld:\n  trainer_ranks: " << pairs
       << "\n  inference_replicas: " << pairs << "\n  inference_ranks_per_replica: 1\n";
@@ -102,6 +116,7 @@ int main(int argc, char** argv) {
       std::vector<std::string>{bin_dir + "/controller/wb-controller", "--config",
                                dir + "/controller.yaml"},
       dir + "/controller.log");
+  g_controller_pid = controller->pid();
   if (!wb::testing::WaitUntil([&] { return wb::testing::PortAccepts(controller_port); },
                               std::chrono::seconds(15))) {
     Die("wb-controller did not listen on " + controller_address + "; see " + dir +
@@ -227,6 +242,7 @@ int main(int argc, char** argv) {
   out["max_ms"] = Percentile(ms, 1.0);
   out["steps_per_second"] = steps / run_seconds;
   out["controller_cpu_ms_per_step"] = steps ? (cpu1 - cpu0) / steps : 0;
+  wb::bench::AddMachineInfo(&out);
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);
 
@@ -235,6 +251,7 @@ int main(int argc, char** argv) {
   nodes.clear();
   processes.clear();
   controller.reset();
+  g_controller_pid = -1;
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);  // configs, sockets and logs
   return 0;

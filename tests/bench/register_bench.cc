@@ -17,6 +17,7 @@
 #include "client/weightbeam/controller_client.h"
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
+#include "tests/bench/machine_info.h"
 #include "tests/support/cluster.h"
 #include "tests/support/process.h"
 
@@ -160,6 +161,7 @@ int main(int argc, char** argv) {
   j["step_seconds"] = step_s;
   j["trainer_agent_peak_rss_mib"] = PeakRssMiB(cluster.agent("trainer-node")->pid());
   j["inference_agent_peak_rss_mib"] = PeakRssMiB(cluster.agent("inference-node")->pid());
+  wb::bench::AddMachineInfo(&j);
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
