@@ -34,7 +34,7 @@ class FakeAgent final : public v1::Agent::Service {
     release_.WaitForNotificationWithTimeout(absl::FromChrono(delay_));
     if (!error_.ok()) return error_;
     resp->set_serving(true);
-    resp->set_state(name_);
+    resp->add_problems(name_);  // echoes who answered
     return grpc::Status::OK;
   }
   void Release() {
@@ -47,6 +47,9 @@ class FakeAgent final : public v1::Agent::Service {
   const grpc::Status error_;
   absl::Notification release_;
 };
+
+// Which fake agent answered: each puts its own name in the reply.
+std::string Who(const v1::HealthResponse& r) { return r.problems_size() == 1 ? r.problems(0) : ""; }
 
 struct RunningAgent {
   std::unique_ptr<FakeAgent> service;
@@ -98,11 +101,11 @@ TEST_CASE("answers come back in target order, whatever order the agents answer i
     INFO("target " << i);
     CHECK(results[i].agent == targets[i].agent);
     CHECK(results[i].status.ok());
-    CHECK(results[i].response.state() == targets[i].agent);  // this agent's own answer
+    CHECK(Who(results[i].response) == targets[i].agent);  // this agent's own answer
   }
   // The same channels serve a second fan-out (stubs are reused, not rebuilt).
   const auto again = HealthAll(&channels, targets, std::chrono::milliseconds(10000));
-  for (size_t i = 0; i < again.size(); ++i) CHECK(again[i].response.state() == targets[i].agent);
+  for (size_t i = 0; i < again.size(); ++i) CHECK(Who(again[i].response) == targets[i].agent);
   StopAll(&agents);
 }
 
@@ -123,12 +126,12 @@ TEST_CASE("a failing agent and an absent one fail alone, with their own error") 
   const auto results = HealthAll(&channels, targets, std::chrono::milliseconds(5000));
   REQUIRE(results.size() == 4);
   CHECK(results[0].status.ok());
-  CHECK(results[0].response.state() == "ok-0");
+  CHECK(Who(results[0].response) == "ok-0");
   CHECK(results[1].status.error_code() == grpc::StatusCode::INTERNAL);
   CHECK(results[1].status.error_message() == "disk on fire");
   CHECK(results[2].status.error_code() == grpc::StatusCode::UNAVAILABLE);
   CHECK(results[3].status.ok());
-  CHECK(results[3].response.state() == "ok-1");
+  CHECK(Who(results[3].response) == "ok-1");
   CHECK(FailedCalls(results) ==
         "agent broken: disk on fire; agent gone: " + results[2].status.error_message());
   StopAll(&agents);
@@ -152,10 +155,10 @@ TEST_CASE("a stalled agent ends at the deadline and does not hold up the others"
   CHECK(took < std::chrono::seconds(30));
   REQUIRE(results.size() == 3);
   CHECK(results[0].status.ok());
-  CHECK(results[0].response.state() == "quick-0");
+  CHECK(Who(results[0].response) == "quick-0");
   CHECK(results[1].status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
   CHECK(results[2].status.ok());
-  CHECK(results[2].response.state() == "quick-1");
+  CHECK(Who(results[2].response) == "quick-1");
   StopAll(&agents);
 }
 
