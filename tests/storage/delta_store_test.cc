@@ -115,6 +115,13 @@ struct Fixture {
   }
   // The trainer ranks' buffers, as a publisher takes them.
   std::vector<ShardBuffer> Sources() { return {t0.Buffer(1, 0), t1.Buffer(2, 1)}; }
+  // Publishes `version`, which `sub` then commits (alone) and lands.
+  PublishResult PublishLands(DeltaPublisher& pub, DeltaSubscriber& sub, uint32_t version) {
+    PublishResult r = Publish(pub, version);
+    REQUIRE(Poll(sub).committed == std::vector<uint64_t>{version});
+    CHECK(Landed());
+    return r;
+  }
   PollResult Poll(DeltaSubscriber& sub) {
     return sub.Poll({i0.Buffer(11, 0), i1.Buffer(12, 1)}, hooks);
   }
@@ -164,9 +171,7 @@ TEST_CASE("an anchor then sparse deltas land bit for bit in differently sharded 
   CHECK(file->Find("w.values")->dtype == "BF16");
 
   // Version 5 is an anchor again (every 4 versions).
-  CHECK(f.Publish(pub, 5).anchor);
-  CHECK(f.Poll(sub).committed == std::vector<uint64_t>{5});
-  CHECK(f.Landed());
+  CHECK(f.PublishLands(pub, sub, 5).anchor);
   CHECK(sub.held_version() == 5);
 
   auto stale = pub.Publish(5, f.Sources());
@@ -179,17 +184,14 @@ TEST_CASE("an anchor then sparse deltas land bit for bit in differently sharded 
   auto old = again.Publish(3, f.Sources());
   REQUIRE_FALSE(old.ok());
   CHECK(old.status().message() == "version 3 is not newer than the last published version 5");
-  CHECK(f.Publish(again, 6).anchor);
-  CHECK(f.Poll(sub).committed == std::vector<uint64_t>{6});
-  CHECK(f.Landed());
+  CHECK(f.PublishLands(again, sub, 6).anchor);
 }
 
 TEST_CASE("a delta on another base is refused; the next anchor recovers", "[store]") {
   Fixture f;
   DeltaPublisher pub(f.Options(3));
   DeltaSubscriber sub(f.Options(3));
-  f.Publish(pub, 1);
-  REQUIRE(f.Poll(sub).committed == std::vector<uint64_t>{1});
+  f.PublishLands(pub, sub, 1);
   f.Publish(pub, 2);
   f.Publish(pub, 3);
   // Version 2 never arrives (its manifest is lost): version 3 builds on a base we lack.
@@ -204,17 +206,14 @@ TEST_CASE("a delta on another base is refused; the next anchor recovers", "[stor
   CHECK(f.i0.data == before);          // nothing written
   CHECK(f.Poll(sub).refused.empty());  // not retried
 
-  CHECK(f.Publish(pub, 4).anchor);
-  CHECK(f.Poll(sub).committed == std::vector<uint64_t>{4});
-  CHECK(f.Landed());
+  CHECK(f.PublishLands(pub, sub, 4).anchor);
 }
 
 TEST_CASE("corrupt and truncated files are refused before anything is written", "[store]") {
   Fixture f;
   DeltaPublisher pub(f.Options(3));
   DeltaSubscriber sub(f.Options(3));
-  f.Publish(pub, 1);
-  REQUIRE(f.Poll(sub).committed == std::vector<uint64_t>{1});
+  f.PublishLands(pub, sub, 1);
   const std::vector<uint16_t> at1 = f.i1.data;
 
   SECTION("a flipped byte fails the checksum") {
@@ -254,9 +253,7 @@ TEST_CASE("corrupt and truncated files are refused before anything is written", 
         "version 3 refused: writer 'trainer-node' wrote a delta on version 2 but this agent holds "
         "version 1; waiting for the next anchor");
   CHECK(f.Poll(sub).refused.empty());  // said once
-  CHECK(f.Publish(pub, 4).anchor);
-  CHECK(f.Poll(sub).committed == std::vector<uint64_t>{4});
-  CHECK(f.Landed());
+  CHECK(f.PublishLands(pub, sub, 4).anchor);
 }
 
 TEST_CASE("incomplete versions are not applied", "[store]") {
