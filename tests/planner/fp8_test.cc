@@ -23,8 +23,7 @@ TEST_CASE("FP8: each trainer's 128-row slice becomes one op with its row of bloc
   auto agents = LayoutBuilder()
                     .Src("t0", 0, "W", {256, 384}, {{0, 128}, {0, 384}})
                     .Src("t1", 1, "W", {256, 384}, {{128, 128}, {0, 384}})
-                    .Dst("i0", 0, 0, "W", {256, 384}, {}, DTYPE_F8_E4M3)
-                    .Dst("i0", 0, 0, "W_scale_inv", {2, 3}, {}, DTYPE_F32)
+                    .Fp8Dst("i0", 0, 0, "W", {256, 384})
                     .Build();
   auto plan = PlanIt(agents);
   INFO((plan.ok() ? "" : std::string(plan.status().message())));
@@ -55,10 +54,8 @@ TEST_CASE("FP8 with a row-parallel destination: strided rows, scales at the shar
   auto agents = LayoutBuilder()
                     .Src("t0", 0, "W", {256, 384}, {{0, 128}, {0, 384}})
                     .Src("t1", 1, "W", {256, 384}, {{128, 128}, {0, 384}})
-                    .Dst("i0", 0, 0, "W", {256, 384}, {{0, 256}, {0, 128}}, DTYPE_F8_E4M3, 0)
-                    .Dst("i0", 0, 0, "W_scale_inv", {2, 3}, {{0, 2}, {0, 1}}, DTYPE_F32, 0)
-                    .Dst("i0", 0, 1, "W", {256, 384}, {{0, 256}, {128, 256}}, DTYPE_F8_E4M3, 1)
-                    .Dst("i0", 0, 1, "W_scale_inv", {2, 3}, {{0, 2}, {1, 2}}, DTYPE_F32, 1)
+                    .Fp8Dst("i0", 0, 0, "W", {256, 384}, {{0, 256}, {0, 128}}, 0)
+                    .Fp8Dst("i0", 0, 1, "W", {256, 384}, {{0, 256}, {128, 256}}, 1)
                     .Build();
   auto plan = PlanIt(agents);
   INFO((plan.ok() ? "" : std::string(plan.status().message())));
@@ -84,8 +81,7 @@ TEST_CASE("FP8: source shards that split a 128-row block are rejected, naming th
   auto agents = LayoutBuilder()
                     .Src("t0", 0, "W", {256, 256}, {{0, 100}, {0, 256}})
                     .Src("t1", 1, "W", {256, 256}, {{100, 156}, {0, 256}})
-                    .Dst("i0", 0, 0, "W", {256, 256}, {}, DTYPE_F8_E4M3)
-                    .Dst("i0", 0, 0, "W_scale_inv", {2, 2}, {}, DTYPE_F32)
+                    .Fp8Dst("i0", 0, 0, "W", {256, 256})
                     .Build();
   auto plan = PlanIt(agents);
   REQUIRE_FALSE(plan.ok());
@@ -100,10 +96,8 @@ TEST_CASE("FP8: source shards that split a 128-row block are rejected, naming th
 TEST_CASE("FP8: destination shards must be cut at multiples of 128") {
   auto agents = LayoutBuilder()
                     .Src("t0", 0, "W", {256, 256})
-                    .Dst("i0", 0, 0, "W", {256, 256}, {{0, 64}, {0, 256}}, DTYPE_F8_E4M3, 0)
-                    .Dst("i0", 0, 0, "W_scale_inv", {2, 2}, {{0, 1}, {0, 2}}, DTYPE_F32, 0)
-                    .Dst("i0", 0, 1, "W", {256, 256}, {{64, 192}, {0, 256}}, DTYPE_F8_E4M3, 1)
-                    .Dst("i0", 0, 1, "W_scale_inv", {2, 2}, {{0, 2}, {0, 2}}, DTYPE_F32, 1)
+                    .Fp8Dst("i0", 0, 0, "W", {256, 256}, {{0, 64}, {0, 256}}, 0)
+                    .Fp8Dst("i0", 0, 1, "W", {256, 256}, {{64, 192}, {0, 256}}, 1)
                     .Build();
   auto plan = PlanIt(agents);
   REQUIRE_FALSE(plan.ok());
@@ -139,8 +133,7 @@ TEST_CASE("FP8 fused destination: a part boundary inside a block is rejected") {
                     .Src("t0", 0, "l.q_proj.weight", {100, 128})
                     .Src("t0", 0, "l.k_proj.weight", {78, 128})
                     .Src("t0", 0, "l.v_proj.weight", {78, 128})
-                    .Dst("i0", 0, 0, "l.qkv_proj.weight", {256, 128}, {}, DTYPE_F8_E4M3)
-                    .Dst("i0", 0, 0, "l.qkv_proj.weight_scale_inv", {2, 1}, {}, DTYPE_F32)
+                    .Fp8Dst("i0", 0, 0, "l.qkv_proj.weight", {256, 128})
                     .Build();
   auto plan = PlanIt(agents);
   REQUIRE_FALSE(plan.ok());
