@@ -16,10 +16,8 @@ TEST_CASE("FP8: each trainer's 128-row slice becomes one op with its row of bloc
                     .Src("t1", 1, "W", {256, 384}, {{128, 128}, {0, 384}})
                     .Fp8Dst("i0", 0, 0, "W", {256, 384})
                     .Build();
-  auto plan = PlanFused(agents);
-  INFO((plan.ok() ? "" : std::string(plan.status().message())));
-  REQUIRE(plan.ok());
-  auto ops = AllOps(agents, *plan);
+  const Plan plan = MustPlanFused(agents);
+  auto ops = AllOps(agents, plan);
   REQUIRE(ops.size() == 2);
   for (int k = 0; k < 2; ++k) {
     const PlannedOp& op = ops[k].second;
@@ -37,7 +35,7 @@ TEST_CASE("FP8: each trainer's 128-row slice becomes one op with its row of bloc
     CHECK(op.scale_stride == 3 * 4);
     CHECK(op.DstBytes() == 128 * 384 + 3 * 4);
   }
-  CHECK(plan->stats.total_bytes == 256 * 384 + 2 * 3 * 4);
+  CHECK(plan.stats.total_bytes == 256 * 384 + 2 * 3 * 4);
 }
 
 TEST_CASE("FP8 with a row-parallel destination: strided rows, scales at the shard's blocks") {
@@ -48,11 +46,9 @@ TEST_CASE("FP8 with a row-parallel destination: strided rows, scales at the shar
                     .Fp8Dst("i0", 0, 0, "W", {256, 384}, {{0, 256}, {0, 128}}, 0)
                     .Fp8Dst("i0", 0, 1, "W", {256, 384}, {{0, 256}, {128, 256}}, 1)
                     .Build();
-  auto plan = PlanFused(agents);
-  INFO((plan.ok() ? "" : std::string(plan.status().message())));
-  REQUIRE(plan.ok());
+  const Plan plan = MustPlanFused(agents);
   int checked = 0;
-  for (const auto& [agent, op] : AllOps(agents, *plan)) {
+  for (const auto& [agent, op] : AllOps(agents, plan)) {
     if (agents[op.dst_agent].tensors[op.dst_tensor].owner.rank != 1) continue;
     const int k = agent == "t0" ? 0 : 1;
     CHECK(op.rows == 128);
