@@ -129,15 +129,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
-}  // namespace
-
-absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std::string& source) {
-  auto node = ParseYaml(yaml, source);
-  if (!node.ok()) return node.status();
-  ReadContext ctx{source, {}};
-  AgentConfig c;
-  c.source = source;
-  YamlReader r(*node, "", &ctx);
+// The agent's keys (docs/configuration.md).
+void ReadAgent(YamlReader& r, AgentConfig& c) {
   r.ReadString("name", &c.name);
   r.ReadEnum("log_level", kLogLevels, &c.log_level);
   r.ReadString("local_socket", &c.local_socket);
@@ -223,17 +216,10 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std:
     d.RejectUnknownKeys();
   }
   r.RejectUnknownKeys();
-  return Finish(ctx, std::move(c));
 }
 
-absl::StatusOr<ControllerConfig> ParseControllerConfig(const std::string& yaml,
-                                                       const std::string& source) {
-  auto node = ParseYaml(yaml, source);
-  if (!node.ok()) return node.status();
-  ReadContext ctx{source, {}};
-  ControllerConfig c;
-  c.source = source;
-  YamlReader r(*node, "", &ctx);
+// The controller's keys (docs/configuration.md).
+void ReadController(YamlReader& r, ControllerConfig& c) {
   r.ReadEnum("log_level", kLogLevels, &c.log_level);
   r.ReadString("listen", &c.listen);
   CheckHostPort(r, "listen", c.listen);
@@ -268,7 +254,32 @@ absl::StatusOr<ControllerConfig> ParseControllerConfig(const std::string& yaml,
 
   ReadTls(r.Child("tls"), &c.tls);
   r.RejectUnknownKeys();
+}
+
+// Parses `yaml` (named `source` in messages) and reads it into a T with `read`; every error
+// `read` finds is reported, all at once.
+template <typename T>
+absl::StatusOr<T> ParseWith(const std::string& yaml, const std::string& source,
+                            void (*read)(YamlReader&, T&)) {
+  auto node = ParseYaml(yaml, source);
+  if (!node.ok()) return node.status();
+  ReadContext ctx{source, {}};
+  T c;
+  c.source = source;
+  YamlReader r(*node, "", &ctx);
+  read(r, c);
   return Finish(ctx, std::move(c));
+}
+
+}  // namespace
+
+absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std::string& source) {
+  return ParseWith(yaml, source, ReadAgent);
+}
+
+absl::StatusOr<ControllerConfig> ParseControllerConfig(const std::string& yaml,
+                                                       const std::string& source) {
+  return ParseWith(yaml, source, ReadController);
 }
 
 absl::StatusOr<AgentConfig> LoadAgentConfig(const std::string& path) {

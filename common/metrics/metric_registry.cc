@@ -106,16 +106,18 @@ void Registry::Add(Entry entry) {
   entries_.push_back(std::move(entry));
 }
 
-Family<Counter>& Registry::AddCounter(const std::string& name, const std::string& help,
-                                      std::vector<std::string> label_names) {
-  std::shared_ptr<Family<Counter>> family(new Family<Counter>(
-      name, help, std::move(label_names), [] { return std::make_unique<Counter>(); }));
-  Family<Counter>* f = family.get();
-  Add({"counter", name, help,
-       [f](std::string* out) {
+template <typename T>
+Family<T>& Registry::AddScalar(const char* type, const std::string& name, const std::string& help,
+                               std::vector<std::string> label_names,
+                               std::string (*format)(const T&)) {
+  std::shared_ptr<Family<T>> family(
+      new Family<T>(name, help, std::move(label_names), [] { return std::make_unique<T>(); }));
+  Family<T>* f = family.get();
+  Add({type, name, help,
+       [f, format](std::string* out) {
          absl::MutexLock lock(&f->mu_);
-         for (const auto& [values, c] : f->children_) {
-           absl::StrAppend(out, f->name_, LabelText(f->label_names_, values), " ", c->value(),
+         for (const auto& [values, child] : f->children_) {
+           absl::StrAppend(out, f->name_, LabelText(f->label_names_, values), " ", format(*child),
                            "\n");
          }
        },
@@ -123,21 +125,16 @@ Family<Counter>& Registry::AddCounter(const std::string& name, const std::string
   return *f;
 }
 
+Family<Counter>& Registry::AddCounter(const std::string& name, const std::string& help,
+                                      std::vector<std::string> label_names) {
+  return AddScalar<Counter>("counter", name, help, std::move(label_names),
+                            [](const Counter& c) { return absl::StrCat(c.value()); });
+}
+
 Family<Gauge>& Registry::AddGauge(const std::string& name, const std::string& help,
                                   std::vector<std::string> label_names) {
-  std::shared_ptr<Family<Gauge>> family(new Family<Gauge>(
-      name, help, std::move(label_names), [] { return std::make_unique<Gauge>(); }));
-  Family<Gauge>* f = family.get();
-  Add({"gauge", name, help,
-       [f](std::string* out) {
-         absl::MutexLock lock(&f->mu_);
-         for (const auto& [values, g] : f->children_) {
-           absl::StrAppend(out, f->name_, LabelText(f->label_names_, values), " ",
-                           FormatValue(g->value()), "\n");
-         }
-       },
-       family});
-  return *f;
+  return AddScalar<Gauge>("gauge", name, help, std::move(label_names),
+                          [](const Gauge& g) { return FormatValue(g.value()); });
 }
 
 Family<Histogram>& Registry::AddHistogram(const std::string& name, const std::string& help,

@@ -121,6 +121,12 @@ class Registry {
   std::string Render() const;
 
  private:
+  // A family of one-number children (counters, gauges) of Prometheus `type`: one
+  // "name{labels} value" line per child, the value written by `format`.
+  template <typename T>
+  Family<T>& AddScalar(const char* type, const std::string& name, const std::string& help,
+                       std::vector<std::string> label_names, std::string (*format)(const T&));
+
   struct Entry {
     std::string type;  // "counter", "gauge", "histogram"
     std::string name;

@@ -49,6 +49,14 @@ struct CombineProgress {
     return {a.count + b.count, a.last_plus1 > b.last_plus1 ? a.last_plus1 : b.last_plus1};
   }
 };
+
+// Shared memory for a block that scans, then (after a barrier) reduces.
+template <typename Scan, typename Reduce>
+union ScanOrReduce {
+  typename Scan::TempStorage scan;
+  typename Reduce::TempStorage reduce;
+};
+
 struct MaxOp {
   __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a > b ? a : b; }
 };
@@ -131,10 +139,7 @@ __global__ void __launch_bounds__(g::kThreads)
                TileSummary* tiles) {
   using Scan = cub::BlockScan<uint64_t, g::kThreads>;
   using Reduce = cub::BlockReduce<uint64_t, g::kThreads>;
-  __shared__ union {
-    typename Scan::TempStorage scan;
-    typename Reduce::TempStorage reduce;
-  } tmp;
+  __shared__ ScanOrReduce<Scan, Reduce> tmp;
   const uint64_t unit0 = blockIdx.x * g::kUnitsPerTile + threadIdx.x * g::kUnitsPerThread;
   uint32_t masks[g::kUnitsPerThread];
   uint4 values[g::kUnitsPerThread];
@@ -173,10 +178,7 @@ __global__ void __launch_bounds__(g::kScanThreads)
     ScanTiles(const TileSummary* tiles, uint64_t n, TileScan* scans, Totals* totals) {
   using Scan = cub::BlockScan<Progress, g::kScanThreads>;
   using Reduce = cub::BlockReduce<uint64_t, g::kScanThreads>;
-  __shared__ union {
-    typename Scan::TempStorage scan;
-    typename Reduce::TempStorage reduce;
-  } tmp;
+  __shared__ ScanOrReduce<Scan, Reduce> tmp;
   const uint64_t per = (n + g::kScanThreads - 1) / g::kScanThreads;  // TilesPerScanThread
   const uint64_t begin = min(n, threadIdx.x * per);
   const uint64_t end = min(n, begin + per);

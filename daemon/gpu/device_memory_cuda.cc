@@ -14,6 +14,12 @@ absl::Status CudaError(cudaError_t err, const std::string& what) {
       absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
 }
 
+// The status of a copy of `bytes` bytes (`what`: its direction) that returned `err`.
+absl::Status CopyStatus(cudaError_t err, const char* what, size_t bytes) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return CudaError(err, absl::StrCat(what, " copy of ", bytes, " bytes"));
+}
+
 }  // namespace
 
 absl::Status CudaAvailable() {
@@ -81,39 +87,27 @@ void DeviceBuffer::Reset() {
 }
 
 absl::Status CopyHostToDevice(void* device_dst, const void* host_src, size_t bytes) {
-  if (cudaError_t err = cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice);
-      err != cudaSuccess) {
-    return CudaError(err, absl::StrCat("host -> device copy of ", bytes, " bytes"));
-  }
-  return absl::OkStatus();
+  return CopyStatus(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice),
+                    "host -> device", bytes);
 }
 
 absl::Status CopyDeviceToHost(void* host_dst, const void* device_src, size_t bytes) {
-  if (cudaError_t err = cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost);
-      err != cudaSuccess) {
-    return CudaError(err, absl::StrCat("device -> host copy of ", bytes, " bytes"));
-  }
-  return absl::OkStatus();
+  return CopyStatus(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost),
+                    "device -> host", bytes);
 }
 
 absl::Status CopyHostToDeviceAsync(void* device_dst, const void* host_src, size_t bytes,
                                    void* stream) {
-  if (cudaError_t err = cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
-                                        static_cast<cudaStream_t>(stream));
-      err != cudaSuccess) {
-    return CudaError(err, absl::StrCat("async host -> device copy of ", bytes, " bytes"));
-  }
-  return absl::OkStatus();
+  return CopyStatus(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
+                                    static_cast<cudaStream_t>(stream)),
+                    "async host -> device", bytes);
 }
 
 absl::Status CopyDeviceToHostAsync(void* host_dst, const void* device_src, size_t bytes,
                                    void* stream) {
-  if (cudaError_t err = cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost,
-                                        static_cast<cudaStream_t>(stream));
-      err != cudaSuccess) {
-    return CudaError(err, absl::StrCat("async device -> host copy of ", bytes, " bytes"));
-  }
-  return absl::OkStatus();
+  return CopyStatus(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost,
+                                    static_cast<cudaStream_t>(stream)),
+                    "async device -> host", bytes);
 }
 
 absl::Status SynchronizeStream(void* stream) {

@@ -19,25 +19,22 @@ constexpr float kFp8E4M3Max = 448.0f;
 constexpr uint8_t kFp8E4M3MaxBits = 0x7e;
 constexpr uint8_t kFp8E4M3NanBits = 0x7f;
 
-WB_HOST_DEVICE uint32_t FloatToBits(float f) {
+// f32 <-> its bits: CUDA's intrinsics on the device; on the host memcpy, the portable bit cast
+// (compiled to a register move).
 #if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
+WB_HOST_DEVICE uint32_t FloatToBits(float f) { return __float_as_uint(f); }
+WB_HOST_DEVICE float BitsToFloat(uint32_t u) { return __uint_as_float(u); }
 #else
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-#endif
+template <typename To, typename From>
+WB_HOST_DEVICE To BitCast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the size");
+  To to;
+  std::memcpy(&to, &from, sizeof(to));
+  return to;
 }
-
-WB_HOST_DEVICE float BitsToFloat(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
+WB_HOST_DEVICE uint32_t FloatToBits(float f) { return BitCast<uint32_t>(f); }
+WB_HOST_DEVICE float BitsToFloat(uint32_t u) { return BitCast<float>(u); }
 #endif
-}
 
 // bf16 is the top half of an f32: widening is exact.
 WB_HOST_DEVICE float Bf16ToF32(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
@@ -73,39 +70,52 @@ WB_HOST_DEVICE float AddRn(float a, float b) {
 #endif
 }
 
-// Round-to-nearest-even; overflow goes to +-Inf (IEEE: everything >= 65520 becomes Inf);
-// NaN stays a quiet NaN with its sign; results below the f16 normal range become subnormals.
+// Formats narrower than f32 that F32ToNarrow rounds into: mantissa bits and exponent bias, the
+// |f| bits from which on a value overflows and its code there, the NaN code (and the mask of the
+// f32 mantissa's top bits it keeps), and where the sign bit goes.
+// f16: IEEE, everything >= 65520 becomes Inf; NaN stays a quiet NaN with its payload's top bits.
+struct F16Format {
+  static constexpr int kMant = 10, kBias = 15, kSignShift = 16;
+  static constexpr uint32_t kOverflowFrom = 0x477ff000u, kOverflowBits = 0x7c00u;
+  static constexpr uint32_t kNanBits = 0x7e00u, kNanPayload = 0x1ffu;
+};
+// e4m3fn, saturating: |x| >= 448 (Inf included) -> 448; NaN -> 0x7f.
+struct Fp8E4M3SatFormat {
+  static constexpr int kMant = 3, kBias = 7, kSignShift = 24;
+  static constexpr uint32_t kOverflowFrom = 0x43e00000u, kOverflowBits = kFp8E4M3MaxBits;
+  static constexpr uint32_t kNanBits = kFp8E4M3NanBits, kNanPayload = 0;
+};
+
+// Round-to-nearest-even into Format, subnormals included; the sign is kept (-0 too).
+// Normal range: drop mantissa bits with round-to-nearest-even, rebias the exponent. Below the
+// smallest normal, 2^(1 - kBias): |f| + 2^(24 - kBias - kMant) has an ulp of the format's
+// subnormal step, so the float addition rounds |f| to the nearest even multiple of that step
+// (the smallest normal itself comes out as the first normal code).
 // Branch-free (selects only) so that CPU loops vectorise.
-WB_HOST_DEVICE uint16_t F32ToF16(float f) {
+template <typename Format>
+WB_HOST_DEVICE uint32_t F32ToNarrow(float f) {
+  constexpr int kDrop = 23 - Format::kMant;
+  constexpr uint32_t kMinNormalBits = static_cast<uint32_t>(128 - Format::kBias) << 23;
+  constexpr uint32_t kSubAddBits = static_cast<uint32_t>(151 - Format::kBias - Format::kMant) << 23;
   const uint32_t u = FloatToBits(f);
-  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t sign = (u >> Format::kSignShift) & (0x80000000u >> Format::kSignShift);
   const uint32_t a = u & 0x7fffffffu;
-  // f16 normal range: drop 13 mantissa bits with round-to-nearest-even, rebias by 112.
-  const uint32_t normal = ((a + 0xfffu + ((a >> 13) & 1u)) >> 13) - (112u << 10);
-  // Below 2^-14: |f| + 0.5 has an ulp of 2^-24, so the float addition rounds |f| to the
-  // nearest even multiple of 2^-24 (the f16 subnormal step); 2^-14 itself comes out as 0x400.
-  const uint32_t sub = FloatToBits(AddRn(BitsToFloat(a), 0.5f)) - 0x3f000000u;
-  uint32_t r = a < 0x38800000u ? sub : normal;
-  r = a >= 0x477ff000u ? 0x7c00u : r;                          // >= 65520: Inf
-  r = a > 0x7f800000u ? (0x7e00u | ((a >> 13) & 0x1ffu)) : r;  // NaN
-  return static_cast<uint16_t>(sign | r);
+  const uint32_t normal = ((a + ((1u << (kDrop - 1)) - 1u) + ((a >> kDrop) & 1u)) >> kDrop) -
+                          (static_cast<uint32_t>(127 - Format::kBias) << Format::kMant);
+  const uint32_t sub = FloatToBits(AddRn(BitsToFloat(a), BitsToFloat(kSubAddBits))) - kSubAddBits;
+  uint32_t r = a < kMinNormalBits ? sub : normal;
+  r = a >= Format::kOverflowFrom ? Format::kOverflowBits : r;
+  r = a > 0x7f800000u ? (Format::kNanBits | ((a >> kDrop) & Format::kNanPayload)) : r;
+  return sign | r;
 }
 
-// e4m3fn with saturation: round-to-nearest-even, |x| >= 448 (Inf included) -> +-448 (0x7e/0xfe),
-// NaN -> 0x7f with the sign bit of the input, -0 -> 0x80. Branch-free so CPU loops vectorise.
+WB_HOST_DEVICE uint16_t F32ToF16(float f) {
+  return static_cast<uint16_t>(F32ToNarrow<F16Format>(f));
+}
+
+// -0 -> 0x80; NaN -> 0x7f with the sign bit of the input.
 WB_HOST_DEVICE uint8_t F32ToFp8E4M3Sat(float f) {
-  const uint32_t u = FloatToBits(f);
-  const uint32_t sign = (u >> 24) & 0x80u;
-  const uint32_t a = u & 0x7fffffffu;
-  // e4m3 normal range (>= 2^-6): keep 3 mantissa bits, round to nearest even, rebias by 120.
-  const uint32_t normal = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
-  // Below 2^-6: |f| + 2^14 has an ulp of 2^-9, so the float addition rounds |f| to the nearest
-  // even multiple of 2^-9 (the e4m3 subnormal step); 2^-6 itself comes out as 0x08.
-  const uint32_t sub = FloatToBits(AddRn(BitsToFloat(a), 16384.0f)) - 0x46800000u;
-  uint32_t r = a < 0x3c800000u ? sub : normal;
-  r = a >= 0x43e00000u ? kFp8E4M3MaxBits : r;  // >= 448 and Inf saturate
-  r = a > 0x7f800000u ? kFp8E4M3NanBits : r;
-  return static_cast<uint8_t>(sign | r);
+  return static_cast<uint8_t>(F32ToNarrow<Fp8E4M3SatFormat>(f));
 }
 
 // Exact: every e4m3fn value is an f32. Branch-free.

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +49,35 @@ std::vector<int> Skipped(const v1::StepResult& r) {
   std::vector<int> out;
   for (const auto& s : r.skipped_replicas()) out.push_back(s.replica());
   return out;
+}
+
+// Runs `spec` with the floor lowered to one replica; the step must commit to replica 0 alone,
+// replica 1 dropped.
+v1::StepResult RunDroppingReplica1(FakeAgentFleet* fleet, StepSpec spec) {
+  spec.min_replicas = 1;
+  StepProtocol protocol(fleet);
+  v1::StepResult result;
+  const absl::Status s = protocol.Run(spec, &result);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  CHECK(Committed(result) == std::vector<int>{0});
+  REQUIRE(Skipped(result) == std::vector<int>{1});
+  return result;
+}
+
+// Runs step `version` on a thread and aborts it (for `reason`) once each of `agents` received
+// `phase`, then calls `after_abort`; returns the step's status.
+absl::Status RunAbortedDuring(
+    StepProtocol* protocol, FakeAgentFleet* fleet, uint64_t version, const Strings& agents,
+    Phase phase, const std::string& reason, const std::function<void()>& after_abort = [] {}) {
+  v1::StepResult result;
+  absl::Status s;
+  std::thread step([&] { s = protocol->Run(Spec(version), &result); });
+  for (const auto& a : agents) REQUIRE(fleet->WaitFor(a, phase));
+  protocol->AbortInFlight(reason);
+  after_abort();
+  step.join();
+  return s;
 }
 
 v1::AgentStepReport Report(bool ok, uint64_t bytes, uint64_t dense, const std::string& error = "") {
@@ -291,13 +321,8 @@ TEST_CASE("an abort from another thread reaches every agent of the step in fligh
       cancelled.report = Report(false, 0, 0, "step cancelled: " + reason);
       fleet.Script(a, Phase::kExecute, cancelled);
     }
-    v1::StepResult result;
-    absl::Status s;
-    std::thread step([&] { s = protocol.Run(Spec(13), &result); });
-    REQUIRE(fleet.WaitFor("s0", Phase::kExecute));
-    REQUIRE(fleet.WaitFor("s1", Phase::kExecute));
-    protocol.AbortInFlight(reason);
-    step.join();
+    const absl::Status s =
+        RunAbortedDuring(&protocol, &fleet, 13, kSenders, Phase::kExecute, reason);
     CHECK(std::string(s.message()) ==
           "agent s0: step cancelled: " + reason + "; agent s1: step cancelled: " + reason);
     for (const auto& a : kEveryone) CHECK_FALSE(fleet.Received(a, Phase::kCommit));
@@ -318,14 +343,8 @@ TEST_CASE("an abort from another thread reaches every agent of the step in fligh
                  : grpc::Status::OK;
     };
     fleet.Script("r1", Phase::kCommit, racing);
-    v1::StepResult result;
-    absl::Status s;
-    std::thread step([&] { s = protocol.Run(Spec(14), &result); });
-    REQUIRE(fleet.WaitFor("r0", Phase::kCommit));
-    REQUIRE(fleet.WaitFor("r1", Phase::kCommit));
-    protocol.AbortInFlight(reason);
-    release.Notify();
-    step.join();
+    const absl::Status s = RunAbortedDuring(&protocol, &fleet, 14, kReceivers, Phase::kCommit,
+                                            reason, [&release] { release.Notify(); });
     CHECK_THAT(std::string(s.message()),
                Catch::Contains("agent r1: commit failed: version 14 was aborted"));
     // r1 hears the in-flight abort, then its own (dropped from the step).
@@ -352,13 +371,7 @@ TEST_CASE("an abort from another thread reaches every agent of the step in fligh
 TEST_CASE("a replica failing begin is dropped: its agents abort, the others commit") {
   FakeAgentFleet fleet;
   fleet.Script("r1", Phase::kBegin, Failing(grpc::StatusCode::UNAVAILABLE, "connection refused"));
-  StepProtocol protocol(&fleet);
-  StepSpec spec = Spec(20);
-  spec.min_replicas = 1;
-  v1::StepResult result;
-  REQUIRE(protocol.Run(spec, &result).ok());
-  CHECK(Committed(result) == std::vector<int>{0});
-  REQUIRE(Skipped(result) == std::vector<int>{1});
+  const v1::StepResult result = RunDroppingReplica1(&fleet, Spec(20));
   CHECK(result.skipped_replicas(0).agents(0) == "r1");
   CHECK(result.skipped_replicas(0).reason() == "agent r1: begin failed: connection refused");
   CHECK(fleet.Events("r1") == Strings{"begin 20", "abort 20"});
@@ -381,18 +394,11 @@ TEST_CASE(
   first.on_call = [&fleet] { fleet.Script("s0", Phase::kExecute, Reply{}); };
   fleet.Script("s0", Phase::kExecute, first);
   fleet.Script("r1", Phase::kHealth, Failing(grpc::StatusCode::UNAVAILABLE, "connection refused"));
-  StepProtocol protocol(&fleet);
   StepSpec spec = Spec(21);
-  spec.min_replicas = 1;
   spec.delta = delta;
   spec.nonce = delta ? 77 : 0;
   spec.delta_base_version = delta ? 20 : 0;
-  v1::StepResult result;
-  const absl::Status s = protocol.Run(spec, &result);
-  INFO(s.message());
-  REQUIRE(s.ok());
-  CHECK(Committed(result) == std::vector<int>{0});
-  REQUIRE(Skipped(result) == std::vector<int>{1});
+  const v1::StepResult result = RunDroppingReplica1(&fleet, spec);
   CHECK_THAT(result.skipped_replicas(0).reason(),
              Catch::Contains("agent r1: unreachable during execute: connection refused"));
   const auto attempts = fleet.ExecuteRequestsOf("s0");
@@ -433,28 +439,17 @@ TEST_CASE("a sender failure that no receiver explains fails the step, with no se
 TEST_CASE("a commit failing on one replica drops it; the step commits to the others") {
   FakeAgentFleet fleet;
   fleet.Script("r1", Phase::kCommit, Failing(grpc::StatusCode::UNAVAILABLE, "Socket closed"));
-  StepProtocol protocol(&fleet);
-  StepSpec spec = Spec(23);
-  spec.min_replicas = 1;
-  v1::StepResult result;
-  REQUIRE(protocol.Run(spec, &result).ok());
-  CHECK(Committed(result) == std::vector<int>{0});
-  CHECK(Skipped(result) == std::vector<int>{1});
+  RunDroppingReplica1(&fleet, Spec(23));
   CHECK(fleet.Events("r1") == Strings{"begin 23", "commit 23", "abort 23"});
 }
 
 TEST_CASE("a replica spread over two agents is dropped whole when one of them fails") {
   FakeAgentFleet fleet;
   fleet.Script("r2", Phase::kBegin, Failing(grpc::StatusCode::UNAVAILABLE, "connection refused"));
-  StepProtocol protocol(&fleet);
   StepSpec spec = Spec(24);
   spec.receivers = {"r0", "r1", "r2"};
   spec.replicas = {{0, {"r0"}}, {1, {"r1", "r2"}}};
-  spec.min_replicas = 1;
-  v1::StepResult result;
-  REQUIRE(protocol.Run(spec, &result).ok());
-  CHECK(Committed(result) == std::vector<int>{0});
-  REQUIRE(Skipped(result) == std::vector<int>{1});
+  const v1::StepResult result = RunDroppingReplica1(&fleet, spec);
   CHECK(result.skipped_replicas(0).agents_size() == 2);
   // r1 began fine but its replica is gone: aborted, never committed.
   CHECK(fleet.Events("r1") == Strings{"begin 24", "abort 24"});

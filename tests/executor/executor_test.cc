@@ -307,14 +307,16 @@ TEST_CASE("a staging lease holds its bytes against the watermark until it goes a
   CHECK(pool.peak_in_flight() == 8192);
 }
 
-TEST_CASE("an injected transport failure aborts the step naming the operation") {
-  Fixture f("local", 1 << 20);
-  auto src = f.Register(Reg("w_src", v1::DTYPE_BF16, 8, 8), v1::ROLE_TRAINER);
+// One bf16 8x8 copy, op `op_id`, of trainer tensor `name` to the same name on "far-node"
+// (its region 99), which is reached through `peer`: registered and loaded on `f`.
+void LoadCopyTo(Fixture* f, std::shared_ptr<transport::Peer> peer, const std::string& name = "w",
+                uint64_t op_id = 1) {
+  auto src = f->Register(Reg(name, v1::DTYPE_BF16, 8, 8), v1::ROLE_TRAINER);
   v1::TransferOp op;
-  op.set_op_id(41);
+  op.set_op_id(op_id);
   op.set_dst_agent("far-node");
-  op.set_src_tensor("layers.3.mlp.down_proj.weight");
-  op.set_dst_tensor("layers.3.mlp.down_proj.weight");
+  op.set_src_tensor(name);
+  op.set_dst_tensor(name);
   op.set_src_region(src.region().region_id());
   op.set_dst_region(99);
   op.set_rows(8);
@@ -323,10 +325,15 @@ TEST_CASE("an injected transport failure aborts the step naming the operation") 
   op.set_dst_dtype(v1::DTYPE_BF16);
   op.set_transform(v1::TRANSFORM_COPY);
   executor::Route route;
-  route.peer = std::make_shared<FailingPeer>();
-  route.transport = f.by_name["local"];
+  route.peer = std::move(peer);
+  route.transport = f->by_name["local"];
   route.remote_regions[99] = 1;
-  f.exec->Load({op}, {{"far-node", route}});
+  f->exec->Load({op}, {{"far-node", route}});
+}
+
+TEST_CASE("an injected transport failure aborts the step naming the operation") {
+  Fixture f("local", 1 << 20);
+  LoadCopyTo(&f, std::make_shared<FailingPeer>(), "layers.3.mlp.down_proj.weight", 41);
   auto report = f.exec->Execute(5, std::chrono::seconds(10));
   CHECK_FALSE(report.ok());
   CHECK_THAT(report.error(), Catch::Contains("op 41 (layers.3.mlp.down_proj.weight -> "
@@ -380,31 +387,10 @@ class StepPeer : public transport::Peer {
   int abandoned_ = 0;
 };
 
-v1::TransferOp CopyOpTo(const v1::TensorLayout& src) {
-  v1::TransferOp op;
-  op.set_op_id(1);
-  op.set_dst_agent("far-node");
-  op.set_src_tensor("w");
-  op.set_dst_tensor("w");
-  op.set_src_region(src.region().region_id());
-  op.set_dst_region(99);
-  op.set_rows(8);
-  op.set_row_elems(8);
-  op.set_src_dtype(v1::DTYPE_BF16);
-  op.set_dst_dtype(v1::DTYPE_BF16);
-  op.set_transform(v1::TRANSFORM_COPY);
-  return op;
-}
-
 TEST_CASE("every write carries its step; aborts name the step they are for") {
   Fixture f("local", 1 << 20);
-  auto src = f.Register(Reg("w", v1::DTYPE_BF16, 8, 8), v1::ROLE_TRAINER);
-  auto peer = std::make_shared<StepPeer>(false);
-  executor::Route route;
-  route.peer = peer;
-  route.transport = f.by_name["local"];
-  route.remote_regions[99] = 1;
-  f.exec->Load({CopyOpTo(src)}, {{"far-node", route}});
+  auto peer = std::make_shared<StepPeer>(/*hold=*/false);
+  LoadCopyTo(&f, peer);
   const auto t = std::chrono::seconds(10);
 
   auto report = f.exec->Execute(1, t, {}, {}, 111);
@@ -430,13 +416,8 @@ TEST_CASE("every write carries its step; aborts name the step they are for") {
 
 TEST_CASE("batches outstanding at the deadline are abandoned, not left queued") {
   Fixture f("local", 1 << 20);
-  auto src = f.Register(Reg("w", v1::DTYPE_BF16, 8, 8), v1::ROLE_TRAINER);
-  auto peer = std::make_shared<StepPeer>(true);
-  executor::Route route;
-  route.peer = peer;
-  route.transport = f.by_name["local"];
-  route.remote_regions[99] = 1;
-  f.exec->Load({CopyOpTo(src)}, {{"far-node", route}});
+  auto peer = std::make_shared<StepPeer>(/*hold=*/true);
+  LoadCopyTo(&f, peer);
   auto report = f.exec->Execute(1, std::chrono::milliseconds(300), {}, {}, 7);
   CHECK_FALSE(report.ok());
   CHECK_THAT(report.error(), Catch::Contains("slow peer"));

@@ -56,21 +56,27 @@ ABSL_LIBS=(-labsl_statusor -labsl_status -labsl_cord -labsl_cordz_info -labsl_co
   -labsl_cordz_functions -labsl_cord_internal -labsl_str_format_internal -labsl_strings
   -labsl_strings_internal -labsl_int128 -labsl_throw_delegate -labsl_raw_logging_internal)
 
-declare -A SOURCES=(
-  [frame]="tests/fuzz/frame_fuzz.cc daemon/transport/tcp/frame.cc daemon/transport/region_table.cc"
-  [config]="tests/fuzz/config_fuzz.cc config/config.cc config/yaml_reader.cc common/planner/name_rules.cc"
-  [registration]="tests/fuzz/registration_fuzz.cc common/tensor/tensor_checks.cc common/tensor/dtype.cc $out/gen/weightbeam/v1/types.pb.cc $out/gen/weightbeam/v1/local.pb.cc"
-  [plan_op]="tests/fuzz/plan_op_fuzz.cc daemon/executor/op_bounds.cc common/tensor/tensor_checks.cc common/tensor/dtype.cc $out/gen/weightbeam/v1/types.pb.cc"
-  [manifest]="tests/fuzz/manifest_fuzz.cc daemon/storage/store_layout.cc daemon/storage/manifest_mac.cc daemon/storage/safetensors.cc"
-)
-declare -A LIBS=(
-  [frame]="${ABSL_LIBS[*]}"
-  [config]="-lyaml-cpp ${ABSL_LIBS[*]}"
-  [registration]="-lprotobuf ${ABSL_LIBS[*]}"
-  [plan_op]="-lprotobuf ${ABSL_LIBS[*]}"
-  [manifest]="-lcrypto ${ABSL_LIBS[*]}"
-)
-declare -A MAX_LEN=([frame]=128 [config]=4096 [registration]=512 [plan_op]=256 [manifest]=2048)
+# Each fuzz target in one line: its name, libFuzzer's -max_len, the libraries beyond absl it
+# links, and its sources.
+declare -A SOURCES LIBS MAX_LEN
+fuzz_target() {
+  local name="$1"
+  MAX_LEN[$name]="$2"
+  LIBS[$name]="$3 ${ABSL_LIBS[*]}"
+  shift 3
+  SOURCES[$name]="$*"
+}
+fuzz_target frame 128 "" tests/fuzz/frame_fuzz.cc daemon/transport/tcp/frame.cc \
+  daemon/transport/region_table.cc
+fuzz_target config 4096 -lyaml-cpp tests/fuzz/config_fuzz.cc config/config.cc \
+  config/yaml_reader.cc common/planner/name_rules.cc
+fuzz_target registration 512 -lprotobuf tests/fuzz/registration_fuzz.cc \
+  common/tensor/tensor_checks.cc common/tensor/dtype.cc "$out/gen/weightbeam/v1/types.pb.cc" \
+  "$out/gen/weightbeam/v1/local.pb.cc"
+fuzz_target plan_op 256 -lprotobuf tests/fuzz/plan_op_fuzz.cc daemon/executor/op_bounds.cc \
+  common/tensor/tensor_checks.cc common/tensor/dtype.cc "$out/gen/weightbeam/v1/types.pb.cc"
+fuzz_target manifest 2048 -lcrypto tests/fuzz/manifest_fuzz.cc daemon/storage/store_layout.cc \
+  daemon/storage/manifest_mac.cc daemon/storage/safetensors.cc
 
 # Recompiles a source when it, a project header, this script or the ignorelist is newer.
 compile() {

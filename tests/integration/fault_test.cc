@@ -141,28 +141,42 @@ ControllerClient ConnectAndPlan(const Cluster& cluster) {
   return ctl;
 }
 
+// ConnectAndPlan, then fills `trainer` for version 1, which must commit: `inference` then holds
+// the same bytes.
+ControllerClient FirstStepCommits(const Cluster& cluster, const SharedBuffer& trainer,
+                                  const SharedBuffer& inference) {
+  ControllerClient ctl = ConnectAndPlan(cluster);
+  Fill(trainer, 1);
+  wb::testing::RequireCommitted(ctl.Step(1));
+  REQUIRE(SameBytes(trainer, inference));
+  return ctl;
+}
+
+// Runs step `version` with a 15 s timeout and CHECKs that it was decided in under 5 s (from
+// membership or the plan, not by waiting the timeout out); returns its status.
+absl::Status StepDecidedFast(ControllerClient& ctl, uint64_t version) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto step = ctl.Step(version, std::chrono::seconds(15));
+  CHECK(SecondsSince(t0) < 5);
+  return step.status();
+}
+
 }  // namespace
 
 TEST_CASE("a frozen agent is reported lost by name; after SIGCONT the next step commits") {
   Cluster cluster(wb::testing::Runfile(""), {});
   Side trainer = Side::Open(cluster.socket("trainer-node"), v1::ROLE_TRAINER);
   Side inference = Side::Open(cluster.socket("inference-node"), v1::ROLE_INFERENCE);
-  ControllerClient ctl = ConnectAndPlan(cluster);
-  Fill(trainer.buffer, 1);
-  wb::testing::RequireCommitted(ctl.Step(1));
-  REQUIRE(SameBytes(trainer.buffer, inference.buffer));
+  ControllerClient ctl = FirstStepCommits(cluster, trainer.buffer, inference.buffer);
 
   cluster.KillAgent("inference-node", SIGSTOP);
   // Past the 1500 ms heartbeat timeout.
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   Fill(trainer.buffer, 2);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto step = ctl.Step(2, std::chrono::seconds(15));
-  const double seconds = SecondsSince(t0);
+  const absl::Status step = StepDecidedFast(ctl, 2);  // from membership
   cluster.KillAgent("inference-node", SIGCONT);
   REQUIRE_FALSE(step.ok());
-  CHECK_THAT(Message(step.status()), Catch::Contains("inference-node") && Catch::Contains("lost"));
-  CHECK(seconds < 5);  // decided from membership, not by waiting out the 15 s step timeout
+  CHECK_THAT(Message(step), Catch::Contains("inference-node") && Catch::Contains("lost"));
 
   CommitsAgain(ctl, trainer.buffer, inference.buffer, 3);
 }
@@ -172,17 +186,14 @@ TEST_CASE("a trainer process killed loses its source; the next step cannot plan;
   // The trainer's buffer is made here so the test can compare bytes; the child registers it.
   ChildSide source = RegisterInChild(cluster.socket("trainer-node"), v1::ROLE_TRAINER, "src", 1);
   Side inference = Side::Open(cluster.socket("inference-node"), v1::ROLE_INFERENCE);
-  ControllerClient ctl = ConnectAndPlan(cluster);
-  wb::testing::RequireCommitted(ctl.Step(1));
-  REQUIRE(SameBytes(source.buffer, inference.buffer));
+  ControllerClient ctl =
+      FirstStepCommits(cluster, source.buffer, inference.buffer);  // the child filled the same
 
   KillAndAwaitWithdrawal(source.pid, ctl, "trainer-node");
-  const auto t0 = std::chrono::steady_clock::now();
-  auto lost = ctl.Step(2, std::chrono::seconds(15));
-  CHECK(SecondsSince(t0) < 5);
+  const absl::Status lost = StepDecidedFast(ctl, 2);
   REQUIRE_FALSE(lost.ok());
-  CHECK_THAT(Message(lost.status()), Catch::Contains("cannot plan"));
-  CHECK_THAT(Message(lost.status()), Catch::Contains("missing: trainer rank 0"));
+  CHECK_THAT(Message(lost),
+             Catch::Contains("cannot plan") && Catch::Contains("missing: trainer rank 0"));
 
   Side trainer = Side::Open(cluster.socket("trainer-node"), v1::ROLE_TRAINER);
   CommitsAgain(ctl, trainer.buffer, inference.buffer, 3);
@@ -193,10 +204,8 @@ TEST_CASE("an exited inference process's memory is never written after its regio
   // The destination is mapped here and stays mapped after the registering child dies.
   ChildSide dest = RegisterInChild(cluster.socket("inference-node"), v1::ROLE_INFERENCE, "dst", 0);
   Side trainer = Side::Open(cluster.socket("trainer-node"), v1::ROLE_TRAINER);
-  ControllerClient ctl = ConnectAndPlan(cluster);
-  Fill(trainer.buffer, 1);
-  wb::testing::RequireCommitted(ctl.Step(1));
-  REQUIRE(SameBytes(trainer.buffer, dest.buffer));  // the child's registration was live
+  ControllerClient ctl =
+      FirstStepCommits(cluster, trainer.buffer, dest.buffer);  // the child's registration was live
 
   std::memset(dest.buffer.data(), 0xA5, dest.buffer.size());
   KillAndAwaitWithdrawal(dest.pid, ctl, "inference-node");
@@ -227,32 +236,29 @@ TEST_CASE("malformed registrations and steps are refused by name; the daemons ke
     return bad->Register(TensorInfo{name, v1::DTYPE_BF16, std::move(shape), {}}, *scratch, 0,
                          length);
   };
+  // Registering `name` over `length` bytes is refused with a message that `why` matches.
+  auto refused = [&](const std::string& name, std::vector<int64_t> shape, uint64_t length,
+                     const auto& why) {
+    auto s = reg(name, std::move(shape), length);
+    REQUIRE_FALSE(s.ok());
+    CHECK_THAT(Message(s), why);
+  };
   constexpr int64_t k2p62 = int64_t{1} << 62;
 
   SECTION("2^62 x 2^62 elements") {
-    auto s = reg("huge", {k2p62, k2p62}, 1024);
-    REQUIRE_FALSE(s.ok());
-    CHECK_THAT(Message(s), Catch::Contains("tensor 'huge'") && Catch::Contains("too large"));
+    refused("huge", {k2p62, k2p62}, 1024,
+            Catch::Contains("tensor 'huge'") && Catch::Contains("too large"));
   }
   SECTION("nine dimensions") {
-    auto s = reg("nine", {1, 1, 1, 1, 1, 1, 1, 1, 2}, 4);
-    REQUIRE_FALSE(s.ok());
-    CHECK_THAT(Message(s), Catch::Contains("tensor 'nine': 9 dimensions (at most 8)"));
+    refused("nine", {1, 1, 1, 1, 1, 1, 1, 1, 2}, 4,
+            Catch::Contains("tensor 'nine': 9 dimensions (at most 8)"));
   }
-  SECTION("an empty name") {
-    auto s = reg("", {2}, 4);
-    REQUIRE_FALSE(s.ok());
-    CHECK_THAT(Message(s), Catch::Contains("empty name"));
-  }
+  SECTION("an empty name") { refused("", {2}, 4, Catch::Contains("empty name")); }
   SECTION("a 2000-character name") {
-    auto s = reg(std::string(2000, 'x'), {2}, 4);
-    REQUIRE_FALSE(s.ok());
-    CHECK_THAT(Message(s), Catch::Contains("longer than 1024 characters"));
+    refused(std::string(2000, 'x'), {2}, 4, Catch::Contains("longer than 1024 characters"));
   }
   SECTION("a name that is not UTF-8") {
-    auto s = reg("w\xff\xfe", {2}, 4);
-    REQUIRE_FALSE(s.ok());
-    CHECK_THAT(Message(s), Catch::Contains("tensor name is not valid UTF-8 (bytes 77fffe)"));
+    refused("w\xff\xfe", {2}, 4, Catch::Contains("tensor name is not valid UTF-8 (bytes 77fffe)"));
     // The session is still usable: the agent never saw the bad request.
     CHECK(reg("w", {2}, 4).ok());
     CHECK(reg("w\xc3\xa9.\xe6\x9d\x83\xf0\x9f\x98\x80", {2}, 4).ok());  // é, 权, 😀 are fine

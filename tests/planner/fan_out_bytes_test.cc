@@ -179,47 +179,36 @@ PlanOptions FusedOptions() {
   return o;
 }
 
+// CompareBothWays on the generated layouts of `model` (fusion rules applied).
+void CompareModelBothWays(const ModelSpec& model, const TrainerOptions& tr,
+                          const InferenceOptions& inf) {
+  auto agents = BuildLayouts(model, tr, inf);
+  REQUIRE(agents.ok());
+  CompareBothWays(*agents, FusedOptions());
+}
+
 }  // namespace
 
 TEST_CASE("fan-out: dense Qwen3 with fused qkv / gate_up, BF16 and FP8, same bytes") {
   const bool fp8 = GENERATE(false, true);
   const int trainer_replicas = GENERATE(1, 2);
   Qwen3Config c = Qwen3_0_6B();
-  c.layers = 2;
-  c.vocab = 4096;
+  c.layers = 2, c.vocab = 4096;
   TrainerOptions tr;
-  tr.ranks = 4;
-  tr.replicas = trainer_replicas;
-  tr.gpus_per_agent = 2;
+  tr.ranks = 4, tr.replicas = trainer_replicas, tr.gpus_per_agent = 2;
   InferenceOptions inf;
-  inf.gpus = 6;  // three replicas of TP 2
-  inf.tp = 2;
-  inf.fp8 = fp8;
-  inf.gpus_per_agent = 2;
-  auto agents = BuildLayouts(BuildQwen3("small", c), tr, inf);
-  REQUIRE(agents.ok());
-  CompareBothWays(*agents, FusedOptions());
+  inf.gpus = 6, inf.tp = 2, inf.fp8 = fp8, inf.gpus_per_agent = 2;  // three replicas of TP 2
+  CompareModelBothWays(BuildQwen3("small", c), tr, inf);
 }
 
 TEST_CASE("fan-out: Qwen3-MoE with trainer EP and inference TP 4 / EP 2, FP8, same bytes") {
   Qwen3Config c = Qwen3_0_6B();
-  c.layers = 2;
-  c.vocab = 2048;
-  c.hidden = 512;
-  c.experts = 4;
-  c.moe_intermediate = 384;
+  c.layers = 2, c.vocab = 2048, c.hidden = 512, c.experts = 4, c.moe_intermediate = 384;
   TrainerOptions tr;
-  tr.ranks = 8;
-  tr.ep = 2;
-  tr.gpus_per_agent = 4;
+  tr.ranks = 8, tr.ep = 2, tr.gpus_per_agent = 4;
   InferenceOptions inf;
-  inf.gpus = 8;  // two replicas
-  inf.tp = 4;
-  inf.ep = 2;
-  inf.gpus_per_agent = 4;
-  auto agents = BuildLayouts(BuildQwen3("moe", c), tr, inf);
-  REQUIRE(agents.ok());
-  CompareBothWays(*agents, FusedOptions());
+  inf.gpus = 8, inf.tp = 4, inf.ep = 2, inf.gpus_per_agent = 4;  // two replicas
+  CompareModelBothWays(BuildQwen3("moe", c), tr, inf);
 }
 
 TEST_CASE("fan-out: DeepSeek (MLA, replicated q_a / kv_a) TP 4, FP8, same bytes") {
@@ -229,11 +218,8 @@ TEST_CASE("fan-out: DeepSeek (MLA, replicated q_a / kv_a) TP 4, FP8, same bytes"
   TrainerOptions tr;
   tr.ranks = 8;
   InferenceOptions inf;
-  inf.gpus = 8;
-  inf.tp = 4;
-  auto agents = BuildLayouts(BuildDeepSeekV3("deepseek", c), tr, inf);
-  REQUIRE(agents.ok());
-  CompareBothWays(*agents, FusedOptions());
+  inf.gpus = 8, inf.tp = 4;
+  CompareModelBothWays(BuildDeepSeekV3("deepseek", c), tr, inf);
 }
 
 TEST_CASE("fan-out: vLLM engine views of a DeepSeek-V3 config (stacked experts, FP8), same bytes") {

@@ -4,32 +4,20 @@
 
 #include "common/planner/plan.h"
 #include "tests/planner/layout_builder.h"
+#include "tests/planner/plan_checks.h"
 
 using namespace wb::planner;
 using namespace wb::planner::testing;
-
-namespace {
-
-absl::StatusOr<Plan> PlanIt(const std::vector<AgentLayout>& agents) {
-  PlanOptions options;
-  options.fusions = wb::planner::DefaultFusionRules();
-  return BuildPlan(agents, options);
-}
-
-}  // namespace
 
 TEST_CASE("FP8: each trainer's 128-row slice becomes one op with its row of block scales") {
   // W [256, 384] bf16, trainers hold rows [0,128) and [128,256); destination FP8 + [2, 3] scales.
   auto agents = LayoutBuilder()
                     .Src("t0", 0, "W", {256, 384}, {{0, 128}, {0, 384}})
                     .Src("t1", 1, "W", {256, 384}, {{128, 128}, {0, 384}})
-                    .Dst("i0", 0, 0, "W", {256, 384}, {}, DTYPE_F8_E4M3)
-                    .Dst("i0", 0, 0, "W_scale_inv", {2, 3}, {}, DTYPE_F32)
+                    .Fp8Dst("i0", 0, 0, "W", {256, 384})
                     .Build();
-  auto plan = PlanIt(agents);
-  INFO((plan.ok() ? "" : std::string(plan.status().message())));
-  REQUIRE(plan.ok());
-  auto ops = AllOps(agents, *plan);
+  const Plan plan = MustPlanFused(agents);
+  auto ops = AllOps(agents, plan);
   REQUIRE(ops.size() == 2);
   for (int k = 0; k < 2; ++k) {
     const PlannedOp& op = ops[k].second;
@@ -47,7 +35,7 @@ TEST_CASE("FP8: each trainer's 128-row slice becomes one op with its row of bloc
     CHECK(op.scale_stride == 3 * 4);
     CHECK(op.DstBytes() == 128 * 384 + 3 * 4);
   }
-  CHECK(plan->stats.total_bytes == 256 * 384 + 2 * 3 * 4);
+  CHECK(plan.stats.total_bytes == 256 * 384 + 2 * 3 * 4);
 }
 
 TEST_CASE("FP8 with a row-parallel destination: strided rows, scales at the shard's blocks") {
@@ -55,16 +43,12 @@ TEST_CASE("FP8 with a row-parallel destination: strided rows, scales at the shar
   auto agents = LayoutBuilder()
                     .Src("t0", 0, "W", {256, 384}, {{0, 128}, {0, 384}})
                     .Src("t1", 1, "W", {256, 384}, {{128, 128}, {0, 384}})
-                    .Dst("i0", 0, 0, "W", {256, 384}, {{0, 256}, {0, 128}}, DTYPE_F8_E4M3, 0)
-                    .Dst("i0", 0, 0, "W_scale_inv", {2, 3}, {{0, 2}, {0, 1}}, DTYPE_F32, 0)
-                    .Dst("i0", 0, 1, "W", {256, 384}, {{0, 256}, {128, 256}}, DTYPE_F8_E4M3, 1)
-                    .Dst("i0", 0, 1, "W_scale_inv", {2, 3}, {{0, 2}, {1, 2}}, DTYPE_F32, 1)
+                    .Fp8Dst("i0", 0, 0, "W", {256, 384}, {{0, 256}, {0, 128}}, 0)
+                    .Fp8Dst("i0", 0, 1, "W", {256, 384}, {{0, 256}, {128, 256}}, 1)
                     .Build();
-  auto plan = PlanIt(agents);
-  INFO((plan.ok() ? "" : std::string(plan.status().message())));
-  REQUIRE(plan.ok());
+  const Plan plan = MustPlanFused(agents);
   int checked = 0;
-  for (const auto& [agent, op] : AllOps(agents, *plan)) {
+  for (const auto& [agent, op] : AllOps(agents, plan)) {
     if (agents[op.dst_agent].tensors[op.dst_tensor].owner.rank != 1) continue;
     const int k = agent == "t0" ? 0 : 1;
     CHECK(op.rows == 128);
@@ -84,12 +68,9 @@ TEST_CASE("FP8: source shards that split a 128-row block are rejected, naming th
   auto agents = LayoutBuilder()
                     .Src("t0", 0, "W", {256, 256}, {{0, 100}, {0, 256}})
                     .Src("t1", 1, "W", {256, 256}, {{100, 156}, {0, 256}})
-                    .Dst("i0", 0, 0, "W", {256, 256}, {}, DTYPE_F8_E4M3)
-                    .Dst("i0", 0, 0, "W_scale_inv", {2, 2}, {}, DTYPE_F32)
+                    .Fp8Dst("i0", 0, 0, "W", {256, 256})
                     .Build();
-  auto plan = PlanIt(agents);
-  REQUIRE_FALSE(plan.ok());
-  CHECK(plan.status().message() ==
+  CHECK(Rejection(agents) ==
         "plan rejected: 1 problem:\n"
         "- FP8 destination W (inference replica 0 rank 0 on agent i0): source W held by trainer "
         "rank 0 on agent t0 as [0:100, 0:256] gives rows [0, 100) of the destination, splitting "
@@ -100,14 +81,10 @@ TEST_CASE("FP8: source shards that split a 128-row block are rejected, naming th
 TEST_CASE("FP8: destination shards must be cut at multiples of 128") {
   auto agents = LayoutBuilder()
                     .Src("t0", 0, "W", {256, 256})
-                    .Dst("i0", 0, 0, "W", {256, 256}, {{0, 64}, {0, 256}}, DTYPE_F8_E4M3, 0)
-                    .Dst("i0", 0, 0, "W_scale_inv", {2, 2}, {{0, 1}, {0, 2}}, DTYPE_F32, 0)
-                    .Dst("i0", 0, 1, "W", {256, 256}, {{64, 192}, {0, 256}}, DTYPE_F8_E4M3, 1)
-                    .Dst("i0", 0, 1, "W_scale_inv", {2, 2}, {{0, 2}, {0, 2}}, DTYPE_F32, 1)
+                    .Fp8Dst("i0", 0, 0, "W", {256, 256}, {{0, 64}, {0, 256}}, 0)
+                    .Fp8Dst("i0", 0, 1, "W", {256, 256}, {{64, 192}, {0, 256}}, 1)
                     .Build();
-  auto plan = PlanIt(agents);
-  REQUIRE_FALSE(plan.ok());
-  CHECK(plan.status().message() ==
+  CHECK(Rejection(agents) ==
         "plan rejected: 2 problems:\n"
         "- shards of W_scale_inv overlap among inference replica 0: inference replica 0 rank 0 "
         "on agent i0 holds [0:1, 0:2] and inference replica 0 rank 1 on agent i0 holds [0:2, "
@@ -125,9 +102,7 @@ TEST_CASE("FP8: a scale shard that does not match its weight shard's blocks is r
                     .Dst("i0", 0, 1, "W", {256, 256}, {{128, 128}, {0, 256}}, DTYPE_F8_E4M3, 1)
                     .Dst("i0", 0, 1, "W_scale_inv", {2, 2}, {{0, 1}, {0, 2}}, DTYPE_F32, 1)
                     .Build();
-  auto plan = PlanIt(agents);
-  REQUIRE_FALSE(plan.ok());
-  CHECK(plan.status().message() ==
+  CHECK(Rejection(agents) ==
         "plan rejected: 1 problem:\n"
         "- FP8 scale tensor W_scale_inv on inference replica 0 rank 0 on agent i0 holds blocks "
         "[1:2, 0:2] but its weight shard [0:128, 0:256] needs blocks [0:1, 0:2]");
@@ -139,10 +114,9 @@ TEST_CASE("FP8 fused destination: a part boundary inside a block is rejected") {
                     .Src("t0", 0, "l.q_proj.weight", {100, 128})
                     .Src("t0", 0, "l.k_proj.weight", {78, 128})
                     .Src("t0", 0, "l.v_proj.weight", {78, 128})
-                    .Dst("i0", 0, 0, "l.qkv_proj.weight", {256, 128}, {}, DTYPE_F8_E4M3)
-                    .Dst("i0", 0, 0, "l.qkv_proj.weight_scale_inv", {2, 1}, {}, DTYPE_F32)
+                    .Fp8Dst("i0", 0, 0, "l.qkv_proj.weight", {256, 128})
                     .Build();
-  auto plan = PlanIt(agents);
+  auto plan = PlanFused(agents);
   REQUIRE_FALSE(plan.ok());
   CHECK(std::string(plan.status().message())
             .find("source l.q_proj.weight held by trainer rank 0 on agent t0 as [0:100, 0:128] "

@@ -34,6 +34,23 @@ class LayoutBuilder {
     return Add(agent, Owner{Role::kInference, rank, replica}, name, std::move(shape),
                std::move(shard), dtype, gpu);
   }
+  // An FP8 (e4m3) 2-D destination and its f32 `name`_scale_inv: one scale per 128x128 block,
+  // the scale shard covering the blocks the weight shard touches.
+  LayoutBuilder& Fp8Dst(const std::string& agent, int replica, int rank, const std::string& name,
+                        std::vector<int64_t> shape, std::vector<DimSlice> shard = {}, int gpu = 0) {
+    auto blocks = [](int64_t n) { return (n + 127) / 128; };
+    std::vector<int64_t> scale_shape;
+    std::vector<DimSlice> scale_shard;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      scale_shape.push_back(blocks(shape[d]));
+      if (shard.empty()) continue;
+      const int64_t first = shard[d].start / 128;
+      scale_shard.push_back(DimSlice{first, blocks(shard[d].start + shard[d].size) - first});
+    }
+    Dst(agent, replica, rank, name, std::move(shape), std::move(shard), DTYPE_F8_E4M3, gpu);
+    return Dst(agent, replica, rank, name + "_scale_inv", std::move(scale_shape),
+               std::move(scale_shard), DTYPE_F32, gpu);
+  }
   LayoutBuilder& Nics(const std::string& agent, int nics, double gbps = 50) {
     AgentLayout& a = Agent(agent);
     a.nics.clear();

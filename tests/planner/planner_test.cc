@@ -6,18 +6,12 @@
 
 #include "common/planner/plan.h"
 #include "tests/planner/layout_builder.h"
+#include "tests/planner/plan_checks.h"
 
 using namespace wb::planner;
 using namespace wb::planner::testing;
 
 namespace {
-
-Plan MustPlan(const std::vector<AgentLayout>& agents, PlanOptions options = {}) {
-  auto plan = BuildPlan(agents, options);
-  INFO((plan.ok() ? std::string() : std::string(plan.status().message())));
-  REQUIRE(plan.ok());
-  return *std::move(plan);
-}
 
 const TensorEntry& DstOf(const std::vector<AgentLayout>& agents, const PlannedOp& op) {
   return agents[op.dst_agent].tensors[op.dst_tensor];
@@ -100,8 +94,6 @@ TEST_CASE("a cast destination converts on the way and lands in its own dtype's b
 
 TEST_CASE("fusion: q, k and v land at their offsets of qkv_proj, split across TP ranks") {
   // q [4, 8], k [2, 8], v [2, 8] -> qkv [8, 8]; TP rank 0 holds rows [0,4), rank 1 [4,8).
-  PlanOptions options;
-  options.fusions = wb::planner::DefaultFusionRules();
   auto agents = LayoutBuilder()
                     .Src("t0", 0, "l.q_proj.weight", {4, 8})
                     .Src("t0", 0, "l.k_proj.weight", {2, 8})
@@ -109,7 +101,7 @@ TEST_CASE("fusion: q, k and v land at their offsets of qkv_proj, split across TP
                     .Dst("i0", 0, 0, "l.qkv_proj.weight", {8, 8}, {{0, 4}, {0, 8}}, DTYPE_BF16, 0)
                     .Dst("i0", 0, 1, "l.qkv_proj.weight", {8, 8}, {{4, 4}, {0, 8}}, DTYPE_BF16, 1)
                     .Build();
-  Plan plan = MustPlan(agents, options);
+  Plan plan = MustPlanFused(agents);
   auto ops = AllOps(agents, plan);
   REQUIRE(ops.size() == 3);
   std::map<std::string, std::pair<int, uint64_t>> where;  // source -> (TP rank, dst offset)

@@ -4,21 +4,10 @@
 
 #include "common/planner/plan.h"
 #include "tests/planner/layout_builder.h"
+#include "tests/planner/plan_checks.h"
 
 using namespace wb::planner;
 using namespace wb::planner::testing;
-
-namespace {
-
-std::string Rejection(const std::vector<AgentLayout>& agents, PlanOptions options = {}) {
-  options.fusions = wb::planner::DefaultFusionRules();
-  auto plan = BuildPlan(agents, options);
-  REQUIRE_FALSE(plan.ok());
-  CHECK(plan.status().code() == absl::StatusCode::kInvalidArgument);
-  return std::string(plan.status().message());
-}
-
-}  // namespace
 
 TEST_CASE("a destination with no source is named with its holder") {
   auto agents = LayoutBuilder()

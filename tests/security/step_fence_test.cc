@@ -15,6 +15,7 @@
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
 #include "tests/support/cluster.h"
+#include "tests/support/grpc_call.h"
 #include "tests/support/one_tensor.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
@@ -52,10 +53,6 @@ int64_t FirstWrong(const SharedBuffer& dst, uint64_t version) {
 std::unique_ptr<v1::Agent::Stub> AgentStub(const Cluster& cluster, const std::string& agent) {
   return v1::Agent::NewStub(
       grpc::CreateChannel(cluster.agent_address(agent), grpc::InsecureChannelCredentials()));
-}
-
-std::chrono::system_clock::time_point In(std::chrono::seconds s) {
-  return std::chrono::system_clock::now() + s;
 }
 
 }  // namespace
@@ -129,19 +126,10 @@ TEST_CASE("a receiver refuses writes of a step it did not begin; that step canno
           "[security]") {
   Cluster cluster(wb::testing::Runfile(""), {});
   auto sides = wb::testing::OneTensorSides::Open(cluster);
-  auto ctl = ControllerClient::Connect(cluster.controller_address());
-  REQUIRE(ctl.ok());
-  v1::ExpectedWorld world;
-  world.set_trainer_ranks(1);
-  world.set_inference_replicas(1);
-  world.set_inference_ranks_per_replica(1);
-  auto plan = ctl->Plan(world, std::chrono::seconds(20));
-  INFO((plan.ok() ? "" : std::string(plan.status().message())));
-  REQUIRE(plan.ok());
+  auto ctl = wb::testing::ConnectController(cluster);
+  const auto plan = wb::testing::PlanOneToOne(&ctl);
   sides.Fill(0x11);
-  auto first = ctl->Step(1, std::chrono::seconds(20));
-  INFO((first.ok() ? "" : std::string(first.status().message())));
-  REQUIRE(first.ok());
+  wb::testing::RequireCommitted(ctl.Step(1, std::chrono::seconds(20)));
   REQUIRE(sides.Same());
   const std::vector<uint8_t> version1(sides.src.size(), 0x11);
   auto untouched = [&] {
@@ -151,59 +139,57 @@ TEST_CASE("a receiver refuses writes of a step it did not begin; that step canno
   // The test plays the controller, with step ids of its own.
   auto receiver = AgentStub(cluster, "inference-node");
   auto sender = AgentStub(cluster, "trainer-node");
+  // One of the receiver's step calls (Begin, Commit, Abort) for (version, step_id).
+  auto step_call = [&](auto rpc, auto req, auto resp, uint64_t version, uint64_t step_id) {
+    req.set_version(version);
+    req.set_step_id(step_id);
+    return wb::testing::CallWithin(std::chrono::seconds(10), receiver.get(), rpc, req, &resp);
+  };
   auto begin = [&](uint64_t version, uint64_t step_id) {
     v1::BeginRequest req;
-    req.set_version(version);
-    req.set_plan_id(plan->plan_id());
-    req.set_step_id(step_id);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(10)));
-    v1::BeginResponse resp;
-    return receiver->Begin(&ctx, req, &resp);
+    req.set_plan_id(plan.plan_id());
+    return step_call(&v1::Agent::Stub::Begin, req, v1::BeginResponse{}, version, step_id);
   };
   auto commit = [&](uint64_t version, uint64_t step_id) {
-    v1::CommitRequest req;
-    req.set_version(version);
-    req.set_step_id(step_id);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(10)));
-    v1::CommitResponse resp;
-    return receiver->Commit(&ctx, req, &resp);
+    return step_call(&v1::Agent::Stub::Commit, v1::CommitRequest{}, v1::CommitResponse{}, version,
+                     step_id);
   };
   auto abort = [&](uint64_t version, uint64_t step_id) {
     v1::AbortRequest req;
-    req.set_version(version);
-    req.set_step_id(step_id);
     req.set_reason("test");
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(10)));
-    v1::AbortResponse resp;
-    return receiver->Abort(&ctx, req, &resp);
+    return step_call(&v1::Agent::Stub::Abort, req, v1::AbortResponse{}, version, step_id);
   };
   auto execute = [&](uint64_t version, uint64_t step_id) {
     v1::ExecuteRequest req;
     req.set_version(version);
-    req.set_plan_id(plan->plan_id());
+    req.set_plan_id(plan.plan_id());
     req.set_step_id(step_id);
     req.set_timeout_ms(5000);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(std::chrono::seconds(30)));
     v1::ExecuteResponse resp;
-    grpc::Status st = sender->Execute(&ctx, req, &resp);
+    grpc::Status st = wb::testing::CallWithin(std::chrono::seconds(30), sender.get(),
+                                              &v1::Agent::Stub::Execute, req, &resp);
     INFO(st.error_message());
     REQUIRE(st.ok());
     return resp.report();
+  };
+  // The sender's write of (version, step_id) fails with an error that `why` matches.
+  auto write_refused = [&](uint64_t version, uint64_t step_id, const auto& why) {
+    auto report = execute(version, step_id);
+    INFO(report.error());
+    CHECK_FALSE(report.ok());
+    CHECK_THAT(report.error(), why);
+  };
+  // The receiver refuses to commit (version, step_id), saying `why`.
+  auto commit_refused = [&](uint64_t version, uint64_t step_id, const std::string& why) {
+    wb::testing::CheckRefused(commit(version, step_id), grpc::StatusCode::FAILED_PRECONDITION, why);
   };
 
   sides.Fill(0x22);
   {
     INFO("a write of another step than the open one is refused untouched");
     REQUIRE(begin(2, 1001).ok());
-    auto report = execute(2, 2002);  // a late writer of some other step
-    INFO(report.error());
-    CHECK_FALSE(report.ok());
-    CHECK_THAT(report.error(),
-               Catch::Contains("write of step 2002 refused") && Catch::Contains("step 1001"));
+    write_refused(2, 2002,  // a late writer of some other step
+                  Catch::Contains("write of step 2002 refused") && Catch::Contains("step 1001"));
     CHECK(untouched());
     CHECK_THAT(cluster.Log("inference-node"), Catch::Contains("write of step 2002 refused"));
     CHECK(abort(2, 1001).ok());
@@ -211,29 +197,17 @@ TEST_CASE("a receiver refuses writes of a step it did not begin; that step canno
   {
     INFO("a step whose writes were refused cannot commit");
     // The sender writes before the receiver began the step: refused (no step is open).
-    auto report = execute(3, 3003);
-    INFO(report.error());
-    CHECK_FALSE(report.ok());
-    CHECK_THAT(report.error(), Catch::Contains("no step is open"));
+    write_refused(3, 3003, Catch::Contains("no step is open"));
     REQUIRE(begin(3, 3003).ok());
-    grpc::Status st = commit(3, 3003);
-    INFO(st.error_message());
-    CHECK(st.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
-    CHECK_THAT(st.error_message(), Catch::Contains("refused by the step fence"));
+    commit_refused(3, 3003, "refused by the step fence");
     CHECK(untouched());
   }
   {
     INFO("an aborted step's writes are refused, and it cannot commit");
     REQUIRE(begin(4, 4004).ok());
     REQUIRE(abort(4, 4004).ok());
-    auto report = execute(4, 4004);
-    INFO(report.error());
-    CHECK_FALSE(report.ok());
-    CHECK_THAT(report.error(), Catch::Contains("write of step 4004 refused"));
-    grpc::Status st = commit(4, 4004);
-    INFO(st.error_message());
-    CHECK(st.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
-    CHECK_THAT(st.error_message(), Catch::Contains("not the step open here"));
+    write_refused(4, 4004, Catch::Contains("write of step 4004 refused"));
+    commit_refused(4, 4004, "not the step open here");
     CHECK(untouched());
   }
   {
@@ -250,9 +224,7 @@ TEST_CASE("a receiver refuses writes of a step it did not begin; that step canno
   }
   // The controller's next step commits every byte.
   sides.Fill(0x33);
-  auto next = ctl->Step(10, std::chrono::seconds(20));
-  INFO((next.ok() ? "" : std::string(next.status().message())));
-  CHECK(next.ok());
+  wb::testing::RequireCommitted(ctl.Step(10, std::chrono::seconds(20)));
   CHECK(sides.Same());
   CHECK(cluster.agent("trainer-node")->running());
   CHECK(cluster.agent("inference-node")->running());

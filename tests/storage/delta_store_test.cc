@@ -21,13 +21,19 @@ namespace {
 namespace v1 = weightbeam::v1;
 constexpr int64_t kRows = 64, kCols = 48;
 
-v1::TensorSpec Spec(const std::string& name, v1::DType dtype,
-                    std::vector<std::pair<int64_t, int64_t>> shard) {
+// A whole tensor of `shape`.
+v1::TensorSpec WholeSpec(const std::string& name, v1::DType dtype, std::vector<int64_t> shape) {
   v1::TensorSpec s;
   s.set_name(name);
   s.set_dtype(dtype);
-  s.add_global_shape(kRows);
-  s.add_global_shape(kCols);
+  for (int64_t d : shape) s.add_global_shape(d);
+  return s;
+}
+
+// A [kRows, kCols] tensor, holding `shard` ({start, size} per dimension; none: all of it).
+v1::TensorSpec Spec(const std::string& name, v1::DType dtype,
+                    std::vector<std::pair<int64_t, int64_t>> shard) {
+  v1::TensorSpec s = WholeSpec(name, dtype, {kRows, kCols});
   for (auto [start, size] : shard) {
     auto* d = s.add_shard();
     d->set_start(start);
@@ -108,10 +114,34 @@ struct Fixture {
     model.Step(version);
     t0.FillFrom(model);
     t1.FillFrom(model);
-    auto r = pub.Publish(version, {t0.Buffer(1, 0), t1.Buffer(2, 1)});
+    auto r = pub.Publish(version, Sources());
     INFO((r.ok() ? "" : std::string(r.status().message())));
     REQUIRE(r.ok());
     return *r;
+  }
+  // Polls `sub`, which must commit nothing and refuse one version; returns why.
+  std::string RefusedOnly(DeltaSubscriber& sub) {
+    PollResult r = Poll(sub);
+    CHECK(r.committed.empty());
+    REQUIRE(r.refused.size() == 1);
+    return r.refused[0].second;
+  }
+  // A publisher and a subscriber on this directory, an anchor every `anchor_every` versions.
+  struct Ends {
+    DeltaPublisher pub;
+    DeltaSubscriber sub;
+  };
+  Ends Open(int anchor_every) {
+    return {DeltaPublisher(Options(anchor_every)), DeltaSubscriber(Options(anchor_every))};
+  }
+  // The trainer ranks' buffers, as a publisher takes them.
+  std::vector<ShardBuffer> Sources() { return {t0.Buffer(1, 0), t1.Buffer(2, 1)}; }
+  // Publishes `version`, which `sub` then commits (alone) and lands.
+  PublishResult PublishLands(DeltaPublisher& pub, DeltaSubscriber& sub, uint32_t version) {
+    PublishResult r = Publish(pub, version);
+    REQUIRE(Poll(sub).committed == std::vector<uint64_t>{version});
+    CHECK(Landed());
+    return r;
   }
   PollResult Poll(DeltaSubscriber& sub) {
     return sub.Poll({i0.Buffer(11, 0), i1.Buffer(12, 1)}, hooks);
@@ -127,8 +157,7 @@ struct Fixture {
 TEST_CASE("an anchor then sparse deltas land bit for bit in differently sharded buffers",
           "[store]") {
   Fixture f;
-  DeltaPublisher pub(f.Options(4));
-  DeltaSubscriber sub(f.Options(4));
+  auto [pub, sub] = f.Open(4);
   CHECK(f.Poll(sub).committed.empty());  // nothing published yet
 
   PublishResult first = f.Publish(pub, 1);
@@ -162,62 +191,44 @@ TEST_CASE("an anchor then sparse deltas land bit for bit in differently sharded 
   CHECK(file->Find("w.values")->dtype == "BF16");
 
   // Version 5 is an anchor again (every 4 versions).
-  CHECK(f.Publish(pub, 5).anchor);
-  CHECK(f.Poll(sub).committed == std::vector<uint64_t>{5});
-  CHECK(f.Landed());
+  CHECK(f.PublishLands(pub, sub, 5).anchor);
   CHECK(sub.held_version() == 5);
 
-  auto stale = pub.Publish(5, {f.t0.Buffer(1, 0), f.t1.Buffer(2, 1)});
+  auto stale = pub.Publish(5, f.Sources());
   REQUIRE_FALSE(stale.ok());
   CHECK(stale.status().message() == "version 5 is not newer than the last published version 5");
 
   // A publisher restarted on the same directory keeps versions going forward, from an anchor.
   DeltaPublisher again(f.Options(4));
   REQUIRE(again.Resume().ok());
-  auto old = again.Publish(3, {f.t0.Buffer(1, 0), f.t1.Buffer(2, 1)});
+  auto old = again.Publish(3, f.Sources());
   REQUIRE_FALSE(old.ok());
   CHECK(old.status().message() == "version 3 is not newer than the last published version 5");
-  f.model.Step(6);
-  f.t0.FillFrom(f.model);
-  f.t1.FillFrom(f.model);
-  auto next = again.Publish(6, {f.t0.Buffer(1, 0), f.t1.Buffer(2, 1)});
-  REQUIRE(next.ok());
-  CHECK(next->anchor);
-  CHECK(f.Poll(sub).committed == std::vector<uint64_t>{6});
-  CHECK(f.Landed());
+  CHECK(f.PublishLands(again, sub, 6).anchor);
 }
 
 TEST_CASE("a delta on another base is refused; the next anchor recovers", "[store]") {
   Fixture f;
-  DeltaPublisher pub(f.Options(3));
-  DeltaSubscriber sub(f.Options(3));
-  f.Publish(pub, 1);
-  REQUIRE(f.Poll(sub).committed == std::vector<uint64_t>{1});
+  auto [pub, sub] = f.Open(3);
+  f.PublishLands(pub, sub, 1);
   f.Publish(pub, 2);
   f.Publish(pub, 3);
   // Version 2 never arrives (its manifest is lost): version 3 builds on a base we lack.
   REQUIRE(unlink(f.Path(2, ".json").c_str()) == 0);
   const std::vector<uint16_t> before = f.i0.data;
-  PollResult r = f.Poll(sub);
-  CHECK(r.committed.empty());
-  REQUIRE(r.refused.size() == 1);
-  CHECK(r.refused[0].second ==
+  CHECK(f.RefusedOnly(sub) ==
         "version 3 refused: writer 'trainer-node' wrote a delta on version 2 but this agent "
         "holds version 1; waiting for the next anchor");
   CHECK(f.i0.data == before);          // nothing written
   CHECK(f.Poll(sub).refused.empty());  // not retried
 
-  CHECK(f.Publish(pub, 4).anchor);
-  CHECK(f.Poll(sub).committed == std::vector<uint64_t>{4});
-  CHECK(f.Landed());
+  CHECK(f.PublishLands(pub, sub, 4).anchor);
 }
 
 TEST_CASE("corrupt and truncated files are refused before anything is written", "[store]") {
   Fixture f;
-  DeltaPublisher pub(f.Options(3));
-  DeltaSubscriber sub(f.Options(3));
-  f.Publish(pub, 1);
-  REQUIRE(f.Poll(sub).committed == std::vector<uint64_t>{1});
+  auto [pub, sub] = f.Open(3);
+  f.PublishLands(pub, sub, 1);
   const std::vector<uint16_t> at1 = f.i1.data;
 
   SECTION("a flipped byte fails the checksum") {
@@ -231,35 +242,25 @@ TEST_CASE("corrupt and truncated files are refused before anything is written", 
     c ^= 0x40;
     io.write(&c, 1);
     io.close();
-    PollResult r = f.Poll(sub);
-    REQUIRE(r.refused.size() == 1);
-    CHECK_THAT(r.refused[0].second,
-               Catch::StartsWith("version 2 refused: " + path + ": checksum") &&
-                   Catch::Contains("(corrupted)"));
+    CHECK_THAT(f.RefusedOnly(sub), Catch::StartsWith("version 2 refused: " + path + ": checksum") &&
+                                       Catch::Contains("(corrupted)"));
   }
   SECTION("a truncated file is named") {
     f.Publish(pub, 2);
     const std::string path = f.Path(2, ".0.safetensors");
     REQUIRE(truncate(path.c_str(), 100) == 0);
-    PollResult r = f.Poll(sub);
-    REQUIRE(r.refused.size() == 1);
-    CHECK_THAT(r.refused[0].second, Catch::Contains(path + ": 100 bytes, but the manifest says"));
+    CHECK_THAT(f.RefusedOnly(sub), Catch::Contains(path + ": 100 bytes, but the manifest says"));
   }
   CHECK(f.i1.data == at1);  // still version 1, bit for bit
   REQUIRE(f.events.size() == 3);
   CHECK(f.events[1] == "commit 1");
   // The delta on 2 cannot be used either; the anchor at 4 is.
   f.Publish(pub, 3);
-  PollResult waiting = f.Poll(sub);
-  CHECK(waiting.committed.empty());
-  REQUIRE(waiting.refused.size() == 1);
-  CHECK(waiting.refused[0].second ==
+  CHECK(f.RefusedOnly(sub) ==
         "version 3 refused: writer 'trainer-node' wrote a delta on version 2 but this agent holds "
         "version 1; waiting for the next anchor");
   CHECK(f.Poll(sub).refused.empty());  // said once
-  CHECK(f.Publish(pub, 4).anchor);
-  CHECK(f.Poll(sub).committed == std::vector<uint64_t>{4});
-  CHECK(f.Landed());
+  CHECK(f.PublishLands(pub, sub, 4).anchor);
 }
 
 TEST_CASE("incomplete versions are not applied", "[store]") {
@@ -280,8 +281,7 @@ TEST_CASE("incomplete versions are not applied", "[store]") {
 
 TEST_CASE("a destination of another dtype or a tensor not published is named", "[store]") {
   Fixture f;
-  DeltaPublisher pub(f.Options(3));
-  DeltaSubscriber sub(f.Options(3));
+  auto [pub, sub] = f.Open(3);
   f.Publish(pub, 1);
   std::vector<uint8_t> f16(kRows * kCols * 2);
   auto f16_spec = Spec("w", v1::DTYPE_F16, {});
@@ -324,14 +324,9 @@ TEST_CASE("old versions are pruned: the previous anchor and what follows stay", 
   CHECK(f.Landed());
 }
 
-}  // namespace wb::storage
-
-namespace wb::storage {
-
 TEST_CASE("a destination registered later catches up quietly; deltas keep flowing", "[store]") {
   Fixture f;
-  DeltaPublisher pub(f.Options(8));
-  DeltaSubscriber sub(f.Options(8));
+  auto [pub, sub] = f.Open(8);
   for (uint32_t v = 1; v <= 3; ++v) {
     f.Publish(pub, v);
     CHECK(sub.Poll({f.i0.Buffer(11, 0)}, f.hooks).committed == std::vector<uint64_t>{v});
@@ -351,22 +346,13 @@ TEST_CASE("a destination registered later catches up quietly; deltas keep flowin
   CHECK(f.Landed());
 }
 
-}  // namespace wb::storage
-
-namespace wb::storage {
-
 TEST_CASE("FP8 destinations are quantised from a BF16 copy that deltas keep current", "[store]") {
   Fixture f;
-  DeltaPublisher pub(f.Options(8));
-  DeltaSubscriber sub(f.Options(8));
+  auto [pub, sub] = f.Open(8);
   // 64 x 48 is one (partial) 128 x 128 block: one float32 scale.
   std::vector<uint8_t> q(kRows * kCols);
   float scale = 0;
-  v1::TensorSpec scale_spec;
-  scale_spec.set_name("w_scale_inv");
-  scale_spec.set_dtype(v1::DTYPE_F32);
-  scale_spec.add_global_shape(1);
-  scale_spec.add_global_shape(1);
+  const v1::TensorSpec scale_spec = WholeSpec("w_scale_inv", v1::DTYPE_F32, {1, 1});
   const std::vector<ShardBuffer> dests = {
       {Spec("w", v1::DTYPE_F8_E4M3, {}), 0, absl::MakeSpan(q), 41},
       {scale_spec, 0, absl::MakeSpan(reinterpret_cast<uint8_t*>(&scale), 4), 42}};
@@ -383,10 +369,6 @@ TEST_CASE("FP8 destinations are quantised from a BF16 copy that deltas keep curr
     CHECK(scale == want_scale);
   }
 }
-
-}  // namespace wb::storage
-
-namespace wb::storage {
 
 TEST_CASE("a fused destination (qkv_proj) takes its parts' anchors and deltas", "[store]") {
   const std::string dir = wb::testing::TempDir("wb-store-");
@@ -493,11 +475,7 @@ TEST_CASE("configured renames and fusions map stored names to destinations", "[s
   }
   REQUIRE(pub.Publish(1, srcs).ok());
   std::vector<uint16_t> dst(64 * 48);
-  v1::TensorSpec ds;
-  ds.set_name("ab");
-  ds.set_dtype(v1::DTYPE_BF16);
-  ds.add_global_shape(64);
-  ds.add_global_shape(48);
+  const v1::TensorSpec ds = WholeSpec("ab", v1::DTYPE_BF16, {64, 48});
   const std::vector<ShardBuffer> dests = {
       {ds, 0, absl::MakeSpan(reinterpret_cast<uint8_t*>(dst.data()), dst.size() * 2), 9}};
 

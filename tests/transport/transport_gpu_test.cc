@@ -55,17 +55,24 @@ std::unique_ptr<GpuRegion> RegisterGpu(Transport* transport, size_t size, Access
   return region;
 }
 
+// Makes `dst` known to the pair's peer and copies the first `size` bytes of `src` into it in
+// one batch, which must succeed.
+void WriteWhole(Pair& pair, const weightbeam::v1::RegionDescriptor& src,
+                const weightbeam::v1::RegionDescriptor& dst, size_t size) {
+  REQUIRE(pair.peer->AddRemoteRegion(dst).ok());
+  absl::Status st =
+      pair.peer->WriteBatch({WriteOp{src.region_id(), 0, dst.region_id(), 0, size}}, kWait);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+}
+
 TEST_CASE("GPU source -> host destination: several MB land intact", "[transport][gpu]") {
   auto pair = MakePair();
   if (!HaveGpu(pair->sender)) return;
   const size_t size = 12 << 20;  // several frames, several staging chunks per connection
   auto src = RegisterGpu(pair->sender, size, Access::kSource, 31);
   auto dst = RegisterBuffer(pair->receiver, size, Access::kDestination, 32);
-  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
-  absl::Status st = pair->peer->WriteBatch(
-      {WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 0, size}}, kWait);
-  INFO(st.ToString());
-  REQUIRE(st.ok());
+  WriteWhole(*pair, src->desc, dst->desc, size);
   CHECK(dst->bytes == src->pattern);
 }
 
@@ -75,11 +82,7 @@ TEST_CASE("host source -> GPU destination: several MB land intact", "[transport]
   const size_t size = (12 << 20) + 4093;  // a ragged last chunk
   auto src = RegisterBuffer(pair->sender, size, Access::kSource, 33);
   auto dst = RegisterGpu(pair->receiver, size, Access::kDestination, 34);
-  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
-  absl::Status st = pair->peer->WriteBatch(
-      {WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 0, size}}, kWait);
-  INFO(st.ToString());
-  REQUIRE(st.ok());
+  WriteWhole(*pair, src->desc, dst->desc, size);
   CHECK(dst->Download() == src->bytes);
 }
 

@@ -20,11 +20,23 @@ constexpr milliseconds kWait{20000};
 
 bool Same(const uint8_t* a, const uint8_t* b, size_t n) { return std::memcmp(a, b, n) == 0; }
 
+// A pair whose sender holds a source region of `src_size` bytes (pattern `seed`) and whose
+// receiver holds a destination region of `dst_size` bytes (pattern `seed + 1`), which the peer
+// knows.
+struct Linked {
+  std::unique_ptr<Pair> pair;
+  std::unique_ptr<Buffer> src, dst;
+};
+Linked Link(size_t src_size, size_t dst_size, uint32_t seed) {
+  Linked l{MakePair(), nullptr, nullptr};
+  l.src = RegisterBuffer(l.pair->sender, src_size, Access::kSource, seed);
+  l.dst = RegisterBuffer(l.pair->receiver, dst_size, Access::kDestination, seed + 1);
+  REQUIRE(l.pair->peer->AddRemoteRegion(l.dst->desc).ok());
+  return l;
+}
+
 TEST_CASE("a small write lands at the destination", "[transport]") {
-  auto pair = MakePair();
-  auto src = RegisterBuffer(pair->sender, 4096, Access::kSource, 1);
-  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 2);
-  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  auto [pair, src, dst] = Link(4096, 4096, 1);
   const auto before = dst->bytes;
 
   absl::Status st = pair->peer->WriteBatch(
@@ -37,11 +49,8 @@ TEST_CASE("a small write lands at the destination", "[transport]") {
 }
 
 TEST_CASE("a write of several MB lands intact", "[transport]") {
-  auto pair = MakePair();
   const size_t size = 12 << 20;  // more than one frame and one share per connection
-  auto src = RegisterBuffer(pair->sender, size, Access::kSource, 3);
-  auto dst = RegisterBuffer(pair->receiver, size, Access::kDestination, 4);
-  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  auto [pair, src, dst] = Link(size, size, 3);
 
   absl::Status st = pair->peer->WriteBatch(
       {WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 0, size}}, kWait);
@@ -51,11 +60,8 @@ TEST_CASE("a write of several MB lands intact", "[transport]") {
 }
 
 TEST_CASE("many writes in one batch land at their offsets", "[transport]") {
-  auto pair = MakePair();
   const size_t size = 2 << 20;
-  auto src = RegisterBuffer(pair->sender, size, Access::kSource, 5);
-  auto dst = RegisterBuffer(pair->receiver, size, Access::kDestination, 6);
-  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  auto [pair, src, dst] = Link(size, size, 5);
 
   // 1000 writes of varied lengths, scattered, leaving gaps that must stay untouched.
   std::vector<uint8_t> expected = dst->bytes;
@@ -139,10 +145,7 @@ TEST_CASE("the receiver's arrival callback reports the batch's bytes", "[transpo
 }
 
 TEST_CASE("an out-of-bounds write is refused before anything is sent", "[transport]") {
-  auto pair = MakePair();
-  auto src = RegisterBuffer(pair->sender, 8192, Access::kSource, 11);
-  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 12);
-  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  auto [pair, src, dst] = Link(8192, 4096, 11);
   const auto before = dst->bytes;
 
   absl::Status st =
@@ -156,10 +159,7 @@ TEST_CASE("an out-of-bounds write is refused before anything is sent", "[transpo
 }
 
 TEST_CASE("a write beyond the source region is refused", "[transport]") {
-  auto pair = MakePair();
-  auto src = RegisterBuffer(pair->sender, 1024, Access::kSource, 13);
-  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 14);
-  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  auto [pair, src, dst] = Link(1024, 4096, 13);
   const auto before = dst->bytes;
   absl::Status st = pair->peer->WriteBatch(
       {WriteOp{src->desc.region_id(), 1000, dst->desc.region_id(), 0, 100}}, kWait);
@@ -219,10 +219,7 @@ TEST_CASE("the receiver refuses a write past the end of its region", "[transport
 }
 
 TEST_CASE("nothing lands in a withdrawn region", "[transport]") {
-  auto pair = MakePair();
-  auto src = RegisterBuffer(pair->sender, 4096, Access::kSource, 20);
-  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 21);
-  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  auto [pair, src, dst] = Link(4096, 4096, 20);
   REQUIRE(pair->receiver->Deregister(dst->desc.region_id()).ok());
   const auto before = dst->bytes;
 
@@ -277,10 +274,7 @@ TEST_CASE("after re-registration the old descriptor and the old key are refused"
 // handshake gave it: its writes are refused and nothing lands.
 TEST_CASE("a sender the receiver forgot cannot write any more", "[transport]") {
   if (BackendUnderTest() != "tcp") return;  // tcp: tokens; rdma: queue pairs (VM suite)
-  auto pair = MakePair();
-  auto src = RegisterBuffer(pair->sender, 4096, Access::kSource, 26);
-  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 27);
-  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  auto [pair, src, dst] = Link(4096, 4096, 26);
   REQUIRE(pair->peer
               ->WriteBatch({WriteOp{src->desc.region_id(), 0, dst->desc.region_id(), 0, 64}}, kWait)
               .ok());
@@ -392,10 +386,7 @@ TEST_CASE("the step fence lands only the open step's writes", "[transport][fence
 
 TEST_CASE("rdma: an aborted step's incoming connections are cut", "[transport][fence]") {
   if (BackendUnderTest() != "rdma") return;  // tcp and local refuse by step (case above)
-  auto pair = MakePair();
-  auto src = RegisterBuffer(pair->sender, 4096, Access::kSource, 33);
-  auto dst = RegisterBuffer(pair->receiver, 4096, Access::kDestination, 34);
-  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+  auto [pair, src, dst] = Link(4096, 4096, 33);
   const auto before = dst->bytes;
   REQUIRE(pair->receiver->OpenStep(1).ok());
   absl::Status st = pair->peer->WriteBatch(

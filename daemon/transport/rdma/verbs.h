@@ -15,35 +15,23 @@
 
 namespace wb::transport::rdma {
 
-struct DeviceListDeleter {
-  void operator()(ibv_device** list) const { ibv_free_device_list(list); }
-};
-struct ContextDeleter {
-  void operator()(ibv_context* ctx) const { ibv_close_device(ctx); }
-};
-struct PdDeleter {
-  void operator()(ibv_pd* pd) const { ibv_dealloc_pd(pd); }
-};
-struct CompChannelDeleter {
-  void operator()(ibv_comp_channel* ch) const { ibv_destroy_comp_channel(ch); }
-};
-struct CqDeleter {
-  void operator()(ibv_cq* cq) const { ibv_destroy_cq(cq); }
-};
-struct QpDeleter {
-  void operator()(ibv_qp* qp) const { ibv_destroy_qp(qp); }
-};
-struct MrDeleter {
-  void operator()(ibv_mr* mr) const { ibv_dereg_mr(mr); }
+// A unique_ptr deleter that hands the object to rdma-core's `Destroy` (its return code is
+// dropped: nothing can be done about a failed teardown).
+template <auto Destroy>
+struct VerbsDeleter {
+  template <typename T>
+  void operator()(T* object) const {
+    Destroy(object);
+  }
 };
 
-using DeviceListPtr = std::unique_ptr<ibv_device*, DeviceListDeleter>;
-using ContextPtr = std::unique_ptr<ibv_context, ContextDeleter>;
-using PdPtr = std::unique_ptr<ibv_pd, PdDeleter>;
-using CompChannelPtr = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
-using CqPtr = std::unique_ptr<ibv_cq, CqDeleter>;
-using QpPtr = std::unique_ptr<ibv_qp, QpDeleter>;
-using MrPtr = std::unique_ptr<ibv_mr, MrDeleter>;
+using DeviceListPtr = std::unique_ptr<ibv_device*, VerbsDeleter<ibv_free_device_list>>;
+using ContextPtr = std::unique_ptr<ibv_context, VerbsDeleter<ibv_close_device>>;
+using PdPtr = std::unique_ptr<ibv_pd, VerbsDeleter<ibv_dealloc_pd>>;
+using CompChannelPtr = std::unique_ptr<ibv_comp_channel, VerbsDeleter<ibv_destroy_comp_channel>>;
+using CqPtr = std::unique_ptr<ibv_cq, VerbsDeleter<ibv_destroy_cq>>;
+using QpPtr = std::unique_ptr<ibv_qp, VerbsDeleter<ibv_destroy_qp>>;
+using MrPtr = std::unique_ptr<ibv_mr, VerbsDeleter<ibv_dereg_mr>>;
 
 // Names of the RDMA devices present ("mlx5_0", "rxe0"); empty when there are none.
 std::vector<std::string> ListDevices();
