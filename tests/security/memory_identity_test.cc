@@ -74,6 +74,9 @@ absl::Status RawRegister(const std::string& socket, v1::Role role, const std::st
   if (!own.ok()) _exit(4);
   absl::Status ok = RawRegister(socket, role, "own.weight", own->shm_name());
   std::fprintf(stderr, "child, own object: %s\n", ok.ToString().c_str());
+  // _exit skips destructors: unlink the object here, or a later child with a reused pid finds
+  // the name taken.
+  shm_unlink(own->shm_name().c_str());
   _exit(ok.ok() ? kRefused : kOwnRefused);
 }
 
