@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/table.h"
-#include "proto/state_words.h"
+#include "common/wire/state_words.h"
 
 namespace wb::client {
 
@@ -72,7 +72,7 @@ std::string FormatReplicas(const v1::StatusResponse& s) {
   if (s.replicas_size() == 0) return "";
   Table t({"REPLICA", "STATE", "COMMITTED", "STALENESS", "AGENTS"});
   for (const auto& r : s.replicas()) {
-    t.Add({std::to_string(r.replica()), wb::proto::StateWord(r.state()),
+    t.Add({std::to_string(r.replica()), wb::wire::StateWord(r.state()),
            std::to_string(r.committed_version()), std::to_string(r.staleness()),
            absl::StrJoin(r.agents(), ",")});
   }

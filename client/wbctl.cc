@@ -18,7 +18,7 @@
 #include "common/engines/dry_run.h"
 #include "common/planner/plan.h"
 #include "common/planner/plan_proto.h"
-#include "proto/state_words.h"
+#include "common/wire/state_words.h"
 
 namespace v1 = weightbeam::v1;
 using wb::client::HumanBytes;
@@ -32,7 +32,7 @@ std::string Json(const google::protobuf::Message& m) {
   opts.always_print_primitive_fields = true;
   opts.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
-  return wb::proto::JsonWithStateWords(out);
+  return wb::wire::JsonWithStateWords(out);
 }
 
 int Fail(const absl::Status& s) {
@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
     for (const auto& a : s->agents()) {
       std::vector<std::string> nics;
       for (const auto& n : a.info().nics()) nics.push_back(n.transport() + ":" + n.name());
-      t.Add({a.info().name(), wb::proto::StateWord(a.state()), a.info().control_endpoint(),
+      t.Add({a.info().name(), wb::wire::StateWord(a.state()), a.info().control_endpoint(),
              std::to_string(a.tensors()), absl::StrJoin(nics, ","),
              absl::StrCat(a.last_heartbeat_ms_ago(), " ms ago")});
     }

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "proto/state_words.h"
+#include "common/wire/state_words.h"
 
 namespace wb::controller {
 
@@ -327,7 +327,7 @@ std::map<std::string, std::string> StepProtocol::UnreachableReceivers(
       gone[r.agent] = absl::StrCat("unreachable during execute: ", CallError(r.status));
     } else if (!r.response.serving()) {
       gone[r.agent] = absl::StrCat("not serving during execute (",
-                                   wb::proto::StateWord(r.response.state()), ")");
+                                   wb::wire::StateWord(r.response.state()), ")");
     }
   }
   return gone;

@@ -1,12 +1,12 @@
 // The state enums of the wire contracts print as the words wbctl has always shown.
-#include "proto/state_words.h"
+#include "common/wire/state_words.h"
 
 #include <google/protobuf/util/json_util.h>
 
 #include <catch2/catch.hpp>
 
 namespace v1 = weightbeam::v1;
-using wb::proto::StateWord;
+using wb::wire::StateWord;
 
 TEST_CASE("every state value prints as its lower-case word") {
   CHECK(StateWord(v1::AGENT_ACTIVITY_IDLE) == "idle");
@@ -32,7 +32,7 @@ TEST_CASE("JSON carries the words, and only whole strings equal to a value name 
   std::string json;
   REQUIRE(google::protobuf::util::MessageToJsonString(s, &json).ok());
   REQUIRE(json.find("\"REPLICA_STATE_CATCHING_UP\"") != std::string::npos);
-  CHECK(wb::proto::JsonWithStateWords(json) ==
+  CHECK(wb::wire::JsonWithStateWords(json) ==
         R"({"agents":[{"info":{"name":"AGENT_LIVENESS_ALIVE-node"},"state":"lost"}],)"
         R"("replicas":[{"state":"catching_up"}]})");
 }

@@ -1,4 +1,4 @@
-#include "proto/state_words.h"
+#include "common/wire/state_words.h"
 
 #include <utility>
 #include <vector>
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 
-namespace wb::proto {
+namespace wb::wire {
 
 std::string EnumWord(const google::protobuf::EnumDescriptor* e, int value) {
   const google::protobuf::EnumValueDescriptor* v = e->FindValueByNumber(value);
@@ -39,4 +39,4 @@ std::string JsonWithStateWords(const std::string& json) {
   return absl::StrReplaceAll(json, words);
 }
 
-}  // namespace wb::proto
+}  // namespace wb::wire

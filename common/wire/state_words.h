@@ -9,7 +9,7 @@
 #include "weightbeam/v1/agent.pb.h"
 #include "weightbeam/v1/controller.pb.h"
 
-namespace wb::proto {
+namespace wb::wire {
 
 // The value's name without its enum's prefix, in lower case; "unknown(N)" for a number this
 // build does not know (a newer peer).
@@ -30,4 +30,4 @@ inline std::string StateWord(weightbeam::v1::ReplicaState s) {
 // value's name are replaced.
 std::string JsonWithStateWords(const std::string& json);
 
-}  // namespace wb::proto
+}  // namespace wb::wire
