@@ -3,6 +3,7 @@ with YAML files, sockets and logs in a fresh temp dir. Binaries come from $WB_BI
 Bazel runfiles root under `bazel test`) or bazel-bin."""
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -10,10 +11,40 @@ import tempfile
 import time
 
 
+_reserved = []  # abstract Unix sockets holding our ports against concurrent tests
+_rng = random.SystemRandom()
+
+
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 for a daemon to listen on. Drawn below the kernel's ephemeral range
+    (where outgoing connections take their ports), and reserved for this process's lifetime with
+    an abstract Unix socket named after it, as tests/support/process.cc does."""
+    high = max(11000, _ephemeral_low()) - 1
+    for _ in range(1000):
+        port = _rng.randint(10000, high)
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        hold = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            hold.bind(f"\0wb-test-port-{port}")
+        except OSError:
+            hold.close()
+            continue
+        _reserved.append(hold)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def _accepts(host, port):

@@ -5,6 +5,7 @@ required); without TLS settings it cannot reach the controller; an unreadable to
 error naming the file."""
 
 import os
+import shutil
 import subprocess
 import tempfile
 import unittest
@@ -54,6 +55,7 @@ class SecurityTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.cluster.stop()
+        shutil.rmtree(cls.pki, ignore_errors=True)
 
     def client(self, **kw):
         return weightbeam.ControllerClient(self.cluster.controller_address, **kw)

@@ -6,13 +6,19 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -69,17 +75,61 @@ int Process::Wait(std::chrono::milliseconds timeout) {
 
 bool Process::running() { return Wait(std::chrono::milliseconds(0)) == -1; }
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+namespace {
+
+// The low end of the kernel's ephemeral range: ports the kernel hands to outgoing connections
+// (and to bind(port 0)). A daemon's port is drawn below it, so no connection from any process can
+// take it between the test picking it and the daemon binding it, or while a killed daemon is down.
+int EphemeralLow() {
+  int low = 32768, high = 60999;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> low >> high;
+  return low;
+}
+
+// Holds `port` for this process's lifetime against other tests that run at the same time: an
+// abstract Unix socket named after it (gone with the process, nothing left on disk).
+bool Reserve(int port) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string name = "wb-test-port-" + std::to_string(port);
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());  // sun_path[0] == 0: abstract
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    close(fd);
+    return false;
+  }
+  return true;  // fd stays open on purpose
+}
+
+bool TcpBindable(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as the daemons' listeners do
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   close(fd);
-  return port;
+  return ok;
+}
+
+}  // namespace
+
+int FreePort() {
+  static std::mutex mu;
+  static std::mt19937 rng{std::random_device{}()};
+  std::lock_guard<std::mutex> lock(mu);
+  const int low = 10000, high = std::max(low + 1000, EphemeralLow()) - 1;
+  std::uniform_int_distribution<int> pick(low, high);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int port = pick(rng);
+    if (TcpBindable(port) && Reserve(port)) return port;
+  }
+  std::fprintf(stderr, "FreePort: no free port in %d..%d\n", low, high);
+  std::abort();
 }
 
 bool PortAccepts(int port) {
@@ -102,13 +152,51 @@ bool WaitUntil(const std::function<bool()>& cond, std::chrono::milliseconds time
   return cond();
 }
 
+namespace {
+
+// Directories made by TempDir, removed when the test process exits normally. Under `bazel test`
+// their logs are first copied to the test's undeclared outputs (bazel-testlogs/.../outputs.zip),
+// so a failure can still be read after the directory is gone.
+std::vector<std::string>& MadeDirs() {
+  static auto* dirs = new std::vector<std::string>();
+  return *dirs;
+}
+pid_t made_by = 0;  // a forked child that exits must not remove its parent's directories
+
+void RemoveMadeDirs() {
+  namespace fs = std::filesystem;
+  if (getpid() != made_by) return;
+  const char* outputs = getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  for (const auto& dir : MadeDirs()) {
+    std::error_code ec;
+    if (outputs) {
+      const fs::path keep = fs::path(outputs) / fs::path(dir).filename();
+      for (const auto& entry : fs::directory_iterator(dir, ec)) {
+        if (!entry.is_regular_file(ec) || entry.path().extension() != ".log") continue;
+        fs::create_directories(keep, ec);
+        fs::copy_file(entry.path(), keep / entry.path().filename(), ec);
+      }
+    }
+    fs::remove_all(dir, ec);
+  }
+}
+
+}  // namespace
+
 std::string TempDir(const std::string& prefix) {
   // Under /tmp, not TEST_TMPDIR: Unix socket paths must stay under 108 bytes.
   std::string tmpl = "/tmp/" + prefix + "XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   char* dir = mkdtemp(buf.data());
-  return dir ? std::string(dir) : std::string();
+  if (!dir) return std::string();
+  static std::once_flag registered;
+  std::call_once(registered, [] {
+    made_by = getpid();
+    std::atexit(RemoveMadeDirs);
+  });
+  MadeDirs().push_back(dir);
+  return dir;
 }
 
 std::string Runfile(const std::string& path) {

@@ -30,13 +30,15 @@ class Process {
   int status_ = -1;
 };
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port on 127.0.0.1 that was free a moment ago, drawn below the kernel's ephemeral range
+// and reserved against concurrent tests for this process's lifetime.
 int FreePort();
 // True when something accepts TCP connections on 127.0.0.1:port.
 bool PortAccepts(int port);
 // Polls `cond` every 20 ms until it holds or `timeout` passes.
 bool WaitUntil(const std::function<bool()>& cond, std::chrono::milliseconds timeout);
-// A fresh directory under /tmp (short enough for Unix socket paths).
+// A fresh directory under /tmp (short enough for Unix socket paths), removed at exit (its
+// *.log files kept in the test's undeclared outputs under `bazel test`).
 std::string TempDir(const std::string& prefix);
 // Path of a binary in the test's runfiles, e.g. "daemon/wb-agent".
 std::string Runfile(const std::string& path);
