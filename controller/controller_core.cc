@@ -194,6 +194,7 @@ absl::StatusOr<std::vector<AgentRecord>> ControllerCore::PlanInput(
     }
     return absl::UnavailableError(absl::StrCat("missing: ", missing));
   }
+  MarkRegistering(replicas);
   std::set<int> drop;
   size_t complete = 0;
   for (const auto& [k, view] : *replicas) {

@@ -19,19 +19,22 @@ std::map<int, ReplicaView> CensusReplicas(const std::vector<AgentRecord>& agents
   std::map<int, ReplicaView> out;
   for (const auto& a : agents) {
     const v1::Owner* last = nullptr;
+    ReplicaView* view = nullptr;
     for (const auto& t : a.layout->tensors()) {
       if (t.owner().role() != v1::ROLE_INFERENCE) continue;
       // A process registers its tensors together: skip the map and set work (a string compare
       // per tensor, seconds for 10^6 of them on every Status) while the owner stays the same.
-      if (last && SameOwner(*last, t.owner())) continue;
-      last = &t.owner();
-      ReplicaView& v = out[t.owner().replica()];
-      if (a.lost) {
-        v.lost_agents.insert(a.info.name());
-      } else {
-        v.agents.insert(a.info.name());
-        v.ranks.insert(t.owner().rank());
+      if (!last || !SameOwner(*last, t.owner())) {
+        last = &t.owner();
+        view = &out[t.owner().replica()];
+        if (a.lost) {
+          view->lost_agents.insert(a.info.name());
+        } else {
+          view->agents.insert(a.info.name());
+          view->ranks.insert(t.owner().rank());
+        }
       }
+      if (!a.lost) ++view->tensors;
     }
   }
   for (auto& [replica, v] : out) {
@@ -43,7 +46,23 @@ std::map<int, ReplicaView> CensusReplicas(const std::vector<AgentRecord>& agents
   return out;
 }
 
+void MarkRegistering(std::map<int, ReplicaView>* census) {
+  std::map<size_t, uint64_t> most;  // by number of ranks
+  for (const auto& [k, v] : *census) {
+    if (v.complete) most[v.ranks.size()] = std::max(most[v.ranks.size()], v.tensors);
+  }
+  for (auto& [k, v] : *census) {
+    if (!v.complete || v.tensors >= most[v.ranks.size()]) continue;
+    v.complete = false;
+    v.registering_of = most[v.ranks.size()];
+  }
+}
+
 std::string DescribeIncomplete(int replica, const ReplicaView& view, int ranks_per_replica) {
+  if (view.registering_of > 0) {
+    return absl::StrCat("replica ", replica, " (still registering: ", view.tensors, " of ",
+                        view.registering_of, " tensors)");
+  }
   const int want = std::max(1, ranks_per_replica);
   std::vector<std::string> missing;
   for (int r = 0; r < want; ++r) {

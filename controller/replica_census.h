@@ -19,6 +19,8 @@ struct ReplicaView {
   std::set<std::string> lost_agents;  // lost agents whose last layout held a rank of it
   std::set<int> ranks;                // ranks registered on alive agents
   bool complete = false;              // every rank 0..ranks_per_replica-1 on an alive agent
+  uint64_t tensors = 0;               // tensors registered on alive agents (every rank's)
+  uint64_t registering_of = 0;        // set by MarkRegistering: the tensors its peers hold
 };
 
 // Same role, replica and rank: layout walks look at a run of one process's tensors once.
@@ -29,7 +31,15 @@ bool SameOwner(const weightbeam::v1::Owner& a, const weightbeam::v1::Owner& b);
 std::map<int, ReplicaView> CensusReplicas(const std::vector<AgentRecord>& agents,
                                           int ranks_per_replica);
 
-// "replica 1 (rank 0 missing; agents lost: inference-1)".
+// A worker registers its tensors one call at a time, and an agent reports its layout as it
+// changes: a replica whose ranks are all there may still be half registered, and a plan made then
+// would commit it with the rest of its tensors never written. Among complete replicas with the
+// same number of ranks (the same model, sharded the same way), those holding fewer tensors than
+// the most any holds are marked not complete, with `registering_of` set to that most.
+void MarkRegistering(std::map<int, ReplicaView>* census);
+
+// "replica 1 (rank 0 missing; agents lost: inference-1)", or for a replica MarkRegistering
+// marked, "replica 1 (still registering: 1 of 2 tensors)".
 std::string DescribeIncomplete(int replica, const ReplicaView& view, int ranks_per_replica);
 
 // `agents` without the tensors of the inference replicas in `drop` (layouts copied only where

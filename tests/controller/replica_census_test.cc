@@ -67,6 +67,27 @@ TEST_CASE("census: the same owner on two agents counts both agents; a lost one a
   CHECK_FALSE(census.at(3).complete);  // rank 1 lives only on the lost agent
 }
 
+TEST_CASE("census: a replica holding fewer tensors than its peers is still registering") {
+  // Replica 1's rank 1 has registered one of its two tensors: every rank is present, but a plan
+  // made now would commit it with the second tensor never written. Replica 2 is sharded over
+  // one rank (a different layout): its count is compared with no one.
+  const std::vector<AgentRecord> agents = {
+      Agent("i0", {{kInf, 0, 0}, {kInf, 0, 0}, {kInf, 0, 1}, {kInf, 0, 1}}),
+      Agent("i1", {{kInf, 1, 0}, {kInf, 1, 0}, {kInf, 1, 1}}),
+      Agent("i2", {{kInf, 2, 0}}), Agent("lost", {{kInf, 1, 1}, {kInf, 1, 1}}, /*lost=*/true)};
+  auto census = CensusReplicas(agents, 0);
+  CHECK(census.at(0).tensors == 4);
+  CHECK(census.at(1).tensors == 3);  // the lost agent's tensors are not counted
+  REQUIRE(census.at(1).complete);
+  MarkRegistering(&census);
+  CHECK(census.at(0).complete);
+  CHECK_FALSE(census.at(1).complete);
+  CHECK(census.at(1).registering_of == 4);
+  CHECK(census.at(2).complete);
+  CHECK(DescribeIncomplete(1, census.at(1), 2) ==
+        "replica 1 (still registering: 3 of 4 tensors)");
+}
+
 TEST_CASE("world: trainer ranks after a run of inference tensors on one agent are seen") {
   const std::vector<AgentRecord> agents = {
       Agent("mixed", {{kTrain, 0, 0}, {kTrain, 0, 0}, {kInf, 0, 0}, {kTrain, 0, 1}})};
