@@ -73,8 +73,8 @@ TEST_CASE("census: a replica holding fewer tensors than its peers is still regis
   // one rank (a different layout): its count is compared with no one.
   const std::vector<AgentRecord> agents = {
       Agent("i0", {{kInf, 0, 0}, {kInf, 0, 0}, {kInf, 0, 1}, {kInf, 0, 1}}),
-      Agent("i1", {{kInf, 1, 0}, {kInf, 1, 0}, {kInf, 1, 1}}),
-      Agent("i2", {{kInf, 2, 0}}), Agent("lost", {{kInf, 1, 1}, {kInf, 1, 1}}, /*lost=*/true)};
+      Agent("i1", {{kInf, 1, 0}, {kInf, 1, 0}, {kInf, 1, 1}}), Agent("i2", {{kInf, 2, 0}}),
+      Agent("lost", {{kInf, 1, 1}, {kInf, 1, 1}}, /*lost=*/true)};
   auto census = CensusReplicas(agents, 0);
   CHECK(census.at(0).tensors == 4);
   CHECK(census.at(1).tensors == 3);  // the lost agent's tensors are not counted
@@ -84,8 +84,7 @@ TEST_CASE("census: a replica holding fewer tensors than its peers is still regis
   CHECK_FALSE(census.at(1).complete);
   CHECK(census.at(1).registering_of == 4);
   CHECK(census.at(2).complete);
-  CHECK(DescribeIncomplete(1, census.at(1), 2) ==
-        "replica 1 (still registering: 3 of 4 tensors)");
+  CHECK(DescribeIncomplete(1, census.at(1), 2) == "replica 1 (still registering: 3 of 4 tensors)");
 }
 
 TEST_CASE("world: trainer ranks after a run of inference tensors on one agent are seen") {

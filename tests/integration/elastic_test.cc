@@ -363,8 +363,8 @@ TEST_CASE("a returning replica part way through registering is left out until it
              Catch::Contains("still registering: 1 of 2 tensors"));
   // The second tensor arrives on the same session: the next steps reach replica 1 in full.
   TensorInfo b{"b.weight", v1::DTYPE_BF16, {kRows, kCols}, {}};
-  REQUIRE(f.replicas[1]->session->Register(b, *f.replicas[1]->buffer, kTensorBytes, kTensorBytes)
-              .ok());
+  REQUIRE(
+      f.replicas[1]->session->Register(b, *f.replicas[1]->buffer, kTensorBytes, kTensorBytes).ok());
   f.StepUntilServing({0, 1});
 }
 
