@@ -35,7 +35,7 @@ grpc::ServerUnaryReactor* ControllerService::RegisterAgent(grpc::CallbackServerC
     return Done(ctx, ToGrpc(s));
   auto* mutable_req = const_cast<v1::RegisterAgentRequest*>(req);
   if (auto s = core_->membership().Register(req->agent(), std::move(*mutable_req->mutable_layout()),
-                                            req->incarnation());
+                                            req->incarnation(), PeerHost(ctx->peer()));
       !s.ok()) {
     return Done(ctx, ToGrpc(s));
   }
