@@ -39,6 +39,7 @@ grpc::ServerUnaryReactor* ControllerService::RegisterAgent(grpc::CallbackServerC
       !s.ok()) {
     return Done(ctx, ToGrpc(s));
   }
+  core_->agent_channels().ResetBackoff(req->agent().control_endpoint());
   resp->set_epoch(core_->membership().epoch());
   resp->set_heartbeat_interval_ms(heartbeat_interval_ms_);
   return Done(ctx, grpc::Status::OK);
