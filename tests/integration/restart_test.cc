@@ -19,6 +19,8 @@
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
 #include "tests/support/cluster.h"
+#include "tests/support/grpc_call.h"
+#include "weightbeam/v1/agent.grpc.pb.h"
 
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
@@ -268,8 +270,37 @@ TEST_CASE("a replica's agent restarted at once: steps go on to the other replica
   f.StepUntilBoth(3);
   f.StepUntilBoth(3);
 
-  // Until it is back, the restarted agent is skipped: no step fails, each commits replica 1.
+  auto status = f.ctl->Status();
+  REQUIRE(status.ok());
+  const uint64_t old_plan = status->plan().plan_id();
+  REQUIRE(old_plan != 0);
   f.Restart(f.replicas[0].get(), std::chrono::milliseconds(0));
+  // The new process never heard of the plan made before it started: a Begin for that plan (a
+  // controller that has not noticed the restart yet) is refused, naming it, so that receiver is
+  // dropped from the step instead of its senders failing at the handshake; and it does not
+  // claim a step it never began.
+  auto agent = v1::Agent::NewStub(grpc::CreateChannel(f.cluster->agent_address(ReplicaAgent(0)),
+                                                      grpc::InsecureChannelCredentials()));
+  v1::BeginRequest begin;
+  begin.set_version(1000);
+  begin.set_plan_id(old_plan);
+  begin.set_step_id(0xfeed);
+  v1::BeginResponse begun;
+  wb::testing::CheckRefused(
+      wb::testing::CallWithin(std::chrono::seconds(10), agent.get(), &v1::Agent::Stub::Begin, begin,
+                              &begun),
+      grpc::StatusCode::FAILED_PRECONDITION,
+      absl::StrCat("agent inference-0 was not introduced to plan ", old_plan));
+  v1::HealthRequest health;
+  health.set_step_id(0xfeed);
+  v1::HealthResponse healthy;
+  REQUIRE(wb::testing::CallWithin(std::chrono::seconds(10), agent.get(), &v1::Agent::Stub::Health,
+                                  health, &healthy)
+              .ok());
+  CHECK(healthy.serving());
+  CHECK_FALSE(healthy.step_open());
+
+  // Until it is back, the restarted agent is skipped: no step fails, each commits replica 1.
   for (int i = 0; i < kRejoinSteps; ++i) {
     auto r = f.Step();
     INFO((r.ok() ? "" : Message(r.status())));
