@@ -45,6 +45,16 @@ class AgentChannels {
     absl::MutexLock lock(&mu_);
     factory_ = std::move(factory);
     stubs_.clear();
+    channels_.clear();
+  }
+
+  // The agent at `endpoint` just registered (a restart, or back after a loss): a channel still
+  // in reconnect backoff from its old process would fail the next calls at once ("failed to
+  // connect") for up to the backoff; connect again now instead.
+  void ResetBackoff(const std::string& endpoint) {
+    absl::MutexLock lock(&mu_);
+    auto it = channels_.find(endpoint);
+    if (it != channels_.end()) grpc::experimental::ChannelResetConnectionBackoff(it->second.get());
   }
 
   weightbeam::v1::Agent::Stub* Get(const std::string& endpoint) {
@@ -75,7 +85,9 @@ class AgentChannels {
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
       // Per-call bookkeeping nobody reads (a few % of the controller's CPU with 512 agents).
       args.SetInt(GRPC_ARG_ENABLE_CHANNELZ, 0);
-      stub = weightbeam::v1::Agent::NewStub(factory_.Create(endpoint, args));
+      auto channel = factory_.Create(endpoint, args);
+      channels_[endpoint] = channel;
+      stub = weightbeam::v1::Agent::NewStub(channel);
     }
     return stub.get();
   }
@@ -83,6 +95,7 @@ class AgentChannels {
   absl::Mutex mu_;
   wb::grpcutil::ChannelFactory factory_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<weightbeam::v1::Agent::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
 };
 
 // One target: agent name, its endpoint and the request to send it.

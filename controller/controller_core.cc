@@ -185,12 +185,22 @@ absl::StatusOr<std::vector<AgentRecord>> ControllerCore::PlanInput(
   v1::ExpectedWorld trainers_only;
   trainers_only.set_trainer_ranks(world.trainer_ranks());
   if (world.trainer_ranks() > 0 && !WorldComplete(alive, trainers_only, &missing)) {
-    std::vector<std::string> lost;
+    // Name the agents that explain the gap: lost, or (a restart's first moments) registered
+    // but not answering Describe.
+    std::vector<std::string> lost, unanswered;
     for (const auto& a : agents) {
-      if (a.lost) lost.push_back(a.info.name());
+      if (silent.count(a.info.name())) {
+        unanswered.push_back(a.info.name());
+      } else if (a.lost) {
+        lost.push_back(a.info.name());
+      }
     }
     if (!lost.empty()) {
       absl::StrAppend(&missing, " (agents lost, no heartbeat: ", absl::StrJoin(lost, ", "), ")");
+    }
+    if (!unanswered.empty()) {
+      absl::StrAppend(&missing, " (agents that did not describe their layout: ",
+                      absl::StrJoin(unanswered, ", "), ")");
     }
     return absl::UnavailableError(absl::StrCat("missing: ", missing));
   }

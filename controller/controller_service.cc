@@ -35,10 +35,11 @@ grpc::ServerUnaryReactor* ControllerService::RegisterAgent(grpc::CallbackServerC
     return Done(ctx, ToGrpc(s));
   auto* mutable_req = const_cast<v1::RegisterAgentRequest*>(req);
   if (auto s = core_->membership().Register(req->agent(), std::move(*mutable_req->mutable_layout()),
-                                            req->incarnation());
+                                            req->incarnation(), PeerHost(ctx->peer()));
       !s.ok()) {
     return Done(ctx, ToGrpc(s));
   }
+  core_->agent_channels().ResetBackoff(req->agent().control_endpoint());
   resp->set_epoch(core_->membership().epoch());
   resp->set_heartbeat_interval_ms(heartbeat_interval_ms_);
   return Done(ctx, grpc::Status::OK);

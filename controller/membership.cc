@@ -20,15 +20,34 @@ absl::Status CheckLayout(const std::string& agent, const v1::AgentLayout& layout
   return absl::OkStatus();
 }
 
+std::string PeerHost(const std::string& peer) {
+  for (const char* scheme : {"ipv4:", "ipv6:"}) {
+    const std::string prefix = scheme;
+    if (peer.rfind(prefix, 0) != 0) continue;
+    const std::string address = peer.substr(prefix.size());
+    const auto colon = address.rfind(':');
+    return colon == std::string::npos ? address : address.substr(0, colon);
+  }
+  return peer;
+}
+
 Membership::Membership(uint64_t epoch, std::chrono::milliseconds heartbeat_timeout)
     : epoch_(epoch), heartbeat_timeout_(heartbeat_timeout) {}
 
 absl::Status Membership::Register(const v1::AgentInfo& info, v1::AgentLayout layout,
-                                  const std::string& incarnation) {
+                                  const std::string& incarnation, const std::string& caller_host) {
+  bool restarted = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = agents_.find(info.name());
-    if (it != agents_.end() && !it->second.lost && it->second.incarnation != incarnation) {
+    // A new incarnation at the same endpoint of the same host is the agent restarted (systemd's
+    // Restart=on-failure): waiting out the old one's heartbeat timeout would fail every step
+    // meanwhile, with the old plan and introductions pointing at a process that is gone.
+    restarted = it != agents_.end() && !it->second.lost && it->second.incarnation != incarnation &&
+                !caller_host.empty() && it->second.caller_host == caller_host &&
+                it->second.info.control_endpoint() == info.control_endpoint();
+    if (it != agents_.end() && !it->second.lost && it->second.incarnation != incarnation &&
+        !restarted) {
       spdlog::warn("refused RegisterAgent for '{}' from {}: a live agent at {} holds the name",
                    info.name(), info.control_endpoint(), it->second.info.control_endpoint());
       return absl::AlreadyExistsError(
@@ -49,13 +68,17 @@ absl::Status Membership::Register(const v1::AgentInfo& info, v1::AgentLayout lay
     const bool rejoined = r.lost;
     r.info = info;
     r.incarnation = incarnation;
+    r.caller_host = caller_host;
     old = std::move(r.layout);
     r.layout = std::move(shared);
     r.last_seen = Clock::now();
     r.lost = false;
     ++layout_version_;
     spdlog::info("agent {} registered{} from {} ({} tensors, {} NICs)", info.name(),
-                 rejoined ? " again" : "", info.control_endpoint(), tensors, info.nics_size());
+                 restarted  ? " again: restarted (new incarnation at the same endpoint)"
+                 : rejoined ? " again"
+                            : "",
+                 info.control_endpoint(), tensors, info.nics_size());
   }
   old.reset();
   return absl::OkStatus();

@@ -24,7 +24,12 @@ struct AgentRecord {
   std::chrono::steady_clock::time_point last_seen;
   bool lost = false;
   std::string incarnation;  // secret: never copied into answers
+  std::string caller_host;  // the host its RegisterAgent came from (gRPC peer, port cut off)
 };
+
+// The host part of a gRPC peer string ("ipv4:10.0.0.7:51234" -> "10.0.0.7",
+// "ipv6:[::1]:5" -> "[::1]"); other forms are returned whole.
+std::string PeerHost(const std::string& peer);
 
 // Checks a layout an agent reported before the planner sees it: every tensor's dtype, shape and
 // shard, and that its region length is exactly the shard's bytes (with checked arithmetic: the
@@ -37,9 +42,12 @@ class Membership {
 
   uint64_t epoch() const { return epoch_; }
   // Refused while another live agent holds the name under a different incarnation (it must be
-  // lost first: no heartbeat for heartbeat_timeout).
+  // lost first: no heartbeat for heartbeat_timeout), unless the new incarnation registers from
+  // the same host with the same control endpoint: that is the agent restarted (its old process
+  // no longer holds the port), and it takes its place at once. Every registration bumps the
+  // layout version, so the next step plans again and reloads plans and introductions.
   absl::Status Register(const weightbeam::v1::AgentInfo& info, weightbeam::v1::AgentLayout layout,
-                        const std::string& incarnation);
+                        const std::string& incarnation, const std::string& caller_host = "");
   // A heartbeat from another incarnation than the registered one is answered "register again"
   // and does not keep the registered agent alive.
   weightbeam::v1::HeartbeatResponse Heartbeat(const weightbeam::v1::HeartbeatRequest& req);

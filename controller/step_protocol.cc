@@ -317,7 +317,11 @@ absl::Status StepProtocol::ExecuteOnSenders(const StepSpec& spec,
 std::map<std::string, std::string> StepProtocol::UnreachableReceivers(
     const StepSpec& spec, const std::vector<std::string>& receivers) {
   std::vector<AgentCall<v1::HealthRequest>> calls;
-  for (const auto& a : receivers) calls.push_back({a, {}});
+  for (const auto& a : receivers) {
+    AgentCall<v1::HealthRequest> c{a, {}};
+    c.request.set_step_id(spec.step_id);
+    calls.push_back(std::move(c));
+  }
   // Short: a receiver that is there answers at once; never more than a quarter of what is left.
   const auto timeout = std::clamp(Remaining(spec) / 4, std::chrono::milliseconds(200),
                                   std::chrono::milliseconds(1000));
@@ -328,6 +332,10 @@ std::map<std::string, std::string> StepProtocol::UnreachableReceivers(
     } else if (!r.response.serving()) {
       gone[r.agent] = absl::StrCat("not serving during execute (",
                                    wb::wire::StateWord(r.response.state()), ")");
+    } else if (spec.step_id != 0 && !r.response.step_open()) {
+      // It answers, but not as the process that began the step: restarted since (or the
+      // step was closed there); the senders' writes to it cannot land.
+      gone[r.agent] = "the step is not open there any more (restarted during execute?)";
     }
   }
   return gone;

@@ -368,8 +368,14 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
   {
     absl::MutexLock lock(&mu_);
     if (req.plan_id() != plan_id_) {
+      // No plan at all: this process started after the plan was made (a restart); the
+      // controller plans again once it has registered.
       failed.set_error(
-          absl::StrCat("plan ", req.plan_id(), " is not loaded (agent has plan ", plan_id_, ")"));
+          plan_id_ == 0
+              ? absl::StrCat("has no plan loaded (it started after plan ", req.plan_id(),
+                             " was made: restarted?); the next plan after it registers loads one")
+              : absl::StrCat("plan ", req.plan_id(), " is not loaded (agent has plan ", plan_id_,
+                             ")"));
       metrics_.Error(AgentMetrics::kStepFailed);
       return failed;
     }
@@ -416,8 +422,21 @@ absl::Status AgentNode::CheckNewer(uint64_t version) {
   return absl::OkStatus();
 }
 
-absl::Status AgentNode::BeginStep(uint64_t version, uint64_t step_id) {
+absl::Status AgentNode::BeginStep(uint64_t version, uint64_t step_id, uint64_t plan_id) {
   if (auto s = CheckNewer(version); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&mu_);
+    if (plan_id != 0 && plan_id != introduced_plan_) {
+      // Its senders would be refused at the handshake: say so now, naming the cause, so the
+      // controller drops this receiver from the step instead of failing the senders.
+      metrics_.Error(AgentMetrics::kCommitRefused);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "agent ", config_.name, " was not introduced to plan ", plan_id,
+          introduced_plan_ == 0 ? " (it has no plan: restarted since?)"
+                                : absl::StrCat(" (it knows plan ", introduced_plan_, ")"),
+          "; the next plan after it registers includes it"));
+    }
+  }
   {
     absl::MutexLock fence(&fence_mu_);
     // From here on only this step's writes land; writes of an older step (aborted, timed out)
@@ -564,9 +583,10 @@ absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint6
   return absl::OkStatus();
 }
 
-v1::HealthResponse AgentNode::Health() const {
+v1::HealthResponse AgentNode::Health(uint64_t step_id) const {
   v1::HealthResponse h;
   absl::MutexLock lock(&mu_);
+  h.set_step_open(step_id != 0 && step_open_ && open_step_ == step_id);
   h.set_serving(!shutting_down_);
   h.set_state(shutting_down_ ? v1::AGENT_ACTIVITY_DRAINING : state_);
   h.set_committed_version(committed_version_);
@@ -600,6 +620,7 @@ absl::Status AgentNode::Introduce(uint64_t plan_id, const std::vector<std::strin
       if (!now.count(old)) dropped.push_back(old);
     }
     introduced_ = std::move(now);
+    introduced_plan_ = plan_id;
   }
   // A sender left out of the new plan must not keep writing with what it was given before.
   for (const auto& peer : dropped) {

@@ -60,15 +60,17 @@ class AgentNode {
   absl::Status Commit(uint64_t version);
   // A step from the controller: Begin opens the transports' step fence for `step_id` (writes of
   // any other step are refused from then on); Commit requires that fence still open, with no
-  // write of the step refused, and closes it.
-  absl::Status BeginStep(uint64_t version, uint64_t step_id);
+  // write of the step refused, and closes it. A Begin for a plan this agent was not introduced
+  // to (it restarted after the plan was made) is refused, so the controller leaves it out.
+  absl::Status BeginStep(uint64_t version, uint64_t step_id, uint64_t plan_id = 0);
   absl::Status CommitStep(uint64_t version, uint64_t step_id);
   // Delta mode: applies this attempt's delta slots (and checks hashes) before committing.
   absl::Status Commit(const weightbeam::v1::CommitRequest& req);
   // Cancels the step's execution here and closes its fence if it is the open one (a late
   // abort of an older step leaves the current one alone). step_id 0: by version.
   absl::Status Abort(uint64_t version, const std::string& reason, uint64_t step_id = 0);
-  weightbeam::v1::HealthResponse Health() const;
+  // `step_id`: also says whether that step is the one open here (step_open).
+  weightbeam::v1::HealthResponse Health(uint64_t step_id = 0) const;
   absl::StatusOr<std::string> Handshake(const weightbeam::v1::HandshakeRequest& req);
   // The senders the controller's plan `plan_id` has connect to us; handshakes from others are
   // refused and senders no longer listed are disconnected (their transport tokens revoked).
@@ -129,6 +131,7 @@ class AgentNode {
   bool delta_sending_ ABSL_GUARDED_BY(mu_) = false;  // the loaded plan sends deltas
   weightbeam::v1::AgentActivity state_ ABSL_GUARDED_BY(mu_) = weightbeam::v1::AGENT_ACTIVITY_IDLE;
   std::set<std::string> introduced_ ABSL_GUARDED_BY(mu_);  // senders allowed to handshake
+  uint64_t introduced_plan_ ABSL_GUARDED_BY(mu_) = 0;      // the plan they came with
   // The step this agent's fence is open for (receiving side), if any.
   bool step_open_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t open_step_ ABSL_GUARDED_BY(mu_) = 0;

@@ -63,7 +63,7 @@ grpc::ServerUnaryReactor* AgentService::Execute(grpc::CallbackServerContext* ctx
 grpc::ServerUnaryReactor* AgentService::Begin(grpc::CallbackServerContext* ctx,
                                               const v1::BeginRequest* req, v1::BeginResponse*) {
   if (auto a = guard_.AdmitController(*ctx, "Agent.Begin"); !a.ok()) return Refuse(ctx, a);
-  return Done(ctx, node_->BeginStep(req->version(), req->step_id()));
+  return Done(ctx, node_->BeginStep(req->version(), req->step_id(), req->plan_id()));
 }
 
 grpc::ServerUnaryReactor* AgentService::Commit(grpc::CallbackServerContext* ctx,
@@ -83,9 +83,10 @@ grpc::ServerUnaryReactor* AgentService::Abort(grpc::CallbackServerContext* ctx,
 }
 
 grpc::ServerUnaryReactor* AgentService::Health(grpc::CallbackServerContext* ctx,
-                                               const v1::HealthRequest*, v1::HealthResponse* resp) {
+                                               const v1::HealthRequest* req,
+                                               v1::HealthResponse* resp) {
   if (grpc::Status admitted = guard_.Admit(*ctx); !admitted.ok()) return Refuse(ctx, admitted);
-  *resp = node_->Health();
+  *resp = node_->Health(req->step_id());
   return Done(ctx, absl::OkStatus());
 }
 

@@ -44,6 +44,8 @@ struct Reply {
   std::optional<weightbeam::v1::AgentStepReport> report;  // execute: default ok, nothing sent
   std::function<void()> on_call;                          // runs first, on the call's thread
   std::function<grpc::Status()> answer;  // decides the status after the delay when set
+  // health: the answer (default: serving, the step open)
+  std::optional<weightbeam::v1::HealthResponse> health;
 };
 
 class FakeAgentFleet : public AgentFleet {
@@ -183,7 +185,14 @@ class FakeAgentFleet : public AgentFleet {
       resp->mutable_report()->set_ok(true);
     }
   }
-  static void Fill(const Reply&, weightbeam::v1::HealthResponse* resp) { resp->set_serving(true); }
+  static void Fill(const Reply& reply, weightbeam::v1::HealthResponse* resp) {
+    if (reply.health) {
+      *resp = *reply.health;
+      return;
+    }
+    resp->set_serving(true);
+    resp->set_step_open(true);
+  }
   template <typename Resp>
   static void Fill(const Reply&, Resp*) {}
   template <typename Req>

@@ -420,6 +420,32 @@ TEST_CASE(
   CHECK(fleet.Events("r0") == Strings{"begin 21", "commit 21"});
 }
 
+TEST_CASE(
+    "a replica restarted mid-step (it answers, its step is not open) is dropped, not blamed") {
+  FakeAgentFleet fleet;
+  // s0's first attempt fails writing to r1, whose agent restarted: the new process answers the
+  // health check but never began this step.
+  Reply first;
+  first.report = Report(false, 10, 10, "op 3 (w -> r1:w): connection closed by the peer");
+  first.on_call = [&fleet] { fleet.Script("s0", Phase::kExecute, Reply{}); };
+  fleet.Script("s0", Phase::kExecute, first);
+  Reply restarted;
+  restarted.health.emplace();
+  restarted.health->set_serving(true);
+  restarted.health->set_step_open(false);
+  fleet.Script("r1", Phase::kHealth, restarted);
+  StepSpec spec = Spec(24);
+  spec.step_id = 0x5eed;
+  const v1::StepResult result = RunDroppingReplica1(&fleet, spec);
+  CHECK_THAT(result.skipped_replicas(0).reason(),
+             Catch::Contains("agent r1: the step is not open there any more"));
+  const auto attempts = fleet.ExecuteRequestsOf("s0");
+  REQUIRE(attempts.size() == 2);
+  REQUIRE(attempts[1].skip_agents_size() == 1);
+  CHECK(attempts[1].skip_agents(0) == "r1");
+  CHECK(fleet.Events("r0") == Strings{"begin 24", "commit 24"});
+}
+
 TEST_CASE("a sender failure that no receiver explains fails the step, with no second attempt") {
   FakeAgentFleet fleet;
   fleet.Script("s1", Phase::kExecute,
