@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/status_util.h"
+#include "common/identity/incarnation_digest.h"
 
 namespace wb::controller {
 
@@ -34,8 +35,21 @@ grpc::ServerUnaryReactor* ControllerService::RegisterAgent(grpc::CallbackServerC
   if (auto s = CheckLayout(req->agent().name(), req->layout()); !s.ok())
     return Done(ctx, ToGrpc(s));
   auto* mutable_req = const_cast<v1::RegisterAgentRequest*>(req);
+  // Asked only when the name is held and the caller claims a restart at the holder's endpoint.
+  auto endpoint_answers_as_caller = [&] {
+    const std::string& endpoint = req->agent().control_endpoint();
+    core_->agent_channels().ResetBackoff(endpoint);
+    grpc::ClientContext call;
+    call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::HealthResponse health;
+    const grpc::Status s =
+        core_->agent_channels().Get(endpoint)->Health(&call, v1::HealthRequest(), &health);
+    return s.ok() && !health.incarnation_digest().empty() &&
+           health.incarnation_digest() == identity::IncarnationDigest(req->incarnation());
+  };
   if (auto s = core_->membership().Register(req->agent(), std::move(*mutable_req->mutable_layout()),
-                                            req->incarnation(), PeerHost(ctx->peer()));
+                                            req->incarnation(), PeerHost(ctx->peer()),
+                                            endpoint_answers_as_caller);
       !s.ok()) {
     return Done(ctx, ToGrpc(s));
   }

@@ -35,28 +35,36 @@ Membership::Membership(uint64_t epoch, std::chrono::milliseconds heartbeat_timeo
     : epoch_(epoch), heartbeat_timeout_(heartbeat_timeout) {}
 
 absl::Status Membership::Register(const v1::AgentInfo& info, v1::AgentLayout layout,
-                                  const std::string& incarnation, const std::string& caller_host) {
-  bool restarted = false;
+                                  const std::string& incarnation, const std::string& caller_host,
+                                  const std::function<bool()>& endpoint_answers_as_caller) {
+  bool held = false, restart_claimed = false;
+  std::string holder;
   {
     absl::MutexLock lock(&mu_);
     auto it = agents_.find(info.name());
-    // A new incarnation at the same endpoint of the same host is the agent restarted (systemd's
-    // Restart=on-failure): waiting out the old one's heartbeat timeout would fail every step
-    // meanwhile, with the old plan and introductions pointing at a process that is gone.
-    restarted = it != agents_.end() && !it->second.lost && it->second.incarnation != incarnation &&
-                !caller_host.empty() && it->second.caller_host == caller_host &&
-                it->second.info.control_endpoint() == info.control_endpoint();
-    if (it != agents_.end() && !it->second.lost && it->second.incarnation != incarnation &&
-        !restarted) {
-      spdlog::warn("refused RegisterAgent for '{}' from {}: a live agent at {} holds the name",
-                   info.name(), info.control_endpoint(), it->second.info.control_endpoint());
-      return absl::AlreadyExistsError(
-          absl::StrCat("agent name '", info.name(), "' is held by a live agent at ",
-                       it->second.info.control_endpoint(),
-                       "; another process may take it only after that one "
-                       "is lost (no heartbeat for ",
-                       heartbeat_timeout_.count(), " ms)"));
-    }
+    held = it != agents_.end() && !it->second.lost && it->second.incarnation != incarnation;
+    // A new incarnation at the same endpoint of the same host claims to be the agent restarted
+    // (systemd's Restart=on-failure): waiting out the old one's heartbeat timeout would fail
+    // every step meanwhile, with the old plan and introductions pointing at a process gone.
+    restart_claimed = held && !caller_host.empty() && it->second.caller_host == caller_host &&
+                      it->second.info.control_endpoint() == info.control_endpoint();
+    if (held) holder = it->second.info.control_endpoint();
+  }
+  // The claim is believed only if the process listening on that endpoint answers with the
+  // registering incarnation's digest (asked outside the lock: it is a network call). A live old
+  // process still holds the port and answers with its own.
+  const bool restarted =
+      restart_claimed && endpoint_answers_as_caller && endpoint_answers_as_caller();
+  if (held && !restarted) {
+    spdlog::warn(
+        "refused RegisterAgent for '{}' from {}: a live agent at {} holds the name{}", info.name(),
+        info.control_endpoint(), holder,
+        restart_claimed ? " (the process at that endpoint is not the one registering)" : "");
+    return absl::AlreadyExistsError(
+        absl::StrCat("agent name '", info.name(), "' is held by a live agent at ", holder,
+                     "; another process may take it only after that one "
+                     "is lost (no heartbeat for ",
+                     heartbeat_timeout_.count(), " ms)"));
   }
   const int tensors = layout.tensors_size();
   auto shared = std::make_shared<v1::AgentLayout>(std::move(layout));

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -43,11 +44,14 @@ class Membership {
   uint64_t epoch() const { return epoch_; }
   // Refused while another live agent holds the name under a different incarnation (it must be
   // lost first: no heartbeat for heartbeat_timeout), unless the new incarnation registers from
-  // the same host with the same control endpoint: that is the agent restarted (its old process
-  // no longer holds the port), and it takes its place at once. Every registration bumps the
-  // layout version, so the next step plans again and reloads plans and introductions.
+  // the same host with the same control endpoint and `endpoint_answers_as_caller()` (called
+  // without the lock) confirms that the process listening there is the one registering: that
+  // is the agent restarted (its old process no longer holds the port), and it takes its place
+  // at once. Every registration bumps the layout version, so the next step plans again and
+  // reloads plans and introductions.
   absl::Status Register(const weightbeam::v1::AgentInfo& info, weightbeam::v1::AgentLayout layout,
-                        const std::string& incarnation, const std::string& caller_host = "");
+                        const std::string& incarnation, const std::string& caller_host = "",
+                        const std::function<bool()>& endpoint_answers_as_caller = nullptr);
   // A heartbeat from another incarnation than the registered one is answered "register again"
   // and does not keep the registered agent alive.
   weightbeam::v1::HeartbeatResponse Heartbeat(const weightbeam::v1::HeartbeatRequest& req);

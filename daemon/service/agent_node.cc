@@ -591,6 +591,7 @@ v1::HealthResponse AgentNode::Health(uint64_t step_id) const {
   h.set_state(shutting_down_ ? v1::AGENT_ACTIVITY_DRAINING : state_);
   h.set_committed_version(committed_version_);
   if (link_ && !link_->registered()) h.add_problems("not registered with the controller");
+  if (link_) h.set_incarnation_digest(link_->incarnation_digest());
   return h;
 }
 

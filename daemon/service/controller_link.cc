@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common/grpc/message_limits.h"
+#include "common/identity/incarnation_digest.h"
 
 namespace wb::service {
 
@@ -81,6 +82,10 @@ std::string ControllerLink::RandomIncarnation() {
     std::memcpy(&bytes[i], &r, 4);
   }
   return bytes;
+}
+
+std::string ControllerLink::incarnation_digest() const {
+  return identity::IncarnationDigest(incarnation_);
 }
 
 bool ControllerLink::registered() const {

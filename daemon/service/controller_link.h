@@ -37,6 +37,9 @@ class ControllerLink {
   // Layout reports sent so far (RegisterAgent and ReportLayout), for tests and benchmarks.
   uint64_t layout_reports() const { return layout_reports_.load(); }
 
+  // The public digest of this process's incarnation (answered on Health).
+  std::string incarnation_digest() const;
+
  private:
   static std::string RandomIncarnation();
   void Run();         // register / heartbeat loop

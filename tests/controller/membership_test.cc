@@ -42,8 +42,13 @@ TEST_CASE("a restarted agent (same host and endpoint, new incarnation) takes its
 
   SECTION("the same layout again, from the restarted process") {
     // Same generation and tensor count as before: only the incarnation says it is new.
-    REQUIRE(
-        m.Register(Info("trainer-0", "10.0.0.7:7100"), Layout(2, 2), "second", "10.0.0.7").ok());
+    // The process at the endpoint answers as the registering one (the controller asks its
+    // Health for the incarnation digest).
+    int asked = 0;
+    REQUIRE(m.Register(Info("trainer-0", "10.0.0.7:7100"), Layout(2, 2), "second", "10.0.0.7", [&] {
+               return ++asked > 0;
+             }).ok());
+    CHECK(asked == 1);
     CHECK(m.layout_version() > before);
     CHECK(m.IsIncarnation("trainer-0", "second"));
     CHECK_FALSE(m.IsIncarnation("trainer-0", "first"));
@@ -56,20 +61,35 @@ TEST_CASE("a restarted agent (same host and endpoint, new incarnation) takes its
     hb.set_incarnation("second");
     CHECK_FALSE(m.Heartbeat(hb).reregister());
   }
+  SECTION("the same host and endpoint, but the process there is still the old one: refused") {
+    // A local impostor claiming the live agent's endpoint: the agent listening there answers
+    // with its own incarnation's digest, not the caller's.
+    auto s = m.Register(Info("trainer-0", "10.0.0.7:7100"), Layout(0, 0), "impostor", "10.0.0.7",
+                        [] { return false; });
+    CHECK(s.code() == absl::StatusCode::kAlreadyExists);
+    CHECK(m.IsIncarnation("trainer-0", "first"));
+    CHECK(m.layout_version() == before);
+    // Without a way to ask the endpoint, no takeover either.
+    CHECK(m.Register(Info("trainer-0", "10.0.0.7:7100"), Layout(0, 0), "impostor", "10.0.0.7")
+              .code() == absl::StatusCode::kAlreadyExists);
+  }
   SECTION("another endpoint under the name is refused while the agent lives") {
-    auto s = m.Register(Info("trainer-0", "10.0.0.8:7100"), Layout(0, 0), "other", "10.0.0.8");
+    auto s = m.Register(Info("trainer-0", "10.0.0.8:7100"), Layout(0, 0), "other", "10.0.0.8",
+                        [] { return true; });
     CHECK(s.code() == absl::StatusCode::kAlreadyExists);
     CHECK_THAT(std::string(s.message()), Catch::Contains("held by a live agent at 10.0.0.7:7100"));
     CHECK(m.IsIncarnation("trainer-0", "first"));
     CHECK(m.layout_version() == before);
   }
   SECTION("the same endpoint claimed from another host is refused") {
-    auto s = m.Register(Info("trainer-0", "10.0.0.7:7100"), Layout(0, 0), "other", "10.0.0.9");
+    auto s = m.Register(Info("trainer-0", "10.0.0.7:7100"), Layout(0, 0), "other", "10.0.0.9",
+                        [] { return true; });
     CHECK(s.code() == absl::StatusCode::kAlreadyExists);
     CHECK(m.IsIncarnation("trainer-0", "first"));
   }
   SECTION("a caller whose host is unknown is refused") {
-    auto s = m.Register(Info("trainer-0", "10.0.0.7:7100"), Layout(0, 0), "other", "");
+    auto s = m.Register(Info("trainer-0", "10.0.0.7:7100"), Layout(0, 0), "other", "",
+                        [] { return true; });
     CHECK(s.code() == absl::StatusCode::kAlreadyExists);
   }
   SECTION("the same incarnation registering again is accepted and bumps the version") {

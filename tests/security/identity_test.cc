@@ -57,6 +57,28 @@ TEST_CASE("a live agent's name cannot be taken and region keys are not listed", 
     }
   }
 
+  SECTION("RegisterAgent claiming a live agent's own endpoint, from its host, is refused") {
+    // A restarted agent (same host, same endpoint) takes its name at once, but only when the
+    // process listening on that endpoint answers with the registering incarnation's digest:
+    // here the real agent still listens there and answers with its own.
+    v1::RegisterAgentRequest req;
+    req.mutable_agent()->set_name("inference-node");
+    req.mutable_agent()->set_control_endpoint(cluster.agent_address("inference-node"));
+    req.set_incarnation("impostor-incarnation");
+    v1::RegisterAgentResponse resp;
+    grpc::Status st = wb::testing::CallWithin(std::chrono::seconds(10), stub.get(),
+                                              &v1::Controller::Stub::RegisterAgent, req, &resp);
+    wb::testing::CheckRefused(st, grpc::StatusCode::ALREADY_EXISTS, "held by a live agent");
+    auto ctl = ControllerClient::Connect(cluster.controller_address());
+    REQUIRE(ctl.ok());
+    wb::testing::PlanOneToOne(&*ctl);
+    sides.Fill(0x37);
+    auto step = ctl->Step(1);
+    INFO((step.ok() ? "" : std::string(step.status().message())));
+    REQUIRE(step.ok());
+    CHECK(sides.Same());
+  }
+
   SECTION("RegisterAgent under a live agent's name from another endpoint is refused") {
     v1::RegisterAgentRequest req;
     req.mutable_agent()->set_name("inference-node");
