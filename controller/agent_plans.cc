@@ -13,28 +13,33 @@ namespace v1 = weightbeam::v1;
 
 absl::StatusOr<BuiltPlan> PlanForAgents(const std::vector<AgentRecord>& agents,
                                         const config::ControllerConfig& config, uint64_t plan_id) {
-  std::vector<planner::AgentLayout> layouts;
   std::map<std::string, const AgentRecord*> by_name;
-  for (const auto& a : agents) {
-    auto layout = planner::LayoutFromProto(a.info, *a.layout);
-    if (!layout.ok()) {
-      return absl::Status(layout.status().code(),
-                          absl::StrCat("agent ", a.info.name(), ": ", layout.status().message()));
-    }
-    layouts.push_back(std::move(*layout));
-    by_name[a.info.name()] = &a;
-  }
-  planner::PlanOptions options;
-  options.renames = config.renames;
-  options.fusions = config.fusions;
-  options.cost = config.cost_model;
-  auto plan = planner::BuildPlan(layouts, options);
-  if (!plan.ok()) return plan.status();
-
+  for (const auto& a : agents) by_name[a.info.name()] = &a;
   BuiltPlan built;
-  built.summary = planner::SummaryToProto(layouts, *plan, plan_id);
+  std::vector<v1::AgentPlan> agent_plans;
+  {
+    // The planner's copy of the layouts and its plan are dropped before the regions are
+    // filled in below: with 10^6 tensors each is hundreds of MB.
+    std::vector<planner::AgentLayout> layouts;
+    for (const auto& a : agents) {
+      auto layout = planner::LayoutFromProto(a.info, *a.layout);
+      if (!layout.ok()) {
+        return absl::Status(layout.status().code(),
+                            absl::StrCat("agent ", a.info.name(), ": ", layout.status().message()));
+      }
+      layouts.push_back(std::move(*layout));
+    }
+    planner::PlanOptions options;
+    options.renames = config.renames;
+    options.fusions = config.fusions;
+    options.cost = config.cost_model;
+    auto plan = planner::BuildPlan(layouts, options);
+    if (!plan.ok()) return plan.status();
+    built.summary = planner::SummaryToProto(layouts, *plan, plan_id);
+    agent_plans = planner::PlanToProto(layouts, *plan, plan_id);
+  }
   std::map<std::string, std::unordered_map<uint64_t, const v1::RegionDescriptor*>> regions_of;
-  for (v1::AgentPlan& agent_plan : planner::PlanToProto(layouts, *plan, plan_id)) {
+  for (v1::AgentPlan& agent_plan : agent_plans) {
     // Introduce each receiver: where to reach it and the keys of the regions we may write.
     for (v1::PeerIntro& peer : *agent_plan.mutable_peers()) {
       const AgentRecord* receiver = by_name.at(peer.agent());

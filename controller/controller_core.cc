@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/process/malloc_arenas.h"
 
 namespace wb::controller {
 
@@ -275,7 +276,15 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
     has_plan_ = false;
     return absl::UnavailableError(absl::StrCat("loading the plan failed: ", failed));
   }
+  // The senders hold their ops now: keep who they are, not 10^6 ops (or the regions' keys).
+  for (auto& [agent, plan] : built->agent_plans) {
+    v1::AgentPlan names_only;  // a fresh message: Clear() would keep the ops allocated
+    names_only.set_agent(plan.agent());
+    names_only.set_plan_id(plan.plan_id());
+    plan = std::move(names_only);
+  }
   plan_ = std::move(*built);
+  ReturnFreeMemory();  // the old plan, and what building and sending this one held
   has_plan_ = true;
   delta_need_anchor_ = true;
   delta_since_anchor_ = 0;

@@ -30,7 +30,9 @@ namespace wb::controller {
 // What the planner produces for the controller: a summary and one plan per sending agent.
 struct BuiltPlan {
   weightbeam::v1::PlanSummary summary;
-  std::map<std::string, weightbeam::v1::AgentPlan> agent_plans;  // by sending agent
+  // By sending agent. Once loaded onto the senders, the controller keeps only the names and
+  // plan ids here (a plan of 10^6 ops lives in the senders, not twice).
+  std::map<std::string, weightbeam::v1::AgentPlan> agent_plans;
 };
 
 // Pure: agents' layouts + config in, plan out (no I/O).
