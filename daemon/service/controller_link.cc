@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common/grpc/message_limits.h"
+#include "common/process/malloc_arenas.h"
 
 namespace wb::service {
 
@@ -22,6 +23,12 @@ void WithDeadline(grpc::ClientContext* ctx, int ms) {
 
 // A layout of 10^6 tensors is ~150 MiB on the wire: give big layouts time to travel.
 int LayoutDeadlineMs(const v1::AgentLayout& layout) { return 5000 + layout.tensors_size() / 20; }
+
+// A report's layout is built, sent and freed: from 10^4 tensors on, give what it held back to
+// the kernel, or the next report (built on another thread) grows the heap again.
+void ReleaseReport(int tensors) {
+  if (tensors >= 10000) ReturnFreeMemory();
+}
 
 std::unique_ptr<v1::Controller::Stub> NewStub(const wb::grpcutil::ChannelFactory& channels,
                                               const std::string& address, const char* purpose) {
@@ -90,14 +97,24 @@ bool ControllerLink::registered() const {
 
 bool ControllerLink::Register() {
   const auto t0 = Clock::now();
-  grpc::ClientContext ctx;
-  v1::RegisterAgentRequest req;
-  *req.mutable_agent() = info_();
-  *req.mutable_layout() = layout_();
-  req.set_incarnation(incarnation_);
-  WithDeadline(&ctx, LayoutDeadlineMs(req.layout()));
+  grpc::Status s;
   v1::RegisterAgentResponse resp;
-  grpc::Status s = stub_->RegisterAgent(&ctx, req, &resp);
+  std::string agent_name;
+  uint64_t generation = 0;
+  int tensors = 0;
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterAgentRequest req;
+    *req.mutable_agent() = info_();
+    *req.mutable_layout() = layout_();
+    req.set_incarnation(incarnation_);
+    WithDeadline(&ctx, LayoutDeadlineMs(req.layout()));
+    s = stub_->RegisterAgent(&ctx, req, &resp);
+    agent_name = req.agent().name();
+    generation = req.layout().generation();
+    tensors = req.layout().tensors_size();
+  }
+  ReleaseReport(tensors);
   if (!s.ok()) {
     // Retried with backoff (at most every 5 s); a refusal (token, certificate) shows here.
     spdlog::warn("cannot register with controller {}: {}", address_, s.error_message());
@@ -106,11 +123,10 @@ bool ControllerLink::Register() {
   absl::MutexLock lock(&mu_);
   ReportDone(t0);
   epoch_ = resp.epoch();
-  agent_name_ = req.agent().name();
-  reported_generation_ = req.layout().generation();
+  agent_name_ = agent_name;
+  reported_generation_ = generation;
   if (resp.heartbeat_interval_ms() > 0) heartbeat_ms_ = resp.heartbeat_interval_ms();
-  spdlog::info("registered with controller {} (epoch {}, {} tensors)", address_, epoch_,
-               req.layout().tensors_size());
+  spdlog::info("registered with controller {} (epoch {}, {} tensors)", address_, epoch_, tensors);
   return true;
 }
 
@@ -165,6 +181,7 @@ void ControllerLink::ReportLayout() {
     v1::ReportLayoutResponse resp;
     s = report_stub_->ReportLayout(&ctx, req, &resp);
   }
+  ReleaseReport(tensors);
   absl::MutexLock lock(&mu_);
   if (!s.ok()) {
     spdlog::warn("reporting the layout ({} tensors) to controller {} failed: {}", tensors, address_,
