@@ -137,7 +137,7 @@ void ControllerLink::ReportDone(Clock::time_point started) {
   layout_reports_++;
 }
 
-bool ControllerLink::Heartbeat() {
+ControllerLink::Beat ControllerLink::Heartbeat() {
   const uint64_t generation = generation_();
   v1::HeartbeatRequest req;
   {
@@ -153,16 +153,16 @@ bool ControllerLink::Heartbeat() {
   grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
   if (!s.ok()) {
     spdlog::warn("controller {} unreachable: {}", address_, s.error_message());
-    return false;
+    return Beat::kNoAnswer;
   }
   if (resp.reregister()) {
     spdlog::info("controller {} asks to register again (it restarted)", address_);
-    return false;
+    return Beat::kRegisterAgain;
   }
   absl::MutexLock lock(&mu_);
   if (resp.send_layout()) report_forced_ = true;
   if (resp.send_layout() || generation != reported_generation_) report_due_ = true;
-  return true;
+  return Beat::kAlive;
 }
 
 void ControllerLink::ReportLayout() {
@@ -231,7 +231,18 @@ void ControllerLink::Run() {
       if (stop_) return;
       registered = registered_;
     }
-    bool ok = registered ? Heartbeat() : Register();
+    bool ok;
+    if (registered) {
+      // One heartbeat without an answer (a busy controller, a long step on a loaded node) is
+      // not a reason to send the whole layout again (10^6 tensors are ~150 MiB on the wire and
+      // a GB of the controller's memory while it parses them): the next heartbeat tells.
+      const Beat beat = Heartbeat();
+      missed_heartbeats_ = beat == Beat::kNoAnswer ? missed_heartbeats_ + 1 : 0;
+      ok = beat == Beat::kAlive || (beat == Beat::kNoAnswer && missed_heartbeats_ < 3);
+    } else {
+      ok = Register();
+      missed_heartbeats_ = 0;
+    }
     absl::MutexLock lock(&mu_);
     registered_ = ok;
     int wait_ms;
