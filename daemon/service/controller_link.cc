@@ -147,6 +147,12 @@ ControllerLink::Beat ControllerLink::Heartbeat() {
   }
   req.set_layout_generation(generation);
   req.set_incarnation(incarnation_);
+  bool report_crossing;  // a report in flight while this heartbeat travels
+  {
+    absl::MutexLock lock(&mu_);
+    report_crossing = report_in_flight_;
+  }
+  const uint64_t reports_before = layout_reports_.load();
   grpc::ClientContext ctx;
   WithDeadline(&ctx, std::max<int>(2000, heartbeat_ms_ * 2));
   v1::HeartbeatResponse resp;
@@ -160,7 +166,12 @@ ControllerLink::Beat ControllerLink::Heartbeat() {
     return Beat::kRegisterAgain;
   }
   absl::MutexLock lock(&mu_);
-  if (resp.send_layout()) report_forced_ = true;
+  // "Send your layout" means the controller's generation differed from this heartbeat's. A
+  // report in flight (or landed) meanwhile may carry exactly that layout: then the report loop
+  // compares generations as usual, instead of re-sending 10^6 tensors for nothing.
+  report_crossing =
+      report_crossing || report_in_flight_ || layout_reports_.load() != reports_before;
+  if (resp.send_layout() && !report_crossing) report_forced_ = true;
   if (resp.send_layout() || generation != reported_generation_) report_due_ = true;
   return Beat::kAlive;
 }
@@ -217,7 +228,15 @@ void ControllerLink::RunReports() {
       absl::MutexLock l(&mu_);
       return reported_generation_;
     }();
-    if (changed) ReportLayout();
+    if (changed) {
+      {
+        absl::MutexLock l(&mu_);
+        report_in_flight_ = true;
+      }
+      ReportLayout();
+      absl::MutexLock l(&mu_);
+      report_in_flight_ = false;
+    }
     mu_.Lock();
   }
 }

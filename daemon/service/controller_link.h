@@ -71,6 +71,7 @@ class ControllerLink {
   // A report is wanted (the layout changed, or the controller asked for it).
   bool report_due_ ABSL_GUARDED_BY(mu_) = false;
   bool report_forced_ ABSL_GUARDED_BY(mu_) = false;
+  bool report_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   std::string agent_name_ ABSL_GUARDED_BY(mu_);  // from the last registration
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reported_generation_ ABSL_GUARDED_BY(mu_) = 0;
