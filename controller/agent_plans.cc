@@ -1,9 +1,12 @@
 #include "controller/agent_plans.h"
 
+#include <algorithm>
 #include <map>
+#include <thread>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "common/parallel/parallel_for.h"
 #include "common/planner/plan.h"
 #include "common/planner/plan_proto.h"
 
@@ -13,28 +16,42 @@ namespace v1 = weightbeam::v1;
 
 absl::StatusOr<BuiltPlan> PlanForAgents(const std::vector<AgentRecord>& agents,
                                         const config::ControllerConfig& config, uint64_t plan_id) {
-  std::vector<planner::AgentLayout> layouts;
   std::map<std::string, const AgentRecord*> by_name;
-  for (const auto& a : agents) {
-    auto layout = planner::LayoutFromProto(a.info, *a.layout);
-    if (!layout.ok()) {
-      return absl::Status(layout.status().code(),
-                          absl::StrCat("agent ", a.info.name(), ": ", layout.status().message()));
-    }
-    layouts.push_back(std::move(*layout));
-    by_name[a.info.name()] = &a;
-  }
-  planner::PlanOptions options;
-  options.renames = config.renames;
-  options.fusions = config.fusions;
-  options.cost = config.cost_model;
-  auto plan = planner::BuildPlan(layouts, options);
-  if (!plan.ok()) return plan.status();
-
+  for (const auto& a : agents) by_name[a.info.name()] = &a;
   BuiltPlan built;
-  built.summary = planner::SummaryToProto(layouts, *plan, plan_id);
+  std::vector<v1::AgentPlan> agent_plans;
+  {
+    // The planner's copy of the layouts and its plan are dropped before the regions are
+    // filled in below: with 10^6 tensors each is hundreds of MB.
+    // Converted on every core, one agent at a time each (10^6 tensors take a second or two).
+    std::vector<absl::StatusOr<planner::AgentLayout>> converted(agents.size());
+    const int threads = static_cast<int>(
+        std::min<size_t>(agents.size(), std::max(1u, std::thread::hardware_concurrency())));
+    ParallelFor(agents.size(), threads, [&](uint64_t i) {
+      converted[i] = planner::LayoutFromProto(agents[i].info, *agents[i].layout);
+    });
+    std::vector<planner::AgentLayout> layouts;
+    layouts.reserve(agents.size());
+    for (size_t i = 0; i < agents.size(); ++i) {
+      if (!converted[i].ok()) {
+        return absl::Status(
+            converted[i].status().code(),
+            absl::StrCat("agent ", agents[i].info.name(), ": ", converted[i].status().message()));
+      }
+      layouts.push_back(std::move(*converted[i]));
+    }
+    converted.clear();
+    planner::PlanOptions options;
+    options.renames = config.renames;
+    options.fusions = config.fusions;
+    options.cost = config.cost_model;
+    auto plan = planner::BuildPlan(layouts, options);
+    if (!plan.ok()) return plan.status();
+    built.summary = planner::SummaryToProto(layouts, *plan, plan_id);
+    agent_plans = planner::PlanToProto(layouts, *plan, plan_id);
+  }
   std::map<std::string, std::unordered_map<uint64_t, const v1::RegionDescriptor*>> regions_of;
-  for (v1::AgentPlan& agent_plan : planner::PlanToProto(layouts, *plan, plan_id)) {
+  for (v1::AgentPlan& agent_plan : agent_plans) {
     // Introduce each receiver: where to reach it and the keys of the regions we may write.
     for (v1::PeerIntro& peer : *agent_plan.mutable_peers()) {
       const AgentRecord* receiver = by_name.at(peer.agent());

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/process/malloc_arenas.h"
 
 namespace wb::controller {
 
@@ -285,7 +286,15 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
     has_plan_ = false;
     return absl::UnavailableError(absl::StrCat("loading the plan failed: ", failed));
   }
+  // The senders hold their ops now: keep who they are, not 10^6 ops (or the regions' keys).
+  for (auto& [agent, plan] : built->agent_plans) {
+    v1::AgentPlan names_only;  // a fresh message: Clear() would keep the ops allocated
+    names_only.set_agent(plan.agent());
+    names_only.set_plan_id(plan.plan_id());
+    plan = std::move(names_only);
+  }
   plan_ = std::move(*built);
+  ReturnFreeMemory();  // the old plan, and what building and sending this one held
   has_plan_ = true;
   delta_need_anchor_ = true;
   delta_since_anchor_ = 0;
@@ -631,6 +640,21 @@ v1::PlanSummary ControllerCore::CurrentPlan() const {
   return summary_valid_ ? summary_ : v1::PlanSummary();
 }
 
+std::shared_ptr<const std::map<int, ReplicaView>> ControllerCore::Census() const {
+  // Read before the snapshot: a change in between only makes the next call count again.
+  const uint64_t version = membership_.layout_version();
+  {
+    absl::MutexLock lock(&census_mu_);
+    if (census_ && census_version_ == version) return census_;
+  }
+  auto census = std::make_shared<const std::map<int, ReplicaView>>(
+      CensusReplicas(membership_.Snapshot(), config_.world.inference_ranks_per_replica));
+  absl::MutexLock lock(&census_mu_);
+  census_ = census;
+  census_version_ = version;
+  return census;
+}
+
 v1::StatusResponse ControllerCore::Status() const {
   v1::StatusResponse s;
   s.set_version("0.1.0");
@@ -652,8 +676,8 @@ v1::StatusResponse ControllerCore::Status() const {
   for (const auto& r : recent_) *s.add_recent_steps() = r;
   s.set_min_replicas(config_.min_replicas);
   // Replica states from the layouts as they are now (docs/elastic.md).
-  const auto census =
-      CensusReplicas(membership_.Snapshot(), config_.world.inference_ranks_per_replica);
+  const std::shared_ptr<const std::map<int, ReplicaView>> census_now = Census();
+  const auto& census = *census_now;
   std::set<int> known;
   for (int k : ledger_.Known()) known.insert(k);
   for (const auto& [k, view] : census) known.insert(k);

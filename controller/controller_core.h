@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -30,7 +31,9 @@ namespace wb::controller {
 // What the planner produces for the controller: a summary and one plan per sending agent.
 struct BuiltPlan {
   weightbeam::v1::PlanSummary summary;
-  std::map<std::string, weightbeam::v1::AgentPlan> agent_plans;  // by sending agent
+  // By sending agent. Once loaded onto the senders, the controller keeps only the names and
+  // plan ids here (a plan of 10^6 ops lives in the senders, not twice).
+  std::map<std::string, weightbeam::v1::AgentPlan> agent_plans;
 };
 
 // Pure: agents' layouts + config in, plan out (no I/O).
@@ -129,6 +132,9 @@ class ControllerCore {
   StepSpec NextStep(uint64_t version, std::chrono::steady_clock::time_point started,
                     std::chrono::milliseconds timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
   void Record(const weightbeam::v1::StepResult& r);
+  // The replica census of the layouts as they are now, counted again only after they changed:
+  // Status is polled, and counting walks every tensor (10^6 per agent).
+  std::shared_ptr<const std::map<int, ReplicaView>> Census() const;
   // Delta mode: loads the receiving half of the plan (receive regions) on the receivers and
   // adds their regions and slots to the senders' plans.
   absl::Status LoadDeltaReceivers(BuiltPlan* built,
@@ -165,6 +171,10 @@ class ControllerCore {
   // The last Plan request's delta choice; replans after a layout change keep it.
   weightbeam::v1::DeltaChoice delta_choice_ ABSL_GUARDED_BY(plan_mu_) =
       weightbeam::v1::DELTA_CHOICE_CONFIG;
+
+  mutable absl::Mutex census_mu_;
+  mutable std::shared_ptr<const std::map<int, ReplicaView>> census_ ABSL_GUARDED_BY(census_mu_);
+  mutable uint64_t census_version_ ABSL_GUARDED_BY(census_mu_) = 0;
 
   mutable absl::Mutex state_mu_;
   uint64_t last_committed_ ABSL_GUARDED_BY(state_mu_) = 0;

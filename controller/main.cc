@@ -12,6 +12,7 @@
 #include "common/metrics/http_exporter.h"
 #include "common/process/daemon_lifecycle.h"
 #include "common/process/logging.h"
+#include "common/process/malloc_arenas.h"
 #include "common/process/mutex_mode.h"
 #include "config/config.h"
 #include "controller/agent_plans.h"
@@ -56,6 +57,8 @@ int main(int argc, char** argv) {
   // Signals are taken by one thread with sigwait; block them before any thread starts.
   wb::TerminationSignals signals;
   wb::UseFastMutexes();
+  // Layouts of 10^6 tensors are parsed, replaced and planned on different gRPC threads.
+  wb::LimitMallocArenas(2);
 
   // A random epoch tells agents that this is a new incarnation: they register again.
   const uint64_t epoch = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);

@@ -3,12 +3,24 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/process/malloc_arenas.h"
 #include "common/tensor/tensor_checks.h"
 
 namespace wb::controller {
 
 namespace v1 = weightbeam::v1;
 using Clock = std::chrono::steady_clock;
+
+namespace {
+// Frees a replaced layout (outside the lock). Past 10^4 tensors, what it held goes back to the
+// kernel: the next report is parsed on another gRPC thread and would grow the heap again.
+void Release(std::shared_ptr<const v1::AgentLayout> old) {
+  const int tensors = old ? old->tensors_size() : 0;
+  const bool last = old.use_count() == 1;  // a plan being made may still hold it
+  old.reset();
+  if (last && tensors >= 10000) ReturnFreeMemory();
+}
+}  // namespace
 
 absl::Status CheckLayout(const std::string& agent, const v1::AgentLayout& layout) {
   for (const auto& t : layout.tensors()) {
@@ -88,7 +100,7 @@ absl::Status Membership::Register(const v1::AgentInfo& info, v1::AgentLayout lay
                             : "",
                  info.control_endpoint(), tensors, info.nics_size());
   }
-  old.reset();
+  Release(std::move(old));
   return absl::OkStatus();
 }
 
@@ -145,7 +157,7 @@ bool Membership::ReportLayout(v1::AgentLayout&& moved) {
   }
   spdlog::info("agent {} reported layout generation {} ({} tensors)", layout->agent(),
                layout->generation(), layout->tensors_size());
-  old.reset();
+  Release(std::move(old));
   return true;
 }
 

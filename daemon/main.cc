@@ -7,6 +7,7 @@
 
 #include "common/process/daemon_lifecycle.h"
 #include "common/process/logging.h"
+#include "common/process/malloc_arenas.h"
 #include "common/process/mutex_mode.h"
 #include "config/config.h"
 #include "daemon/service/agent_node.h"
@@ -57,6 +58,8 @@ int main(int argc, char** argv) {
   // Signals are taken by one thread with sigwait; block them before any thread starts.
   wb::TerminationSignals signals;
   wb::UseFastMutexes();
+  // Registrations, layout reports and plans of 10^6 entries run on different gRPC threads.
+  wb::LimitMallocArenas(2);
 
   wb::service::AgentNode node(config);
   if (auto s = node.Start(); !s.ok()) {

@@ -88,11 +88,27 @@ Executor::Executor(registry::RegionRegistry* registry, StagingPool* staging,
                    const Preparer* preparer, ExecutorOptions options)
     : registry_(registry), staging_(staging), preparer_(preparer), options_(options) {}
 
-void Executor::Load(std::vector<v1::TransferOp> ops, std::map<std::string, Route> routes,
-                    std::shared_ptr<delta::DeltaSender> delta) {
-  std::stable_sort(ops.begin(), ops.end(), [](const v1::TransferOp& a, const v1::TransferOp& b) {
+void SortByPhase(std::vector<v1::TransferOp>* ops) {
+  std::stable_sort(ops->begin(), ops->end(), [](const v1::TransferOp& a, const v1::TransferOp& b) {
     return a.phase() < b.phase();
   });
+}
+
+void Executor::Load(std::vector<v1::TransferOp> ops, std::map<std::string, Route> routes,
+                    std::shared_ptr<delta::DeltaSender> delta) {
+  SortByPhase(&ops);
+  Load(std::make_shared<const std::vector<v1::TransferOp>>(std::move(ops)), std::move(routes),
+       std::move(delta));
+}
+
+std::shared_ptr<const std::vector<v1::TransferOp>> Executor::ops() const {
+  absl::MutexLock lock(&mu_);
+  return ops_;
+}
+
+void Executor::Load(std::shared_ptr<const std::vector<v1::TransferOp>> ops,
+                    std::map<std::string, Route> routes,
+                    std::shared_ptr<delta::DeltaSender> delta) {
   // A step of the old plan still running is stale: stop it and wait until it is gone.
   CancelCurrent("a new plan is being loaded");
   absl::MutexLock serial(&run_mu_);
@@ -618,7 +634,7 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   CancelCurrent(absl::StrCat("superseded by a step of version ", version));
   absl::MutexLock serial(&run_mu_);
   auto step_run = std::make_shared<StepRun>(step_id);
-  std::shared_ptr<std::vector<v1::TransferOp>> plan;
+  std::shared_ptr<const std::vector<v1::TransferOp>> plan;
   std::shared_ptr<const Routes> routes;
   {
     absl::MutexLock lock(&mu_);
@@ -642,12 +658,9 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   std::shared_ptr<delta::DeltaSender> delta;
   {
     absl::MutexLock lock(&mu_);
-    // A copy (without the destinations this step skips): a concurrent Load must not pull the
-    // plan from under the step (or from under a late completion of it).
-    plan = std::make_shared<std::vector<v1::TransferOp>>();
-    for (const auto& op : ops_) {
-      if (!skip.count(op.dst_agent())) plan->push_back(op);
-    }
+    // Shared, not copied: a concurrent Load swaps in a new vector and never changes this one
+    // under the step (or under a late completion of it).
+    plan = ops_;
     if (step.enabled) delta = delta_;
   }
   // After an abort or a failed step the destination may hold part of a step: anchor.
@@ -657,17 +670,25 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   if (delta && !skip.empty()) delta->Invalidate();
   step.version = version;
   const std::vector<v1::TransferOp>& ops = *plan;
+  // The destinations this step skips are left out; a phase left empty is not run.
+  uint64_t run_ops = ops.size();
+  if (!skip.empty()) {
+    run_ops = std::count_if(ops.begin(), ops.end(),
+                            [&](const v1::TransferOp& op) { return !skip.count(op.dst_agent()); });
+  }
   for (size_t i = 0; i < ops.size() && status.ok(); ++i) {
-    phase.push_back(&ops[i]);
+    if (skip.empty() || !skip.count(ops[i].dst_agent())) phase.push_back(&ops[i]);
     if (i + 1 == ops.size() || ops[i + 1].phase() != ops[i].phase()) {
-      status = RunPhase(plan, routes, step_run, phase, deadline, step, delta.get(), &report);
+      if (!phase.empty()) {
+        status = RunPhase(plan, routes, step_run, phase, deadline, step, delta.get(), &report);
+      }
       phase.clear();
     }
   }
-  report.set_ops(ops.size());
+  report.set_ops(run_ops);
   if (!delta) {
     report.set_bytes_dense(report.bytes_sent());
-    report.set_dense_ops(ops.size());
+    report.set_dense_ops(run_ops);
   }
   if (delta && !status.ok()) delta->Invalidate();
   report.mutable_stages()->set_peak_staging_bytes(staging_->peak_in_flight());
@@ -678,7 +699,7 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   report.set_seconds(Since(t0));
   report.set_ok(status.ok());
   if (!status.ok()) report.set_error(std::string(status.message()));
-  spdlog::info("step {}: {} ops, {} bytes in {:.3f} s{}", version, ops.size(), report.bytes_sent(),
+  spdlog::info("step {}: {} ops, {} bytes in {:.3f} s{}", version, run_ops, report.bytes_sent(),
                report.seconds(), status.ok() ? "" : " FAILED: " + std::string(status.message()));
   return report;
 }

@@ -60,6 +60,9 @@ struct ExecutorOptions {
   std::chrono::milliseconds test_hold{0};
 };
 
+// Stable: ops of one phase keep their plan order.
+void SortByPhase(std::vector<weightbeam::v1::TransferOp>* ops);
+
 class Executor {
  public:
   Executor(registry::RegionRegistry* registry, StagingPool* staging, const Preparer* preparer,
@@ -71,6 +74,13 @@ class Executor {
   // first: nothing of the old plan is in use once Load returns.
   void Load(std::vector<weightbeam::v1::TransferOp> ops, std::map<std::string, Route> routes,
             std::shared_ptr<delta::DeltaSender> delta = nullptr);
+  // The same for ops already in phase order (SortByPhase), shared, not copied: a plan of
+  // 10^6 ops is held once by the agent.
+  void Load(std::shared_ptr<const std::vector<weightbeam::v1::TransferOp>> ops,
+            std::map<std::string, Route> routes,
+            std::shared_ptr<delta::DeltaSender> delta = nullptr);
+  // The loaded ops in phase order (null before the first Load).
+  std::shared_ptr<const std::vector<weightbeam::v1::TransferOp>> ops() const;
   bool loaded() const;
 
   // Runs every op of the loaded plan, phase by phase (a barrier between phases), except the
@@ -148,7 +158,8 @@ class Executor {
   // replaced under one.
   absl::Mutex run_mu_;
   mutable absl::Mutex mu_;
-  std::vector<weightbeam::v1::TransferOp> ops_ ABSL_GUARDED_BY(mu_);
+  // Never changed once loaded: each step holds the pointer, not a copy.
+  std::shared_ptr<const std::vector<weightbeam::v1::TransferOp>> ops_ ABSL_GUARDED_BY(mu_);
   // Shared with the step running (and its late completions): Load swaps in a new map.
   std::shared_ptr<const Routes> routes_ ABSL_GUARDED_BY(mu_);
   bool loaded_ ABSL_GUARDED_BY(mu_) = false;

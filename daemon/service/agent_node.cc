@@ -283,12 +283,7 @@ v1::AgentInfo AgentNode::Info() const {
 
 v1::AgentLayout AgentNode::Layout() const { return registry_->Layout(config_.name); }
 
-absl::Status AgentNode::LoadPlan(const v1::AgentPlan& plan) {
-  v1::LoadPlanResponse ignored;
-  return LoadPlan(plan, &ignored);
-}
-
-absl::Status AgentNode::LoadPlan(const v1::AgentPlan& plan, v1::LoadPlanResponse* resp) {
+absl::Status AgentNode::LoadPlan(v1::AgentPlan plan, v1::LoadPlanResponse* resp) {
   if (plan.delta_receive()) {
     auto s = delta_receiver_->Load(plan, resp);
     if (!s.ok()) metrics_.Error(AgentMetrics::kPlanLoadFailed);
@@ -305,7 +300,14 @@ absl::Status AgentNode::LoadPlan(const v1::AgentPlan& plan, v1::LoadPlanResponse
                                                      " (", op.src_tensor(), "): ", s.message()));
     }
   }
-  if (auto s = ConnectAndLoad(plan); !s.ok()) return s;
+  // The ops move out of the plan (no copy): the executor holds the only list of them.
+  std::vector<v1::TransferOp> moved;
+  moved.reserve(plan.ops_size());
+  for (auto& op : *plan.mutable_ops()) moved.push_back(std::move(op));
+  executor::SortByPhase(&moved);
+  auto ops = std::make_shared<const std::vector<v1::TransferOp>>(std::move(moved));
+  plan.clear_ops();
+  if (auto s = ConnectAndLoad(plan, ops); !s.ok()) return s;
   std::set<std::string> now;
   for (const auto& p : plan.peers()) now.insert(p.agent());
   std::vector<std::string> dropped;
@@ -321,20 +323,21 @@ absl::Status AgentNode::LoadPlan(const v1::AgentPlan& plan, v1::LoadPlanResponse
     spdlog::info("plan {}: closed the connections to {} peer(s) no longer in the plan: {}",
                  plan.plan_id(), dropped.size(), absl::StrJoin(dropped, ", "));
   }
-  plan_ = plan;
-  plan_id_ = plan.plan_id();
+  plan_ = std::move(plan);
+  plan_id_ = plan_.plan_id();
   reconnect_ = false;
-  delta_sending_ = plan.delta().enabled() && config_.delta.shadow == "host";
-  spdlog::info("loaded plan {}: {} ops to {} peer(s)", plan.plan_id(), plan.ops_size(),
-               plan.peers_size());
+  delta_sending_ = plan_.delta().enabled() && config_.delta.shadow == "host";
+  spdlog::info("loaded plan {}: {} ops to {} peer(s)", plan_.plan_id(), ops->size(),
+               plan_.peers_size());
   return absl::OkStatus();
 }
 
 absl::Status AgentNode::ConnectAndLoad(const v1::AgentPlan& plan,
+                                       std::shared_ptr<const std::vector<v1::TransferOp>> ops,
                                        const std::set<std::string>& skip) {
-  std::vector<v1::PeerIntro> peers;
+  std::vector<const v1::PeerIntro*> peers;
   for (const auto& p : plan.peers()) {
-    if (!skip.count(p.agent())) peers.push_back(p);
+    if (!skip.count(p.agent())) peers.push_back(&p);
   }
   auto routes = connector_->Connect(peers);
   if (!routes.ok()) {
@@ -346,13 +349,16 @@ absl::Status AgentNode::ConnectAndLoad(const v1::AgentPlan& plan,
   }
   std::shared_ptr<delta::DeltaSender> delta;
   if (plan.delta().enabled() && config_.delta.shadow == "host") {
-    delta = std::make_shared<delta::DeltaSender>(plan, config_.executor.prepare_threads,
+    // The delta state is built from the whole plan: a copy with its ops, delta mode only.
+    v1::AgentPlan whole = plan;
+    whole.mutable_ops()->Reserve(static_cast<int>(ops->size()));
+    for (const auto& op : *ops) *whole.add_ops() = op;
+    delta = std::make_shared<delta::DeltaSender>(whole, config_.executor.prepare_threads,
                                                  config_.delta.gpu_shadow == "host"
                                                      ? delta::ShadowPlacement::kHostMapped
                                                      : delta::ShadowPlacement::kDevice);
   }
-  executor_->Load(std::vector<v1::TransferOp>(plan.ops().begin(), plan.ops().end()),
-                  std::move(*routes), std::move(delta));
+  executor_->Load(std::move(ops), std::move(*routes), std::move(delta));
   absl::MutexLock lock(&mu_);
   unconnected_ = skip;
   return absl::OkStatus();
@@ -383,7 +389,7 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
     // Connect again after a failure, or when this step needs a peer left out before.
     reconnect = reconnect_;
     for (const auto& peer : unconnected_) reconnect = reconnect || !skip.count(peer);
-    if (reconnect) plan = plan_;
+    if (reconnect) plan = plan_;  // without its ops: those stay in the executor
     step.enabled = delta_sending_;
     step.anchor = req.delta_anchor();
     step.verify = plan_.delta().verify();
@@ -392,7 +398,7 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
   // A failed step may have left connections broken (a peer restarted, a link went down):
   // connect afresh before trying again, so the step can succeed once the cause is gone.
   if (reconnect) {
-    if (auto s = ConnectAndLoad(plan, skip); !s.ok()) {
+    if (auto s = ConnectAndLoad(plan, executor_->ops(), skip); !s.ok()) {
       failed.set_error(absl::StrCat("reconnecting to peers: ", s.message()));
       metrics_.Error(AgentMetrics::kStepFailed);
       absl::MutexLock lock(&mu_);

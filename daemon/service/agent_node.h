@@ -50,10 +50,10 @@ class AgentNode {
   weightbeam::v1::AgentInfo Info() const;
   weightbeam::v1::AgentLayout Layout() const;
   uint64_t LayoutGeneration() const { return registry_->generation(); }
-  absl::Status LoadPlan(const weightbeam::v1::AgentPlan& plan);
-  // Delta mode: a receiving-half load fills `resp` with the receive region and slots.
-  absl::Status LoadPlan(const weightbeam::v1::AgentPlan& plan,
-                        weightbeam::v1::LoadPlanResponse* resp);
+  // Takes the plan (the service moves it out of the request): its ops are then held once, by
+  // the executor. Delta mode: a receiving-half load fills `resp` with the receive region and
+  // slots.
+  absl::Status LoadPlan(weightbeam::v1::AgentPlan plan, weightbeam::v1::LoadPlanResponse* resp);
   weightbeam::v1::AgentStepReport Execute(const weightbeam::v1::ExecuteRequest& req);
   // The storage path's begin and commit: watchers only (its bytes do not use a transport).
   absl::Status Begin(uint64_t version);
@@ -85,8 +85,9 @@ class AgentNode {
   absl::Status CreateTransports();
   absl::Status BindLocalSocket();
   // Connects to the plan's peers (except those in `skip`, dropped from the step) and hands its
-  // operations to the executor.
+  // operations `ops` (in phase order; `plan` itself holds none) to the executor.
   absl::Status ConnectAndLoad(const weightbeam::v1::AgentPlan& plan,
+                              std::shared_ptr<const std::vector<weightbeam::v1::TransferOp>> ops,
                               const std::set<std::string>& skip = {});
   // Begin and Commit: refuse versions not newer than the committed one, then tell watchers.
   absl::Status Advance(weightbeam::v1::Event::Kind kind, uint64_t version);
@@ -122,7 +123,8 @@ class AgentNode {
 
   mutable absl::Mutex mu_;
   uint64_t plan_id_ ABSL_GUARDED_BY(mu_) = 0;
-  weightbeam::v1::AgentPlan plan_ ABSL_GUARDED_BY(mu_);  // kept to reconnect after a failure
+  // Kept to reconnect after a failure, without its ops (the executor holds those).
+  weightbeam::v1::AgentPlan plan_ ABSL_GUARDED_BY(mu_);
   bool reconnect_ ABSL_GUARDED_BY(mu_) = false;
   // Peers of the plan left unconnected by the last (re)connect: a step that needs one
   // connects again.

@@ -1,6 +1,7 @@
 #include "daemon/service/agent_service.h"
 
 #include "common/grpc/status_util.h"
+#include "common/process/malloc_arenas.h"
 
 namespace wb::service {
 
@@ -43,8 +44,13 @@ grpc::ServerUnaryReactor* AgentService::LoadPlan(grpc::CallbackServerContext* ct
   if (auto a = guard_.AdmitController(*ctx, "Agent.LoadPlan"); !a.ok()) return Refuse(ctx, a);
   // Connecting to peers runs handshakes over gRPC: do it off the callback thread.
   auto* reactor = ctx->DefaultReactor();
-  long_calls_.Submit(
-      [this, reactor, req, resp] { reactor->Finish(ToGrpc(node_->LoadPlan(req->plan(), resp))); });
+  // The request is ours until Finish: its plan moves into the node instead of being copied.
+  auto* plan = const_cast<v1::LoadPlanRequest*>(req)->mutable_plan();
+  long_calls_.Submit([this, reactor, plan, resp] {
+    const absl::Status s = node_->LoadPlan(std::move(*plan), resp);
+    ReturnFreeMemory();  // the previous plan, and the copies made while parsing this one
+    reactor->Finish(ToGrpc(s));
+  });
   return reactor;
 }
 

@@ -9,6 +9,7 @@
 
 #include "common/grpc/message_limits.h"
 #include "common/identity/incarnation_digest.h"
+#include "common/process/malloc_arenas.h"
 
 namespace wb::service {
 
@@ -23,6 +24,12 @@ void WithDeadline(grpc::ClientContext* ctx, int ms) {
 
 // A layout of 10^6 tensors is ~150 MiB on the wire: give big layouts time to travel.
 int LayoutDeadlineMs(const v1::AgentLayout& layout) { return 5000 + layout.tensors_size() / 20; }
+
+// A report's layout is built, sent and freed: from 10^4 tensors on, give what it held back to
+// the kernel, or the next report (built on another thread) grows the heap again.
+void ReleaseReport(int tensors) {
+  if (tensors >= 10000) ReturnFreeMemory();
+}
 
 std::unique_ptr<v1::Controller::Stub> NewStub(const wb::grpcutil::ChannelFactory& channels,
                                               const std::string& address, const char* purpose) {
@@ -95,14 +102,24 @@ bool ControllerLink::registered() const {
 
 bool ControllerLink::Register() {
   const auto t0 = Clock::now();
-  grpc::ClientContext ctx;
-  v1::RegisterAgentRequest req;
-  *req.mutable_agent() = info_();
-  *req.mutable_layout() = layout_();
-  req.set_incarnation(incarnation_);
-  WithDeadline(&ctx, LayoutDeadlineMs(req.layout()));
+  grpc::Status s;
   v1::RegisterAgentResponse resp;
-  grpc::Status s = stub_->RegisterAgent(&ctx, req, &resp);
+  std::string agent_name;
+  uint64_t generation = 0;
+  int tensors = 0;
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterAgentRequest req;
+    *req.mutable_agent() = info_();
+    *req.mutable_layout() = layout_();
+    req.set_incarnation(incarnation_);
+    WithDeadline(&ctx, LayoutDeadlineMs(req.layout()));
+    s = stub_->RegisterAgent(&ctx, req, &resp);
+    agent_name = req.agent().name();
+    generation = req.layout().generation();
+    tensors = req.layout().tensors_size();
+  }
+  ReleaseReport(tensors);
   if (!s.ok()) {
     // Retried with backoff (at most every 5 s); a refusal (token, certificate) shows here.
     spdlog::warn("cannot register with controller {}: {}", address_, s.error_message());
@@ -111,11 +128,10 @@ bool ControllerLink::Register() {
   absl::MutexLock lock(&mu_);
   ReportDone(t0);
   epoch_ = resp.epoch();
-  agent_name_ = req.agent().name();
-  reported_generation_ = req.layout().generation();
+  agent_name_ = agent_name;
+  reported_generation_ = generation;
   if (resp.heartbeat_interval_ms() > 0) heartbeat_ms_ = resp.heartbeat_interval_ms();
-  spdlog::info("registered with controller {} (epoch {}, {} tensors)", address_, epoch_,
-               req.layout().tensors_size());
+  spdlog::info("registered with controller {} (epoch {}, {} tensors)", address_, epoch_, tensors);
   return true;
 }
 
@@ -126,7 +142,7 @@ void ControllerLink::ReportDone(Clock::time_point started) {
   layout_reports_++;
 }
 
-bool ControllerLink::Heartbeat() {
+ControllerLink::Beat ControllerLink::Heartbeat() {
   const uint64_t generation = generation_();
   v1::HeartbeatRequest req;
   {
@@ -136,22 +152,33 @@ bool ControllerLink::Heartbeat() {
   }
   req.set_layout_generation(generation);
   req.set_incarnation(incarnation_);
+  bool report_crossing;  // a report in flight while this heartbeat travels
+  {
+    absl::MutexLock lock(&mu_);
+    report_crossing = report_in_flight_;
+  }
+  const uint64_t reports_before = layout_reports_.load();
   grpc::ClientContext ctx;
   WithDeadline(&ctx, std::max<int>(2000, heartbeat_ms_ * 2));
   v1::HeartbeatResponse resp;
   grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
   if (!s.ok()) {
     spdlog::warn("controller {} unreachable: {}", address_, s.error_message());
-    return false;
+    return Beat::kNoAnswer;
   }
   if (resp.reregister()) {
     spdlog::info("controller {} asks to register again (it restarted)", address_);
-    return false;
+    return Beat::kRegisterAgain;
   }
   absl::MutexLock lock(&mu_);
-  if (resp.send_layout()) report_forced_ = true;
+  // "Send your layout" means the controller's generation differed from this heartbeat's. A
+  // report in flight (or landed) meanwhile may carry exactly that layout: then the report loop
+  // compares generations as usual, instead of re-sending 10^6 tensors for nothing.
+  report_crossing =
+      report_crossing || report_in_flight_ || layout_reports_.load() != reports_before;
+  if (resp.send_layout() && !report_crossing) report_forced_ = true;
   if (resp.send_layout() || generation != reported_generation_) report_due_ = true;
-  return true;
+  return Beat::kAlive;
 }
 
 void ControllerLink::ReportLayout() {
@@ -170,6 +197,7 @@ void ControllerLink::ReportLayout() {
     v1::ReportLayoutResponse resp;
     s = report_stub_->ReportLayout(&ctx, req, &resp);
   }
+  ReleaseReport(tensors);
   absl::MutexLock lock(&mu_);
   if (!s.ok()) {
     spdlog::warn("reporting the layout ({} tensors) to controller {} failed: {}", tensors, address_,
@@ -205,7 +233,15 @@ void ControllerLink::RunReports() {
       absl::MutexLock l(&mu_);
       return reported_generation_;
     }();
-    if (changed) ReportLayout();
+    if (changed) {
+      {
+        absl::MutexLock l(&mu_);
+        report_in_flight_ = true;
+      }
+      ReportLayout();
+      absl::MutexLock l(&mu_);
+      report_in_flight_ = false;
+    }
     mu_.Lock();
   }
 }
@@ -219,7 +255,18 @@ void ControllerLink::Run() {
       if (stop_) return;
       registered = registered_;
     }
-    bool ok = registered ? Heartbeat() : Register();
+    bool ok;
+    if (registered) {
+      // One heartbeat without an answer (a busy controller, a long step on a loaded node) is
+      // not a reason to send the whole layout again (10^6 tensors are ~150 MiB on the wire and
+      // a GB of the controller's memory while it parses them): the next heartbeat tells.
+      const Beat beat = Heartbeat();
+      missed_heartbeats_ = beat == Beat::kNoAnswer ? missed_heartbeats_ + 1 : 0;
+      ok = beat == Beat::kAlive || (beat == Beat::kNoAnswer && missed_heartbeats_ < 3);
+    } else {
+      ok = Register();
+      missed_heartbeats_ = 0;
+    }
     absl::MutexLock lock(&mu_);
     registered_ = ok;
     int wait_ms;

@@ -1,6 +1,8 @@
 // Keeps the agent known to the controller: registers (with node, endpoints, NICs, GPUs and the
 // layout), heartbeats, reports layout changes, and reconnects with backoff after the controller
-// restarts. Layout reports run on their own thread and channel, so a large layout in flight
+// restarts (a heartbeat left unanswered is retried: only an answer that says so, or three
+// unanswered in a row, registers again with the whole layout). Layout reports run on their own
+// thread and channel, so a large layout in flight
 // never delays a heartbeat, and are coalesced: at most one per gap (4x what the last report
 // cost, at least 20 ms), each carrying the latest layout, so registering 10^6 tensors in
 // batches does not re-send the whole layout after every batch.
@@ -45,7 +47,10 @@ class ControllerLink {
   void Run();         // register / heartbeat loop
   void RunReports();  // layout report loop
   bool Register();
-  bool Heartbeat();
+  // What a heartbeat found: answered (kept alive), asked to register again (the controller
+  // restarted or lost us), or no answer (unreachable, or too busy to answer in time).
+  enum class Beat { kAlive, kRegisterAgain, kNoAnswer };
+  Beat Heartbeat();
   void ReportLayout();
   // Notes a finished layout report that started at `started`, and sets the next gap.
   void ReportDone(std::chrono::steady_clock::time_point started) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -65,9 +70,11 @@ class ControllerLink {
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  int missed_heartbeats_ = 0;  // in a row; only the Run thread touches it
   // A report is wanted (the layout changed, or the controller asked for it).
   bool report_due_ ABSL_GUARDED_BY(mu_) = false;
   bool report_forced_ ABSL_GUARDED_BY(mu_) = false;
+  bool report_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   std::string agent_name_ ABSL_GUARDED_BY(mu_);  // from the last registration
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reported_generation_ ABSL_GUARDED_BY(mu_) = 0;

@@ -37,8 +37,16 @@ absl::StatusOr<transport::Transport*> PeerConnector::Choose(const v1::PeerIntro&
 
 absl::StatusOr<std::map<std::string, executor::Route>> PeerConnector::Connect(
     const std::vector<v1::PeerIntro>& peers) {
+  std::vector<const v1::PeerIntro*> pointers;
+  for (const auto& p : peers) pointers.push_back(&p);
+  return Connect(pointers);
+}
+
+absl::StatusOr<std::map<std::string, executor::Route>> PeerConnector::Connect(
+    const std::vector<const v1::PeerIntro*>& peers) {
   std::map<std::string, executor::Route> routes;
-  for (const v1::PeerIntro& peer : peers) {
+  for (const v1::PeerIntro* p : peers) {
+    const v1::PeerIntro& peer = *p;
     auto chosen = Choose(peer);
     if (!chosen.ok()) return chosen.status();
     transport::Transport* t = *chosen;
@@ -50,7 +58,9 @@ absl::StatusOr<std::map<std::string, executor::Route>> PeerConnector::Connect(
     } else {
       auto channel = channels_.Create(peer.control_endpoint());
       auto stub = std::shared_ptr<v1::Agent::Stub>(v1::Agent::NewStub(channel));
-      exchange = [stub, t, this, peer](const std::string& ours) -> absl::StatusOr<std::string> {
+      // The peer's name and endpoint, not the peer: its regions may number 10^6.
+      exchange = [stub, t, this, agent = peer.agent(), endpoint = peer.control_endpoint()](
+                     const std::string& ours) -> absl::StatusOr<std::string> {
         grpc::ClientContext ctx;
         ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
         v1::HandshakeRequest req;
@@ -60,9 +70,8 @@ absl::StatusOr<std::map<std::string, executor::Route>> PeerConnector::Connect(
         v1::HandshakeResponse resp;
         grpc::Status s = stub->Handshake(&ctx, req, &resp);
         if (!s.ok()) {
-          return absl::UnavailableError(absl::StrCat("handshake with agent ", peer.agent(), " at ",
-                                                     peer.control_endpoint(),
-                                                     " failed: ", s.error_message()));
+          return absl::UnavailableError(absl::StrCat("handshake with agent ", agent, " at ",
+                                                     endpoint, " failed: ", s.error_message()));
         }
         return resp.record();
       };

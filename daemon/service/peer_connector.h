@@ -24,6 +24,9 @@ class PeerConnector {
 
   absl::StatusOr<std::map<std::string, executor::Route>> Connect(
       const std::vector<weightbeam::v1::PeerIntro>& peers);
+  // The same without copying the peers (a plan's peers list 10^6 regions).
+  absl::StatusOr<std::map<std::string, executor::Route>> Connect(
+      const std::vector<const weightbeam::v1::PeerIntro*>& peers);
 
  private:
   absl::StatusOr<transport::Transport*> Choose(const weightbeam::v1::PeerIntro& peer) const;

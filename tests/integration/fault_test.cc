@@ -181,6 +181,41 @@ TEST_CASE("a frozen agent is reported lost by name; after SIGCONT the next step 
   CommitsAgain(ctl, trainer.buffer, inference.buffer, 3);
 }
 
+// Lines of `log` that contain `what`.
+int LinesWith(const std::string& log, const std::string& what) {
+  int n = 0;
+  for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST_CASE("a heartbeat left unanswered is retried; the agents do not register their layout again") {
+  wb::testing::ClusterOptions options;
+  options.heartbeat_timeout_ms = 15000;  // the frozen controller does not take them for lost
+  Cluster cluster(wb::testing::Runfile(""), options);
+  Side trainer = Side::Open(cluster.socket("trainer-node"), v1::ROLE_TRAINER);
+  Side inference = Side::Open(cluster.socket("inference-node"), v1::ROLE_INFERENCE);
+  ControllerClient ctl = FirstStepCommits(cluster, trainer.buffer, inference.buffer);
+
+  // A heartbeat waits 2 s for its answer: a controller frozen for 3 s leaves one unanswered.
+  cluster.controller()->Signal(SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  cluster.controller()->Signal(SIGCONT);
+  for (const char* agent : {"trainer-node", "inference-node"}) {
+    REQUIRE(wb::testing::WaitUntil(
+        [&] { return LinesWith(cluster.Log(agent), "unreachable: Deadline Exceeded") > 0; },
+        std::chrono::seconds(10)));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // heartbeats answered again
+  for (const char* agent : {"trainer-node", "inference-node"}) {
+    INFO(agent);
+    CHECK(LinesWith(cluster.Log(agent), "registered with controller") == 1);
+  }
+  const std::string controller = cluster.Log("controller");
+  CHECK(LinesWith(controller, " registered from ") + LinesWith(controller, "registered again") ==
+        2);
+  CommitsAgain(ctl, trainer.buffer, inference.buffer, 2);
+}
+
 TEST_CASE("a trainer process killed loses its source; the next step cannot plan; a new one works") {
   Cluster cluster(wb::testing::Runfile(""), {});
   // The trainer's buffer is made here so the test can compare bytes; the child registers it.
