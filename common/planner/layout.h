@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/types/span.h"
+#include "common/planner/small_vec.h"
+#include "common/planner/tensor_name.h"
 #include "common/tensor/box.h"
 #include "common/tensor/dtype.h"
 #include "weightbeam/v1/types.pb.h"
@@ -41,21 +44,22 @@ struct Owner {
 // The region holds the whole buffer of `shape`, row-major; the shard's k dims map onto the
 // buffer's last k dims and shard element [0..0] sits at `offset` (one entry per buffer dim).
 struct BufferView {
-  std::vector<int64_t> shape;  // empty: no view
-  std::vector<int64_t> offset;
-  std::string buffer;  // the engine parameter's name, for errors
+  SmallVec<int64_t> shape;  // empty: no view
+  SmallVec<int64_t> offset;
+  TensorName buffer;  // the engine parameter's name
 
   bool empty() const { return shape.empty(); }
 };
 
 // One registered tensor buffer. `shard` empty means the full tensor; otherwise one slice per
 // dimension, held densely in row-major order at offset 0 of region `region`, or, with a
-// `view`, as a box inside the region's buffer.
+// `view`, as a box inside the region's buffer. Compact (names interned, dimensions inline, no
+// heap allocation up to 4 dimensions): Kimi-K2 layouts hold 14 M of these.
 struct TensorEntry {
-  std::string name;
+  TensorName name;
   DType dtype = weightbeam::v1::DTYPE_UNSPECIFIED;
-  std::vector<int64_t> shape;
-  std::vector<DimSlice> shard;
+  SmallVec<int64_t> shape;
+  SmallVec<DimSlice> shard;
   BufferView view;
   Owner owner;
   uint64_t region = 0;
@@ -78,9 +82,9 @@ struct AgentLayout {
 using tensor::DTypeBytes;
 using tensor::DTypeName;
 // "[2048, 1024]"
-std::string FormatShape(const std::vector<int64_t>& shape);
+std::string FormatShape(absl::Span<const int64_t> shape);
 // "[0:128, 0:1024]" (start:end per dimension); the full tensor when `shard` is empty.
-std::string FormatSlice(const std::vector<DimSlice>& shard, const std::vector<int64_t>& shape);
+std::string FormatSlice(absl::Span<const DimSlice> shard, absl::Span<const int64_t> shape);
 // "trainer rank 3 on agent trainer-000", "inference replica 1 rank 2 on agent infer-003"
 std::string FormatOwner(const Owner& owner, const std::string& agent);
 // "host" or "cuda:N" <-> -1 / N. Returns false for anything else.

@@ -91,9 +91,8 @@ struct AgentBuilder {
   }
 };
 
-std::vector<DimSlice> Slice1(const std::vector<int64_t>& shape, int dim, int64_t start,
-                             int64_t size) {
-  std::vector<DimSlice> s;
+SmallVec<DimSlice> Slice1(absl::Span<const int64_t> shape, int dim, int64_t start, int64_t size) {
+  SmallVec<DimSlice> s;
   for (size_t d = 0; d < shape.size(); ++d) {
     s.push_back(static_cast<int>(d) == dim ? DimSlice{start, size} : DimSlice{0, shape[d]});
   }
@@ -276,10 +275,11 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
     const int n = ep ? group : per_replica;
     const int base = ep ? g * group : 0;
     int* cursor = &cursors[ep ? g : tr.ep];
+    const TensorName name(t.name);  // interned once, copied into every entry
     for (const Cut& c : SplitRows(t.shape[0], n, cursor)) {
       for (int r = 0; r < tr.replicas; ++r) {
         TensorEntry e;
-        e.name = t.name;
+        e.name = name;
         e.dtype = t.dtype;
         e.shape = t.shape;
         e.shard = Slice1(t.shape, 0, c.start, c.size);
@@ -313,17 +313,18 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
       } else {
         for (int i = 0; i < n; ++i) cuts.push_back(Cut{i, 0, t.shape[0]});
       }
+      const TensorName name(t.name), scale_name(fp8 ? ScaleTensorName(t.name) : "");
       for (const Cut& c : cuts) {
         const int gpu = rep * inf.tp + first + c.rank;
         TensorEntry e;
-        e.name = t.name;
+        e.name = name;
         e.dtype = fp8 ? DTYPE_F8_E4M3 : t.dtype;
         e.shape = t.shape;
         if (dim >= 0) e.shard = Slice1(t.shape, dim, c.start, c.size);
         e.owner = Owner{Role::kInference, first + c.rank, rep};
         if (fp8) {
           TensorEntry s;
-          s.name = ScaleTensorName(t.name);
+          s.name = scale_name;
           s.dtype = DTYPE_F32;
           s.shape = {(t.shape[0] + kFp8Block - 1) / kFp8Block,
                      (t.shape[1] + kFp8Block - 1) / kFp8Block};

@@ -51,9 +51,9 @@ void Planner::IndexEntries() {
       const TensorEntry& t = agent.tensors[ti];
       EntryRef ref{static_cast<int32_t>(ai), static_cast<int32_t>(ti)};
       if (!CheckEntry(ref)) continue;
-      auto [it, inserted] = name_ids_.try_emplace(t.name, static_cast<int32_t>(names_.size()));
+      auto [it, inserted] = name_ids_.try_emplace(t.name.id(), static_cast<int32_t>(names_.size()));
       if (inserted) {
-        names_.push_back(t.name);
+        names_.push_back(std::string_view(t.name.str()));
         infos_.emplace_back();
       }
       tensor_name_[ai][ti] = it->second;
@@ -95,10 +95,17 @@ std::string CheckView(const TensorEntry& t) {
 
 }  // namespace
 
+int32_t Planner::NameId(absl::string_view name) const {
+  const std::string* id = TensorName::Find(name);
+  if (id == nullptr) return -1;
+  auto it = name_ids_.find(id);
+  return it == name_ids_.end() ? -1 : it->second;
+}
+
 bool Planner::CheckEntry(EntryRef ref) {
   const TensorEntry& t = E(ref);
   auto fail = [&](const std::string& why) {
-    problems_.Add(absl::StrCat("tensor ", t.name, " (", Who(ref), "): ", why));
+    problems_.Add(absl::StrCat("tensor ", t.name.str(), " (", Who(ref), "): ", why));
     return false;
   };
   if (t.name.empty()) return fail("empty name");
@@ -127,11 +134,11 @@ bool Planner::CheckEntry(EntryRef ref) {
   uint64_t need = static_cast<uint64_t>(EntryBox(t).Volume() * DTypeBytes(t.dtype));
   if (!t.view.empty()) {
     if (t.owner.role == Role::kTrainer) {
-      return fail(absl::StrCat("a view into buffer ", t.view.buffer,
+      return fail(absl::StrCat("a view into buffer ", t.view.buffer.str(),
                                " on a source; views place destinations only"));
     }
     const std::string bad = CheckView(t);
-    if (!bad.empty()) return fail(absl::StrCat("view of buffer ", t.view.buffer, ": ", bad));
+    if (!bad.empty()) return fail(absl::StrCat("view of buffer ", t.view.buffer.str(), ": ", bad));
     need = static_cast<uint64_t>(DTypeBytes(t.dtype));
     for (int64_t s : t.view.shape) need *= static_cast<uint64_t>(s);
   }

@@ -190,6 +190,9 @@ class Planner {
 
   int32_t FindSource(const std::string& dst_name) const;
 
+  // The name id of `name` in this call, or -1 when no entry has that name.
+  int32_t NameId(absl::string_view name) const;
+
   std::string SrcWho(int32_t src_name) const;
 
   void ResolveRecipes();
@@ -258,7 +261,8 @@ class Planner {
   Problems problems_;
   Plan plan_;
   std::vector<int32_t> agent_rank_;
-  std::unordered_map<std::string_view, int32_t> name_ids_;
+  // Interned name (TensorName::id) -> name id of this call.
+  std::unordered_map<const std::string*, int32_t> name_ids_;
   std::vector<std::string_view> names_;
   std::vector<NameInfo> infos_;
   std::vector<std::vector<int32_t>> tensor_name_;
