@@ -43,29 +43,36 @@ struct Owner {
 // A shard that is a box inside a larger buffer (one engine parameter filled by several parts).
 // The region holds the whole buffer of `shape`, row-major; the shard's k dims map onto the
 // buffer's last k dims and shard element [0..0] sits at `offset` (one entry per buffer dim).
+// Few entries have one (engine layouts): empty vectors cost no allocation.
 struct BufferView {
-  SmallVec<int64_t> shape;  // empty: no view
-  SmallVec<int64_t> offset;
+  std::vector<int64_t> shape;  // empty: no view
+  std::vector<int64_t> offset;
   TensorName buffer;  // the engine parameter's name
 
   bool empty() const { return shape.empty(); }
 };
 
+// An entry's global shape and shard, one element per dimension (inline up to 2).
+using EntryShape = SmallVec<int64_t, 2>;
+using EntryShard = SmallVec<DimSlice, 2>;
+
 // One registered tensor buffer. `shard` empty means the full tensor; otherwise one slice per
 // dimension, held densely in row-major order at offset 0 of region `region`, or, with a
-// `view`, as a box inside the region's buffer. Compact (names interned, dimensions inline, no
-// heap allocation up to 4 dimensions): Kimi-K2 layouts hold 14 M of these.
+// `view`, as a box inside the region's buffer. Compact, because Kimi-K2 layouts hold 14 M of
+// these: the name is interned, and shape and shard of up to 2 dimensions (every weight of the
+// supported models) are held inline, so an entry without a view allocates nothing.
 struct TensorEntry {
   TensorName name;
-  DType dtype = weightbeam::v1::DTYPE_UNSPECIFIED;
-  SmallVec<int64_t> shape;
-  SmallVec<DimSlice> shard;
+  EntryShape shape;
+  EntryShard shard;
   BufferView view;
   Owner owner;
+  DType dtype = weightbeam::v1::DTYPE_UNSPECIFIED;
   uint64_t region = 0;
   uint64_t region_bytes = 0;
   int32_t gpu = -1;  // -1: host memory; else the GPU index on the agent ("cuda:N")
 };
+static_assert(sizeof(TensorEntry) <= 168, "TensorEntry is per registered tensor: keep it small");
 
 struct Nic {
   std::string name;

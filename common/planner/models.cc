@@ -91,8 +91,8 @@ struct AgentBuilder {
   }
 };
 
-SmallVec<DimSlice> Slice1(absl::Span<const int64_t> shape, int dim, int64_t start, int64_t size) {
-  SmallVec<DimSlice> s;
+EntryShard Slice1(absl::Span<const int64_t> shape, int dim, int64_t start, int64_t size) {
+  EntryShard s;
   for (size_t d = 0; d < shape.size(); ++d) {
     s.push_back(static_cast<int>(d) == dim ? DimSlice{start, size} : DimSlice{0, shape[d]});
   }
@@ -291,10 +291,17 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
 
   AgentBuilder infer{&agents, {}, {}, inf.gpus_per_agent, inf.nics_per_agent, inf.nic_gbps};
   const std::vector<ModelTensor> fused = FuseForInference(model.tensors, inf.fusions);
+  // Names interned once, not once per replica.
+  std::vector<TensorName> names, scale_names;
+  for (const ModelTensor& t : fused) {
+    names.emplace_back(t.name);
+    scale_names.emplace_back(ScaleTensorName(t.name));
+  }
   const int replicas = inf.gpus / inf.tp;
   const int ep_group = inf.tp / inf.ep;
   for (int rep = 0; rep < replicas; ++rep) {
-    for (const ModelTensor& t : fused) {
+    for (size_t ti = 0; ti < fused.size(); ++ti) {
+      const ModelTensor& t = fused[ti];
       // Ranks holding this tensor and how they split it.
       int first = 0, n = inf.tp;
       if (t.expert >= 0 && inf.ep > 1) {
@@ -313,7 +320,7 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
       } else {
         for (int i = 0; i < n; ++i) cuts.push_back(Cut{i, 0, t.shape[0]});
       }
-      const TensorName name(t.name), scale_name(fp8 ? ScaleTensorName(t.name) : "");
+      const TensorName name = names[ti], scale_name = scale_names[ti];
       for (const Cut& c : cuts) {
         const int gpu = rep * inf.tp + first + c.rank;
         TensorEntry e;

@@ -40,9 +40,7 @@ void Planner::OrderAgents() {
 }
 
 void Planner::IndexEntries() {
-  size_t total = 0;
-  for (const AgentLayout& a : agents_) total += a.tensors.size();
-  name_ids_.reserve(total / 2 + 16);
+  // No reserve by entry count: distinct names are ~1% of the entries (one per rank and replica).
   tensor_name_.resize(agents_.size());
   for (size_t ai = 0; ai < agents_.size(); ++ai) {
     const AgentLayout& agent = agents_[ai];
@@ -50,14 +48,15 @@ void Planner::IndexEntries() {
     for (size_t ti = 0; ti < agent.tensors.size(); ++ti) {
       const TensorEntry& t = agent.tensors[ti];
       EntryRef ref{static_cast<int32_t>(ai), static_cast<int32_t>(ti)};
-      if (!CheckEntry(ref)) continue;
+      int64_t volume = 0;
+      if (!CheckEntry(ref, &volume)) continue;
       auto [it, inserted] = name_ids_.try_emplace(t.name.id(), static_cast<int32_t>(names_.size()));
       if (inserted) {
         names_.push_back(std::string_view(t.name.str()));
         infos_.emplace_back();
       }
       tensor_name_[ai][ti] = it->second;
-      if (EntryBox(t).Volume() == 0) continue;  // holds nothing
+      if (volume == 0) continue;  // holds nothing
       NameInfo& info = infos_[it->second];
       (t.owner.role == Role::kTrainer ? info.src : info.dst).push_back(ref);
     }
@@ -102,7 +101,7 @@ int32_t Planner::NameId(absl::string_view name) const {
   return it == name_ids_.end() ? -1 : it->second;
 }
 
-bool Planner::CheckEntry(EntryRef ref) {
+bool Planner::CheckEntry(EntryRef ref, int64_t* volume) {
   const TensorEntry& t = E(ref);
   auto fail = [&](const std::string& why) {
     problems_.Add(absl::StrCat("tensor ", t.name.str(), " (", Who(ref), "): ", why));
@@ -131,7 +130,8 @@ bool Planner::CheckEntry(EntryRef ref) {
       }
     }
   }
-  uint64_t need = static_cast<uint64_t>(EntryBox(t).Volume() * DTypeBytes(t.dtype));
+  *volume = EntryBox(t).Volume();
+  uint64_t need = static_cast<uint64_t>(*volume * DTypeBytes(t.dtype));
   if (!t.view.empty()) {
     if (t.owner.role == Role::kTrainer) {
       return fail(absl::StrCat("a view into buffer ", t.view.buffer.str(),
