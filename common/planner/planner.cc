@@ -42,6 +42,9 @@ void Planner::OrderAgents() {
 void Planner::IndexEntries() {
   // No reserve by entry count: distinct names are ~1% of the entries (one per rank and replica).
   tensor_name_.resize(agents_.size());
+  // Neighbouring entries often share a name (the TP ranks of one node): skip the hash lookup.
+  const std::string* last_name = nullptr;
+  int32_t last_id = -1;
   for (size_t ai = 0; ai < agents_.size(); ++ai) {
     const AgentLayout& agent = agents_[ai];
     tensor_name_[ai].assign(agent.tensors.size(), -1);
@@ -50,14 +53,19 @@ void Planner::IndexEntries() {
       EntryRef ref{static_cast<int32_t>(ai), static_cast<int32_t>(ti)};
       int64_t volume = 0;
       if (!CheckEntry(ref, &volume)) continue;
-      auto [it, inserted] = name_ids_.try_emplace(t.name.id(), static_cast<int32_t>(names_.size()));
-      if (inserted) {
-        names_.push_back(std::string_view(t.name.str()));
-        infos_.emplace_back();
+      if (t.name.id() != last_name) {
+        auto [it, inserted] =
+            name_ids_.try_emplace(t.name.id(), static_cast<int32_t>(names_.size()));
+        if (inserted) {
+          names_.push_back(std::string_view(t.name.str()));
+          infos_.emplace_back();
+        }
+        last_name = t.name.id();
+        last_id = it->second;
       }
-      tensor_name_[ai][ti] = it->second;
+      tensor_name_[ai][ti] = last_id;
       if (volume == 0) continue;  // holds nothing
-      NameInfo& info = infos_[it->second];
+      NameInfo& info = infos_[last_id];
       (t.owner.role == Role::kTrainer ? info.src : info.dst).push_back(ref);
     }
   }
