@@ -40,11 +40,9 @@ void Planner::OrderAgents() {
 }
 
 void Planner::IndexEntries() {
-  // No reserve by entry count: distinct names are ~1% of the entries (one per rank and replica).
+  // Every entry's name was interned before this call, so its id is below Count().
+  name_ids_.assign(TensorName::Count(), -1);
   tensor_name_.resize(agents_.size());
-  // Neighbouring entries often share a name (the TP ranks of one node): skip the hash lookup.
-  const std::string* last_name = nullptr;
-  int32_t last_id = -1;
   for (size_t ai = 0; ai < agents_.size(); ++ai) {
     const AgentLayout& agent = agents_[ai];
     tensor_name_[ai].assign(agent.tensors.size(), -1);
@@ -53,19 +51,15 @@ void Planner::IndexEntries() {
       EntryRef ref{static_cast<int32_t>(ai), static_cast<int32_t>(ti)};
       int64_t volume = 0;
       if (!CheckEntry(ref, &volume)) continue;
-      if (t.name.id() != last_name) {
-        auto [it, inserted] =
-            name_ids_.try_emplace(t.name.id(), static_cast<int32_t>(names_.size()));
-        if (inserted) {
-          names_.push_back(std::string_view(t.name.str()));
-          infos_.emplace_back();
-        }
-        last_name = t.name.id();
-        last_id = it->second;
+      int32_t& id = name_ids_[t.name.id()];
+      if (id < 0) {
+        id = static_cast<int32_t>(names_.size());
+        names_.push_back(std::string_view(t.name.str()));
+        infos_.emplace_back();
       }
-      tensor_name_[ai][ti] = last_id;
+      tensor_name_[ai][ti] = id;
       if (volume == 0) continue;  // holds nothing
-      NameInfo& info = infos_[last_id];
+      NameInfo& info = infos_[id];
       (t.owner.role == Role::kTrainer ? info.src : info.dst).push_back(ref);
     }
   }
@@ -103,10 +97,10 @@ std::string CheckView(const TensorEntry& t) {
 }  // namespace
 
 int32_t Planner::NameId(absl::string_view name) const {
-  const std::string* id = TensorName::Find(name);
-  if (id == nullptr) return -1;
-  auto it = name_ids_.find(id);
-  return it == name_ids_.end() ? -1 : it->second;
+  const std::optional<TensorName> interned = TensorName::Find(name);
+  // A name interned by another thread after IndexEntries is held by no entry of this call.
+  if (!interned || interned->id() >= name_ids_.size()) return -1;
+  return name_ids_[interned->id()];
 }
 
 bool Planner::CheckEntry(EntryRef ref, int64_t* volume) {

@@ -262,8 +262,8 @@ class Planner {
   Problems problems_;
   Plan plan_;
   std::vector<int32_t> agent_rank_;
-  // Interned name (TensorName::id) -> name id of this call.
-  std::unordered_map<const std::string*, int32_t> name_ids_;
+  // Interned name (TensorName::id, dense) -> name id of this call, -1 when no entry has it.
+  std::vector<int32_t> name_ids_;
   std::vector<std::string_view> names_;
   std::vector<NameInfo> infos_;
   std::vector<std::vector<int32_t>> tensor_name_;

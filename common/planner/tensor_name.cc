@@ -8,10 +8,12 @@
 namespace wb::planner {
 namespace {
 
+using tensor_name_internal::Interned;
+
 struct Table {
   std::mutex mu;
-  std::deque<std::string> names;  // a deque never moves its elements: the ids stay valid
-  std::unordered_map<std::string_view, const std::string*> index;  // views into `names`
+  std::deque<Interned> names;  // a deque never moves its elements: pointers stay valid
+  std::unordered_map<std::string_view, const Interned*> index;  // views into `names`
 };
 
 Table& Names() {
@@ -19,31 +21,40 @@ Table& Names() {
   return *table;
 }
 
-const std::string* Intern(absl::string_view name) {
-  const std::string_view s(name.data(), name.size());
+std::string_view View(absl::string_view s) { return std::string_view(s.data(), s.size()); }
+
+const Interned* Intern(absl::string_view name) {
   Table& t = Names();
   std::lock_guard<std::mutex> lock(t.mu);
-  auto it = t.index.find(s);
+  auto it = t.index.find(View(name));
   if (it != t.index.end()) return it->second;
-  const std::string* stored = &t.names.emplace_back(s);
-  t.index.emplace(std::string_view(*stored), stored);
+  const Interned* stored = &t.names.emplace_back(
+      Interned{std::string(name.data(), name.size()), static_cast<uint32_t>(t.names.size())});
+  t.index.emplace(std::string_view(stored->text), stored);
   return stored;
 }
 
 }  // namespace
 
 TensorName::TensorName() {
-  static const std::string* const empty = Intern("");
+  static const Interned* const empty = Intern("");
   s_ = empty;
 }
 
 TensorName::TensorName(absl::string_view s) : s_(Intern(s)) {}
 
-const std::string* TensorName::Find(absl::string_view name) {
+std::optional<TensorName> TensorName::Find(absl::string_view name) {
   Table& t = Names();
   std::lock_guard<std::mutex> lock(t.mu);
-  auto it = t.index.find(std::string_view(name.data(), name.size()));
-  return it == t.index.end() ? nullptr : it->second;
+  auto it = t.index.find(View(name));
+  if (it == t.index.end()) return std::nullopt;
+  return TensorName(it->second);
+}
+
+uint32_t TensorName::Count() {
+  Table& t = Names();
+  std::lock_guard<std::mutex> lock(t.mu);
+  return static_cast<uint32_t>(t.names.size());
 }
 
 }  // namespace wb::planner

@@ -54,10 +54,15 @@ TEST_CASE("TensorName interns: equal text, equal id; Find does not insert") {
   REQUIRE(a == b);
   REQUIRE(a.id() == b.id());
   REQUIRE(a.str() == text);
-  REQUIRE(TensorName::Find(text) == a.id());
+  REQUIRE(TensorName::Find(text) == a);
+  REQUIRE(a.id() < TensorName::Count());
   REQUIRE(TensorName("model.layers.7.mlp.experts.3.gate_proj.weight") != a);
-  REQUIRE(TensorName::Find("compact_entry_test: a name nobody interned") == nullptr);
-  REQUIRE(TensorName::Find("compact_entry_test: a name nobody interned") == nullptr);
+  const uint32_t count = TensorName::Count();
+  REQUIRE_FALSE(TensorName::Find("compact_entry_test: a name nobody interned"));
+  REQUIRE_FALSE(TensorName::Find("compact_entry_test: a name nobody interned"));
+  REQUIRE(TensorName::Count() == count);
+  // Ids are dense: the next new name takes the next id.
+  REQUIRE(TensorName("compact_entry_test: a new name").id() == count);
   REQUIRE(TensorName().empty());
   REQUIRE(TensorName() == TensorName(""));
   // Ordered by text, not by id (interned later, sorts first).
@@ -68,7 +73,7 @@ TEST_CASE("TensorName interns: equal text, equal id; Find does not insert") {
 
 TEST_CASE("TensorName interning from several threads gives one id per name") {
   constexpr int kThreads = 4, kNames = 2000;
-  std::vector<std::vector<const std::string*>> ids(kThreads);
+  std::vector<std::vector<uint32_t>> ids(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -80,7 +85,11 @@ TEST_CASE("TensorName interning from several threads gives one id per name") {
   for (std::thread& th : threads) th.join();
   for (int t = 1; t < kThreads; ++t) REQUIRE(ids[t] == ids[0]);
   for (int i = 0; i < kNames; ++i) {
-    REQUIRE(*ids[0][i] == "compact_entry_test.thread." + std::to_string(i));
+    const auto found = TensorName::Find("compact_entry_test.thread." + std::to_string(i));
+    REQUIRE(found);
+    REQUIRE(found->id() == ids[0][i]);
+    REQUIRE(found->str() == "compact_entry_test.thread." + std::to_string(i));
+    if (i > 0) REQUIRE(ids[0][i] != ids[0][i - 1]);
   }
 }
 
