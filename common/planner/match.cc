@@ -94,7 +94,8 @@ void Planner::Resolve(int32_t n) {
   if (info.bad) return;
   const TensorEntry& d = E(info.dst[0]);
   std::string name(Name(n));
-  int32_t direct = FindSource(name);
+  // Without renames a direct source has the destination's name, hence its name id.
+  int32_t direct = options_.renames.empty() ? (infos_[n].src.empty() ? -1 : n) : FindSource(name);
   if (direct >= 0) {
     if (infos_[direct].bad) {
       info.bad = true;
