@@ -1,7 +1,8 @@
-// A short vector of trivially copyable values held inline up to N elements (a tensor's 1-4
-// dimensions), on the heap beyond. TensorEntry holds its shape, shard and view in these so
-// that an entry costs no heap allocation: Kimi-K2 layouts have 14 M entries. It offers the
-// std::vector subset the planner's callers use, and converts from std::vector.
+// A short vector of trivially copyable values held inline up to N elements, on the heap
+// beyond. TensorEntry holds its shape and shard in these (N = 2: every weight of the supported
+// models) and its view's dims (N = 1: empty for all but engine layouts), so that an entry
+// without a view costs no heap allocation: Kimi-K2 layouts have 14 M entries. It offers the
+// std::vector subset the planner's callers use, and converts to and from std::vector.
 #pragma once
 
 #include <algorithm>
