@@ -56,11 +56,12 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelC
   std::vector<planner::AgentLayout> trainers = Agents("trainer", o.trainers, o);
   for (const SourceTensor& t : SourceTensors(config)) {
     const int64_t row_elems = Volume(t.shape) / t.shape[0];
+    const planner::TensorName name(t.name);  // interned once for all trainers
     for (int r = 0; r < o.trainers; ++r) {
       DimSlice rows = FsdpRows(t.shape[0], o.trainers, r, o.align_rows);
       if (rows.size == 0) continue;
       planner::TensorEntry e;
-      e.name = t.name;
+      e.name = name;
       e.dtype = t.dtype;
       e.shape = t.shape;
       e.shard.push_back(rows);
@@ -82,6 +83,7 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelC
       const int gpu = k * o.tp + r;
       for (const EngineParam& p : *params) {
         const uint64_t id = region++;
+        const planner::TensorName buffer(p.name);
         for (const ParamPart& part : p.parts) {
           planner::TensorEntry e;
           e.name = part.source;
@@ -90,7 +92,7 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelC
           e.shard = part.box;
           e.view.shape = p.shape;
           e.view.offset = part.offset;
-          e.view.buffer = p.name;
+          e.view.buffer = buffer;
           e.owner = {planner::Role::kInference, r, k};
           e.region = id;
           e.region_bytes = Volume(p.shape) * planner::DTypeBytes(p.dtype);

@@ -38,8 +38,8 @@ bool Planner::CheckFp8View(int32_t n, EntryRef ref, const Box& dbox, EntryRef sc
   const BufferView& v = w.view;
   const int nb = static_cast<int>(v.shape.size());
   const std::string where =
-      absl::StrCat("FP8 destination buffer ", v.buffer, " (", Who(ref), "): part ", Name(n), " ",
-                   BoxString(dbox), " at ", FormatShape(v.offset));
+      absl::StrCat("FP8 destination buffer ", v.buffer.str(), " (", Who(ref), "): part ", Name(n),
+                   " ", BoxString(dbox), " at ", FormatShape(v.offset));
   for (int d = 0; d < 2; ++d) {
     const int bd = nb - 2 + d;  // the buffer dimension this tensor dimension maps onto
     const char* what = d == 0 ? "row" : "column";
@@ -69,13 +69,14 @@ bool Planner::CheckFp8View(int32_t n, EntryRef ref, const Box& dbox, EntryRef sc
     want_offset.push_back(v.offset[d] / kFp8Block);
   }
   if (s.view.shape != want_shape || s.view.offset != want_offset) {
-    ReportFp8(n, absl::StrCat(where, ": its scale part ", s.name, " is ",
-                              s.view.empty() ? std::string("not a view")
-                                             : absl::StrCat("at ", FormatShape(s.view.offset),
-                                                            " of scale buffer ", s.view.buffer, " ",
-                                                            FormatShape(s.view.shape)),
-                              " but must sit at ", FormatShape(want_offset), " of a scale buffer ",
-                              FormatShape(want_shape), " (one f32 per 128x128 block)"));
+    ReportFp8(
+        n, absl::StrCat(where, ": its scale part ", s.name.str(), " is ",
+                        s.view.empty()
+                            ? std::string("not a view")
+                            : absl::StrCat("at ", FormatShape(s.view.offset), " of scale buffer ",
+                                           s.view.buffer.str(), " ", FormatShape(s.view.shape)),
+                        " but must sit at ", FormatShape(want_offset), " of a scale buffer ",
+                        FormatShape(want_shape), " (one f32 per 128x128 block)"));
     return false;
   }
   return true;
@@ -213,7 +214,7 @@ void Planner::Generate() {
     const DType dst_dtype = E(info.dst[0]).dtype;
     const DType src_dtype = E(infos_[info.parts[0].src_name].src[0]).dtype;
     const uint64_t de = DTypeBytes(dst_dtype), se = DTypeBytes(src_dtype);
-    const std::vector<int64_t>& shape = E(info.dst[0]).shape;
+    const auto& shape = E(info.dst[0]).shape;
     const int fdim = info.fusion_dim;
     // One pass per destination class (GroupDestinations checked its FP8 entries): the ops
     // are the leader's, fanned out to the class's members.

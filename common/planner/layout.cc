@@ -8,11 +8,11 @@
 
 namespace wb::planner {
 
-std::string FormatShape(const std::vector<int64_t>& shape) {
+std::string FormatShape(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-std::string FormatSlice(const std::vector<DimSlice>& shard, const std::vector<int64_t>& shape) {
+std::string FormatSlice(absl::Span<const DimSlice> shard, absl::Span<const int64_t> shape) {
   std::string out = "[";
   for (size_t d = 0; d < shape.size(); ++d) {
     int64_t start = shard.empty() ? 0 : (d < shard.size() ? shard[d].start : 0);

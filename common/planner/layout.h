@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/types/span.h"
+#include "common/planner/small_vec.h"
+#include "common/planner/tensor_name.h"
 #include "common/tensor/box.h"
 #include "common/tensor/dtype.h"
 #include "weightbeam/v1/types.pb.h"
@@ -40,28 +43,36 @@ struct Owner {
 // A shard that is a box inside a larger buffer (one engine parameter filled by several parts).
 // The region holds the whole buffer of `shape`, row-major; the shard's k dims map onto the
 // buffer's last k dims and shard element [0..0] sits at `offset` (one entry per buffer dim).
+// Few entries have one (engine layouts): an empty view takes 40 bytes and no allocation.
 struct BufferView {
-  std::vector<int64_t> shape;  // empty: no view
-  std::vector<int64_t> offset;
-  std::string buffer;  // the engine parameter's name, for errors
+  SmallVec<int64_t, 1> shape;  // empty: no view
+  SmallVec<int64_t, 1> offset;
+  TensorName buffer;  // the engine parameter's name
 
   bool empty() const { return shape.empty(); }
 };
 
+// An entry's global shape and shard, one element per dimension (inline up to 2).
+using EntryShape = SmallVec<int64_t, 2>;
+using EntryShard = SmallVec<DimSlice, 2>;
+
 // One registered tensor buffer. `shard` empty means the full tensor; otherwise one slice per
 // dimension, held densely in row-major order at offset 0 of region `region`, or, with a
-// `view`, as a box inside the region's buffer.
+// `view`, as a box inside the region's buffer. Compact, because Kimi-K2 layouts hold 14 M of
+// these: the name is interned, and shape and shard of up to 2 dimensions (every weight of the
+// supported models) are held inline, so an entry without a view allocates nothing.
 struct TensorEntry {
-  std::string name;
-  DType dtype = weightbeam::v1::DTYPE_UNSPECIFIED;
-  std::vector<int64_t> shape;
-  std::vector<DimSlice> shard;
+  TensorName name;
+  EntryShape shape;
+  EntryShard shard;
   BufferView view;
   Owner owner;
+  DType dtype = weightbeam::v1::DTYPE_UNSPECIFIED;
   uint64_t region = 0;
   uint64_t region_bytes = 0;
   int32_t gpu = -1;  // -1: host memory; else the GPU index on the agent ("cuda:N")
 };
+static_assert(sizeof(TensorEntry) <= 152, "TensorEntry is per registered tensor: keep it small");
 
 struct Nic {
   std::string name;
@@ -78,9 +89,9 @@ struct AgentLayout {
 using tensor::DTypeBytes;
 using tensor::DTypeName;
 // "[2048, 1024]"
-std::string FormatShape(const std::vector<int64_t>& shape);
+std::string FormatShape(absl::Span<const int64_t> shape);
 // "[0:128, 0:1024]" (start:end per dimension); the full tensor when `shard` is empty.
-std::string FormatSlice(const std::vector<DimSlice>& shard, const std::vector<int64_t>& shape);
+std::string FormatSlice(absl::Span<const DimSlice> shard, absl::Span<const int64_t> shape);
 // "trainer rank 3 on agent trainer-000", "inference replica 1 rank 2 on agent infer-003"
 std::string FormatOwner(const Owner& owner, const std::string& agent);
 // "host" or "cuda:N" <-> -1 / N. Returns false for anything else.

@@ -32,9 +32,9 @@ int32_t Planner::FindSource(const std::string& dst_name) const {
     auto it = canonical_.find(dst_name);
     return it == canonical_.end() ? -1 : it->second;
   }
-  auto it = name_ids_.find(dst_name);
-  if (it == name_ids_.end() || infos_[it->second].src.empty()) return -1;
-  return it->second;
+  const int32_t id = NameId(dst_name);
+  if (id < 0 || infos_[id].src.empty()) return -1;
+  return id;
 }
 
 std::string Planner::SrcWho(int32_t src_name) const {
@@ -56,17 +56,17 @@ void Planner::ResolveRecipes() {
     NameInfo& info = infos_[n];
     if (info.transform != weightbeam::v1::TRANSFORM_FP8_BLOCK) continue;
     std::string scale = ScaleTensorName(Name(n));
-    auto it = name_ids_.find(scale);
+    const int32_t scale_id = NameId(scale);
     const TensorEntry& w = E(info.dst[0]);
-    if (it == name_ids_.end() || infos_[it->second].dst.empty()) {
+    if (scale_id < 0 || infos_[scale_id].dst.empty()) {
       problems_.Add(absl::StrCat("FP8 destination ", Name(n), " (", Who(info.dst[0]),
                                  ") has no scale tensor ", scale));
       info.bad = true;
       continue;
     }
-    NameInfo& s = infos_[it->second];
+    NameInfo& s = infos_[scale_id];
     s.derived_scale = true;
-    info.scale_name = it->second;
+    info.scale_name = scale_id;
     const TensorEntry& st = E(s.dst[0]);
     std::vector<int64_t> want = {(w.shape[0] + kFp8Block - 1) / kFp8Block,
                                  (w.shape[1] + kFp8Block - 1) / kFp8Block};
@@ -94,7 +94,8 @@ void Planner::Resolve(int32_t n) {
   if (info.bad) return;
   const TensorEntry& d = E(info.dst[0]);
   std::string name(Name(n));
-  int32_t direct = FindSource(name);
+  // Without renames a direct source has the destination's name, hence its name id.
+  int32_t direct = options_.renames.empty() ? (infos_[n].src.empty() ? -1 : n) : FindSource(name);
   if (direct >= 0) {
     if (infos_[direct].bad) {
       info.bad = true;

@@ -54,33 +54,36 @@ std::vector<Cut> SplitRows(int64_t rows, int n, int* cursor) {
   return cuts;
 }
 
+// The agents of one side ("trainer-0000", ...), one per `gpus_per_agent` GPUs.
 struct AgentBuilder {
   std::vector<AgentLayout>* agents;
-  std::map<std::pair<std::string, int>, int> index;  // (prefix, node) -> agent
-  std::vector<uint64_t> next_region;
+  const char* prefix;
   int gpus_per_agent, nics;
   double gbps;
+  std::vector<int> node_agent;        // node -> index in *agents; -1 until created
+  std::vector<uint64_t> next_region;  // per index in *agents
 
-  // The agent holding global GPU `gpu` of a side, created on first use.
-  AgentLayout& For(const std::string& prefix, int gpu, int32_t* local) {
-    int node = gpu / gpus_per_agent;
-    *local = gpu % gpus_per_agent;
-    auto [it, inserted] = index.try_emplace({prefix, node}, static_cast<int>(agents->size()));
-    if (inserted) {
+  // The agent holding global GPU `gpu` of the side, created on first use.
+  int For(int gpu) {
+    const size_t node = static_cast<size_t>(gpu / gpus_per_agent);
+    if (node >= node_agent.size()) node_agent.resize(node + 1, -1);
+    if (node_agent[node] < 0) {
+      node_agent[node] = static_cast<int>(agents->size());
       AgentLayout a;
       char buf[64];
-      std::snprintf(buf, sizeof(buf), "%s-%04d", prefix.c_str(), node);
+      std::snprintf(buf, sizeof(buf), "%s-%04zu", prefix, node);
       a.name = buf;
       for (int k = 0; k < nics; ++k) a.nics.push_back(Nic{absl::StrCat("mlx5_", k), gbps});
       agents->push_back(std::move(a));
       next_region.resize(agents->size(), 1);
     }
-    return (*agents)[it->second];
+    return node_agent[node];
   }
 
-  void AddTensor(const std::string& prefix, int gpu, TensorEntry t) {
-    AgentLayout& a = For(prefix, gpu, &t.gpu);
-    int idx = index[{prefix, gpu / gpus_per_agent}];
+  void AddTensor(int gpu, TensorEntry t) {
+    const int idx = For(gpu);
+    AgentLayout& a = (*agents)[idx];
+    t.gpu = gpu % gpus_per_agent;
     t.region = next_region[idx]++;
     int64_t elems = 1;
     for (size_t d = 0; d < t.shape.size(); ++d) {
@@ -91,9 +94,8 @@ struct AgentBuilder {
   }
 };
 
-std::vector<DimSlice> Slice1(const std::vector<int64_t>& shape, int dim, int64_t start,
-                             int64_t size) {
-  std::vector<DimSlice> s;
+EntryShard Slice1(absl::Span<const int64_t> shape, int dim, int64_t start, int64_t size) {
+  EntryShard s;
   for (size_t d = 0; d < shape.size(); ++d) {
     s.push_back(static_cast<int>(d) == dim ? DimSlice{start, size} : DimSlice{0, shape[d]});
   }
@@ -264,7 +266,8 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
         absl::StrCat("inference ep ", inf.ep, " must divide tp ", inf.tp));
   }
   std::vector<AgentLayout> agents;
-  AgentBuilder trainers{&agents, {}, {}, tr.gpus_per_agent, tr.nics_per_agent, tr.nic_gbps};
+  AgentBuilder trainers{&agents, "trainer", tr.gpus_per_agent, tr.nics_per_agent, tr.nic_gbps,
+                        {},      {}};
   const int experts = std::max(1, model.num_experts);
 
   // Trainers: the same cuts in every replica, so replicas are interchangeable sources.
@@ -276,25 +279,34 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
     const int n = ep ? group : per_replica;
     const int base = ep ? g * group : 0;
     int* cursor = &cursors[ep ? g : tr.ep];
+    const TensorName name(t.name);  // interned once, copied into every entry
     for (const Cut& c : SplitRows(t.shape[0], n, cursor)) {
       for (int r = 0; r < tr.replicas; ++r) {
         TensorEntry e;
-        e.name = t.name;
+        e.name = name;
         e.dtype = t.dtype;
         e.shape = t.shape;
         e.shard = Slice1(t.shape, 0, c.start, c.size);
         e.owner = Owner{Role::kTrainer, r * per_replica + base + c.rank, r};
-        trainers.AddTensor("trainer", r * per_replica + base + c.rank, std::move(e));
+        trainers.AddTensor(r * per_replica + base + c.rank, std::move(e));
       }
     }
   }
 
-  AgentBuilder infer{&agents, {}, {}, inf.gpus_per_agent, inf.nics_per_agent, inf.nic_gbps};
+  AgentBuilder infer{&agents, "infer", inf.gpus_per_agent, inf.nics_per_agent, inf.nic_gbps,
+                     {},      {}};
   const std::vector<ModelTensor> fused = FuseForInference(model.tensors, inf.fusions);
+  // Names interned once, not once per replica.
+  std::vector<TensorName> names, scale_names;
+  for (const ModelTensor& t : fused) {
+    names.emplace_back(t.name);
+    scale_names.emplace_back(ScaleTensorName(t.name));
+  }
   const int replicas = inf.gpus / inf.tp;
   const int ep_group = inf.tp / inf.ep;
   for (int rep = 0; rep < replicas; ++rep) {
-    for (const ModelTensor& t : fused) {
+    for (size_t ti = 0; ti < fused.size(); ++ti) {
+      const ModelTensor& t = fused[ti];
       // Ranks holding this tensor and how they split it.
       int first = 0, n = inf.tp;
       if (t.expert >= 0 && inf.ep > 1) {
@@ -313,17 +325,18 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
       } else {
         for (int i = 0; i < n; ++i) cuts.push_back(Cut{i, 0, t.shape[0]});
       }
+      const TensorName name = names[ti], scale_name = scale_names[ti];
       for (const Cut& c : cuts) {
         const int gpu = rep * inf.tp + first + c.rank;
         TensorEntry e;
-        e.name = t.name;
+        e.name = name;
         e.dtype = fp8 ? DTYPE_F8_E4M3 : t.dtype;
         e.shape = t.shape;
         if (dim >= 0) e.shard = Slice1(t.shape, dim, c.start, c.size);
         e.owner = Owner{Role::kInference, first + c.rank, rep};
         if (fp8) {
           TensorEntry s;
-          s.name = ScaleTensorName(t.name);
+          s.name = scale_name;
           s.dtype = DTYPE_F32;
           s.shape = {(t.shape[0] + kFp8Block - 1) / kFp8Block,
                      (t.shape[1] + kFp8Block - 1) / kFp8Block};
@@ -332,10 +345,10 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
             s.shard = Slice1(s.shape, dim, lo, hi - lo);
           }
           s.owner = e.owner;
-          infer.AddTensor("infer", gpu, std::move(e));
-          infer.AddTensor("infer", gpu, std::move(s));
+          infer.AddTensor(gpu, std::move(e));
+          infer.AddTensor(gpu, std::move(s));
         } else {
-          infer.AddTensor("infer", gpu, std::move(e));
+          infer.AddTensor(gpu, std::move(e));
         }
       }
     }

@@ -39,16 +39,16 @@ absl::StatusOr<AgentLayout> LayoutFromProto(const v1::AgentInfo& info,
         e.owner.role = Role::kInference;
         break;
       default:
-        return absl::InvalidArgumentError(absl::StrCat("agent ", layout.agent(), " tensor ", e.name,
-                                                       ": owner role is unspecified"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "agent ", layout.agent(), " tensor ", e.name.str(), ": owner role is unspecified"));
     }
     e.owner.rank = t.owner().rank();
     e.owner.replica = t.owner().replica();
     e.region = t.region().region_id();
     e.region_bytes = t.region().length();
     if (!ParseLocation(t.location(), &e.gpu)) {
-      return absl::InvalidArgumentError(absl::StrCat("agent ", layout.agent(), " tensor ", e.name,
-                                                     ": location \"", t.location(),
+      return absl::InvalidArgumentError(absl::StrCat("agent ", layout.agent(), " tensor ",
+                                                     e.name.str(), ": location \"", t.location(),
                                                      "\" is neither host nor cuda:N"));
     }
     out.tensors.push_back(std::move(e));

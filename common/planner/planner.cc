@@ -40,9 +40,8 @@ void Planner::OrderAgents() {
 }
 
 void Planner::IndexEntries() {
-  size_t total = 0;
-  for (const AgentLayout& a : agents_) total += a.tensors.size();
-  name_ids_.reserve(total / 2 + 16);
+  // Every entry's name was interned before this call, so its id is below Count().
+  name_ids_.assign(TensorName::Count(), -1);
   tensor_name_.resize(agents_.size());
   for (size_t ai = 0; ai < agents_.size(); ++ai) {
     const AgentLayout& agent = agents_[ai];
@@ -50,15 +49,17 @@ void Planner::IndexEntries() {
     for (size_t ti = 0; ti < agent.tensors.size(); ++ti) {
       const TensorEntry& t = agent.tensors[ti];
       EntryRef ref{static_cast<int32_t>(ai), static_cast<int32_t>(ti)};
-      if (!CheckEntry(ref)) continue;
-      auto [it, inserted] = name_ids_.try_emplace(t.name, static_cast<int32_t>(names_.size()));
-      if (inserted) {
-        names_.push_back(t.name);
+      int64_t volume = 0;
+      if (!CheckEntry(ref, &volume)) continue;
+      int32_t& id = name_ids_[t.name.id()];
+      if (id < 0) {
+        id = static_cast<int32_t>(names_.size());
+        names_.push_back(std::string_view(t.name.str()));
         infos_.emplace_back();
       }
-      tensor_name_[ai][ti] = it->second;
-      if (EntryBox(t).Volume() == 0) continue;  // holds nothing
-      NameInfo& info = infos_[it->second];
+      tensor_name_[ai][ti] = id;
+      if (volume == 0) continue;  // holds nothing
+      NameInfo& info = infos_[id];
       (t.owner.role == Role::kTrainer ? info.src : info.dst).push_back(ref);
     }
   }
@@ -95,10 +96,17 @@ std::string CheckView(const TensorEntry& t) {
 
 }  // namespace
 
-bool Planner::CheckEntry(EntryRef ref) {
+int32_t Planner::NameId(absl::string_view name) const {
+  const std::optional<TensorName> interned = TensorName::Find(name);
+  // A name interned by another thread after IndexEntries is held by no entry of this call.
+  if (!interned || interned->id() >= name_ids_.size()) return -1;
+  return name_ids_[interned->id()];
+}
+
+bool Planner::CheckEntry(EntryRef ref, int64_t* volume) {
   const TensorEntry& t = E(ref);
   auto fail = [&](const std::string& why) {
-    problems_.Add(absl::StrCat("tensor ", t.name, " (", Who(ref), "): ", why));
+    problems_.Add(absl::StrCat("tensor ", t.name.str(), " (", Who(ref), "): ", why));
     return false;
   };
   if (t.name.empty()) return fail("empty name");
@@ -124,14 +132,15 @@ bool Planner::CheckEntry(EntryRef ref) {
       }
     }
   }
-  uint64_t need = static_cast<uint64_t>(EntryBox(t).Volume() * DTypeBytes(t.dtype));
+  *volume = EntryBox(t).Volume();
+  uint64_t need = static_cast<uint64_t>(*volume * DTypeBytes(t.dtype));
   if (!t.view.empty()) {
     if (t.owner.role == Role::kTrainer) {
-      return fail(absl::StrCat("a view into buffer ", t.view.buffer,
+      return fail(absl::StrCat("a view into buffer ", t.view.buffer.str(),
                                " on a source; views place destinations only"));
     }
     const std::string bad = CheckView(t);
-    if (!bad.empty()) return fail(absl::StrCat("view of buffer ", t.view.buffer, ": ", bad));
+    if (!bad.empty()) return fail(absl::StrCat("view of buffer ", t.view.buffer.str(), ": ", bad));
     need = static_cast<uint64_t>(DTypeBytes(t.dtype));
     for (int64_t s : t.view.shape) need *= static_cast<uint64_t>(s);
   }

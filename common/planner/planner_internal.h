@@ -159,7 +159,8 @@ class Planner {
   // Per-entry checks, then the name index (sources = trainer role, destinations = inference).
   void IndexEntries();
 
-  bool CheckEntry(EntryRef ref);
+  // False (with the problem recorded) when the entry is unusable; else its element count.
+  bool CheckEntry(EntryRef ref, int64_t* volume);
 
   // Parts of one buffer (destination entries with a view of the same buffer name, agent and
   // owner) agree on its dtype and shape and never overlap; uncovered elements are allowed.
@@ -189,6 +190,9 @@ class Planner {
   void ApplyRenames();
 
   int32_t FindSource(const std::string& dst_name) const;
+
+  // The name id of `name` in this call, or -1 when no entry has that name.
+  int32_t NameId(absl::string_view name) const;
 
   std::string SrcWho(int32_t src_name) const;
 
@@ -258,7 +262,8 @@ class Planner {
   Problems problems_;
   Plan plan_;
   std::vector<int32_t> agent_rank_;
-  std::unordered_map<std::string_view, int32_t> name_ids_;
+  // Interned name (TensorName::id, dense) -> name id of this call, -1 when no entry has it.
+  std::vector<int32_t> name_ids_;
   std::vector<std::string_view> names_;
   std::vector<NameInfo> infos_;
   std::vector<std::vector<int32_t>> tensor_name_;

@@ -55,10 +55,11 @@ void Planner::CheckBuffers() {
     for (size_t p = i + 1; p < j && !reported; ++p) {
       const TensorEntry& e = E(parts[p]);
       if (e.dtype != first.dtype || e.view.shape != first.view.shape) {
-        problems_.Add(absl::StrCat("buffer ", first.view.buffer, " (", Who(parts[i]), "): part ",
-                                   first.name, " sees it as ", DTypeName(first.dtype), " ",
-                                   FormatShape(first.view.shape), " but part ", e.name, " as ",
-                                   DTypeName(e.dtype), " ", FormatShape(e.view.shape)));
+        problems_.Add(absl::StrCat("buffer ", first.view.buffer.str(), " (", Who(parts[i]),
+                                   "): part ", first.name.str(), " sees it as ",
+                                   DTypeName(first.dtype), " ", FormatShape(first.view.shape),
+                                   " but part ", e.name.str(), " as ", DTypeName(e.dtype), " ",
+                                   FormatShape(e.view.shape)));
         reported = true;
       }
     }
@@ -70,9 +71,10 @@ void Planner::CheckBuffers() {
         if (bq.start[0] >= bp.End(0)) break;
         Box tmp;
         if (Intersect(bp, bq, &tmp)) {
-          problems_.Add(absl::StrCat("buffer ", first.view.buffer, " (", Who(parts[i]),
-                                     "): parts overlap: ", E(parts[p]).name, " at ", BoxString(bp),
-                                     " and ", E(parts[q]).name, " at ", BoxString(bq)));
+          problems_.Add(absl::StrCat("buffer ", first.view.buffer.str(), " (", Who(parts[i]),
+                                     "): parts overlap: ", E(parts[p]).name.str(), " at ",
+                                     BoxString(bp), " and ", E(parts[q]).name.str(), " at ",
+                                     BoxString(bq)));
           reported = true;
         }
       }
@@ -101,7 +103,7 @@ bool Planner::CheckTiling(int32_t name, int32_t replica,
   auto side = [&] {
     return replica < 0 ? std::string("the trainers") : absl::StrCat("inference replica ", replica);
   };
-  const std::vector<int64_t>& shape = E(boxes[0].second).shape;
+  const auto& shape = E(boxes[0].second).shape;
   // The first partially overlapping pair is reported (one line per tensor, not per pair).
   for (size_t i = 0; i < boxes.size(); ++i) {
     for (size_t j = i + 1; j < boxes.size() && boxes[j].first.start[0] < boxes[i].first.End(0);

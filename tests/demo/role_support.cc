@@ -111,7 +111,7 @@ std::string CheckFp8(const TensorEntry& e, const std::vector<uint16_t>& want, ui
   *checked += fp8.size();
   if (!mismatch.empty() || scale == nullptr) return mismatch;
   if (EntryBytes(*scale) != scales.size() * 4) {
-    mismatch = absl::StrCat(scale->name, ": ", EntryBytes(*scale), " bytes registered, ",
+    mismatch = absl::StrCat(scale->name.str(), ": ", EntryBytes(*scale), " bytes registered, ",
                             scales.size() * 4, " expected");
   } else {
     mismatch = FirstMismatch(scale->name, reinterpret_cast<const uint8_t*>(scales.data()),
@@ -222,7 +222,7 @@ std::string CheckEntries(const std::vector<TensorEntry>& entries, const Register
   std::string mismatch;
   for (size_t i = 0; i < entries.size() && mismatch.empty(); ++i) {
     const auto& e = entries[i];
-    if (absl::EndsWith(e.name, "_scale_inv")) continue;  // checked with its weight
+    if (absl::EndsWith(e.name.str(), "_scale_inv")) continue;  // checked with its weight
     uint64_t rows = 0, cols = 0;
     std::vector<uint16_t> want = expected(e, &rows, &cols);
     const uint8_t* got = base + reg.offsets[i];
@@ -240,7 +240,7 @@ std::string CheckEntries(const std::vector<TensorEntry>& entries, const Register
       *checked += EntryBytes(e);
       continue;
     }
-    auto sit = index.find(e.name + "_scale_inv");
+    auto sit = index.find(e.name.str() + "_scale_inv");
     const bool scaled = sit != index.end();
     mismatch = CheckFp8(e, want, rows, cols, got, scaled ? &entries[sit->second] : nullptr,
                         scaled ? base + reg.offsets[sit->second] : nullptr, checked);

@@ -143,7 +143,7 @@ TEST_CASE("expert-parallel destinations receive only their experts, whole") {
     const TensorEntry& dst = DstOf(agents, op);
     const TensorEntry& src = agents[op.src_agent].tensors[op.src_tensor];
     CHECK(dst.name == src.name);
-    CHECK(dst.owner.rank == (dst.name.find(".0.") != std::string::npos ? 0 : 1));
+    CHECK(dst.owner.rank == (dst.name.str().find(".0.") != std::string::npos ? 0 : 1));
     CHECK(op.dst_offset == (agent == "t0" ? 0u : 2u * 8 * 2));
     CHECK(op.row_elems == 16);
   }

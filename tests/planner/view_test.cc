@@ -109,7 +109,7 @@ class Memory {
     const TensorEntry& e = agent.tensors[t];
     if (e.view.empty()) return agent.name + "/region" + std::to_string(e.region);
     return agent.name + "/" + std::to_string(e.owner.replica) + "/" + std::to_string(e.owner.rank) +
-           "/" + e.view.buffer;
+           "/" + e.view.buffer.str();
   }
 
   // A trainer's dense shard of its global tensor.
