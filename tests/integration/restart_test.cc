@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -150,6 +151,22 @@ struct Fleet {
     return r;
   }
 
+  // Step kHeldVersion, whose writes the trainer's agent holds for 1 s each; `after` ms into it
+  // (once replica 0 saw begin), `disrupt` runs (a kill, a restart) while the step is in flight.
+  absl::StatusOr<v1::StepResult> StepDisruptedBy(std::chrono::milliseconds after,
+                                                 const std::function<void()>& disrupt) {
+    version = kHeldVersion - 1;
+    std::thread disruptor([&] {
+      auto e = replicas[0]->Next(v1::Event::KIND_BEGIN, std::chrono::seconds(20));
+      if (!e.ok()) return;
+      std::this_thread::sleep_for(after);
+      disrupt();
+    });
+    auto r = Step();
+    disruptor.join();
+    return r;
+  }
+
   // Every replica the step committed holds the trainer's bytes and saw commit(version).
   void VerifyCommitted(const v1::StepResult& r) {
     for (int k : r.committed_replicas()) {
@@ -237,16 +254,8 @@ TEST_CASE("the trainer's agent SIGKILLed mid-step fails that step by name; resta
   f.StepUntilBoth(3);
 
   // The trainer's agent holds each of version kHeldVersion's writes for 1 s: kill it meanwhile.
-  f.version = kHeldVersion - 1;
-  std::thread killer([&] {
-    auto e = f.replicas[0]->Next(v1::Event::KIND_BEGIN, std::chrono::seconds(20));
-    if (e.ok()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      f.cluster->KillAgent(kTrainerAgent, SIGKILL);
-    }
-  });
-  auto r = f.Step();
-  killer.join();
+  auto r = f.StepDisruptedBy(std::chrono::milliseconds(300),
+                             [&] { f.cluster->KillAgent(kTrainerAgent, SIGKILL); });
   REQUIRE_FALSE(r.ok());
   CHECK_THAT(Message(r.status()), Catch::Contains(kTrainerAgent));
   for (auto& rep : f.replicas) {
@@ -328,17 +337,10 @@ TEST_CASE(
   // The sender holds each write of kHeldVersion for 1 s; meanwhile replica 0's agent is killed
   // and restarted. The new process answers the health check after the sender's write to it
   // fails, but it never began this step: it is dropped, the sender runs again without it.
-  f.version = kHeldVersion - 1;
-  std::thread restarter([&] {
-    auto e = f.replicas[0]->Next(v1::Event::KIND_BEGIN, std::chrono::seconds(20));
-    if (e.ok()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      f.cluster->KillAgent(ReplicaAgent(0), SIGKILL);
-      f.cluster->StartAgent(ReplicaAgent(0));
-    }
+  auto r = f.StepDisruptedBy(std::chrono::milliseconds(200), [&] {
+    f.cluster->KillAgent(ReplicaAgent(0), SIGKILL);
+    f.cluster->StartAgent(ReplicaAgent(0));
   });
-  auto r = f.Step();
-  restarter.join();
   INFO((r.ok() ? "" : Message(r.status())));
   REQUIRE(r.ok());
   CHECK(r->committed_replicas_size() == 1);

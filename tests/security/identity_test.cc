@@ -57,36 +57,41 @@ TEST_CASE("a live agent's name cannot be taken and region keys are not listed", 
     }
   }
 
-  SECTION("RegisterAgent claiming a live agent's own endpoint, from its host, is refused") {
-    // A restarted agent (same host, same endpoint) takes its name at once, but only when the
-    // process listening on that endpoint answers with the registering incarnation's digest:
-    // here the real agent still listens there and answers with its own.
+  // An impostor's RegisterAgent under the real inference agent's name, claiming `endpoint`:
+  // refused while that agent lives.
+  auto impostor_refused = [&](const std::string& endpoint) {
     v1::RegisterAgentRequest req;
     req.mutable_agent()->set_name("inference-node");
-    req.mutable_agent()->set_control_endpoint(cluster.agent_address("inference-node"));
+    req.mutable_agent()->set_control_endpoint(endpoint);
     req.set_incarnation("impostor-incarnation");
     v1::RegisterAgentResponse resp;
     grpc::Status st = wb::testing::CallWithin(std::chrono::seconds(10), stub.get(),
                                               &v1::Controller::Stub::RegisterAgent, req, &resp);
     wb::testing::CheckRefused(st, grpc::StatusCode::ALREADY_EXISTS, "held by a live agent");
+    return resp;
+  };
+  // The real agents still make a step commit, every byte delivered.
+  auto real_agents_commit = [&](uint8_t fill) {
     auto ctl = ControllerClient::Connect(cluster.controller_address());
     REQUIRE(ctl.ok());
     wb::testing::PlanOneToOne(&*ctl);
-    sides.Fill(0x37);
+    sides.Fill(fill);
     auto step = ctl->Step(1);
     INFO((step.ok() ? "" : std::string(step.status().message())));
     REQUIRE(step.ok());
     CHECK(sides.Same());
+  };
+
+  SECTION("RegisterAgent claiming a live agent's own endpoint, from its host, is refused") {
+    // A restarted agent (same host, same endpoint) takes its name at once, but only when the
+    // process listening on that endpoint answers with the registering incarnation's digest:
+    // here the real agent still listens there and answers with its own.
+    impostor_refused(cluster.agent_address("inference-node"));
+    real_agents_commit(0x37);
   }
 
   SECTION("RegisterAgent under a live agent's name from another endpoint is refused") {
-    v1::RegisterAgentRequest req;
-    req.mutable_agent()->set_name("inference-node");
-    req.mutable_agent()->set_control_endpoint("127.0.0.1:1");
-    v1::RegisterAgentResponse resp;
-    grpc::Status st = wb::testing::CallWithin(std::chrono::seconds(10), stub.get(),
-                                              &v1::Controller::Stub::RegisterAgent, req, &resp);
-    wb::testing::CheckRefused(st, grpc::StatusCode::ALREADY_EXISTS, "held by a live agent");
+    const v1::RegisterAgentResponse resp = impostor_refused("127.0.0.1:1");
     // Heartbeats from the impostor neither keep the name nor disturb the real agent.
     v1::HeartbeatRequest hb;
     hb.set_agent("inference-node");
@@ -95,15 +100,6 @@ TEST_CASE("a live agent's name cannot be taken and region keys are not listed", 
     v1::HeartbeatResponse hresp;
     REQUIRE(stub->Heartbeat(&hctx, hb, &hresp).ok());
     CHECK(hresp.reregister());
-
-    // The real agents still make a step commit.
-    auto ctl = ControllerClient::Connect(cluster.controller_address());
-    REQUIRE(ctl.ok());
-    wb::testing::PlanOneToOne(&*ctl);
-    sides.Fill(0x42);
-    auto step = ctl->Step(1);
-    INFO((step.ok() ? "" : std::string(step.status().message())));
-    REQUIRE(step.ok());
-    CHECK(sides.Same());
+    real_agents_commit(0x42);
   }
 }
