@@ -52,6 +52,9 @@ grpc::ServerUnaryReactor* ControllerService::RegisterAgent(grpc::CallbackServerC
     core_->agent_channels().ResetBackoff(endpoint);
     grpc::ClientContext call;
     call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    // The channel may still be failing from the old process: wait for the new one to connect
+    // rather than answer "unavailable" at once (the agent would retry its registration later).
+    call.set_wait_for_ready(true);
     v1::HealthResponse health;
     const grpc::Status s =
         core_->agent_channels().Get(endpoint)->Health(&call, v1::HealthRequest(), &health);
