@@ -22,6 +22,7 @@
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
 #include "tests/support/cluster.h"
+#include "tests/support/two_tensor_sides.h"
 
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
@@ -30,16 +31,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// 4 MiB per tensor: small enough for a quick test, more than loopback buffers hold at once.
-constexpr int64_t kRows = 2048, kCols = 1024;
-constexpr uint64_t kTensorBytes = kRows * kCols * 2;
-constexpr uint64_t kSideBytes = 2 * kTensorBytes;
-// Every Step call is given this; each must answer within it (plus a little for the RPC).
-constexpr auto kStepTimeout = std::chrono::seconds(8);
-
-std::string Message(const absl::Status& s) { return std::string(s.message()); }
-
-std::string ReplicaAgent(int k) { return absl::StrCat("inference-", k); }
+using namespace wb::testing::two_tensors;
 
 absl::StatusOr<LocalSession> RegisterSide(const std::string& socket, Identity who,
                                           const SharedBuffer& buffer, int tensors = 2) {
@@ -82,14 +74,7 @@ struct Replica {
   }
   // The next event of `kind` (skipping others), or an error after `timeout`.
   absl::StatusOr<v1::Event> Next(v1::Event::Kind kind, std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
-    while (Clock::now() < deadline) {
-      auto e = session->NextEvent(
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-      if (!e.ok()) return e.status();
-      if (e->kind() == kind) return e;
-    }
-    return absl::DeadlineExceededError("no such event");
+    return NextEventOfKind(*session, kind, timeout);
   }
 };
 

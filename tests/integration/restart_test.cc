@@ -21,6 +21,7 @@
 #include "client/weightbeam/shared_buffer.h"
 #include "tests/support/cluster.h"
 #include "tests/support/grpc_call.h"
+#include "tests/support/two_tensor_sides.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
 namespace v1 = weightbeam::v1;
@@ -29,18 +30,12 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// 4 MiB per tensor: quick, and more than loopback socket buffers hold at once.
-constexpr int64_t kRows = 2048, kCols = 1024;
-constexpr uint64_t kTensorBytes = kRows * kCols * 2;
-constexpr uint64_t kSideBytes = 2 * kTensorBytes;
-constexpr auto kStepTimeout = std::chrono::seconds(8);
+using namespace wb::testing::two_tensors;
+
 // The trainer's agent holds every write of this version (executor test hook), so it can be
 // killed while that step is in flight.
 constexpr uint64_t kHeldVersion = 50;
 constexpr char kTrainerAgent[] = "trainer-node";
-
-std::string Message(const absl::Status& s) { return std::string(s.message()); }
-std::string ReplicaAgent(int k) { return absl::StrCat("inference-", k); }
 
 // One process's side: a buffer that outlives its sessions (a trainer or worker whose agent
 // restarts registers the same memory again, the same two tensors: the same layout).
@@ -64,14 +59,7 @@ struct Side {
 
   // The next event of `kind` (skipping others), or an error after `timeout`.
   absl::StatusOr<v1::Event> Next(v1::Event::Kind kind, std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
-    while (Clock::now() < deadline) {
-      auto e = session->NextEvent(
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-      if (!e.ok()) return e.status();
-      if (e->kind() == kind) return e;
-    }
-    return absl::DeadlineExceededError("no such event");
+    return NextEventOfKind(*session, kind, timeout);
   }
 };
 

@@ -1,0 +1,43 @@
+// Shared by the tests that kill, freeze and restart agents under a trainer and inference
+// replicas (elastic_test, restart_test): each side registers two 4 MiB BF16 tensors, a.weight and
+// b.weight, from one shared buffer, and waits for the watcher events of a step.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "client/weightbeam/local_session.h"
+
+namespace wb::testing::two_tensors {
+
+// 4 MiB per tensor: quick, and more than loopback socket buffers hold at once.
+inline constexpr int64_t kRows = 2048, kCols = 1024;
+inline constexpr uint64_t kTensorBytes = kRows * kCols * 2;
+inline constexpr uint64_t kSideBytes = 2 * kTensorBytes;
+// Every Step call is given this; each must answer within it (plus a little for the RPC).
+inline constexpr auto kStepTimeout = std::chrono::seconds(8);
+
+inline std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+// The agent of inference replica k.
+inline std::string ReplicaAgent(int k) { return absl::StrCat("inference-", k); }
+
+// The next event of `kind` on `session` (skipping others), or an error after `timeout`.
+inline absl::StatusOr<weightbeam::v1::Event> NextEventOfKind(client::LocalSession& session,
+                                                             weightbeam::v1::Event::Kind kind,
+                                                             std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto e = session.NextEvent(std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now()));
+    if (!e.ok()) return e.status();
+    if (e->kind() == kind) return e;
+  }
+  return absl::DeadlineExceededError("no such event");
+}
+
+}  // namespace wb::testing::two_tensors
