@@ -107,18 +107,9 @@ struct Fleet {
     REQUIRE(ts.ok());
     trainer.reset(new Trainer{std::move(*tb), std::move(*ts)});
     for (int k = 0; k < n; ++k) AddReplica(k);
-    auto c = ControllerClient::Connect(cluster->controller_address());
-    REQUIRE(c.ok());
-    ctl = std::make_unique<ControllerClient>(std::move(*c));
-    REQUIRE(wb::testing::WaitUntil([&] { return ctl->Status().ok(); }, std::chrono::seconds(15)));
-    v1::ExpectedWorld world;
-    world.set_trainer_ranks(1);
-    world.set_inference_replicas(n);
-    world.set_inference_ranks_per_replica(1);
-    auto plan = ctl->Plan(world, std::chrono::seconds(20));
-    INFO((plan.ok() ? "" : Message(plan.status())));
-    REQUIRE(plan.ok());
-    CHECK(plan->delta().enabled() == delta);
+    v1::PlanSummary plan;
+    ctl = ConnectAndPlan(*cluster, n, &plan);
+    CHECK(plan.delta().enabled() == delta);
   }
 
   Replica& AddReplica(int k) {

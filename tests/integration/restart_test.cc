@@ -102,18 +102,9 @@ struct Fleet {
       replicas.push_back(MakeSide(ReplicaAgent(k), {v1::ROLE_INFERENCE, 0, k}, 0xEE));
       REQUIRE(replicas.back()->Register(*cluster).ok());
     }
-    auto c = ControllerClient::Connect(cluster->controller_address());
-    REQUIRE(c.ok());
-    ctl = std::make_unique<ControllerClient>(std::move(*c));
-    REQUIRE(wb::testing::WaitUntil([&] { return ctl->Status().ok(); }, std::chrono::seconds(15)));
-    v1::ExpectedWorld world;
-    world.set_trainer_ranks(1);
-    world.set_inference_replicas(2);
-    world.set_inference_ranks_per_replica(1);
-    auto plan = ctl->Plan(world, std::chrono::seconds(20));
-    INFO((plan.ok() ? "" : Message(plan.status())));
-    REQUIRE(plan.ok());
-    CHECK(plan->delta().enabled() == delta);
+    v1::PlanSummary plan;
+    ctl = ConnectAndPlan(*cluster, 2, &plan);
+    CHECK(plan.delta().enabled() == delta);
   }
 
   // Version v rewrites a third of the elements (which third depends on v): a replica that
@@ -164,6 +155,12 @@ struct Fleet {
       REQUIRE(e.ok());
       CHECK(e->version() == r.version());
     }
+  }
+
+  // Two steps to both replicas, so that delta mode has a base everywhere.
+  void WarmUp() {
+    StepUntilBoth(3);
+    StepUntilBoth(3);
   }
 
   // Steps until one commits to both replicas, at most `tries` steps; returns it.
@@ -220,8 +217,7 @@ TEST_CASE("the trainer's agent SIGKILLed between steps and restarted: steps comm
   const int delay_ms = GENERATE(0, 6000);
   INFO((delta ? "delta mode" : "dense mode") << ", restarted after " << delay_ms << " ms");
   Fleet f(delta);
-  f.StepUntilBoth(3);
-  f.StepUntilBoth(3);
+  f.WarmUp();
 
   for (int round = 0; round < (delay_ms == 0 ? 2 : 1); ++round) {
     INFO("restart " << round);
@@ -238,8 +234,7 @@ TEST_CASE("the trainer's agent SIGKILLed mid-step fails that step by name; resta
   const bool delta = GENERATE(false, true);
   INFO((delta ? "delta mode" : "dense mode"));
   Fleet f(delta);
-  f.StepUntilBoth(3);
-  f.StepUntilBoth(3);
+  f.WarmUp();
 
   // The trainer's agent holds each of version kHeldVersion's writes for 1 s: kill it meanwhile.
   auto r = f.StepDisruptedBy(std::chrono::milliseconds(300),
@@ -264,8 +259,7 @@ TEST_CASE("a replica's agent restarted at once: steps go on to the other replica
   const bool delta = GENERATE(false, true);
   INFO((delta ? "delta mode" : "dense mode"));
   Fleet f(delta);
-  f.StepUntilBoth(3);
-  f.StepUntilBoth(3);
+  f.WarmUp();
 
   auto status = f.ctl->Status();
   REQUIRE(status.ok());
@@ -319,8 +313,7 @@ TEST_CASE(
   const bool delta = GENERATE(false, true);
   INFO((delta ? "delta mode" : "dense mode"));
   Fleet f(delta);
-  f.StepUntilBoth(3);
-  f.StepUntilBoth(3);
+  f.WarmUp();
 
   // The sender holds each write of kHeldVersion for 1 s; meanwhile replica 0's agent is killed
   // and restarted. The new process answers the health check after the sender's write to it
@@ -349,8 +342,7 @@ TEST_CASE("the trainer's agent and a replica's agent restarted together: steps c
   const bool delta = GENERATE(false, true);
   INFO((delta ? "delta mode" : "dense mode"));
   Fleet f(delta);
-  f.StepUntilBoth(3);
-  f.StepUntilBoth(3);
+  f.WarmUp();
 
   f.cluster->KillAgent(kTrainerAgent, SIGKILL);
   f.Restart(f.replicas[0].get(), std::chrono::milliseconds(0));

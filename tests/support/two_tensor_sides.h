@@ -3,14 +3,18 @@
 // b.weight, from one shared buffer, and waits for the watcher events of a step.
 #pragma once
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "client/weightbeam/controller_client.h"
 #include "client/weightbeam/local_session.h"
+#include "tests/support/cluster.h"
 
 namespace wb::testing::two_tensors {
 
@@ -38,6 +42,26 @@ inline absl::StatusOr<weightbeam::v1::Event> NextEventOfKind(client::LocalSessio
     if (e->kind() == kind) return e;
   }
   return absl::DeadlineExceededError("no such event");
+}
+
+// A controller client once the controller answers, after planning a world of one trainer rank
+// and `replicas` one-rank inference replicas; `plan` gets the plan's summary.
+inline std::unique_ptr<client::ControllerClient> ConnectAndPlan(const Cluster& cluster,
+                                                                int replicas,
+                                                                weightbeam::v1::PlanSummary* plan) {
+  auto c = client::ControllerClient::Connect(cluster.controller_address());
+  REQUIRE(c.ok());
+  auto ctl = std::make_unique<client::ControllerClient>(std::move(*c));
+  REQUIRE(WaitUntil([&] { return ctl->Status().ok(); }, std::chrono::seconds(15)));
+  weightbeam::v1::ExpectedWorld world;
+  world.set_trainer_ranks(1);
+  world.set_inference_replicas(replicas);
+  world.set_inference_ranks_per_replica(1);
+  auto planned = ctl->Plan(world, std::chrono::seconds(20));
+  INFO((planned.ok() ? "" : Message(planned.status())));
+  REQUIRE(planned.ok());
+  *plan = *planned;
+  return ctl;
 }
 
 }  // namespace wb::testing::two_tensors
