@@ -64,6 +64,7 @@ void Planner::GroupDestinations() {
   std::vector<std::pair<uint64_t, uint32_t>> order;  // (geometry hash, position in info.dst)
   std::vector<int32_t> class_of;
   std::vector<std::vector<uint32_t>> members;
+  std::vector<Destination> group;
   for (int32_t n : dst_names_) {
     NameInfo& info = infos_[n];
     info.classes.clear();
@@ -80,11 +81,11 @@ void Planner::GroupDestinations() {
       if (fp8) {
         // A failing entry reports the name's problem; the name then gets no ops.
         if (!CheckFp8Entry(n, dref, geo[i].box, &scale[i], i)) break;
-        geo[i].scale = EntryPlacement(agents_[dref.agent].tensors[scale[i]]);
+        geo[i].scale = EntryPlacement(E(dref.agent, scale[i]));
       }
     }
     if (info.fp8_error_reported) continue;
-    if (!options_.fan_out) {
+    if (!options_.fan_out) {  // BuildPlan unfolds mirrors in this mode
       for (size_t i = 0; i < count; ++i)
         info.classes.push_back(DstClass{info.dst[i], scale[i], -1});
       continue;
@@ -114,20 +115,44 @@ void Planner::GroupDestinations() {
       lo = hi;
     }
     // Classes in the order of their first member (info.dst is canonical); members were added
-    // in increasing position, so the leader is the front.
+    // in increasing position, so the leader is the front. A member's mirrors (the same entry
+    // on agents repeating its agent for other replicas) join its class: their geometry is its.
+    bool mirrored = false;
     for (size_t i = 0; i < count; ++i) {
       std::vector<uint32_t>& m = members[class_of[i]];
       if (m.empty() || m.front() != i) continue;  // not the leader, or already emitted
-      int32_t fanout = -1;
-      if (m.size() > 1) {
-        fanout = static_cast<int32_t>(plan_.fanout_begin.size() - 1);
-        for (uint32_t k : m) {
-          plan_.fanout_dsts.push_back(Destination{info.dst[k].agent, info.dst[k].tensor, scale[k]});
+      group.clear();
+      bool has_mirrors = false;
+      for (uint32_t k : m) {
+        const EntryRef r = info.dst[k];
+        group.push_back(Destination{r.agent, r.tensor, scale[k]});
+        for (int32_t mirror : mirrors_[r.agent]) {
+          group.push_back(Destination{mirror, r.tensor, scale[k]});
+          has_mirrors = true;
         }
+      }
+      auto less = [&](const Destination& a, const Destination& b) {
+        return DstLess(EntryRef{a.agent, a.tensor}, EntryRef{b.agent, b.tensor});
+      };
+      if (has_mirrors && !std::is_sorted(group.begin(), group.end(), less)) {
+        std::stable_sort(group.begin(), group.end(), less);
+      }
+      mirrored |= has_mirrors;
+      int32_t fanout = -1;
+      if (group.size() > 1) {
+        fanout = static_cast<int32_t>(plan_.fanout_begin.size() - 1);
+        plan_.fanout_dsts.insert(plan_.fanout_dsts.end(), group.begin(), group.end());
         plan_.fanout_begin.push_back(static_cast<uint32_t>(plan_.fanout_dsts.size()));
       }
-      info.classes.push_back(DstClass{info.dst[i], scale[i], fanout});
+      info.classes.push_back(
+          DstClass{EntryRef{group[0].agent, group[0].tensor}, group[0].scale_tensor, fanout});
       m.clear();
+    }
+    // With mirrors a class's first member may be a mirror's entry: keep the classes in the
+    // order of their first members, as for the unfolded layouts.
+    if (mirrored) {
+      std::stable_sort(info.classes.begin(), info.classes.end(),
+                       [&](const DstClass& a, const DstClass& b) { return DstLess(a.leader, b.leader); });
     }
   }
 }

@@ -106,7 +106,7 @@ bool Planner::CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* s
   if (!w.view.empty() && !CheckFp8View(n, ref, dbox, EntryRef{ref.agent, *scale_tensor})) {
     return false;
   }
-  Box sbox = EntryBox(agents_[ref.agent].tensors[*scale_tensor]);
+  Box sbox = EntryBox(E(ref.agent, *scale_tensor));
   Box want;
   want.ndim = 2;
   for (int d = 0; d < 2; ++d) {
@@ -225,7 +225,7 @@ void Planner::Generate() {
       const Placement dplace = EntryPlacement(dentry);
       const int32_t scale_tensor = cls.scale_tensor;
       Placement splace;
-      if (fp8) splace = EntryPlacement(agents_[dref.agent].tensors[scale_tensor]);
+      if (fp8) splace = EntryPlacement(E(dref.agent, scale_tensor));
       for (const Part& part : info.parts) {
         const NameInfo& src = infos_[part.src_name];
         const int64_t off0 = fdim == 0 ? part.offset : 0;

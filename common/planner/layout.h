@@ -79,11 +79,53 @@ struct Nic {
   double gbps = 0;  // nominal GB/s; 0: use the cost model's default
 };
 
+// An agent that repeats another's layout for other inference replicas (a replica mirror): it
+// holds exactly the entries of `agents[of]`, in the same order and with the same names, shapes,
+// shards, views, dtypes, GPUs and region sizes, but for replica `owner.replica + replica_delta`
+// and in its own regions. Inference replicas of one deployment are laid out alike, so a
+// 16-replica Kimi-K2 fleet is one replica's entries plus 15 mirrors instead of 14 M entries.
+struct Mirror {
+  int32_t of = -1;  // index of the template agent in the same vector; -1: not a mirror
+  int32_t replica_delta = 0;
+  // Entry i's region id on this agent; empty: the template's ids.
+  std::vector<uint64_t> regions;
+};
+
 struct AgentLayout {
   std::string name;
   std::vector<Nic> nics;
-  std::vector<TensorEntry> tensors;
+  std::vector<TensorEntry> tensors;  // empty on a mirror: its entries are the template's
+  Mirror mirror;
+
+  bool IsMirror() const { return mirror.of >= 0; }
 };
+
+// Agent `a`'s entries, mirrors included. The template of a mirror is checked by the planner
+// (CheckMirrors): a valid mirror's template is not itself a mirror.
+inline const AgentLayout& EntryHolder(const std::vector<AgentLayout>& agents, int32_t a) {
+  return agents[a].IsMirror() ? agents[agents[a].mirror.of] : agents[a];
+}
+inline size_t EntryCount(const std::vector<AgentLayout>& agents, int32_t a) {
+  return EntryHolder(agents, a).tensors.size();
+}
+// Entry t of agent a as the agent holds it: a mirror's replica and region applied.
+TensorEntry ResolvedEntry(const std::vector<AgentLayout>& agents, int32_t a, int32_t t);
+uint64_t EntryRegion(const std::vector<AgentLayout>& agents, int32_t a, int32_t t);
+
+// What makes the mirrors of `agents` unusable (one line), or "" when they are fine: a mirror of
+// a mirror or of itself, a template holding trainer entries, a region list of the wrong size,
+// a replica held by mirrors that do not repeat the unshifted replica's agents exactly.
+std::string MirrorProblem(const std::vector<AgentLayout>& agents);
+
+// Every mirror replaced by the full list of its entries (same agent and entry indices).
+std::vector<AgentLayout> UnfoldMirrors(const std::vector<AgentLayout>& agents);
+
+// Turns each inference agent whose entries repeat an earlier agent's, entry for entry, up to
+// region ids and a constant replica shift, into a mirror of it, when every replica it holds is
+// then held only by mirrors of one shift whose templates hold the unshifted replica (what the
+// planner accepts). Plans of the folded and the unfolded layouts are the same, hash for hash.
+// Returns the number of agents folded.
+int FoldMirrors(std::vector<AgentLayout>* agents);
 
 // Bytes per element and "bf16"-style names: common/tensor/dtype.h.
 using tensor::DTypeBytes;

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <map>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 
@@ -78,6 +79,22 @@ struct AgentBuilder {
       next_region.resize(agents->size(), 1);
     }
     return node_agent[node];
+  }
+
+  // Node `node` repeats node `of` (created already) for replicas shifted by `delta`.
+  void AddMirror(size_t node, size_t of, int32_t delta) {
+    const AgentLayout& t = (*agents)[node_agent[of]];
+    AgentLayout a;
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%s-%04zu", prefix, node);
+    a.name = buf;
+    a.nics = t.nics;
+    a.mirror.of = node_agent[of];
+    a.mirror.replica_delta = delta;  // same region ids: they are numbered per agent alike
+    if (node >= node_agent.size()) node_agent.resize(node + 1, -1);
+    node_agent[node] = static_cast<int>(agents->size());
+    agents->push_back(std::move(a));
+    next_region.resize(agents->size(), 1);
   }
 
   void AddTensor(int gpu, TensorEntry t) {
@@ -304,7 +321,14 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
   }
   const int replicas = inf.gpus / inf.tp;
   const int ep_group = inf.tp / inf.ep;
-  for (int rep = 0; rep < replicas; ++rep) {
+  // With mirrors, only the first period of whole agents and whole replicas is built; every
+  // later node mirrors the node one or more periods before it.
+  const int period_gpus = std::lcm(inf.tp, inf.gpus_per_agent);
+  const int period_replicas = period_gpus / inf.tp;
+  const bool mirror = inf.mirror_replicas && replicas > period_replicas &&
+                      replicas % period_replicas == 0;
+  const int built = mirror ? period_replicas : replicas;
+  for (int rep = 0; rep < built; ++rep) {
     for (size_t ti = 0; ti < fused.size(); ++ti) {
       const ModelTensor& t = fused[ti];
       // Ranks holding this tensor and how they split it.
@@ -351,6 +375,14 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
           infer.AddTensor(gpu, std::move(e));
         }
       }
+    }
+  }
+  if (mirror) {
+    const size_t period_nodes = static_cast<size_t>(period_gpus / inf.gpus_per_agent);
+    const size_t nodes = static_cast<size_t>(inf.gpus / inf.gpus_per_agent);
+    for (size_t node = period_nodes; node < nodes; ++node) {
+      infer.AddMirror(node, node % period_nodes,
+                      static_cast<int32_t>(node / period_nodes) * period_replicas);
     }
   }
   return agents;

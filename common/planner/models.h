@@ -71,6 +71,10 @@ struct InferenceOptions {
   int gpus_per_agent = 8;
   int nics_per_agent = 8;
   double nic_gbps = 50;
+  // Build one period of nodes and replicas (lcm(tp, gpus_per_agent) GPUs) and make every later
+  // node a mirror of its counterpart there (layout.h Mirror): the same plan, hash for hash,
+  // with one replica's entries held instead of all of them.
+  bool mirror_replicas = false;
 };
 
 // Trainer side: each tensor split in near-equal dim-0 slices aligned to 128 rows over the

@@ -92,18 +92,18 @@ void LayoutToProto(const AgentLayout& in, v1::AgentInfo* info, v1::AgentLayout* 
 
 v1::TransferOp OpToProto(const std::vector<AgentLayout>& agents, const PlannedOp& op,
                          uint64_t op_id) {
-  const TensorEntry& src = agents[op.src_agent].tensors[op.src_tensor];
+  const TensorEntry& src = EntryHolder(agents, op.src_agent).tensors[op.src_tensor];
   const AgentLayout& dst_agent = agents[op.dst_agent];
-  const TensorEntry& dst = dst_agent.tensors[op.dst_tensor];
+  const TensorEntry& dst = EntryHolder(agents, op.dst_agent).tensors[op.dst_tensor];
   v1::TransferOp p;
   p.set_op_id(op_id);
   p.set_dst_agent(dst_agent.name);
   p.set_src_tensor(src.name);
   p.set_dst_tensor(dst.name);
-  p.set_src_region(src.region);
+  p.set_src_region(EntryRegion(agents, op.src_agent, op.src_tensor));
   p.set_src_offset(op.src_offset);
   p.set_src_stride(op.src_stride);
-  p.set_dst_region(dst.region);
+  p.set_dst_region(EntryRegion(agents, op.dst_agent, op.dst_tensor));
   p.set_dst_offset(op.dst_offset);
   p.set_dst_stride(op.dst_stride);
   p.set_rows(op.rows);
@@ -112,7 +112,7 @@ v1::TransferOp OpToProto(const std::vector<AgentLayout>& agents, const PlannedOp
   p.set_dst_dtype(op.DstDType());
   p.set_transform(op.GetTransform());
   if (op.scale_tensor >= 0) {
-    p.set_scale_region(dst_agent.tensors[op.scale_tensor].region);
+    p.set_scale_region(EntryRegion(agents, op.dst_agent, op.scale_tensor));
     p.set_scale_offset(op.scale_offset);
     p.set_scale_stride(op.scale_stride);
   }
@@ -137,13 +137,13 @@ std::vector<v1::AgentPlan> PlanToProto(const std::vector<AgentLayout>& agents, c
     uint64_t i = 0;
     ForEachExecutedOp(plan, a, [&](const PlannedOp& op) {
       *p.add_ops() = OpToProto(agents, op, i++);
-      const AgentLayout& d = agents[op.dst_agent];
-      auto& regions = peers[d.name];
-      const TensorEntry& t = d.tensors[op.dst_tensor];
-      regions[t.region] = t.region_bytes;
+      const AgentLayout& d = EntryHolder(agents, op.dst_agent);
+      auto& regions = peers[agents[op.dst_agent].name];
+      regions[EntryRegion(agents, op.dst_agent, op.dst_tensor)] =
+          d.tensors[op.dst_tensor].region_bytes;
       if (op.scale_tensor >= 0) {
-        const TensorEntry& s = d.tensors[op.scale_tensor];
-        regions[s.region] = s.region_bytes;
+        regions[EntryRegion(agents, op.dst_agent, op.scale_tensor)] =
+            d.tensors[op.scale_tensor].region_bytes;
       }
     });
     for (const auto& [name, regions] : peers) {

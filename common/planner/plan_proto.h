@@ -16,6 +16,7 @@ namespace wb::planner {
 // NICs come from `info`, tensors from `layout`; `info.name` and `layout.agent` must agree.
 absl::StatusOr<AgentLayout> LayoutFromProto(const weightbeam::v1::AgentInfo& info,
                                             const weightbeam::v1::AgentLayout& layout);
+// `in` must not be a mirror (UnfoldMirrors first): its entries live in its template.
 void LayoutToProto(const AgentLayout& in, weightbeam::v1::AgentInfo* info,
                    weightbeam::v1::AgentLayout* layout);
 

@@ -24,6 +24,26 @@ OpList ExecutedOps(const Plan& plan, int32_t agent) {
 
 namespace internal {
 
+bool Planner::IndexMirrors() {
+  const size_t na = agents_.size();
+  holder_.resize(na);
+  delta_.assign(na, 0);
+  mirrors_.assign(na, {});
+  const std::string problem = MirrorProblem(agents_);
+  if (!problem.empty()) {
+    problems_.Add(problem);
+    return false;
+  }
+  for (size_t a = 0; a < na; ++a) {
+    const int32_t of = agents_[a].mirror.of;
+    holder_[a] = of >= 0 ? &agents_[of] : &agents_[a];
+    if (of < 0) continue;
+    delta_[a] = agents_[a].mirror.replica_delta;
+    mirrors_[of].push_back(static_cast<int32_t>(a));
+  }
+  return true;
+}
+
 void Planner::OrderAgents() {
   plan_.agent_order.resize(agents_.size());
   std::iota(plan_.agent_order.begin(), plan_.agent_order.end(), 0);
@@ -154,6 +174,15 @@ bool Planner::CheckEntry(EntryRef ref, int64_t* volume) {
 }  // namespace internal
 
 absl::StatusOr<Plan> BuildPlan(const std::vector<AgentLayout>& agents, const PlanOptions& options) {
+  // Without fan-out every destination gets its own ops: mirrors are planned as full layouts
+  // (the same agent and entry indices), which is what that mode exists to compare against.
+  if (!options.fan_out && std::any_of(agents.begin(), agents.end(),
+                                      [](const AgentLayout& a) { return a.IsMirror(); })) {
+    const std::string problem = MirrorProblem(agents);
+    if (!problem.empty()) return absl::InvalidArgumentError(problem);
+    const std::vector<AgentLayout> full = UnfoldMirrors(agents);
+    return internal::Planner(full, options).Build();
+  }
   return internal::Planner(agents, options).Build();
 }
 

@@ -129,6 +129,7 @@ class Planner {
       : agents_(agents), options_(options) {}
 
   absl::StatusOr<Plan> Build() {
+    if (!IndexMirrors()) return problems_.ToStatus();
     OrderAgents();
     IndexEntries();
     CheckBuffers();
@@ -148,8 +149,26 @@ class Planner {
   }
 
  private:
-  const TensorEntry& E(EntryRef r) const { return agents_[r.agent].tensors[r.tensor]; }
-  std::string Who(EntryRef r) const { return FormatOwner(E(r).owner, agents_[r.agent].name); }
+  // Entry r as its template holds it (a mirror's entries are its template's); Replica(r) and
+  // Who(r) apply a mirror's replica shift.
+  const TensorEntry& E(EntryRef r) const { return holder_[r.agent]->tensors[r.tensor]; }
+  const TensorEntry& E(int32_t agent, int32_t tensor) const {
+    return holder_[agent]->tensors[tensor];
+  }
+  int32_t Replica(EntryRef r) const { return E(r).owner.replica + delta_[r.agent]; }
+  std::string Who(EntryRef r) const {
+    Owner o = E(r).owner;
+    o.replica += delta_[r.agent];
+    return FormatOwner(o, agents_[r.agent].name);
+  }
+  bool IsMirror(int32_t agent) const { return agents_[agent].IsMirror(); }
+  int32_t HolderIndex(int32_t agent) const {
+    return IsMirror(agent) ? agents_[agent].mirror.of : agent;
+  }
+
+  // Checks the replica mirrors (layout.h) and sets holder_ / delta_ / mirrors_; false when
+  // they are unusable (the problem recorded).
+  bool IndexMirrors();
   absl::string_view Name(int32_t id) const {
     return absl::string_view(names_[id].data(), names_[id].size());
   }
@@ -178,6 +197,8 @@ class Planner {
                    std::vector<std::pair<Box, EntryRef>>* boxes);
 
   bool HolderLess(EntryRef a, EntryRef b) const;
+  // The canonical order of destination entries: replica, rank, then HolderLess.
+  bool DstLess(EntryRef a, EntryRef b) const;
 
   // Sources: identical slices are alternatives (replicas); distinct slices must tile exactly.
   void CheckSources(int32_t name);
@@ -234,6 +255,13 @@ class Planner {
 
   double RailGbps(int32_t agent, int rail) const;
 
+  // The device of entry `tensor` of `agent` (a mirror's: its template's, on its own devices).
+  int32_t Dev(int32_t agent, int32_t tensor) const {
+    if (!IsMirror(agent)) return tensor_dev_[agent][tensor];
+    const int32_t of = HolderIndex(agent);
+    return tensor_dev_[of][tensor] - dev_base_[of] + dev_base_[agent];
+  }
+
   // How many destinations an op is executed for (1 unless it fans out).
   uint32_t Fanout(const PlannedOp& op) const {
     return op.fanout < 0 ? 1 : plan_.fanout_begin[op.fanout + 1] - plan_.fanout_begin[op.fanout];
@@ -259,6 +287,9 @@ class Planner {
 
   const std::vector<AgentLayout>& agents_;
   const PlanOptions& options_;
+  std::vector<const AgentLayout*> holder_;       // per agent: whose `tensors` hold its entries
+  std::vector<int32_t> delta_;                   // per agent: its replica shift (0 unless mirror)
+  std::vector<std::vector<int32_t>> mirrors_;    // per template agent: its mirrors, by index
   Problems problems_;
   Plan plan_;
   std::vector<int32_t> agent_rank_;

@@ -12,12 +12,22 @@ namespace wb::planner {
 namespace internal {
 
 void Planner::BuildDevices() {
+  // A mirror has its template's devices (dev_base_ of its own), so templates come first.
   dev_base_.assign(agents_.size() + 1, 0);
   tensor_dev_.resize(agents_.size());
+  std::vector<int32_t> dev_count(agents_.size(), 0);
   for (size_t a = 0; a < agents_.size(); ++a) {
+    if (IsMirror(a)) continue;
     int32_t max_gpu = -1;
     for (const TensorEntry& t : agents_[a].tensors) max_gpu = std::max(max_gpu, t.gpu);
-    dev_base_[a + 1] = dev_base_[a] + max_gpu + 2;
+    dev_count[a] = max_gpu + 2;
+  }
+  for (size_t a = 0; a < agents_.size(); ++a) {
+    if (IsMirror(a)) dev_count[a] = dev_count[HolderIndex(a)];
+    dev_base_[a + 1] = dev_base_[a] + dev_count[a];
+  }
+  for (size_t a = 0; a < agents_.size(); ++a) {
+    if (IsMirror(a)) continue;  // Dev() maps a mirror's entries onto its template's
     tensor_dev_[a].resize(agents_[a].tensors.size());
     for (size_t t = 0; t < agents_[a].tensors.size(); ++t) {
       tensor_dev_[a][t] = dev_base_[a] + agents_[a].tensors[t].gpu + 1;
@@ -33,7 +43,7 @@ void Planner::BuildDevices() {
     const int nics = std::max<int>(1, agents_[a].nics.size());
     rail_base_[a + 1] = rail_base_[a] + nics;
     std::vector<int32_t> gpus;
-    for (const TensorEntry& t : agents_[a].tensors) {
+    for (const TensorEntry& t : holder_[a]->tensors) {
       if (t.gpu >= 0) gpus.push_back(t.gpu);
     }
     std::sort(gpus.begin(), gpus.end());
@@ -157,6 +167,7 @@ void Planner::Finish() {
   std::vector<std::vector<uint64_t>> tensor_hash(na);
   for (size_t a = 0; a < na; ++a) {
     agent_hash[a] = HashString(agents_[a].name);
+    if (IsMirror(a)) continue;  // hashed on use (TensorHash)
     tensor_hash[a].resize(agents_[a].tensors.size());
     for (size_t t = 0; t < agents_[a].tensors.size(); ++t) {
       const TensorEntry& e = agents_[a].tensors[t];
@@ -168,6 +179,23 @@ void Planner::Finish() {
       tensor_hash[a][t] = Mix(Mix(h, e.owner.replica), e.owner.rank);
     }
   }
+  // A mirror: its template's sides and devices; its entries' hashes with its own regions and
+  // replicas, as the unfolded entries would have.
+  for (size_t a = 0; a < na; ++a) {
+    if (!IsMirror(a)) continue;
+    const int32_t of = HolderIndex(a);
+    s.is_receiver[a] = s.is_receiver[of];
+    for (int32_t d = 0; d < dev_base_[of + 1] - dev_base_[of]; ++d) {
+      dev_dst[dev_base_[a] + d] = dev_dst[dev_base_[of] + d];
+    }
+  }
+  auto tensor_hash_of = [&](int32_t a, int32_t t) -> uint64_t {
+    if (!IsMirror(a)) return tensor_hash[a][t];
+    const int32_t name = tensor_name_[HolderIndex(a)][t];
+    const TensorEntry& e = E(a, t);
+    uint64_t h = Mix(name < 0 ? 0 : name_hash[name], EntryRegion(agents_, a, t));
+    return Mix(Mix(h, e.owner.replica + delta_[a]), e.owner.rank);
+  };
   // Fan-out groups: a hash over their destinations; bytes and ops they receive, per group,
   // handed to each member after the pass over the ops.
   const size_t ngroups = plan_.fanout_begin.empty() ? 0 : plan_.fanout_begin.size() - 1;
@@ -177,13 +205,13 @@ void Planner::Finish() {
     for (uint32_t i = plan_.fanout_begin[g]; i < plan_.fanout_begin[g + 1]; ++i) {
       const Destination& d = plan_.fanout_dsts[i];
       gh = Mix(gh, agent_hash[d.agent]);
-      gh = Mix(gh, tensor_hash[d.agent][d.tensor]);
-      gh = Mix(gh, d.scale_tensor >= 0 ? tensor_hash[d.agent][d.scale_tensor] : 0);
+      gh = Mix(gh, tensor_hash_of(d.agent, d.tensor));
+      gh = Mix(gh, d.scale_tensor >= 0 ? tensor_hash_of(d.agent, d.scale_tensor) : 0);
     }
     group_hash[g] = gh;
   }
   auto receive = [&](int32_t agent, int32_t tensor, uint64_t bytes, uint64_t ops) {
-    const int32_t dd = tensor_dev_[agent][tensor];
+    const int32_t dd = Dev(agent, tensor);
     const double share = static_cast<double>(bytes) / dev_rail_count_[dd];
     for (int k = 0; k < dev_rail_count_[dd]; ++k) {
       recv_rail[rail_base_[agent] + dev_rail_first_[dd] + k * dev_rail_step_[dd]] += share;
@@ -226,8 +254,8 @@ void Planner::Finish() {
       uint64_t w = tensor_hash[a][op.src_tensor];
       if (op.fanout < 0) {
         w = w * kPrime + agent_hash[op.dst_agent];
-        w = w * kPrime + tensor_hash[op.dst_agent][op.dst_tensor];
-        w = w * kPrime + (op.scale_tensor >= 0 ? tensor_hash[op.dst_agent][op.scale_tensor] : 0);
+        w = w * kPrime + tensor_hash_of(op.dst_agent, op.dst_tensor);
+        w = w * kPrime + (op.scale_tensor >= 0 ? tensor_hash_of(op.dst_agent, op.scale_tensor) : 0);
       } else {
         w = w * kPrime + group_hash[op.fanout];
       }

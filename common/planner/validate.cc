@@ -164,6 +164,14 @@ bool Planner::HolderLess(EntryRef a, EntryRef b) const {
   return E(a).gpu < E(b).gpu;
 }
 
+bool Planner::DstLess(EntryRef a, EntryRef b) const {
+  const int32_t ra = Replica(a), rb = Replica(b);
+  if (ra != rb) return ra < rb;
+  const int32_t ka = E(a).owner.rank, kb = E(b).owner.rank;
+  if (ka != kb) return ka < kb;
+  return HolderLess(a, b);
+}
+
 void Planner::CheckSources(int32_t name) {
   NameInfo& info = infos_[name];
   if (!CheckConsistent(name, info.src)) {
@@ -197,12 +205,8 @@ void Planner::CheckDestinations(int32_t name) {
     info.bad = true;
     return;
   }
-  std::sort(info.dst.begin(), info.dst.end(), [&](EntryRef a, EntryRef b) {
-    const Owner &oa = E(a).owner, &ob = E(b).owner;
-    if (oa.replica != ob.replica) return oa.replica < ob.replica;
-    if (oa.rank != ob.rank) return oa.rank < ob.rank;
-    return HolderLess(a, b);
-  });
+  std::sort(info.dst.begin(), info.dst.end(),
+            [&](EntryRef a, EntryRef b) { return DstLess(a, b); });
   size_t i = 0;
   while (i < info.dst.size()) {
     size_t j = i;

@@ -71,12 +71,16 @@ int main(int argc, char** argv) {
   app.add_option("--nic-gbps", opt.cost.nic_gbps, "GB/s per NIC rail");
   app.add_option("--op-overhead-us", opt.cost.op_overhead_us, "fixed cost per op");
   app.add_option("--layers-per-phase", opt.layers_per_phase, "layers per barrier phase");
+  bool no_mirrors = false;
+  app.add_flag("--no-mirrors", no_mirrors,
+               "hold every inference replica's entries (no replica mirrors; same plan)");
   bool no_fan_out = false;
   app.add_flag("--no-fan-out", no_fan_out, "one op per destination entry (the old plan)");
   int layers = 0;
   app.add_option("--layers", layers, "kimi-k2 / qwen3-*: override the layer count (model size)");
   CLI11_PARSE(app, argc, argv);
   inf.fp8 = !bf16;
+  inf.mirror_replicas = !no_mirrors;
   opt.fan_out = !no_fan_out;
   inf.gpus_per_agent = tr.gpus_per_agent;
   inf.nics_per_agent = tr.nics_per_agent;
@@ -149,9 +153,11 @@ int main(int argc, char** argv) {
   }
   const wb::planner::PlanStats& s = plan->stats;
   std::vector<uint64_t> senders, receivers;
-  uint64_t tensors = 0;
+  uint64_t tensors = 0, held = 0, mirrors = 0;
   for (size_t a = 0; a < layouts->size(); ++a) {
-    tensors += (*layouts)[a].tensors.size();
+    tensors += wb::planner::EntryCount(*layouts, static_cast<int32_t>(a));
+    held += (*layouts)[a].tensors.size();
+    mirrors += (*layouts)[a].IsMirror();
     if (s.is_sender[a]) senders.push_back(s.send_bytes[a]);
     if (s.is_receiver[a]) receivers.push_back(s.recv_bytes[a]);
   }
@@ -167,7 +173,9 @@ int main(int argc, char** argv) {
   j["tp"] = inf.tp;
   j["ep"] = inf.ep;
   j["fp8"] = inf.fp8;
-  j["tensor_entries"] = tensors;
+  j["tensor_entries"] = tensors;      // registered tensors in the whole deployment
+  j["held_entries"] = held;           // held in memory: mirrors share their template's
+  j["mirror_agents"] = mirrors;
   j["layout_seconds"] = std::chrono::duration<double>(t1 - t0).count();
   j["plan_seconds"] = std::chrono::duration<double>(t2 - t1).count();
   j["plan_cpu_seconds"] = cpu2 - cpu1;   // robust when other jobs share the cores
