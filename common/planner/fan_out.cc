@@ -56,31 +56,35 @@ uint64_t HashGeometry(const Geometry& g) {
 
 }  // namespace
 
-void Planner::GroupDestinations() {
-  plan_.fanout_begin.assign(1, 0);
-  plan_.fanout_dsts.clear();
+void Planner::GroupDestinations(GenShard* g) {
+  Problems* out = &g->problems;
   std::vector<Geometry> geo;
   std::vector<int32_t> scale;
   std::vector<std::pair<uint64_t, uint32_t>> order;  // (geometry hash, position in info.dst)
   std::vector<int32_t> class_of;
   std::vector<std::vector<uint32_t>> members;
   std::vector<Destination> group;
-  for (int32_t n : dst_names_) {
+  for (size_t position = g->begin; position < g->end; ++position) {
+    const int32_t n = dst_names_[position];
     NameInfo& info = infos_[n];
+    info.shard = g->index;
     info.classes.clear();
     if (info.bad || info.derived_scale || info.parts.empty()) continue;
     const bool fp8 = info.transform == weightbeam::v1::TRANSFORM_FP8_BLOCK;
     const size_t count = info.dst.size();
-    geo.assign(count, Geometry{});
+    // Reused, not cleared: a Geometry is ~700 bytes, and only its first ndim dims are read.
+    if (geo.size() < count) geo.resize(count);
     scale.assign(count, -1);
     for (size_t i = 0; i < count; ++i) {
       const EntryRef dref = info.dst[i];
+      geo[i].scale.held.ndim = 0;
+      geo[i].scale.base = 0;
       geo[i].box = EntryBox(E(dref));
       geo[i].place = EntryPlacement(E(dref));
       geo[i].view = !E(dref).view.empty();
       if (fp8) {
         // A failing entry reports the name's problem; the name then gets no ops.
-        if (!CheckFp8Entry(n, dref, geo[i].box, &scale[i], i)) break;
+        if (!CheckFp8Entry(out, n, dref, geo[i].box, &scale[i], i)) break;
         geo[i].scale = EntryPlacement(E(dref.agent, scale[i]));
       }
     }
@@ -139,10 +143,10 @@ void Planner::GroupDestinations() {
       }
       mirrored |= has_mirrors;
       int32_t fanout = -1;
-      if (group.size() > 1) {
-        fanout = static_cast<int32_t>(plan_.fanout_begin.size() - 1);
-        plan_.fanout_dsts.insert(plan_.fanout_dsts.end(), group.begin(), group.end());
-        plan_.fanout_begin.push_back(static_cast<uint32_t>(plan_.fanout_dsts.size()));
+      if (group.size() > 1) {  // numbered within the shard; Generate renumbers
+        fanout = static_cast<int32_t>(g->fanout_sizes.size());
+        g->fanout_dsts.insert(g->fanout_dsts.end(), group.begin(), group.end());
+        g->fanout_sizes.push_back(static_cast<uint32_t>(group.size()));
       }
       info.classes.push_back(
           DstClass{EntryRef{group[0].agent, group[0].tensor}, group[0].scale_tensor, fanout});
@@ -151,8 +155,9 @@ void Planner::GroupDestinations() {
     // With mirrors a class's first member may be a mirror's entry: keep the classes in the
     // order of their first members, as for the unfolded layouts.
     if (mirrored) {
-      std::stable_sort(info.classes.begin(), info.classes.end(),
-                       [&](const DstClass& a, const DstClass& b) { return DstLess(a.leader, b.leader); });
+      std::stable_sort(
+          info.classes.begin(), info.classes.end(),
+          [&](const DstClass& a, const DstClass& b) { return DstLess(a.leader, b.leader); });
     }
   }
 }

@@ -2,9 +2,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <regex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/parallel/parallel_for.h"
 #include "common/planner/planner_internal.h"
 
 namespace wb::planner {
@@ -26,13 +28,14 @@ int32_t Planner::FindScaleEntry(int32_t scale_name, EntryRef w, size_t hint) con
   return -1;
 }
 
-void Planner::ReportFp8(int32_t n, const std::string& msg) {
+void Planner::ReportFp8(Problems* out, int32_t n, const std::string& msg) {
   NameInfo& info = infos_[n];
-  if (!info.fp8_error_reported) problems_.Add(msg);
+  if (!info.fp8_error_reported) out->Add(msg);
   info.fp8_error_reported = true;
 }
 
-bool Planner::CheckFp8View(int32_t n, EntryRef ref, const Box& dbox, EntryRef scale) {
+bool Planner::CheckFp8View(Problems* out, int32_t n, EntryRef ref, const Box& dbox,
+                           EntryRef scale) {
   const TensorEntry& w = E(ref);
   const TensorEntry& s = E(scale);
   const BufferView& v = w.view;
@@ -54,10 +57,11 @@ bool Planner::CheckFp8View(int32_t n, EntryRef ref, const Box& dbox, EntryRef sc
                          ", inside a block and before the end of the tensor and the buffer");
     }
     if (!cut.empty()) {
-      ReportFp8(n, absl::StrCat(where, " ", cut,
-                                ": it cuts a 128x128 scale block of the buffer; "
-                                "parts of an FP8 buffer must start, land and end on multiples of "
-                                "128 (or the tensor's or buffer's end)"));
+      ReportFp8(out, n,
+                absl::StrCat(where, " ", cut,
+                             ": it cuts a 128x128 scale block of the buffer; "
+                             "parts of an FP8 buffer must start, land and end on multiples of "
+                             "128 (or the tensor's or buffer's end)"));
       return false;
     }
   }
@@ -69,41 +73,43 @@ bool Planner::CheckFp8View(int32_t n, EntryRef ref, const Box& dbox, EntryRef sc
     want_offset.push_back(v.offset[d] / kFp8Block);
   }
   if (s.view.shape != want_shape || s.view.offset != want_offset) {
-    ReportFp8(
-        n, absl::StrCat(where, ": its scale part ", s.name.str(), " is ",
-                        s.view.empty()
-                            ? std::string("not a view")
-                            : absl::StrCat("at ", FormatShape(s.view.offset), " of scale buffer ",
-                                           s.view.buffer.str(), " ", FormatShape(s.view.shape)),
-                        " but must sit at ", FormatShape(want_offset), " of a scale buffer ",
-                        FormatShape(want_shape), " (one f32 per 128x128 block)"));
+    ReportFp8(out, n,
+              absl::StrCat(where, ": its scale part ", s.name.str(), " is ",
+                           s.view.empty() ? std::string("not a view")
+                                          : absl::StrCat("at ", FormatShape(s.view.offset),
+                                                         " of scale buffer ", s.view.buffer.str(),
+                                                         " ", FormatShape(s.view.shape)),
+                           " but must sit at ", FormatShape(want_offset), " of a scale buffer ",
+                           FormatShape(want_shape), " (one f32 per 128x128 block)"));
     return false;
   }
   return true;
 }
 
-bool Planner::CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor,
-                            size_t position) {
+bool Planner::CheckFp8Entry(Problems* out, int32_t n, EntryRef ref, const Box& dbox,
+                            int32_t* scale_tensor, size_t position) {
   const NameInfo& info = infos_[n];
   const TensorEntry& w = E(ref);
   for (int d = 0; w.view.empty() && d < 2; ++d) {  // views: CheckFp8View
     int64_t cut = SplitBoundary(dbox, d, w.shape[d]);
     if (cut >= 0) {
       ReportFp8(
-          n, absl::StrCat("FP8 destination ", Name(n), ": ", Who(ref), " holds ", BoxString(dbox),
-                          " whose ", d == 0 ? "row" : "column", " boundary ", cut,
-                          " splits a 128x128 scale block; FP8 destination shards must be "
-                          "cut at multiples of 128"));
+          out, n,
+          absl::StrCat("FP8 destination ", Name(n), ": ", Who(ref), " holds ", BoxString(dbox),
+                       " whose ", d == 0 ? "row" : "column", " boundary ", cut,
+                       " splits a 128x128 scale block; FP8 destination shards must be "
+                       "cut at multiples of 128"));
       return false;
     }
   }
   *scale_tensor = FindScaleEntry(info.scale_name, ref, position);
   if (*scale_tensor < 0) {
-    ReportFp8(n, absl::StrCat("FP8 destination ", Name(n), " on ", Who(ref),
-                              " has no scale tensor ", Name(info.scale_name), " beside it"));
+    ReportFp8(out, n,
+              absl::StrCat("FP8 destination ", Name(n), " on ", Who(ref), " has no scale tensor ",
+                           Name(info.scale_name), " beside it"));
     return false;
   }
-  if (!w.view.empty() && !CheckFp8View(n, ref, dbox, EntryRef{ref.agent, *scale_tensor})) {
+  if (!w.view.empty() && !CheckFp8View(out, n, ref, dbox, EntryRef{ref.agent, *scale_tensor})) {
     return false;
   }
   Box sbox = EntryBox(E(ref.agent, *scale_tensor));
@@ -114,16 +120,17 @@ bool Planner::CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* s
     want.size[d] = (dbox.End(d) + kFp8Block - 1) / kFp8Block - want.start[d];
   }
   if (!(sbox == want)) {
-    ReportFp8(n, absl::StrCat("FP8 scale tensor ", Name(info.scale_name), " on ", Who(ref),
-                              " holds blocks ", BoxString(sbox), " but its weight shard ",
-                              BoxString(dbox), " needs blocks ", BoxString(want)));
+    ReportFp8(out, n,
+              absl::StrCat("FP8 scale tensor ", Name(info.scale_name), " on ", Who(ref),
+                           " holds blocks ", BoxString(sbox), " but its weight shard ",
+                           BoxString(dbox), " needs blocks ", BoxString(want)));
     return false;
   }
   return true;
 }
 
-Box Planner::SliceBox(const Slice& slice, int fdim, int64_t offset) const {
-  Box sb;
+void Planner::SliceBox(const Slice& slice, int fdim, int64_t offset, Box* out) const {
+  Box& sb = *out;  // only its first ndim dimensions are set: callers read no further
   if (slice.ndim <= 2) {
     sb.ndim = slice.ndim;
     sb.start[0] = slice.start0, sb.size[0] = slice.size0;
@@ -132,20 +139,16 @@ Box Planner::SliceBox(const Slice& slice, int fdim, int64_t offset) const {
     sb = EntryBox(E(holders_[slice.holder_begin]));
   }
   sb.start[fdim] += offset;
-  return sb;
 }
 
 size_t Planner::OrderKey(int32_t src_agent, int32_t dst_agent, int32_t phase) const {
   const int32_t na = static_cast<int32_t>(agents_.size());
-  const int32_t rot = (agent_rank_[dst_agent] - agent_rank_[src_agent] + na) % na;
+  int32_t rot = agent_rank_[dst_agent] - agent_rank_[src_agent];
+  if (rot < 0) rot += na;
   return static_cast<size_t>(phase) * na + rot;
 }
 
-// Counts, per sender and order key (phase, rotated receiver), the ops Generate will emit for
-// single-holder slices, and sizes each sender's list so that Generate writes every op
-// straight into its final position: no reallocation and no sorting pass at Kimi-K2 scale.
-void Planner::ReserveOps() {
-  const size_t na = agents_.size();
+void Planner::CountPhases() {
   phases_ = 1;
   for (int32_t n : dst_names_) {
     const NameInfo& info = infos_[n];
@@ -153,61 +156,17 @@ void Planner::ReserveOps() {
       phases_ = std::max(phases_, info.phase + 1);
     }
   }
-  const size_t nkeys = static_cast<size_t>(phases_) * na;
-  std::vector<std::vector<uint64_t>> count(na);
-  std::vector<Run> runs;
-  for (int32_t n : dst_names_) {
-    const NameInfo& info = infos_[n];
-    if (info.bad || info.derived_scale || info.parts.empty()) continue;
-    const bool fp8 = info.transform == weightbeam::v1::TRANSFORM_FP8_BLOCK;
-    for (const DstClass& cls : info.classes) {
-      const EntryRef dref = cls.leader;
-      const Box dbox = EntryBox(E(dref));
-      const Placement dplace = EntryPlacement(E(dref));
-      for (const Part& part : info.parts) {
-        const NameInfo& src = infos_[part.src_name];
-        const int64_t off0 = info.fusion_dim == 0 ? part.offset : 0;
-        const Slice* first = slices_.data() + src.slice_begin;
-        const Slice* last = first + src.slice_count;
-        const Slice* it = std::upper_bound(first, last, dbox.start[0] - off0 - src.max_len0,
-                                           [](int64_t v, const Slice& s) { return v < s.start0; });
-        for (; it != last && it->start0 + off0 < dbox.End(0); ++it) {
-          if (it->holder_count != 1 || it->start0 + off0 + it->size0 <= dbox.start[0]) continue;
-          const Box sb = SliceBox(*it, info.fusion_dim, part.offset);
-          Box b;
-          if (!Intersect(dbox, sb, &b)) continue;
-          uint64_t n_runs = 1;  // 1-D, 2-D and FP8 boxes are always a single op
-          if (!fp8 && dbox.ndim > 2) {
-            runs.clear();
-            BoxRuns(b, DensePlacement(sb), dplace, &runs);
-            n_runs = runs.size();
-          }
-          const int32_t sender = holders_[it->holder_begin].agent;
-          if (count[sender].empty()) count[sender].assign(nkeys, 0);
-          count[sender][OrderKey(sender, dref.agent, info.phase)] += n_runs;
-        }
-      }
-    }
-  }
-  plan_.ops.resize(na);
-  slot_.assign(na, {});
-  for (size_t a = 0; a < na; ++a) {
-    if (count[a].empty()) continue;
-    uint64_t total = 0;
-    slot_[a].resize(nkeys);
-    for (size_t k = 0; k < nkeys; ++k) {
-      slot_[a][k] = total;
-      total += count[a][k];
-    }
-    plan_.ops[a].resize(total);
-  }
+  plan_.ops.assign(agents_.size(), {});
 }
 
-void Planner::Generate() {
-  GroupDestinations();
-  ReserveOps();
+void Planner::GenerateShard(GenShard* g) {
+  Problems* out = &g->problems;
   std::vector<Run> runs;
-  for (int32_t n : dst_names_) {
+  // Reused for every slice: a Box or Placement is hundreds of bytes, cleared when declared.
+  Box sb, b;
+  Placement splace;
+  for (size_t k = g->begin; k < g->end; ++k) {
+    const int32_t n = dst_names_[k];
     NameInfo& info = infos_[n];
     if (info.bad || info.derived_scale || info.parts.empty()) continue;
     const bool fp8 = info.transform == weightbeam::v1::TRANSFORM_FP8_BLOCK;
@@ -224,7 +183,6 @@ void Planner::Generate() {
       const Box dbox = EntryBox(dentry);
       const Placement dplace = EntryPlacement(dentry);
       const int32_t scale_tensor = cls.scale_tensor;
-      Placement splace;
       if (fp8) splace = EntryPlacement(E(dref.agent, scale_tensor));
       for (const Part& part : info.parts) {
         const NameInfo& src = infos_[part.src_name];
@@ -237,8 +195,7 @@ void Planner::Generate() {
         for (; it != last && it->start0 + off0 < dbox.End(0); ++it) {
           if (it->start0 + off0 + it->size0 <= dbox.start[0]) continue;
           const EntryRef holder = holders_[it->holder_begin];
-          const Box sb = SliceBox(*it, fdim, part.offset);
-          Box b;
+          SliceBox(*it, fdim, part.offset, &sb);
           if (!Intersect(dbox, sb, &b)) continue;
           if (fp8) {
             for (int d = 0; d < 2; ++d) {
@@ -246,15 +203,15 @@ void Planner::Generate() {
               int64_t cut = SplitBoundary(b, d, dentry.view.empty() ? shape[d] : dbox.End(d));
               if (cut < 0) continue;
               ReportFp8(
-                  n, absl::StrCat("FP8 destination ", Name(n), " (", Who(dref), "): source ",
-                                  Name(part.src_name), " held by ", Who(holder), " as ",
-                                  BoxString(EntryBox(E(holder))), " gives ",
-                                  d == 0 ? "rows" : "columns", " [", b.start[d], ", ", b.End(d),
-                                  ") of the destination, splitting the 128-",
-                                  d == 0 ? "row" : "column", " block at ",
-                                  d == 0 ? "row " : "column ", cut,
-                                  "; FP8 block scaling needs each 128x128 block from one source, "
-                                  "so source shards must be cut at multiples of 128"));
+                  out, n,
+                  absl::StrCat(
+                      "FP8 destination ", Name(n), " (", Who(dref), "): source ",
+                      Name(part.src_name), " held by ", Who(holder), " as ",
+                      BoxString(EntryBox(E(holder))), " gives ", d == 0 ? "rows" : "columns", " [",
+                      b.start[d], ", ", b.End(d), ") of the destination, splitting the 128-",
+                      d == 0 ? "row" : "column", " block at ", d == 0 ? "row " : "column ", cut,
+                      "; FP8 block scaling needs each 128x128 block from one source, "
+                      "so source shards must be cut at multiples of 128"));
               break;
             }
             if (info.fp8_error_reported) break;
@@ -304,10 +261,9 @@ void Planner::Generate() {
             if (it->holder_count == 1) {
               op.src_agent = holder.agent;
               op.src_tensor = holder.tensor;
-              plan_.ops[holder.agent]
-                       [slot_[holder.agent][OrderKey(holder.agent, dref.agent, info.phase)]++] = op;
+              g->buckets.Add(holder.agent, OrderKey(holder.agent, dref.agent, info.phase), op);
             } else {
-              pending_.push_back(PendingChoice{op, static_cast<int32_t>(it - slices_.data())});
+              g->pending.push_back(PendingChoice{op, static_cast<int32_t>(it - slices_.data())});
             }
           }
         }
@@ -316,6 +272,68 @@ void Planner::Generate() {
       if (info.fp8_error_reported) break;
     }
   }
+}
+
+void Planner::Generate() {
+  CountPhases();
+  // Destination names in contiguous shards of about equal work (entries x source slices),
+  // one per thread; each groups and generates its names on its own, and the shards are
+  // joined in name order, so the plan does not depend on the thread count.
+  int threads = options_.threads > 0 ? options_.threads
+                                     : static_cast<int>(std::thread::hardware_concurrency());
+  threads = std::max(1, std::min(threads, 8));
+  std::vector<uint64_t> work(dst_names_.size(), 1);
+  uint64_t total = 0;
+  for (size_t k = 0; k < dst_names_.size(); ++k) {
+    const NameInfo& info = infos_[dst_names_[k]];
+    uint64_t slices = 1;
+    for (const Part& part : info.parts) slices += infos_[part.src_name].slice_count;
+    work[k] = info.dst.size() * slices + 1;
+    total += work[k];
+  }
+  std::vector<GenShard> shards;
+  for (size_t k = 0, acc = 0; k < dst_names_.size();) {
+    const uint64_t goal = total * (shards.size() + 1) / threads;
+    size_t end = k;
+    while (end < dst_names_.size() && (acc < goal || end == k)) acc += work[end++];
+    shards.emplace_back(agents_.size());
+    shards.back().index = static_cast<int32_t>(shards.size() - 1);
+    shards.back().begin = k;
+    shards.back().end = end;
+    k = end;
+  }
+  ParallelFor(shards.size(), threads, [&](uint64_t i) {
+    GroupDestinations(&shards[i]);
+    GenerateShard(&shards[i]);
+  });
+  // Join: fan-out groups renumbered after the previous shards', problems and balancing
+  // choices in shard order, ops key by key and shard by shard.
+  plan_.fanout_begin.assign(1, 0);
+  plan_.fanout_dsts.clear();
+  std::vector<int32_t> fanout_offset;
+  std::vector<OpBuckets*> buckets;
+  for (GenShard& g : shards) {
+    const int32_t offset = static_cast<int32_t>(plan_.fanout_begin.size() - 1);
+    fanout_offset.push_back(offset);
+    for (uint32_t size : g.fanout_sizes) {
+      plan_.fanout_begin.push_back(plan_.fanout_begin.back() + size);
+    }
+    plan_.fanout_dsts.insert(plan_.fanout_dsts.end(), g.fanout_dsts.begin(), g.fanout_dsts.end());
+    std::vector<Destination>().swap(g.fanout_dsts);
+    problems_.Merge(g.problems);
+    for (PendingChoice& p : g.pending) {
+      if (p.op.fanout >= 0) p.op.fanout += offset;
+      pending_.push_back(p);
+    }
+    std::vector<PendingChoice>().swap(g.pending);
+    buckets.push_back(&g.buckets);
+  }
+  for (int32_t n : dst_names_) {
+    for (DstClass& cls : infos_[n].classes) {
+      if (cls.fanout >= 0) cls.fanout += fanout_offset[infos_[n].shard];
+    }
+  }
+  OpBuckets::MoveInto(buckets, fanout_offset, &plan_.ops);
 }
 
 }  // namespace internal

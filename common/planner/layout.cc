@@ -114,12 +114,15 @@ bool AllInference(const AgentLayout& a) {
   return true;
 }
 
-// The inference replicas an agent holds (a mirror: its template's, shifted).
+// The inference replicas a (non-mirror) agent holds.
 std::set<int32_t> Replicas(const std::vector<AgentLayout>& agents, size_t a) {
   std::set<int32_t> out;
-  const int32_t delta = agents[a].IsMirror() ? agents[a].mirror.replica_delta : 0;
-  for (const TensorEntry& e : EntryHolder(agents, static_cast<int32_t>(a)).tensors) {
-    if (e.owner.role == Role::kInference) out.insert(e.owner.replica + delta);
+  int32_t last = 0;
+  bool any = false;
+  for (const TensorEntry& e : agents[a].tensors) {
+    if (e.owner.role != Role::kInference || (any && e.owner.replica == last)) continue;
+    out.insert(e.owner.replica);
+    last = e.owner.replica, any = true;
   }
   return out;
 }
@@ -128,6 +131,7 @@ std::set<int32_t> Replicas(const std::vector<AgentLayout>& agents, size_t a) {
 
 std::string MirrorProblem(const std::vector<AgentLayout>& agents) {
   bool any = false;
+  std::vector<char> inference_only(agents.size(), -1);  // per template, computed once
   for (size_t a = 0; a < agents.size(); ++a) {
     const AgentLayout& m = agents[a];
     if (!m.IsMirror()) continue;
@@ -149,7 +153,8 @@ std::string MirrorProblem(const std::vector<AgentLayout>& agents) {
       return absl::StrCat("agent ", m.name, " mirrors ", t.name, "'s ", t.tensors.size(),
                           " tensors with ", m.mirror.regions.size(), " region ids");
     }
-    if (m.mirror.replica_delta == 0 || !AllInference(t)) {
+    if (inference_only[of] < 0) inference_only[of] = AllInference(t);
+    if (m.mirror.replica_delta == 0 || !inference_only[of]) {
       return absl::StrCat("agent ", m.name, " mirrors ", t.name,
                           ": only inference agents mirror, for other replicas (shift ",
                           m.mirror.replica_delta, ")");
@@ -159,8 +164,16 @@ std::string MirrorProblem(const std::vector<AgentLayout>& agents) {
   // Each replica is held by templates only, or by mirrors of one shift whose templates are
   // exactly the holders of the unshifted replica: then it repeats that replica entry for entry.
   std::map<int32_t, std::vector<int32_t>> holders;
+  std::vector<std::set<int32_t>> own(agents.size());  // each non-mirror's replicas, once
   for (size_t a = 0; a < agents.size(); ++a) {
-    for (int32_t r : Replicas(agents, a)) holders[r].push_back(static_cast<int32_t>(a));
+    if (!agents[a].IsMirror()) own[a] = Replicas(agents, a);
+  }
+  for (size_t a = 0; a < agents.size(); ++a) {
+    const bool mirror = agents[a].IsMirror();
+    const int32_t delta = mirror ? agents[a].mirror.replica_delta : 0;
+    for (int32_t r : own[mirror ? agents[a].mirror.of : a]) {
+      holders[r + delta].push_back(static_cast<int32_t>(a));
+    }
   }
   for (const auto& [replica, who] : holders) {
     const AgentLayout& first = agents[who.front()];

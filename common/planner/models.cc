@@ -325,8 +325,8 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
   // later node mirrors the node one or more periods before it.
   const int period_gpus = std::lcm(inf.tp, inf.gpus_per_agent);
   const int period_replicas = period_gpus / inf.tp;
-  const bool mirror = inf.mirror_replicas && replicas > period_replicas &&
-                      replicas % period_replicas == 0;
+  const bool mirror =
+      inf.mirror_replicas && replicas > period_replicas && replicas % period_replicas == 0;
   const int built = mirror ? period_replicas : replicas;
   for (int rep = 0; rep < built; ++rep) {
     for (size_t ti = 0; ti < fused.size(); ++ti) {

@@ -28,6 +28,9 @@ struct PlanOptions {
   // before (the byte-comparison test plans both ways). Executed ops, bytes, statistics and the
   // cost model are the same either way; only the plan's memory and the time to build it drop.
   bool fan_out = true;
+  // Threads for generating ops (the same plan for any count); 0: the machine's cores, at
+  // most 8.
+  int threads = 0;
 };
 
 // One operation: `rows` runs of `row_elems` elements read from the sender's tensor at

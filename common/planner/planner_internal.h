@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/planner/op_buckets.h"
 #include "common/planner/plan.h"
 #include "common/planner/problems.h"
 #include "common/planner/reshard.h"
@@ -64,12 +65,26 @@ struct NameInfo {
   int32_t scale_name = -1;
   int32_t phase = 0;
   std::vector<DstClass> classes;  // set by GroupDestinations, in info.dst order of leaders
+  int32_t shard = 0;              // the generation shard that planned it
 };
 
 // An op whose source range several holders (replicas) have; chosen when balancing.
 struct PendingChoice {
   PlannedOp op;
   int32_t slice;
+};
+
+// One thread's share of generation: destination names dst_names_[begin, end), grouped and
+// generated into its own fan-out groups (numbered from 0), ops, choices and problems.
+struct GenShard {
+  explicit GenShard(size_t senders) : buckets(senders) {}
+  int32_t index = 0;
+  size_t begin = 0, end = 0;
+  std::vector<uint32_t> fanout_sizes;  // members per group
+  std::vector<Destination> fanout_dsts;
+  OpBuckets buckets;
+  std::vector<PendingChoice> pending;
+  Problems problems;
 };
 
 inline uint64_t Mix(uint64_t h, uint64_t v) {
@@ -227,26 +242,32 @@ class Planner {
   // the scale name's (sorted) entries to look first.
   int32_t FindScaleEntry(int32_t scale_name, EntryRef w, size_t hint) const;
 
-  void ReportFp8(int32_t n, const std::string& msg);
+  void ReportFp8(Problems* out, int32_t n, const std::string& msg);
 
   // Checks one FP8 destination entry and its scale entry; false when unusable.
   // `position`: the entry's index in the name's sorted destination entries.
-  bool CheckFp8Entry(int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor,
+  bool CheckFp8Entry(Problems* out, int32_t n, EntryRef ref, const Box& dbox, int32_t* scale_tensor,
                      size_t position);
   // The view rules of an FP8 part: it cuts no 128x128 block of its buffer, and its scale part
   // sits at the matching blocks of the scale buffer.
-  bool CheckFp8View(int32_t n, EntryRef ref, const Box& dbox, EntryRef scale);
+  bool CheckFp8View(Problems* out, int32_t n, EntryRef ref, const Box& dbox, EntryRef scale);
 
-  // Reserves each sender's op vector from a count of dim-0 overlaps (exact for the usual
-  // 1-D/2-D cases), so that generation does not reallocate gigabytes at Kimi-K2 scale.
-  Box SliceBox(const Slice& slice, int fdim, int64_t offset) const;
+  // The slice's box, shifted by `offset` along the fusion dim `fdim`.
+  void SliceBox(const Slice& slice, int fdim, int64_t offset, Box* out) const;
   size_t OrderKey(int32_t src_agent, int32_t dst_agent, int32_t phase) const;
-  void ReserveOps();
+  // phases_ from the destinations' layers; one (empty) op list per agent.
+  void CountPhases();
 
   // Checks every FP8 destination entry and groups each name's destination entries into
   // classes of identical geometry (one class per entry unless options_.fan_out).
-  void GroupDestinations();
+  void GroupDestinations(GenShard* g);
 
+  // Ops of the shard's destination classes (single-holder ops into its buckets, the rest into
+  // its pending choices).
+  void GenerateShard(GenShard* g);
+
+  // Shards the destination names over the threads, groups and generates them, and joins the
+  // shards into plan_ in name order.
   void Generate();
 
   // Devices: one per (agent, GPU) plus one per agent for host memory. Per tensor: its device
@@ -287,9 +308,9 @@ class Planner {
 
   const std::vector<AgentLayout>& agents_;
   const PlanOptions& options_;
-  std::vector<const AgentLayout*> holder_;       // per agent: whose `tensors` hold its entries
-  std::vector<int32_t> delta_;                   // per agent: its replica shift (0 unless mirror)
-  std::vector<std::vector<int32_t>> mirrors_;    // per template agent: its mirrors, by index
+  std::vector<const AgentLayout*> holder_;     // per agent: whose `tensors` hold its entries
+  std::vector<int32_t> delta_;                 // per agent: its replica shift (0 unless mirror)
+  std::vector<std::vector<int32_t>> mirrors_;  // per template agent: its mirrors, by index
   Problems problems_;
   Plan plan_;
   std::vector<int32_t> agent_rank_;
@@ -305,8 +326,7 @@ class Planner {
   std::vector<PendingChoice> pending_;
   int32_t phases_ = 1;
   std::vector<std::pair<Box, EntryRef>> scratch_boxes_, scratch_distinct_;
-  std::vector<std::vector<uint64_t>> slot_;  // per sender, next position per order key
-  std::vector<char> needs_order_;            // senders that got ops appended when balancing
+  std::vector<char> needs_order_;  // senders that got ops appended when balancing
   std::vector<int32_t> dev_base_;
   std::vector<std::vector<int32_t>> tensor_dev_;
   std::vector<int32_t> dev_rail_first_, dev_rail_step_, dev_rail_count_;

@@ -9,6 +9,13 @@ void Problems::Add(std::string line) {
   ++count_;
 }
 
+void Problems::Merge(const Problems& other) {
+  for (const std::string& line : other.lines_) {
+    if (lines_.size() < kMaxLines) lines_.push_back(line);
+  }
+  count_ += other.count_;
+}
+
 absl::Status Problems::ToStatus() const {
   if (count_ == 0) return absl::OkStatus();
   std::string msg =

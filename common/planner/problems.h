@@ -13,6 +13,8 @@ namespace wb::planner {
 class Problems {
  public:
   void Add(std::string line);
+  // Appends `other`'s lines and count (lines past the cap are counted, not kept).
+  void Merge(const Problems& other);
   bool empty() const { return count_ == 0; }
   size_t count() const { return count_; }
   // OK when empty; else InvalidArgument: "plan rejected: N problem(s):\n- ...\n- ...".

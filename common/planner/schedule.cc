@@ -42,12 +42,14 @@ void Planner::BuildDevices() {
   for (size_t a = 0; a < agents_.size(); ++a) {
     const int nics = std::max<int>(1, agents_[a].nics.size());
     rail_base_[a + 1] = rail_base_[a] + nics;
+    // The agent's GPUs, ascending: its device slots that hold an entry.
+    const int32_t holder = HolderIndex(static_cast<int32_t>(a));
+    std::vector<char> used(dev_count[holder], 0);
+    for (int32_t d : tensor_dev_[holder]) used[d - dev_base_[holder]] = 1;
     std::vector<int32_t> gpus;
-    for (const TensorEntry& t : holder_[a]->tensors) {
-      if (t.gpu >= 0) gpus.push_back(t.gpu);
+    for (int32_t d = 1; d < dev_count[holder]; ++d) {
+      if (used[d]) gpus.push_back(d - 1);
     }
-    std::sort(gpus.begin(), gpus.end());
-    gpus.erase(std::unique(gpus.begin(), gpus.end()), gpus.end());
     const int g = static_cast<int>(gpus.size());
     dev_rail_count_[dev_base_[a]] = nics;  // host memory
     for (int pos = 0; pos < g; ++pos) {

@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   app.add_option("--nic-gbps", opt.cost.nic_gbps, "GB/s per NIC rail");
   app.add_option("--op-overhead-us", opt.cost.op_overhead_us, "fixed cost per op");
   app.add_option("--layers-per-phase", opt.layers_per_phase, "layers per barrier phase");
+  app.add_option("--threads", opt.threads, "planner threads (0: the machine's cores)");
   bool no_mirrors = false;
   app.add_flag("--no-mirrors", no_mirrors,
                "hold every inference replica's entries (no replica mirrors; same plan)");
@@ -173,8 +174,8 @@ int main(int argc, char** argv) {
   j["tp"] = inf.tp;
   j["ep"] = inf.ep;
   j["fp8"] = inf.fp8;
-  j["tensor_entries"] = tensors;      // registered tensors in the whole deployment
-  j["held_entries"] = held;           // held in memory: mirrors share their template's
+  j["tensor_entries"] = tensors;  // registered tensors in the whole deployment
+  j["held_entries"] = held;       // held in memory: mirrors share their template's
   j["mirror_agents"] = mirrors;
   j["layout_seconds"] = std::chrono::duration<double>(t1 - t0).count();
   j["plan_seconds"] = std::chrono::duration<double>(t2 - t1).count();
@@ -184,6 +185,7 @@ int main(int argc, char** argv) {
   j["ops"] = s.total_ops;      // executed (one per destination)
   j["plan_ops"] = s.plan_ops;  // held in the plan (fan-out ops once)
   j["fan_out"] = opt.fan_out;
+  j["threads"] = opt.threads;
   j["total_bytes"] = s.total_bytes;
   j["phases"] = plan->phases;
   // Per sending / receiving GPU (the unit of the published figures).
