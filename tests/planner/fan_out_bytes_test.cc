@@ -171,6 +171,28 @@ void CompareBothWays(const std::vector<AgentLayout>& agents, PlanOptions options
   // Not vacuous: nearly every destination byte was written (0xEE can also be a real value;
   // vocab padding of engine buffers is never written).
   CHECK(written > compared * 9 / 10);
+
+  // Replica mirrors (layout.h): the same layouts with every repeating inference agent folded
+  // into a mirror of an earlier one, planned on 1 and 3 threads, deliver the same bytes as the
+  // one-op-per-destination plan of the full layouts (the mirrors' ops address the same agent
+  // and entry indices, so they are applied to the full layouts' buffers).
+  std::vector<AgentLayout> folded = agents;
+  CHECK(FoldMirrors(&folded) > 0);  // every layout here has repeating inference agents
+  for (int threads : {1, 3}) {
+    options.threads = threads;
+    auto mirrored = BuildPlan(folded, options);
+    REQUIRE(mirrored.ok());
+    CHECK(mirrored->hash == coarse->hash);
+    CHECK(mirrored->stats.total_ops == fine->stats.total_ops);
+    const Buffers m = Apply(agents, *mirrored, sources);
+    uint64_t mirror_differing = 0;
+    for (const auto& [key, bytes] : a) {
+      const std::vector<uint8_t>& other = m.at(key);
+      REQUIRE(bytes.size() == other.size());
+      for (size_t i = 0; i < bytes.size(); ++i) mirror_differing += bytes[i] != other[i];
+    }
+    CHECK(mirror_differing == 0);
+  }
 }
 
 PlanOptions FusedOptions() {
@@ -218,7 +240,7 @@ TEST_CASE("fan-out: DeepSeek (MLA, replicated q_a / kv_a) TP 4, FP8, same bytes"
   TrainerOptions tr;
   tr.ranks = 8;
   InferenceOptions inf;
-  inf.gpus = 8, inf.tp = 4;
+  inf.gpus = 8, inf.tp = 4, inf.gpus_per_agent = 4;  // a replica per agent: foldable
   CompareModelBothWays(BuildDeepSeekV3("deepseek", c), tr, inf);
 }
 
