@@ -41,6 +41,9 @@ absl::StatusOr<BuiltPlan> PlanForAgents(const std::vector<AgentRecord>& agents,
       layouts.push_back(std::move(*converted[i]));
     }
     converted.clear();
+    // Inference replicas laid out alike (the usual fleet) are planned once: each agent that
+    // repeats an earlier one becomes its mirror, and its converted entries are freed.
+    planner::FoldMirrors(&layouts);
     planner::PlanOptions options;
     options.renames = config.renames;
     options.fusions = config.fusions;
