@@ -74,6 +74,16 @@ struct PendingChoice {
   int32_t slice;
 };
 
+// One thread's share of the per-name checks: names [begin, end) of infos_, their source
+// slices and holders (indices within the shard until joined) and problems.
+struct CheckShard {
+  size_t begin = 0, end = 0;
+  std::vector<Slice> slices;
+  std::vector<EntryRef> holders;
+  Problems problems;
+  std::vector<std::pair<Box, EntryRef>> boxes, distinct;  // scratch
+};
+
 // One thread's share of generation: destination names dst_names_[begin, end), grouped and
 // generated into its own fan-out groups (numbered from 0), ops, choices and problems.
 struct GenShard {
@@ -148,10 +158,7 @@ class Planner {
     OrderAgents();
     IndexEntries();
     CheckBuffers();
-    for (size_t n = 0; n < infos_.size(); ++n) {
-      if (!infos_[n].src.empty()) CheckSources(static_cast<int32_t>(n));
-      if (!infos_[n].dst.empty()) CheckDestinations(static_cast<int32_t>(n));
-    }
+    CheckNames();
     ApplyRenames();
     ResolveRecipes();
     Generate();
@@ -201,11 +208,11 @@ class Planner {
   void CheckBuffers();
 
   // Every entry of a name on one side agrees on dtype and global shape.
-  bool CheckConsistent(int32_t name, const std::vector<EntryRef>& refs);
+  bool CheckConsistent(Problems* out, int32_t name, const std::vector<EntryRef>& refs);
 
   // `boxes` sorted and distinct: report partial overlaps and holes. `side` says whose shards.
   // replica < 0: the trainers' shards; else those of that inference replica.
-  bool CheckTiling(int32_t name, int32_t replica,
+  bool CheckTiling(Problems* out, int32_t name, int32_t replica,
                    const std::vector<std::pair<Box, EntryRef>>& boxes);
 
   void SortedBoxes(const EntryRef* begin, const EntryRef* end,
@@ -216,11 +223,14 @@ class Planner {
   bool DstLess(EntryRef a, EntryRef b) const;
 
   // Sources: identical slices are alternatives (replicas); distinct slices must tile exactly.
-  void CheckSources(int32_t name);
+  void CheckSources(CheckShard* c, int32_t name);
 
   // Destinations: within each inference replica, distinct slices tile exactly (identical
   // slices on several ranks are replicated copies, each written).
-  void CheckDestinations(int32_t name);
+  void CheckDestinations(CheckShard* c, int32_t name);
+
+  // CheckSources and CheckDestinations of every name, sharded over the threads.
+  void CheckNames();
 
   // canonical (destination-space) name -> source name id.
   void ApplyRenames();
@@ -325,7 +335,6 @@ class Planner {
   std::vector<int32_t> dst_names_;
   std::vector<PendingChoice> pending_;
   int32_t phases_ = 1;
-  std::vector<std::pair<Box, EntryRef>> scratch_boxes_, scratch_distinct_;
   std::vector<char> needs_order_;  // senders that got ops appended when balancing
   std::vector<int32_t> dev_base_;
   std::vector<std::vector<int32_t>> tensor_dev_;

@@ -2,9 +2,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <regex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/parallel/parallel_for.h"
 #include "common/planner/planner_internal.h"
 
 namespace wb::planner {
@@ -83,22 +85,22 @@ void Planner::CheckBuffers() {
   }
 }
 
-bool Planner::CheckConsistent(int32_t name, const std::vector<EntryRef>& refs) {
+bool Planner::CheckConsistent(Problems* out, int32_t name, const std::vector<EntryRef>& refs) {
   const TensorEntry& first = E(refs[0]);
   for (const EntryRef& r : refs) {
     const TensorEntry& t = E(r);
     if (t.dtype != first.dtype || t.shape != first.shape) {
-      problems_.Add(absl::StrCat("tensor ", Name(name),
-                                 " is registered inconsistently: ", DTypeName(first.dtype), " ",
-                                 FormatShape(first.shape), " on ", Who(refs[0]), " but ",
-                                 DTypeName(t.dtype), " ", FormatShape(t.shape), " on ", Who(r)));
+      out->Add(absl::StrCat("tensor ", Name(name),
+                            " is registered inconsistently: ", DTypeName(first.dtype), " ",
+                            FormatShape(first.shape), " on ", Who(refs[0]), " but ",
+                            DTypeName(t.dtype), " ", FormatShape(t.shape), " on ", Who(r)));
       return false;
     }
   }
   return true;
 }
 
-bool Planner::CheckTiling(int32_t name, int32_t replica,
+bool Planner::CheckTiling(Problems* out, int32_t name, int32_t replica,
                           const std::vector<std::pair<Box, EntryRef>>& boxes) {
   auto side = [&] {
     return replica < 0 ? std::string("the trainers") : absl::StrCat("inference replica ", replica);
@@ -110,10 +112,9 @@ bool Planner::CheckTiling(int32_t name, int32_t replica,
          ++j) {
       Box tmp;
       if (Intersect(boxes[i].first, boxes[j].first, &tmp)) {
-        problems_.Add(absl::StrCat("shards of ", Name(name), " overlap among ", side(), ": ",
-                                   Who(boxes[i].second), " holds ", BoxString(boxes[i].first),
-                                   " and ", Who(boxes[j].second), " holds ",
-                                   BoxString(boxes[j].first)));
+        out->Add(absl::StrCat("shards of ", Name(name), " overlap among ", side(), ": ",
+                              Who(boxes[i].second), " holds ", BoxString(boxes[i].first), " and ",
+                              Who(boxes[j].second), " holds ", BoxString(boxes[j].first)));
         return false;
       }
     }
@@ -139,8 +140,8 @@ bool Planner::CheckTiling(int32_t name, int32_t replica,
   } else {
     where = absl::StrCat(total - covered, " of ", total, " elements");
   }
-  problems_.Add(absl::StrCat("shards of ", Name(name), " ", FormatShape(shape), " among ", side(),
-                             " leave holes: ", where, " held by no rank"));
+  out->Add(absl::StrCat("shards of ", Name(name), " ", FormatShape(shape), " among ", side(),
+                        " leave holes: ", where, " held by no rank"));
   return false;
 }
 
@@ -172,36 +173,78 @@ bool Planner::DstLess(EntryRef a, EntryRef b) const {
   return HolderLess(a, b);
 }
 
-void Planner::CheckSources(int32_t name) {
+void Planner::CheckNames() {
+  // Names in contiguous shards checked on their own threads (slices, holders and problems
+  // per shard), then joined in name order: the same result as one pass over the names.
+  int threads = options_.threads > 0 ? options_.threads
+                                     : static_cast<int>(std::thread::hardware_concurrency());
+  threads = std::max(1, std::min(threads, 8));
+  const size_t names = infos_.size();
+  std::vector<uint64_t> work(names);
+  uint64_t total = 0;
+  for (size_t n = 0; n < names; ++n)
+    total += work[n] = infos_[n].src.size() + infos_[n].dst.size() + 1;
+  std::vector<CheckShard> shards;
+  for (size_t n = 0, acc = 0; n < names;) {
+    const uint64_t goal = total * (shards.size() + 1) / threads;
+    size_t end = n;
+    while (end < names && (acc < goal || end == n)) acc += work[end++];
+    shards.emplace_back();
+    shards.back().begin = n;
+    shards.back().end = end;
+    n = end;
+  }
+  ParallelFor(shards.size(), threads, [&](uint64_t i) {
+    CheckShard* c = &shards[i];
+    for (size_t n = c->begin; n < c->end; ++n) {
+      if (!infos_[n].src.empty()) CheckSources(c, static_cast<int32_t>(n));
+      if (!infos_[n].dst.empty()) CheckDestinations(c, static_cast<int32_t>(n));
+    }
+  });
+  for (CheckShard& c : shards) {
+    const int32_t slice_offset = static_cast<int32_t>(slices_.size());
+    const int32_t holder_offset = static_cast<int32_t>(holders_.size());
+    for (size_t n = c.begin; n < c.end; ++n) {
+      if (!infos_[n].src.empty()) infos_[n].slice_begin += slice_offset;
+    }
+    for (Slice& sl : c.slices) sl.holder_begin += holder_offset;
+    slices_.insert(slices_.end(), c.slices.begin(), c.slices.end());
+    holders_.insert(holders_.end(), c.holders.begin(), c.holders.end());
+    problems_.Merge(c.problems);
+  }
+}
+
+void Planner::CheckSources(CheckShard* c, int32_t name) {
   NameInfo& info = infos_[name];
-  if (!CheckConsistent(name, info.src)) {
+  if (!CheckConsistent(&c->problems, name, info.src)) {
     info.bad = true;
     return;
   }
-  std::vector<std::pair<Box, EntryRef>>& boxes = scratch_boxes_;
-  std::vector<std::pair<Box, EntryRef>>& distinct = scratch_distinct_;
+  std::vector<std::pair<Box, EntryRef>>& boxes = c->boxes;
+  std::vector<std::pair<Box, EntryRef>>& distinct = c->distinct;
   SortedBoxes(info.src.data(), info.src.data() + info.src.size(), &boxes);
   distinct.clear();
-  info.slice_begin = static_cast<int32_t>(slices_.size());
+  // Within the shard; CheckNames shifts slices and holders into the plan-wide lists.
+  info.slice_begin = static_cast<int32_t>(c->slices.size());
   for (size_t i = 0; i < boxes.size(); ++i) {
     if (i == 0 || !(boxes[i].first == boxes[i - 1].first)) {
       distinct.push_back(boxes[i]);
       const Box& b = boxes[i].first;
-      slices_.push_back(Slice{b.start[0], b.size[0], b.ndim > 1 ? b.start[1] : 0,
-                              b.ndim > 1 ? b.size[1] : 0, b.ndim,
-                              static_cast<int32_t>(holders_.size()), 0});
+      c->slices.push_back(Slice{b.start[0], b.size[0], b.ndim > 1 ? b.start[1] : 0,
+                                b.ndim > 1 ? b.size[1] : 0, b.ndim,
+                                static_cast<int32_t>(c->holders.size()), 0});
       info.max_len0 = std::max(info.max_len0, boxes[i].first.size[0]);
     }
-    holders_.push_back(boxes[i].second);
-    ++slices_.back().holder_count;
+    c->holders.push_back(boxes[i].second);
+    ++c->slices.back().holder_count;
   }
-  info.slice_count = static_cast<int32_t>(slices_.size()) - info.slice_begin;
-  if (!CheckTiling(name, -1, distinct)) info.bad = true;
+  info.slice_count = static_cast<int32_t>(c->slices.size()) - info.slice_begin;
+  if (!CheckTiling(&c->problems, name, -1, distinct)) info.bad = true;
 }
 
-void Planner::CheckDestinations(int32_t name) {
+void Planner::CheckDestinations(CheckShard* c, int32_t name) {
   NameInfo& info = infos_[name];
-  if (!CheckConsistent(name, info.dst)) {
+  if (!CheckConsistent(&c->problems, name, info.dst)) {
     info.bad = true;
     return;
   }
@@ -212,14 +255,14 @@ void Planner::CheckDestinations(int32_t name) {
     size_t j = i;
     int32_t replica = E(info.dst[i]).owner.replica;
     while (j < info.dst.size() && E(info.dst[j]).owner.replica == replica) ++j;
-    std::vector<std::pair<Box, EntryRef>>& boxes = scratch_boxes_;
-    std::vector<std::pair<Box, EntryRef>>& distinct = scratch_distinct_;
+    std::vector<std::pair<Box, EntryRef>>& boxes = c->boxes;
+    std::vector<std::pair<Box, EntryRef>>& distinct = c->distinct;
     SortedBoxes(info.dst.data() + i, info.dst.data() + j, &boxes);
     distinct.clear();
     for (size_t k = 0; k < boxes.size(); ++k) {
       if (k == 0 || !(boxes[k].first == boxes[k - 1].first)) distinct.push_back(boxes[k]);
     }
-    if (!CheckTiling(name, replica, distinct)) info.bad = true;
+    if (!CheckTiling(&c->problems, name, replica, distinct)) info.bad = true;
     i = j;
   }
 }

@@ -136,6 +136,9 @@ int main(int argc, char** argv) {
     d.nics_per_agent = tr.nics_per_agent;
     d.nic_gbps = opt.cost.nic_gbps;
     layouts = wb::engines::DeploymentLayouts(*config, d);
+    // Engine layouts come per rank, as agents register them: fold repeating replicas as the
+    // controller does (the full layouts still count in the peak RSS).
+    if (layouts.ok() && !no_mirrors) wb::planner::FoldMirrors(&*layouts);
   } else {
     layouts = wb::planner::BuildLayouts(*model, tr, inf);
   }

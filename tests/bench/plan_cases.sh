@@ -25,7 +25,7 @@ if [[ $what == largest ]]; then
   # Params grow linearly with depth (61 layers = 1.03 T); the step between tries is 61 layers.
   limit=$((4 * 1024 * 1024 * 1024))
   best=""
-  for layers in 61 122 183 244 305 366 427 488 549 610 671 732 793 854 915 976; do
+  for layers in $(seq 61 61 2440); do
     line=$(run $kimi --tp=16 --ep=16 --trainer-ep=64 --layers=$layers)
     echo "$line"
     rss=$(echo "$line" | sed -E 's/.*"peak_rss_bytes":([0-9]+).*/\1/')
