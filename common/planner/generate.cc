@@ -279,28 +279,20 @@ void Planner::Generate() {
   // Destination names in contiguous shards of about equal work (entries x source slices),
   // one per thread; each groups and generates its names on its own, and the shards are
   // joined in name order, so the plan does not depend on the thread count.
-  int threads = options_.threads > 0 ? options_.threads
-                                     : static_cast<int>(std::thread::hardware_concurrency());
-  threads = std::max(1, std::min(threads, 8));
+  const int threads = Threads();
   std::vector<uint64_t> work(dst_names_.size(), 1);
-  uint64_t total = 0;
   for (size_t k = 0; k < dst_names_.size(); ++k) {
     const NameInfo& info = infos_[dst_names_[k]];
     uint64_t slices = 1;
     for (const Part& part : info.parts) slices += infos_[part.src_name].slice_count;
     work[k] = info.dst.size() * slices + 1;
-    total += work[k];
   }
   std::vector<GenShard> shards;
-  for (size_t k = 0, acc = 0; k < dst_names_.size();) {
-    const uint64_t goal = total * (shards.size() + 1) / threads;
-    size_t end = k;
-    while (end < dst_names_.size() && (acc < goal || end == k)) acc += work[end++];
+  for (const auto& [begin, end] : SplitByWork(work, threads)) {
     shards.emplace_back(agents_.size());
     shards.back().index = static_cast<int32_t>(shards.size() - 1);
-    shards.back().begin = k;
+    shards.back().begin = begin;
     shards.back().end = end;
-    k = end;
   }
   ParallelFor(shards.size(), threads, [&](uint64_t i) {
     GroupDestinations(&shards[i]);

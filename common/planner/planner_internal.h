@@ -2,9 +2,11 @@
 // validate, match, generate, schedule), each in its own file. Not part of the public API.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -148,6 +150,24 @@ inline int64_t SplitBoundary(const Box& box, int d, int64_t extent) {
   return -1;
 }
 
+// Contiguous ranges [begin, end) of units covering [0, work.size()), at most `parts` of them,
+// each with about the same sum of work (every range holds at least one unit).
+inline std::vector<std::pair<size_t, size_t>> SplitByWork(const std::vector<uint64_t>& work,
+                                                          int parts) {
+  uint64_t total = 0;
+  for (uint64_t w : work) total += w;
+  std::vector<std::pair<size_t, size_t>> out;
+  uint64_t acc = 0;
+  for (size_t begin = 0; begin < work.size();) {
+    const uint64_t goal = total * (out.size() + 1) / static_cast<uint64_t>(std::max(1, parts));
+    size_t end = begin;
+    while (end < work.size() && (acc < goal || end == begin)) acc += work[end++];
+    out.emplace_back(begin, end);
+    begin = end;
+  }
+  return out;
+}
+
 class Planner {
  public:
   Planner(const std::vector<AgentLayout>& agents, const PlanOptions& options)
@@ -184,6 +204,12 @@ class Planner {
     return FormatOwner(o, agents_[r.agent].name);
   }
   bool IsMirror(int32_t agent) const { return agents_[agent].IsMirror(); }
+  // Threads for the sharded steps: PlanOptions::threads, else the machine's cores; 1 to 8.
+  int Threads() const {
+    const int n = options_.threads > 0 ? options_.threads
+                                       : static_cast<int>(std::thread::hardware_concurrency());
+    return std::max(1, std::min(n, 8));
+  }
   int32_t HolderIndex(int32_t agent) const {
     return IsMirror(agent) ? agents_[agent].mirror.of : agent;
   }

@@ -176,23 +176,15 @@ bool Planner::DstLess(EntryRef a, EntryRef b) const {
 void Planner::CheckNames() {
   // Names in contiguous shards checked on their own threads (slices, holders and problems
   // per shard), then joined in name order: the same result as one pass over the names.
-  int threads = options_.threads > 0 ? options_.threads
-                                     : static_cast<int>(std::thread::hardware_concurrency());
-  threads = std::max(1, std::min(threads, 8));
-  const size_t names = infos_.size();
-  std::vector<uint64_t> work(names);
-  uint64_t total = 0;
-  for (size_t n = 0; n < names; ++n)
-    total += work[n] = infos_[n].src.size() + infos_[n].dst.size() + 1;
+  const int threads = Threads();
+  std::vector<uint64_t> work(infos_.size());
+  for (size_t n = 0; n < infos_.size(); ++n)
+    work[n] = infos_[n].src.size() + infos_[n].dst.size() + 1;
   std::vector<CheckShard> shards;
-  for (size_t n = 0, acc = 0; n < names;) {
-    const uint64_t goal = total * (shards.size() + 1) / threads;
-    size_t end = n;
-    while (end < names && (acc < goal || end == n)) acc += work[end++];
+  for (const auto& [begin, end] : SplitByWork(work, threads)) {
     shards.emplace_back();
-    shards.back().begin = n;
+    shards.back().begin = begin;
     shards.back().end = end;
-    n = end;
   }
   ParallelFor(shards.size(), threads, [&](uint64_t i) {
     CheckShard* c = &shards[i];
