@@ -261,7 +261,9 @@ void Planner::GenerateShard(GenShard* g) {
             if (it->holder_count == 1) {
               op.src_agent = holder.agent;
               op.src_tensor = holder.tensor;
-              g->buckets.Add(holder.agent, OrderKey(holder.agent, dref.agent, info.phase), op);
+              plan_.ops[holder.agent]
+                       [g->slot[holder.agent][OrderKey(holder.agent, dref.agent, info.phase)]++] =
+                  op;
             } else {
               g->pending.push_back(PendingChoice{op, static_cast<int32_t>(it - slices_.data())});
             }
@@ -274,11 +276,54 @@ void Planner::GenerateShard(GenShard* g) {
   }
 }
 
+void Planner::CountShard(GenShard* g, size_t nkeys) {
+  std::vector<Run> runs;
+  Box sb, b;
+  g->slot.assign(agents_.size(), {});
+  for (size_t k = g->begin; k < g->end; ++k) {
+    const int32_t n = dst_names_[k];
+    const NameInfo& info = infos_[n];
+    if (info.bad || info.derived_scale || info.parts.empty() || info.fp8_error_reported) continue;
+    const bool fp8 = info.transform == weightbeam::v1::TRANSFORM_FP8_BLOCK;
+    for (const DstClass& cls : info.classes) {
+      const EntryRef dref = cls.leader;
+      const Box dbox = EntryBox(E(dref));
+      for (const Part& part : info.parts) {
+        const NameInfo& src = infos_[part.src_name];
+        const int64_t off0 = info.fusion_dim == 0 ? part.offset : 0;
+        const Slice* first = slices_.data() + src.slice_begin;
+        const Slice* last = first + src.slice_count;
+        const Slice* it = std::upper_bound(first, last, dbox.start[0] - off0 - src.max_len0,
+                                           [](int64_t v, const Slice& s) { return v < s.start0; });
+        for (; it != last && it->start0 + off0 < dbox.End(0); ++it) {
+          if (it->holder_count != 1 || it->start0 + off0 + it->size0 <= dbox.start[0]) continue;
+          SliceBox(*it, info.fusion_dim, part.offset, &sb);
+          if (!Intersect(dbox, sb, &b)) continue;
+          uint64_t n_runs = 1;  // 1-D, 2-D and FP8 boxes are always a single op
+          if (!fp8 && dbox.ndim > 2) {
+            runs.clear();
+            BoxRuns(b, DensePlacement(sb), EntryPlacement(E(dref)), &runs);
+            n_runs = runs.size();
+          }
+          const int32_t sender = holders_[it->holder_begin].agent;
+          std::vector<uint64_t>& count = g->slot[sender];
+          if (count.empty()) count.assign(nkeys, 0);
+          count[OrderKey(sender, dref.agent, info.phase)] += n_runs;
+        }
+      }
+    }
+  }
+}
+
 void Planner::Generate() {
   CountPhases();
+  const size_t na = agents_.size();
+  const size_t nkeys = static_cast<size_t>(phases_) * na;
   // Destination names in contiguous shards of about equal work (entries x source slices),
-  // one per thread; each groups and generates its names on its own, and the shards are
-  // joined in name order, so the plan does not depend on the thread count.
+  // one per thread. Each shard groups its names into destination classes and counts its
+  // single-holder ops per sender and order key; the counts place every shard's ops at their
+  // final positions (key by key, shard by shard), and the shards then generate straight into
+  // the senders' lists. The plan does not depend on the thread count.
   const int threads = Threads();
   std::vector<uint64_t> work(dst_names_.size(), 1);
   for (size_t k = 0; k < dst_names_.size(); ++k) {
@@ -289,43 +334,55 @@ void Planner::Generate() {
   }
   std::vector<GenShard> shards;
   for (const auto& [begin, end] : SplitByWork(work, threads)) {
-    shards.emplace_back(agents_.size());
+    shards.emplace_back();
     shards.back().index = static_cast<int32_t>(shards.size() - 1);
     shards.back().begin = begin;
     shards.back().end = end;
   }
   ParallelFor(shards.size(), threads, [&](uint64_t i) {
     GroupDestinations(&shards[i]);
-    GenerateShard(&shards[i]);
+    CountShard(&shards[i], nkeys);
   });
-  // Join: fan-out groups renumbered after the previous shards', problems and balancing
-  // choices in shard order, ops key by key and shard by shard.
+  // Fan-out groups numbered after the previous shards'.
   plan_.fanout_begin.assign(1, 0);
   plan_.fanout_dsts.clear();
   std::vector<int32_t> fanout_offset;
-  std::vector<OpBuckets*> buckets;
   for (GenShard& g : shards) {
-    const int32_t offset = static_cast<int32_t>(plan_.fanout_begin.size() - 1);
-    fanout_offset.push_back(offset);
+    fanout_offset.push_back(static_cast<int32_t>(plan_.fanout_begin.size() - 1));
     for (uint32_t size : g.fanout_sizes) {
       plan_.fanout_begin.push_back(plan_.fanout_begin.back() + size);
     }
     plan_.fanout_dsts.insert(plan_.fanout_dsts.end(), g.fanout_dsts.begin(), g.fanout_dsts.end());
     std::vector<Destination>().swap(g.fanout_dsts);
-    problems_.Merge(g.problems);
-    for (PendingChoice& p : g.pending) {
-      if (p.op.fanout >= 0) p.op.fanout += offset;
-      pending_.push_back(p);
-    }
-    std::vector<PendingChoice>().swap(g.pending);
-    buckets.push_back(&g.buckets);
   }
   for (int32_t n : dst_names_) {
     for (DstClass& cls : infos_[n].classes) {
       if (cls.fanout >= 0) cls.fanout += fanout_offset[infos_[n].shard];
     }
   }
-  OpBuckets::MoveInto(buckets, fanout_offset, &plan_.ops);
+  // Counts become first positions: per sender, key by key, shard by shard.
+  for (size_t a = 0; a < na; ++a) {
+    const bool sends = std::any_of(shards.begin(), shards.end(),
+                                   [&](const GenShard& g) { return !g.slot[a].empty(); });
+    if (!sends) continue;
+    uint64_t total = 0;
+    for (size_t k = 0; k < nkeys; ++k) {
+      for (GenShard& g : shards) {
+        if (g.slot[a].empty()) continue;
+        const uint64_t count = g.slot[a][k];
+        g.slot[a][k] = total;
+        total += count;
+      }
+    }
+    plan_.ops[a].resize(total);
+  }
+  ParallelFor(shards.size(), threads, [&](uint64_t i) { GenerateShard(&shards[i]); });
+  // Problems and balancing choices in shard order (= name order).
+  for (GenShard& g : shards) {
+    problems_.Merge(g.problems);
+    pending_.insert(pending_.end(), g.pending.begin(), g.pending.end());
+    std::vector<PendingChoice>().swap(g.pending);
+  }
 }
 
 }  // namespace internal

@@ -14,7 +14,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "common/planner/op_buckets.h"
 #include "common/planner/plan.h"
 #include "common/planner/problems.h"
 #include "common/planner/reshard.h"
@@ -89,12 +88,13 @@ struct CheckShard {
 // One thread's share of generation: destination names dst_names_[begin, end), grouped and
 // generated into its own fan-out groups (numbered from 0), ops, choices and problems.
 struct GenShard {
-  explicit GenShard(size_t senders) : buckets(senders) {}
   int32_t index = 0;
   size_t begin = 0, end = 0;
   std::vector<uint32_t> fanout_sizes;  // members per group
   std::vector<Destination> fanout_dsts;
-  OpBuckets buckets;
+  // Per sender (empty when the shard gives it nothing), per order key: the shard's op count,
+  // then the position in the sender's list of its next op.
+  std::vector<std::vector<uint64_t>> slot;
   std::vector<PendingChoice> pending;
   Problems problems;
 };
@@ -298,12 +298,15 @@ class Planner {
   // classes of identical geometry (one class per entry unless options_.fan_out).
   void GroupDestinations(GenShard* g);
 
-  // Ops of the shard's destination classes (single-holder ops into its buckets, the rest into
-  // its pending choices).
+  // Counts the shard's single-holder ops per sender and order key into g->slot.
+  void CountShard(GenShard* g, size_t nkeys);
+
+  // Ops of the shard's destination classes: single-holder ops at their positions in the
+  // senders' lists (g->slot), the rest into its pending choices.
   void GenerateShard(GenShard* g);
 
-  // Shards the destination names over the threads, groups and generates them, and joins the
-  // shards into plan_ in name order.
+  // Shards the destination names over the threads, groups, counts and generates them; the
+  // plan is the one a single pass in name order gives.
   void Generate();
 
   // Devices: one per (agent, GPU) plus one per agent for host memory. Per tensor: its device
