@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/parallel/parallel_for.h"
 #include "common/planner/planner_internal.h"
 
 namespace wb::planner {
@@ -60,17 +61,33 @@ void Planner::OrderAgents() {
 }
 
 void Planner::IndexEntries() {
+  // Per-entry checks first, one agent per unit on every thread (problems per agent, joined in
+  // agent order); volume[a][t] = -1 marks an unusable entry.
+  const size_t na = agents_.size();
+  std::vector<std::vector<int64_t>> volume(na);
+  std::vector<Problems> problems(na);
+  ParallelFor(na, Threads(), [&](uint64_t ai) {
+    const size_t n = agents_[ai].tensors.size();
+    volume[ai].assign(n, -1);
+    for (size_t ti = 0; ti < n; ++ti) {
+      int64_t v = 0;
+      if (CheckEntry(&problems[ai], EntryRef{static_cast<int32_t>(ai), static_cast<int32_t>(ti)},
+                     &v)) {
+        volume[ai][ti] = v;
+      }
+    }
+  });
+  for (const Problems& p : problems) problems_.Merge(p);
   // Every entry's name was interned before this call, so its id is below Count().
   name_ids_.assign(TensorName::Count(), -1);
-  tensor_name_.resize(agents_.size());
-  for (size_t ai = 0; ai < agents_.size(); ++ai) {
+  tensor_name_.resize(na);
+  for (size_t ai = 0; ai < na; ++ai) {
     const AgentLayout& agent = agents_[ai];
     tensor_name_[ai].assign(agent.tensors.size(), -1);
     for (size_t ti = 0; ti < agent.tensors.size(); ++ti) {
+      const int64_t v = volume[ai][ti];
+      if (v < 0) continue;
       const TensorEntry& t = agent.tensors[ti];
-      EntryRef ref{static_cast<int32_t>(ai), static_cast<int32_t>(ti)};
-      int64_t volume = 0;
-      if (!CheckEntry(ref, &volume)) continue;
       int32_t& id = name_ids_[t.name.id()];
       if (id < 0) {
         id = static_cast<int32_t>(names_.size());
@@ -78,10 +95,12 @@ void Planner::IndexEntries() {
         infos_.emplace_back();
       }
       tensor_name_[ai][ti] = id;
-      if (volume == 0) continue;  // holds nothing
+      if (v == 0) continue;  // holds nothing
       NameInfo& info = infos_[id];
-      (t.owner.role == Role::kTrainer ? info.src : info.dst).push_back(ref);
+      (t.owner.role == Role::kTrainer ? info.src : info.dst)
+          .push_back(EntryRef{static_cast<int32_t>(ai), static_cast<int32_t>(ti)});
     }
+    std::vector<int64_t>().swap(volume[ai]);
   }
 }
 
@@ -123,10 +142,10 @@ int32_t Planner::NameId(absl::string_view name) const {
   return name_ids_[interned->id()];
 }
 
-bool Planner::CheckEntry(EntryRef ref, int64_t* volume) {
+bool Planner::CheckEntry(Problems* out, EntryRef ref, int64_t* volume) {
   const TensorEntry& t = E(ref);
   auto fail = [&](const std::string& why) {
-    problems_.Add(absl::StrCat("tensor ", t.name.str(), " (", Who(ref), "): ", why));
+    out->Add(absl::StrCat("tensor ", t.name.str(), " (", Who(ref), "): ", why));
     return false;
   };
   if (t.name.empty()) return fail("empty name");
@@ -152,7 +171,10 @@ bool Planner::CheckEntry(EntryRef ref, int64_t* volume) {
       }
     }
   }
-  *volume = EntryBox(t).Volume();
+  int64_t held = 1;  // the shard's elements (checked inside the shape above)
+  for (size_t d = 0; d < t.shape.size(); ++d)
+    held *= t.shard.empty() ? t.shape[d] : t.shard[d].size;
+  *volume = held;
   uint64_t need = static_cast<uint64_t>(*volume * DTypeBytes(t.dtype));
   if (!t.view.empty()) {
     if (t.owner.role == Role::kTrainer) {

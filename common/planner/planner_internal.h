@@ -227,7 +227,7 @@ class Planner {
   void IndexEntries();
 
   // False (with the problem recorded) when the entry is unusable; else its element count.
-  bool CheckEntry(EntryRef ref, int64_t* volume);
+  bool CheckEntry(Problems* out, EntryRef ref, int64_t* volume);
 
   // Parts of one buffer (destination entries with a view of the same buffer name, agent and
   // owner) agree on its dtype and shape and never overlap; uncovered elements are allowed.

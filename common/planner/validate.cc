@@ -149,10 +149,21 @@ void Planner::SortedBoxes(const EntryRef* begin, const EntryRef* end,
                           std::vector<std::pair<Box, EntryRef>>* boxes) {
   boxes->clear();
   for (const EntryRef* r = begin; r != end; ++r) boxes->emplace_back(EntryBox(E(*r)), *r);
-  std::sort(boxes->begin(), boxes->end(), [&](const auto& a, const auto& b) {
+  auto less = [&](const std::pair<Box, EntryRef>& a, const std::pair<Box, EntryRef>& b) {
     if (!(a.first == b.first)) return a.first < b.first;
     return HolderLess(a.second, b.second);
-  });
+  };
+  // Entries usually arrive in order (ranks hold consecutive rows). Otherwise sort positions
+  // and gather once: a (Box, EntryRef) pair is 150 bytes, too heavy to move around a sort.
+  if (std::is_sorted(boxes->begin(), boxes->end(), less)) return;
+  std::vector<uint32_t> order(boxes->size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](uint32_t a, uint32_t b) { return less((*boxes)[a], (*boxes)[b]); });
+  std::vector<std::pair<Box, EntryRef>> sorted;
+  sorted.reserve(boxes->size());
+  for (uint32_t i : order) sorted.push_back((*boxes)[i]);
+  boxes->swap(sorted);
 }
 
 bool Planner::HolderLess(EntryRef a, EntryRef b) const {
