@@ -208,6 +208,7 @@ std::string MirrorProblem(const std::vector<AgentLayout>& agents) {
 }
 
 int FoldMirrors(std::vector<AgentLayout>* agents) {
+  constexpr size_t kMaxTemplatesPerKey = 16;
   std::vector<AgentLayout>& v = *agents;
   // Candidates: non-mirror inference agents, keyed by what must match (entry count, first
   // entry's name); compared in full against the earliest candidate of the same key.
@@ -223,7 +224,11 @@ int FoldMirrors(std::vector<AgentLayout>* agents) {
     min_replica[b] = lo;
     const uint64_t key = (uint64_t{agent.tensors.size()} << 32) ^ agent.tensors[0].name.id();
     std::vector<int32_t>& earlier = by_key[key];
-    for (int32_t a : earlier) {
+    // A few templates per key at most: the agents of one replica (different ranks, found
+    // different at their first entry) are few, so this bounds the compares of agents that
+    // repeat nothing.
+    for (size_t c = 0; c < earlier.size() && c < kMaxTemplatesPerKey; ++c) {
+      const int32_t a = earlier[c];
       if (folded[a].of >= 0) continue;  // a template is never a mirror itself
       const AgentLayout& t = v[a];
       const int32_t delta = lo - min_replica[a];
