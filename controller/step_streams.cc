@@ -4,174 +4,212 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/time.h"
 
 namespace wb::controller {
 
 namespace v1 = weightbeam::v1;
 
-// One fan-out's answers; shared with the streams, whose late answers (after the deadline) land
-// here and are dropped.
+// The answers of the fan-out being waited for.
 struct StepStreams::FanOut {
   explicit FanOut(size_t n) : answers(n), done(n, false), left(n) {}
-
   void Fill(size_t i, Answer answer) {
-    absl::MutexLock lock(&mu);
-    if (closed || done[i]) return;
+    if (done[i]) return;
     answers[i] = std::move(answer);
     done[i] = true;
     --left;
   }
-
-  absl::Mutex mu;
-  std::vector<Answer> answers ABSL_GUARDED_BY(mu);
-  std::vector<bool> done ABSL_GUARDED_BY(mu);
-  size_t left ABSL_GUARDED_BY(mu);
-  bool closed ABSL_GUARDED_BY(mu) = false;  // the caller stopped waiting
+  std::vector<Answer> answers;
+  std::vector<bool> done;
+  size_t left;
 };
 
-// One agent's stream: commands are written one at a time in the order sent, a read is always
-// pending, and every reply goes to the fan-out that waits for it (by seq). Holds itself alive
-// until gRPC is done with it (OnDone).
-class StepStreams::Stream final : public grpc::ClientBidiReactor<v1::StepCommand, v1::StepReply> {
+// One agent's stream. Its four kinds of event come back on the queue tagged with the address of
+// one of its members (start_, write_, read_, finish_), so the tag names stream and event. Only
+// the driving thread touches it.
+class StepStreams::Stream {
  public:
-  Stream(StepStreams* owner, std::string endpoint)
-      : owner_(owner), endpoint_(std::move(endpoint)) {}
-
-  void Start(const std::shared_ptr<Stream>& self, v1::Agent::Stub* stub) {
-    self_ = self;
-    stub->async()->StepStream(&ctx_, this);
-    StartRead(&incoming_);
-    StartCall();
+  Stream(const std::string& endpoint, v1::Agent::Stub* stub, grpc::CompletionQueue* cq)
+      : endpoint_(endpoint) {
+    rw_ = stub->PrepareAsyncStepStream(&ctx_, cq);
+    rw_->StartCall(&start_);
+    outstanding_ = 1;
   }
 
-  // Queues `*command` (swapped out) for writing; false (and `*command` untouched) when the
-  // stream has ended.
-  bool Send(v1::StepCommand* command, std::shared_ptr<FanOut> fan, size_t index) {
-    absl::MutexLock lock(&mu_);
-    if (done_) return false;
-    pending_[command->seq()] = {std::move(fan), index};
-    out_.emplace_back();
-    out_.back().Swap(command);
-    if (!writing_ && !broken_) {
-      writing_ = true;
-      StartWrite(&out_.front());
+  const std::string& endpoint() const { return endpoint_; }
+  bool ended() const { return ended_; }
+  // Takes new commands: not broken, not being finished.
+  bool usable() const { return !failing_ && !ended_; }
+  // No event to come: it can be deleted.
+  bool finished() const { return ended_ && outstanding_ == 0; }
+  void Cancel() { ctx_.TryCancel(); }
+
+  // Queues `command` for the fan-out `fan` (slot `index`), or answers at once if it ended.
+  void Send(v1::StepCommand command, FanOut* fan, size_t index) {
+    pending_[command.seq()] = {fan, index};
+    out_.push_back(std::move(command));
+    WriteNext();
+  }
+
+  // A fan-out is over: its late answers have nowhere to go.
+  void Forget(const FanOut* fan) {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      it = it->second.fan == fan ? pending_.erase(it) : std::next(it);
+    }
+  }
+
+  // One event for this stream; returns false when the tag is not one of its own.
+  bool Handle(void* tag, bool ok) {
+    if (tag == &start_) {
+      --outstanding_;
+      if (!ok) return Fail();
+      started_ = true;
+      StartRead();
+      WriteNext();
+    } else if (tag == &write_) {
+      --outstanding_;
+      writing_ = false;
+      if (!ok) return Fail();  // the stream broke: Finish says why
+      out_.pop_front();
+      WriteNext();
+    } else if (tag == &read_) {
+      --outstanding_;
+      if (!ok) return Fail();
+      v1::StepReply reply = std::move(incoming_);
+      incoming_.Clear();
+      StartRead();
+      answered_ = true;
+      auto it = pending_.find(reply.seq());
+      if (it == pending_.end()) return true;  // a late answer: nobody waits for it any more
+      Waiter w = it->second;
+      pending_.erase(it);
+      Answer answer;
+      if (reply.code() != 0) {
+        answer.status = grpc::Status(static_cast<grpc::StatusCode>(reply.code()), reply.error());
+      }
+      answer.reply = std::move(reply);
+      w.fan->Fill(w.index, std::move(answer));
+    } else if (tag == &finish_) {
+      --outstanding_;
+      Ended(status_);
+    } else {
+      return false;
     }
     return true;
   }
 
-  bool done() const {
-    absl::MutexLock lock(&mu_);
-    return done_;
+ private:
+  struct Waiter {
+    FanOut* fan = nullptr;
+    size_t index = 0;
+  };
+
+  void StartRead() {
+    ++outstanding_;
+    rw_->Read(&incoming_, &read_);
   }
 
-  void Cancel() { ctx_.TryCancel(); }
-
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    out_.pop_front();
-    if (!ok) broken_ = true;  // the stream is going down: OnDone fails what is pending
-    if (broken_ || out_.empty()) {
-      writing_ = false;
-      return;
-    }
-    StartWrite(&out_.front());
+  void WriteNext() {
+    if (!started_ || writing_ || failing_ || out_.empty()) return;
+    writing_ = true;
+    ++outstanding_;
+    rw_->Write(out_.front(), &write_);
   }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // the stream ended: OnDone follows
-    v1::StepReply reply = std::move(incoming_);
-    incoming_.Clear();
-    StartRead(&incoming_);
-    Waiter waiter;
-    {
-      absl::MutexLock lock(&mu_);
-      answered_ = true;
-      auto it = pending_.find(reply.seq());
-      if (it == pending_.end()) return;  // not ours (the agent is confused): nobody waits for it
-      waiter = std::move(it->second);
-      pending_.erase(it);
+  // Something failed: ask for the stream's status once (its other events still come back).
+  bool Fail() {
+    if (!failing_) {
+      failing_ = true;
+      ctx_.TryCancel();  // a half-broken stream ends now, its pending read with it
+      ++outstanding_;
+      rw_->Finish(&status_, &finish_);
     }
-    Answer answer;
-    if (reply.code() != 0) {
-      answer.status = grpc::Status(static_cast<grpc::StatusCode>(reply.code()), reply.error());
-    }
-    answer.reply = std::move(reply);
-    waiter.fan->Fill(waiter.index, std::move(answer));
+    return true;
   }
 
-  void OnDone(const grpc::Status& status) override {
-    std::map<uint64_t, Waiter> pending;
-    bool unimplemented;
-    {
-      absl::MutexLock lock(&mu_);
-      done_ = true;
-      pending.swap(pending_);
-      unimplemented = status.error_code() == grpc::StatusCode::UNIMPLEMENTED && !answered_;
-    }
-    // The commands still waiting get the stream's end; one that ended OK (the agent shut its
-    // side down) did not answer, so it is unavailable.
+  // The stream is over: every command still waiting gets its end.
+  void Ended(const grpc::Status& status) {
+    ended_ = true;
+    const bool unimplemented = status.error_code() == grpc::StatusCode::UNIMPLEMENTED && !answered_;
+    // One that ended OK (the agent closed its side) did not answer: unavailable.
     const grpc::Status why =
         status.ok()
             ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent closed its step stream")
             : grpc::Status(status.error_code(),
                            absl::StrCat("step stream: ", status.error_message()));
-    for (auto& [seq, waiter] : pending) {
+    for (auto& [seq, w] : pending_) {
       Answer answer;
       answer.status = why;
       answer.unimplemented = unimplemented;
-      waiter.fan->Fill(waiter.index, std::move(answer));
+      w.fan->Fill(w.index, std::move(answer));
     }
-    StepStreams* owner = owner_;
-    const std::string endpoint = endpoint_;
-    std::shared_ptr<Stream> self = std::move(self_);  // this goes when `self` does
-    owner->Ended(this, endpoint, unimplemented);      // the owner may be gone after this
+    pending_.clear();
+    out_.clear();
+    unimplemented_ = unimplemented;
   }
 
- private:
-  struct Waiter {
-    std::shared_ptr<FanOut> fan;
-    size_t index = 0;
-  };
+ public:
+  bool unimplemented() const { return unimplemented_; }
 
-  StepStreams* const owner_;
+ private:
   const std::string endpoint_;
   grpc::ClientContext ctx_;
-  v1::StepReply incoming_;  // the read in flight
-  std::shared_ptr<Stream> self_;
-  mutable absl::Mutex mu_;
-  std::deque<v1::StepCommand> out_ ABSL_GUARDED_BY(mu_);  // front: being written
-  std::map<uint64_t, Waiter> pending_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;
-  bool answered_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::StepCommand, v1::StepReply>> rw_;
+  // Tags: only their addresses matter.
+  char start_ = 0, write_ = 0, read_ = 0, finish_ = 0;
+  v1::StepReply incoming_;
+  grpc::Status status_;
+  std::deque<v1::StepCommand> out_;  // front: being written once started_
+  std::map<uint64_t, Waiter> pending_;
+  int outstanding_ = 0;  // operations started whose event has not come back
+  bool started_ = false, writing_ = false, failing_ = false, answered_ = false;
+  bool ended_ = false, unimplemented_ = false;
 };
 
+StepStreams::StepStreams(AgentChannels* channels) : channels_(channels) {}
+
 StepStreams::~StepStreams() {
-  absl::MutexLock lock(&mu_);
-  for (auto& [endpoint, stream] : streams_) stream->Cancel();
-  mu_.Await(absl::Condition(
-      +[](int* live) { return *live == 0; }, &live_));
+  {
+    absl::MutexLock lock(&drive_mu_);
+    for (auto& [stream, owned] : live_) stream->Cancel();
+    // Every operation of every stream comes back (cancelled), its Finish last.
+    while (!live_.empty()) {
+      void* tag = nullptr;
+      bool ok = false;
+      if (!cq_.Next(&tag, &ok)) break;
+      Handle(tag, ok);
+    }
+  }
+  cq_.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq_.Next(&tag, &ok)) {
+  }
 }
 
-std::shared_ptr<StepStreams::Stream> StepStreams::StreamTo(const std::string& endpoint) {
-  absl::MutexLock lock(&mu_);
-  auto& slot = streams_[endpoint];
-  if (slot && !slot->done()) return slot;
-  auto stream = std::make_shared<Stream>(this, endpoint);
-  slot = stream;
-  ++live_;
-  stream->Start(stream, channels_->Get(endpoint));
-  return stream;
+void StepStreams::Handle(void* tag, bool ok) {
+  // The tag is the address of a member of one stream: find the stream whose members hold it.
+  auto it = live_.upper_bound(static_cast<Stream*>(tag));
+  if (it == live_.begin()) return;
+  --it;
+  Stream* stream = it->first;
+  if (!stream->Handle(tag, ok)) return;
+  if (!stream->ended()) return;
+  if (stream->unimplemented()) {
+    absl::MutexLock lock(&mu_);
+    unary_only_.insert(stream->endpoint());
+  }
+  auto open = streams_.find(stream->endpoint());
+  if (open != streams_.end() && open->second == stream) streams_.erase(open);
+  if (stream->finished()) live_.erase(it);
 }
 
-void StepStreams::Ended(Stream* stream, const std::string& endpoint, bool unimplemented) {
-  absl::MutexLock lock(&mu_);
-  if (unimplemented) unary_only_.insert(endpoint);
-  auto it = streams_.find(endpoint);
-  if (it != streams_.end() && it->second.get() == stream) streams_.erase(it);
-  --live_;
+void StepStreams::Drain() {
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq_.AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) ==
+         grpc::CompletionQueue::GOT_EVENT) {
+    Handle(tag, ok);
+  }
 }
 
 bool StepStreams::Streams(const std::string& endpoint) const {
@@ -184,56 +222,48 @@ void StepStreams::Reset(const std::string& endpoint) {
   unary_only_.erase(endpoint);
 }
 
-int StepStreams::open_streams() const {
-  absl::MutexLock lock(&mu_);
-  return static_cast<int>(streams_.size());
-}
-
 std::vector<StepStreams::Answer> StepStreams::Send(const std::vector<std::string>& endpoints,
                                                    std::vector<v1::StepCommand>* commands,
                                                    std::chrono::milliseconds timeout) {
   const size_t n = endpoints.size();
-  auto fan = std::make_shared<FanOut>(n);
-  const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
-  uint64_t seq;
-  {
-    absl::MutexLock lock(&mu_);
-    seq = next_seq_;
-    next_seq_ += n;
-  }
-  std::vector<std::shared_ptr<Stream>> used(n);
+  FanOut fan(n);
+  if (n == 0) return {};
+  const auto deadline = std::chrono::system_clock::now() + timeout;
+  const std::vector<v1::Agent::Stub*> stubs = channels_->Get(endpoints);
+  absl::MutexLock lock(&drive_mu_);
+  Drain();  // streams that ended since the last fan-out are known before they are used
+  std::vector<Stream*> used(n, nullptr);
   for (size_t i = 0; i < n; ++i) {
-    v1::StepCommand* command = &(*commands)[i];
-    command->set_seq(seq + i);
-    // A stream that ended just now refuses the command: one new stream, then give up.
-    for (int attempt = 0; attempt < 2 && !used[i]; ++attempt) {
-      auto stream = StreamTo(endpoints[i]);
-      if (stream->Send(command, fan, i)) used[i] = std::move(stream);
+    Stream*& open = streams_[endpoints[i]];
+    if (open == nullptr || !open->usable()) {
+      auto stream = std::make_unique<Stream>(endpoints[i], stubs[i], &cq_);
+      open = stream.get();
+      live_[open] = std::move(stream);
     }
-    if (!used[i]) {
-      Answer failed;
-      failed.status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "no step stream to the agent");
-      fan->Fill(i, std::move(failed));
-    }
+    used[i] = open;
+    v1::StepCommand& command = (*commands)[i];
+    command.set_seq(next_seq_++);
+    open->Send(std::move(command), &fan, i);
   }
-  std::vector<size_t> late;
-  fan->mu.LockWhenWithDeadline(absl::Condition(
-                                   +[](size_t* left) { return *left == 0; }, &fan->left),
-                               deadline);
-  fan->closed = true;
+  void* tag = nullptr;
+  bool ok = false;
+  while (fan.left > 0) {
+    const auto got = cq_.AsyncNext(&tag, &ok, deadline);
+    if (got != grpc::CompletionQueue::GOT_EVENT) break;  // the deadline passed
+    Handle(tag, ok);
+  }
   for (size_t i = 0; i < n; ++i) {
-    if (fan->done[i]) continue;
-    fan->answers[i].status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "Deadline Exceeded");
-    late.push_back(i);
+    if (fan.done[i]) continue;
+    fan.Fill(i, {grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "Deadline Exceeded"), {}});
+    // No answer in time: the stream may be half-open or its agent wedged. It is cancelled and
+    // the next command to that agent opens a new one (this one goes once its end comes back).
+    used[i]->Cancel();
+    auto open = streams_.find(endpoints[i]);
+    if (open != streams_.end() && open->second == used[i]) streams_.erase(open);
   }
-  std::vector<Answer> answers = std::move(fan->answers);
-  fan->mu.Unlock();
-  // No answer in time: the stream may be half-open or its agent wedged; the next command to
-  // that agent opens a new one.
-  for (size_t i : late) {
-    if (used[i]) used[i]->Cancel();
-  }
-  return answers;
+  // The answers that come late find no fan-out.
+  for (auto& [stream, owned] : live_) stream->Forget(&fan);
+  return std::move(fan.answers);
 }
 
 }  // namespace wb::controller

@@ -1,10 +1,12 @@
 // Step commands (begin / execute / commit) to agents over one long-lived bidirectional stream
 // per agent (Agent.StepStream) instead of a unary call per phase: a command is one message each
 // way on an open HTTP/2 stream, with no call to set up, no metadata and no admission per call.
-// A stream that breaks (the agent died or restarted) fails its commands naming the cause, and
-// the next command opens a new one; a command that gets no answer by its deadline fails with
-// DEADLINE_EXCEEDED and its stream is cancelled, so a half-open connection cannot wedge later
-// steps. Agents without the stream (UNIMPLEMENTED) are remembered and called unary.
+// Every stream reports to one completion queue, driven by the thread waiting for a fan-out (as
+// CallAll does): no hand-off to gRPC's callback threads. A stream that breaks (the agent died or
+// restarted) fails its commands naming the cause, and the next command opens a new one; a
+// command that gets no answer by its deadline fails with DEADLINE_EXCEEDED and its stream is
+// cancelled, so a half-open connection cannot wedge later steps. Agents without the stream
+// (UNIMPLEMENTED) are remembered and called unary until they register again.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -25,7 +27,7 @@ namespace wb::controller {
 class StepStreams {
  public:
   // `channels` must outlive this.
-  explicit StepStreams(AgentChannels* channels) : channels_(channels) {}
+  explicit StepStreams(AgentChannels* channels);
   // Cancels every open stream and waits until gRPC is done with each.
   ~StepStreams();
   StepStreams(const StepStreams&) = delete;
@@ -38,8 +40,9 @@ class StepStreams {
     bool unimplemented = false;
   };
 
-  // Sends `commands[i]` to `endpoints[i]` (their seq is set here), all at once, and waits for
-  // every answer until `timeout`; answers in the same order.
+  // Sends `commands[i]` to `endpoints[i]` (their seq is set here, the commands are moved out),
+  // all at once, and waits for every answer until `timeout`; answers in the same order. One
+  // fan-out at a time: a second caller waits for the first.
   std::vector<Answer> Send(const std::vector<std::string>& endpoints,
                            std::vector<weightbeam::v1::StepCommand>* commands,
                            std::chrono::milliseconds timeout);
@@ -51,22 +54,24 @@ class StepStreams {
   // a process that is gone has ended by itself.
   void Reset(const std::string& endpoint);
 
-  int open_streams() const;
-
  private:
   class Stream;
   struct FanOut;
-  // The open stream to `endpoint`, or a new one.
-  std::shared_ptr<Stream> StreamTo(const std::string& endpoint);
-  // Called by a stream once gRPC is done with it (its last act).
-  void Ended(Stream* stream, const std::string& endpoint, bool unimplemented);
+  // Handles one event of the queue (a stream's start, write, read or finish).
+  void Handle(void* tag, bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(drive_mu_);
+  // Handles whatever already completed, without waiting.
+  void Drain() ABSL_EXCLUSIVE_LOCKS_REQUIRED(drive_mu_);
 
   AgentChannels* const channels_;
+  // Held by the thread driving cq_ (Send, the destructor): the streams are touched only there.
+  absl::Mutex drive_mu_;
+  grpc::CompletionQueue cq_;
+  std::map<std::string, Stream*> streams_ ABSL_GUARDED_BY(drive_mu_);  // open, by endpoint
+  // Every stream not yet done with (open, or ended with events still to come); owns them.
+  std::map<Stream*, std::unique_ptr<Stream>> live_ ABSL_GUARDED_BY(drive_mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(drive_mu_) = 1;
   mutable absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> unary_only_ ABSL_GUARDED_BY(mu_);
-  int live_ ABSL_GUARDED_BY(mu_) = 0;  // streams started and not yet done (in the map or not)
-  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace wb::controller
