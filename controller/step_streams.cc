@@ -119,7 +119,8 @@ class StepStreams::Stream {
   bool Fail() {
     if (!failing_) {
       failing_ = true;
-      ctx_.TryCancel();  // a half-broken stream ends now, its pending read with it
+      // No TryCancel: the status would read "cancelled" instead of why the stream ended (a
+      // failed write or read means the call is over; its other operations fail too).
       ++outstanding_;
       rw_->Finish(&status_, &finish_);
     }
