@@ -73,21 +73,11 @@ class StepStreams::Stream {
       WriteNext();
     } else if (tag == &read_) {
       --outstanding_;
+      reading_ = false;
       if (!ok) return Fail();
-      v1::StepReply reply = std::move(incoming_);
-      incoming_.Clear();
+      Deliver();
+      if (failing_) return Fail();  // a write failed meanwhile: no more reads, the status now
       StartRead();
-      answered_ = true;
-      auto it = pending_.find(reply.seq());
-      if (it == pending_.end()) return true;  // a late answer: nobody waits for it any more
-      Waiter w = it->second;
-      pending_.erase(it);
-      Answer answer;
-      if (reply.code() != 0) {
-        answer.status = grpc::Status(static_cast<grpc::StatusCode>(reply.code()), reply.error());
-      }
-      answer.reply = std::move(reply);
-      w.fan->Fill(w.index, std::move(answer));
     } else if (tag == &finish_) {
       --outstanding_;
       Ended(status_);
@@ -103,7 +93,25 @@ class StepStreams::Stream {
     size_t index = 0;
   };
 
+  // The reply just read goes to the fan-out waiting for it, if any still is.
+  void Deliver() {
+    v1::StepReply reply = std::move(incoming_);
+    incoming_.Clear();
+    answered_ = true;
+    auto it = pending_.find(reply.seq());
+    if (it == pending_.end()) return;  // a late answer: nobody waits for it any more
+    const Waiter w = it->second;
+    pending_.erase(it);
+    Answer answer;
+    if (reply.code() != 0) {
+      answer.status = grpc::Status(static_cast<grpc::StatusCode>(reply.code()), reply.error());
+    }
+    answer.reply = std::move(reply);
+    w.fan->Fill(w.index, std::move(answer));
+  }
+
   void StartRead() {
+    reading_ = true;
     ++outstanding_;
     rw_->Read(&incoming_, &read_);
   }
@@ -115,12 +123,14 @@ class StepStreams::Stream {
     rw_->Write(out_.front(), &write_);
   }
 
-  // Something failed: ask for the stream's status once (its other events still come back).
+  // Something failed: ask for the stream's status once, when no read is in flight (a Finish next
+  // to the first read would ask twice for the initial metadata, which gRPC refuses by
+  // aborting). A failed write means the call is over, so the read in flight fails too. No
+  // TryCancel: the status would read "cancelled" instead of why the stream ended.
   bool Fail() {
-    if (!failing_) {
-      failing_ = true;
-      // No TryCancel: the status would read "cancelled" instead of why the stream ended (a
-      // failed write or read means the call is over; its other operations fail too).
+    failing_ = true;
+    if (!finishing_ && !reading_) {
+      finishing_ = true;
       ++outstanding_;
       rw_->Finish(&status_, &finish_);
     }
@@ -162,7 +172,8 @@ class StepStreams::Stream {
   std::deque<v1::StepCommand> out_;  // front: being written once started_
   std::map<uint64_t, Waiter> pending_;
   int outstanding_ = 0;  // operations started whose event has not come back
-  bool started_ = false, writing_ = false, failing_ = false, answered_ = false;
+  bool started_ = false, writing_ = false, reading_ = false, failing_ = false, finishing_ = false;
+  bool answered_ = false;
   bool ended_ = false, unimplemented_ = false;
 };
 
