@@ -28,6 +28,11 @@ struct StepStreams::FanOut {
 // the driving thread touches it.
 class StepStreams::Stream {
  public:
+  // What the queue hands back: which stream (the member's address says which event).
+  struct Tag {
+    Stream* stream;
+  };
+
   Stream(const std::string& endpoint, v1::Agent::Stub* stub, grpc::CompletionQueue* cq)
       : endpoint_(endpoint) {
     rw_ = stub->PrepareAsyncStepStream(&ctx_, cq);
@@ -165,8 +170,7 @@ class StepStreams::Stream {
   const std::string endpoint_;
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::StepCommand, v1::StepReply>> rw_;
-  // Tags: only their addresses matter.
-  char start_ = 0, write_ = 0, read_ = 0, finish_ = 0;
+  Tag start_{this}, write_{this}, read_{this}, finish_{this};
   v1::StepReply incoming_;
   grpc::Status status_;
   std::deque<v1::StepCommand> out_;  // front: being written once started_
@@ -199,20 +203,15 @@ StepStreams::~StepStreams() {
 }
 
 void StepStreams::Handle(void* tag, bool ok) {
-  // The tag is the address of a member of one stream: find the stream whose members hold it.
-  auto it = live_.upper_bound(static_cast<Stream*>(tag));
-  if (it == live_.begin()) return;
-  --it;
-  Stream* stream = it->first;
-  if (!stream->Handle(tag, ok)) return;
-  if (!stream->ended()) return;
+  Stream* stream = static_cast<Stream::Tag*>(tag)->stream;
+  if (!stream->Handle(tag, ok) || !stream->ended()) return;
   if (stream->unimplemented()) {
     absl::MutexLock lock(&mu_);
     unary_only_.insert(stream->endpoint());
   }
   auto open = streams_.find(stream->endpoint());
   if (open != streams_.end() && open->second == stream) streams_.erase(open);
-  if (stream->finished()) live_.erase(it);
+  if (stream->finished()) live_.erase(stream);
 }
 
 void StepStreams::Drain() {

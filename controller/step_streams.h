@@ -16,6 +16,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -66,7 +67,7 @@ class StepStreams {
   // Held by the thread driving cq_ (Send, the destructor): the streams are touched only there.
   absl::Mutex drive_mu_;
   grpc::CompletionQueue cq_;
-  std::map<std::string, Stream*> streams_ ABSL_GUARDED_BY(drive_mu_);  // open, by endpoint
+  std::unordered_map<std::string, Stream*> streams_ ABSL_GUARDED_BY(drive_mu_);  // by endpoint
   // Every stream not yet done with (open, or ended with events still to come); owns them.
   std::map<Stream*, std::unique_ptr<Stream>> live_ ABSL_GUARDED_BY(drive_mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(drive_mu_) = 1;
