@@ -42,13 +42,15 @@ class StepStreams::Stream {
 
   const std::string& endpoint() const { return endpoint_; }
   bool ended() const { return ended_; }
+  // It ended UNIMPLEMENTED before answering anything: an agent without the stream.
+  bool unimplemented() const { return unimplemented_; }
   // Takes new commands: not broken, not being finished.
   bool usable() const { return !failing_ && !ended_; }
   // No event to come: it can be deleted.
   bool finished() const { return ended_ && outstanding_ == 0; }
   void Cancel() { ctx_.TryCancel(); }
 
-  // Queues `command` for the fan-out `fan` (slot `index`), or answers at once if it ended.
+  // Queues `command` for the fan-out `fan` (slot `index`); only on a usable stream.
   void Send(v1::StepCommand command, FanOut* fan, size_t index) {
     pending_[command.seq()] = {fan, index};
     out_.push_back(std::move(command));
@@ -163,10 +165,6 @@ class StepStreams::Stream {
     unimplemented_ = unimplemented;
   }
 
- public:
-  bool unimplemented() const { return unimplemented_; }
-
- private:
   const std::string endpoint_;
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::StepCommand, v1::StepReply>> rw_;
@@ -240,14 +238,13 @@ std::vector<StepStreams::Answer> StepStreams::Send(const std::vector<std::string
   FanOut fan(n);
   if (n == 0) return {};
   const auto deadline = std::chrono::system_clock::now() + timeout;
-  const std::vector<v1::Agent::Stub*> stubs = channels_->Get(endpoints);
   absl::MutexLock lock(&drive_mu_);
   Drain();  // streams that ended since the last fan-out are known before they are used
   std::vector<Stream*> used(n, nullptr);
   for (size_t i = 0; i < n; ++i) {
     Stream*& open = streams_[endpoints[i]];
     if (open == nullptr || !open->usable()) {
-      auto stream = std::make_unique<Stream>(endpoints[i], stubs[i], &cq_);
+      auto stream = std::make_unique<Stream>(endpoints[i], channels_->Get(endpoints[i]), &cq_);
       open = stream.get();
       live_[open] = std::move(stream);
     }
