@@ -52,9 +52,21 @@ class AgentChannels {
   // in reconnect backoff from its old process would fail the next calls at once ("failed to
   // connect") for up to the backoff; connect again now instead.
   void ResetBackoff(const std::string& endpoint) {
+    std::function<void(const std::string&)> on_reset;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = channels_.find(endpoint);
+      if (it != channels_.end()) {
+        grpc::experimental::ChannelResetConnectionBackoff(it->second.get());
+      }
+      on_reset = on_reset_;
+    }
+    if (on_reset) on_reset(endpoint);
+  }
+  // Also tells `on_reset` (the step streams: the agent there may be a newer build now).
+  void SetResetListener(std::function<void(const std::string&)> on_reset) {
     absl::MutexLock lock(&mu_);
-    auto it = channels_.find(endpoint);
-    if (it != channels_.end()) grpc::experimental::ChannelResetConnectionBackoff(it->second.get());
+    on_reset_ = std::move(on_reset);
   }
 
   weightbeam::v1::Agent::Stub* Get(const std::string& endpoint) {
@@ -96,6 +108,7 @@ class AgentChannels {
   wb::grpcutil::ChannelFactory factory_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<weightbeam::v1::Agent::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string&)> on_reset_ ABSL_GUARDED_BY(mu_);
 };
 
 // One target: agent name, its endpoint and the request to send it.

@@ -19,24 +19,69 @@ std::vector<CallTarget<Req>> GrpcAgentFleet::Targets(const std::vector<AgentCall
   return targets;
 }
 
+template <typename Req, typename Resp, typename Put, typename Take, typename Unary>
+std::vector<CallResult<Resp>> GrpcAgentFleet::OnStreams(const std::vector<AgentCall<Req>>& calls,
+                                                        std::chrono::milliseconds timeout, Put put,
+                                                        Take take, Unary unary) {
+  std::vector<CallTarget<Req>> targets = Targets(calls, false);
+  std::vector<CallResult<Resp>> results(targets.size());
+  std::vector<size_t> streamed;  // indexes into targets
+  std::vector<std::string> endpoints;
+  std::vector<v1::StepCommand> commands;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i].endpoint.empty() || !streams_.Streams(targets[i].endpoint)) continue;
+    streamed.push_back(i);
+    endpoints.push_back(targets[i].endpoint);
+    commands.emplace_back();
+    put(targets[i].request, &commands.back());
+  }
+  std::vector<bool> done(targets.size(), false);
+  if (!streamed.empty()) {
+    std::vector<StepStreams::Answer> answers = streams_.Send(endpoints, &commands, timeout);
+    for (size_t k = 0; k < streamed.size(); ++k) {
+      StepStreams::Answer& a = answers[k];
+      if (a.unimplemented) continue;  // an older agent: the unary call below
+      const size_t i = streamed[k];
+      results[i].agent = targets[i].agent;
+      results[i].status = a.status;
+      if (a.status.ok()) take(&a.reply, &results[i].response);
+      done[i] = true;
+    }
+  }
+  std::vector<CallTarget<Req>> rest;
+  std::vector<size_t> rest_at;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (done[i]) continue;
+    rest_at.push_back(i);
+    rest.push_back(std::move(targets[i]));
+  }
+  if (rest.empty()) return results;
+  auto unary_results = CallAll<Req, Resp>(channels_, rest, timeout, unary);
+  for (size_t k = 0; k < rest_at.size(); ++k) results[rest_at[k]] = std::move(unary_results[k]);
+  return results;
+}
+
 std::vector<CallResult<v1::BeginResponse>> GrpcAgentFleet::Begin(
     const std::vector<AgentCall<v1::BeginRequest>>& calls, std::chrono::milliseconds timeout) {
-  return CallAll<v1::BeginRequest, v1::BeginResponse>(
-      channels_, Targets(calls, false), timeout,
+  return OnStreams<v1::BeginRequest, v1::BeginResponse>(
+      calls, timeout, [](const auto& req, v1::StepCommand* c) { *c->mutable_begin() = req; },
+      [](v1::StepReply*, v1::BeginResponse*) {},
       [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncBegin(c, q, cq); });
 }
 
 std::vector<CallResult<v1::ExecuteResponse>> GrpcAgentFleet::Execute(
     const std::vector<AgentCall<v1::ExecuteRequest>>& calls, std::chrono::milliseconds timeout) {
-  return CallAll<v1::ExecuteRequest, v1::ExecuteResponse>(
-      channels_, Targets(calls, false), timeout,
+  return OnStreams<v1::ExecuteRequest, v1::ExecuteResponse>(
+      calls, timeout, [](const auto& req, v1::StepCommand* c) { *c->mutable_execute() = req; },
+      [](v1::StepReply* r, v1::ExecuteResponse* resp) { resp->Swap(r->mutable_execute()); },
       [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncExecute(c, q, cq); });
 }
 
 std::vector<CallResult<v1::CommitResponse>> GrpcAgentFleet::Commit(
     const std::vector<AgentCall<v1::CommitRequest>>& calls, std::chrono::milliseconds timeout) {
-  return CallAll<v1::CommitRequest, v1::CommitResponse>(
-      channels_, Targets(calls, false), timeout,
+  return OnStreams<v1::CommitRequest, v1::CommitResponse>(
+      calls, timeout, [](const auto& req, v1::StepCommand* c) { *c->mutable_commit() = req; },
+      [](v1::StepReply*, v1::CommitResponse*) {},
       [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncCommit(c, q, cq); });
 }
 

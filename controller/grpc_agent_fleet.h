@@ -1,10 +1,13 @@
-// The AgentFleet the controller runs on: the Agent service over gRPC, every fan-out in parallel
-// (CallAll), each agent's control endpoint looked up in the membership once per fan-out.
+// The AgentFleet the controller runs on: the Agent service over gRPC, every fan-out in parallel,
+// each agent's control endpoint looked up in the membership once per fan-out. Begin, execute
+// and commit go on each agent's step stream (StepStreams); the rest, and agents without the
+// stream, are unary calls (CallAll).
 #pragma once
 
 #include "controller/agent_calls.h"
 #include "controller/agent_fleet.h"
 #include "controller/membership.h"
+#include "controller/step_streams.h"
 
 namespace wb::controller {
 
@@ -12,7 +15,10 @@ class GrpcAgentFleet : public AgentFleet {
  public:
   // Both must outlive the fleet.
   GrpcAgentFleet(AgentChannels* channels, const Membership* membership)
-      : channels_(channels), membership_(membership) {}
+      : channels_(channels), membership_(membership), streams_(channels) {
+    channels_->SetResetListener([this](const std::string& endpoint) { streams_.Reset(endpoint); });
+  }
+  ~GrpcAgentFleet() override { channels_->SetResetListener(nullptr); }
 
   std::vector<CallResult<weightbeam::v1::BeginResponse>> Begin(
       const std::vector<AgentCall<weightbeam::v1::BeginRequest>>& calls,
@@ -39,8 +45,17 @@ class GrpcAgentFleet : public AgentFleet {
   std::vector<CallTarget<Req>> Targets(const std::vector<AgentCall<Req>>& calls,
                                        bool skip_unknown) const;
 
+  // Each command on its agent's stream, in target order; the agents without one (and
+  // unknown agents) get the unary call `unary` instead. `put(request, command)` fills the
+  // command, `take(reply)` the response.
+  template <typename Req, typename Resp, typename Put, typename Take, typename Unary>
+  std::vector<CallResult<Resp>> OnStreams(const std::vector<AgentCall<Req>>& calls,
+                                          std::chrono::milliseconds timeout, Put put, Take take,
+                                          Unary unary);
+
   AgentChannels* channels_;
   const Membership* membership_;
+  StepStreams streams_;
 };
 
 }  // namespace wb::controller

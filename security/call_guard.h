@@ -50,4 +50,12 @@ class RefusedWriter : public grpc::ServerWriteReactor<T> {
   void OnDone() override { delete this; }
 };
 
+// The same for refused bidirectional streams: nothing is read, the stream ends with `status`.
+template <typename Req, typename Resp>
+class RefusedStream : public grpc::ServerBidiReactor<Req, Resp> {
+ public:
+  explicit RefusedStream(const grpc::Status& status) { this->Finish(status); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace wb::security

@@ -388,11 +388,13 @@ absl::Status Executor::RunPhase(std::shared_ptr<const std::vector<v1::TransferOp
                                  step, delta, report, options_.prepare_threads);
   PhaseRun& run = *shared_run;
   StageIn(ops, &run);
-  for (int i = 0; i < options_.prepare_threads; ++i) {
-    prepare_pool_.Submit([this, &run] { PrepareStage(&run); });
-  }
-  WriteStage(shared_run);
-  {
+  if (ops.size() <= kInlinePhaseOps) {
+    PrepareAndWriteInline(shared_run);
+  } else {
+    for (int i = 0; i < options_.prepare_threads; ++i) {
+      prepare_pool_.Submit([this, &run] { PrepareStage(&run); });
+    }
+    WriteStage(shared_run);
     // The prepare tasks reference this frame: wait until every one has returned.
     std::unique_lock<std::mutex> lock(run.preparers_mu);
     run.preparers_done.wait(lock, [&] { return run.preparers_running == 0; });
@@ -503,23 +505,43 @@ absl::Status Executor::Prepare(Job* job, PhaseRun* run) {
   return absl::OkStatus();
 }
 
-void Executor::WriteStage(const std::shared_ptr<PhaseRun>& run) {
-  const bool hold = options_.test_hold.count() > 0 && options_.test_hold_version != 0 &&
-                    run->step.version == options_.test_hold_version;
-  while (auto job = run->to_write.Pop()) {
-    // A dropped job gives its staging back. The step's own flag: the next step never clears it.
+void Executor::PrepareAndWriteInline(const std::shared_ptr<PhaseRun>& run) {
+  const bool hold = Holds(*run);
+  while (auto job = run->to_prepare.Pop()) {
     if (run->error.failed() || run->step_run->cancelled) continue;
-    if (hold) std::this_thread::sleep_for(options_.test_hold);
-    if (run->error.failed() || run->step_run->cancelled) continue;
-    // A write posted after the deadline would land after the controller gave up on the step
-    // (and maybe after the next one began): never post late.
-    if (Clock::now() >= run->deadline) {
-      run->error.Set(absl::DeadlineExceededError(absl::StrCat(
-          OpName(*job->op), ": the step deadline passed before it could be written (not sent)")));
+    const auto t0 = Clock::now();
+    if (auto s = Prepare(&*job, run.get()); !s.ok()) {
+      run->error.Set(s);
       continue;
     }
-    if (auto s = Post(std::move(*job), run); !s.ok()) run->error.Set(s);
+    run->prepare_ns += (Clock::now() - t0).count();
+    Write(std::move(*job), run, hold);  // before the next op takes staging
   }
+}
+
+bool Executor::Holds(const PhaseRun& run) const {
+  return options_.test_hold.count() > 0 && options_.test_hold_version != 0 &&
+         run.step.version == options_.test_hold_version;
+}
+
+void Executor::WriteStage(const std::shared_ptr<PhaseRun>& run) {
+  const bool hold = Holds(*run);
+  while (auto job = run->to_write.Pop()) Write(std::move(*job), run, hold);
+}
+
+void Executor::Write(Job job, const std::shared_ptr<PhaseRun>& run, bool hold) {
+  // A dropped job gives its staging back. The step's own flag: the next step never clears it.
+  if (run->error.failed() || run->step_run->cancelled) return;
+  if (hold) std::this_thread::sleep_for(options_.test_hold);
+  if (run->error.failed() || run->step_run->cancelled) return;
+  // A write posted after the deadline would land after the controller gave up on the step
+  // (and maybe after the next one began): never post late.
+  if (Clock::now() >= run->deadline) {
+    run->error.Set(absl::DeadlineExceededError(absl::StrCat(
+        OpName(*job.op), ": the step deadline passed before it could be written (not sent)")));
+    return;
+  }
+  if (auto s = Post(std::move(job), run); !s.ok()) run->error.Set(s);
 }
 
 absl::Status Executor::Post(Job job, const std::shared_ptr<PhaseRun>& run) {

@@ -131,6 +131,14 @@ class Executor {
   // Write: post each op's writes; its staging lease travels to the completion, which shares
   // the phase.
   void WriteStage(const std::shared_ptr<PhaseRun>& run);
+  void Write(Job job, const std::shared_ptr<PhaseRun>& run, bool hold);
+  // A phase of at most kInlinePhaseOps ops (a tiny step) is prepared and posted op by op on the
+  // calling thread: handing one op to the prepare pool and back cost two thread wake-ups, more
+  // than the op itself.
+  static constexpr size_t kInlinePhaseOps = 2;
+  void PrepareAndWriteInline(const std::shared_ptr<PhaseRun>& run);
+  // The write test hook (ExecutorOptions::test_hold_version) holds this phase's writes.
+  bool Holds(const PhaseRun& run) const;
   absl::Status Post(Job job, const std::shared_ptr<PhaseRun>& run);
   // Complete (on a transport thread): staging goes back, bytes count, one batch fewer is out.
   void Complete(PhaseRun* run, const Posted& posted, absl::Status s);

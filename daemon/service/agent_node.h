@@ -32,6 +32,7 @@
 
 namespace wb::service {
 
+class AgentService;
 class ControllerLink;
 
 class AgentNode {
@@ -108,7 +109,7 @@ class AgentNode {
   std::unique_ptr<registry::RegionRegistry> registry_;
   local::EventBus events_;
   std::unique_ptr<local::LocalService> local_service_;
-  std::unique_ptr<weightbeam::v1::Agent::CallbackService> agent_service_;
+  std::unique_ptr<AgentService> agent_service_;
   std::unique_ptr<executor::StagingPool> staging_;
   std::unique_ptr<executor::Preparer> preparer_;
   std::unique_ptr<executor::Executor> executor_;

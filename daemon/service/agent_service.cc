@@ -2,6 +2,7 @@
 
 #include "common/grpc/status_util.h"
 #include "common/process/malloc_arenas.h"
+#include "daemon/service/step_stream.h"
 
 namespace wb::service {
 
@@ -115,6 +116,18 @@ grpc::ServerUnaryReactor* AgentService::Introduce(grpc::CallbackServerContext* c
   if (auto a = guard_.AdmitController(*ctx, "Agent.Introduce"); !a.ok()) return Refuse(ctx, a);
   return Done(ctx,
               node_->Introduce(req->plan_id(), {req->senders().begin(), req->senders().end()}));
+}
+
+grpc::ServerBidiReactor<v1::StepCommand, v1::StepReply>* AgentService::StepStream(
+    grpc::CallbackServerContext* ctx) {
+  if (auto a = guard_.AdmitController(*ctx, "Agent.StepStream"); !a.ok()) {
+    return new security::RefusedStream<v1::StepCommand, v1::StepReply>(a);
+  }
+  if (step_streams_.closed()) {
+    return new security::RefusedStream<v1::StepCommand, v1::StepReply>(
+        grpc::Status(grpc::StatusCode::UNAVAILABLE, "agent shutting down"));
+  }
+  return new StepStreamReactor(node_, &long_calls_, &step_streams_);
 }
 
 }  // namespace wb::service

@@ -4,6 +4,7 @@
 
 #include "daemon/executor/worker_pool.h"
 #include "daemon/service/agent_node.h"
+#include "daemon/service/step_stream.h"
 #include "security/call_guard.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
@@ -43,11 +44,19 @@ class AgentService final : public weightbeam::v1::Agent::CallbackService {
   grpc::ServerUnaryReactor* Introduce(grpc::CallbackServerContext* ctx,
                                       const weightbeam::v1::IntroduceRequest* req,
                                       weightbeam::v1::IntroduceResponse* resp) override;
+  // The controller is admitted once per stream (token, controller certificate); every command
+  // on it is then the controller's.
+  grpc::ServerBidiReactor<weightbeam::v1::StepCommand, weightbeam::v1::StepReply>* StepStream(
+      grpc::CallbackServerContext* ctx) override;
+
+  // Ends the open step streams (before the server shuts down: they never end by themselves).
+  void CloseStepStreams() { step_streams_.CloseAll(); }
 
  private:
   AgentNode* node_;
   security::CallGuard guard_;
   executor::WorkerPool long_calls_{2};
+  OpenStepStreams step_streams_;  // after long_calls_: its commands run there
 };
 
 }  // namespace wb::service

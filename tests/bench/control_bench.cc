@@ -5,6 +5,7 @@
 // line with the latency percentiles and the controller's CPU time per step (/proc/PID/stat).
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -62,6 +63,22 @@ double CpuMs(pid_t pid) {
   return (utime + stime) * 1000.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// Linux 6.16+ gives each threaded process a private futex hash sized by its CPUs (16 buckets on
+// this 2-core machine), whatever its thread count. Every wake-up walks its bucket's chain of
+// waiters: with 512 agents in this process (~5000 threads, ~300 waiters a bucket) futex_wake was
+// a third of the agents' CPU, an artifact of running them in one process (each wb-agent has its
+// own). Sized for the threads this process will have; returns the slots set, 0 if the kernel has
+// no such setting (older kernels use their global hash).
+int SizeFutexHash(int agents) {
+#ifndef PR_FUTEX_HASH
+  constexpr int PR_FUTEX_HASH = 78;
+  constexpr int PR_FUTEX_HASH_SET_SLOTS = 1;
+#endif
+  int slots = 16;
+  while (slots < agents * 16 && slots < (1 << 16)) slots *= 2;
+  return prctl(PR_FUTEX_HASH, PR_FUTEX_HASH_SET_SLOTS, slots, 0, 0) == 0 ? slots : 0;
+}
+
 void RaiseFileLimit() {
   rlimit lim{};
   if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
@@ -100,6 +117,8 @@ int main(int argc, char** argv) {
   wb::UseFastMutexes();  // as the daemons do: the in-process agents are daemons
   if (agents < 2 || agents % 2 != 0) Die("--agents must be even and at least 2");
   const int pairs = agents / 2;
+  // Before any thread starts (the controller process is apart and keeps its default).
+  const int futex_hash_slots = mode == "inproc" ? SizeFutexHash(agents) : 0;
   RaiseFileLimit();
   spdlog::set_level(spdlog::level::from_str(log_level));
 
@@ -215,6 +234,7 @@ int main(int argc, char** argv) {
   std::vector<double> ms;
   ms.reserve(steps);
   const double cpu0 = CpuMs(controller->pid());
+  const double bench_cpu0 = CpuMs(getpid());  // the in-process agents (and the client)
   const auto run_t0 = Clock::now();
   for (int i = 0; i < steps; ++i) {
     const auto t0 = Clock::now();
@@ -224,6 +244,7 @@ int main(int argc, char** argv) {
   }
   const double run_seconds = std::chrono::duration<double>(Clock::now() - run_t0).count();
   const double cpu1 = CpuMs(controller->pid());
+  const double bench_cpu1 = CpuMs(getpid());
 
   double sum = 0;
   for (double m : ms) sum += m;
@@ -242,6 +263,9 @@ int main(int argc, char** argv) {
   out["max_ms"] = Percentile(ms, 1.0);
   out["steps_per_second"] = steps / run_seconds;
   out["controller_cpu_ms_per_step"] = steps ? (cpu1 - cpu0) / steps : 0;
+  // inproc: the agents (and the client); process: the client alone.
+  out["bench_process_cpu_ms_per_step"] = steps ? (bench_cpu1 - bench_cpu0) / steps : 0;
+  out["futex_hash_slots"] = futex_hash_slots;
   wb::bench::AddMachineInfo(&out);
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);

@@ -309,6 +309,21 @@ TEST_CASE("token without TLS: steps commit; calls without it are refused; strang
   v1::BeginResponse resp;
   s = no_token->Begin(&ctx, begin, &resp);
   CHECK(s.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  {
+    // The step stream is admitted like the unary calls: without the token it ends at once, and
+    // the begin sent on it never runs.
+    grpc::ClientContext stream_ctx;
+    stream_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto stream = no_token->StepStream(&stream_ctx);
+    v1::StepCommand command;
+    command.set_seq(1);
+    *command.mutable_begin() = begin;
+    stream->Write(command);
+    v1::StepReply reply;
+    CHECK_FALSE(stream->Read(&reply));
+    s = stream->Finish();
+    CHECK(s.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  }
   PlanAndStep(&*ctl, &sides, 2);
 }
 

@@ -1,0 +1,163 @@
+#include "daemon/service/step_stream.h"
+
+#include <utility>
+
+namespace wb::service {
+
+namespace v1 = weightbeam::v1;
+
+namespace {
+v1::StepReply ReplyFor(uint64_t seq, const absl::Status& s) {
+  v1::StepReply reply;
+  reply.set_seq(seq);
+  reply.set_code(static_cast<int32_t>(s.code()));
+  if (!s.ok()) reply.set_error(std::string(s.message()));
+  return reply;
+}
+}  // namespace
+
+void OpenStepStreams::Add(StepStreamReactor* stream) {
+  absl::MutexLock lock(&mu_);
+  open_.insert(stream);
+  if (closed_) stream->Close();  // opened while the agent was closing them
+}
+
+void OpenStepStreams::Remove(StepStreamReactor* stream) {
+  absl::MutexLock lock(&mu_);
+  open_.erase(stream);
+}
+
+void OpenStepStreams::CloseAll() {
+  // Under the lock: a stream cannot finish and be deleted while it is being closed (gRPC runs
+  // OnDone on its own thread, never inside Finish).
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+  for (StepStreamReactor* s : open_) s->Close();
+}
+
+bool OpenStepStreams::closed() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
+StepStreamReactor::StepStreamReactor(AgentNode* node, executor::WorkerPool* long_calls,
+                                     OpenStepStreams* open)
+    : node_(node), long_calls_(long_calls), open_(open) {
+  StartRead(&incoming_);
+  open_->Add(this);
+}
+
+void StepStreamReactor::OnDone() {
+  open_->Remove(this);
+  delete this;
+}
+
+void StepStreamReactor::Close() {
+  absl::MutexLock lock(&mu_);
+  closing_ = true;
+  FinishIfIdleLocked();
+}
+
+void StepStreamReactor::OnReadDone(bool ok) {
+  if (!ok) {  // the controller closed its side, or the stream broke
+    absl::MutexLock lock(&mu_);
+    reads_done_ = true;
+    FinishIfIdleLocked();
+    return;
+  }
+  v1::StepCommand command = std::move(incoming_);
+  incoming_.Clear();
+  {
+    absl::MutexLock lock(&mu_);
+    ++running_;
+  }
+  StartRead(&incoming_);  // the next command may arrive while this one runs
+  Run(std::move(command));
+}
+
+void StepStreamReactor::Run(v1::StepCommand command) {
+  const uint64_t seq = command.seq();
+  bool closing;
+  {
+    absl::MutexLock lock(&mu_);
+    closing = closing_;
+  }
+  if (closing) {
+    Reply(ReplyFor(seq, absl::UnavailableError("agent shutting down")));
+    return;
+  }
+  switch (command.command_case()) {
+    case v1::StepCommand::kBegin: {
+      const auto& req = command.begin();
+      Reply(ReplyFor(seq, node_->BeginStep(req.version(), req.step_id(), req.plan_id())));
+      return;
+    }
+    case v1::StepCommand::kCommit:
+      if (command.commit().step_nonce() == 0) {
+        Reply(ReplyFor(seq,
+                       node_->CommitStep(command.commit().version(), command.commit().step_id())));
+        return;
+      }
+      // Delta mode: applying the deltas takes a while; off gRPC's thread.
+      long_calls_->Submit([this, command = std::move(command)] {
+        Reply(ReplyFor(command.seq(), node_->Commit(command.commit())));
+      });
+      return;
+    case v1::StepCommand::kExecute:
+      long_calls_->Submit([this, command = std::move(command)] {
+        v1::StepReply reply = ReplyFor(command.seq(), absl::OkStatus());
+        *reply.mutable_execute()->mutable_report() = node_->Execute(command.execute());
+        Reply(std::move(reply));
+      });
+      return;
+    case v1::StepCommand::COMMAND_NOT_SET:
+      break;
+  }
+  Reply(ReplyFor(seq, absl::InvalidArgumentError("step command without a command (begin, "
+                                                 "execute or commit)")));
+}
+
+void StepStreamReactor::Reply(v1::StepReply reply) {
+  absl::MutexLock lock(&mu_);
+  --running_;
+  if (cancelled_) {
+    FinishIfIdleLocked();
+    return;
+  }
+  out_.push_back(std::move(reply));
+  if (!writing_) {
+    writing_ = true;
+    StartWrite(&out_.front());
+  }
+}
+
+void StepStreamReactor::OnWriteDone(bool ok) {
+  absl::MutexLock lock(&mu_);
+  out_.pop_front();
+  if (!ok) {  // the stream broke: the other replies have nowhere to go either
+    cancelled_ = true;
+    out_.clear();
+  }
+  if (!out_.empty()) {
+    StartWrite(&out_.front());
+    return;
+  }
+  writing_ = false;
+  FinishIfIdleLocked();
+}
+
+void StepStreamReactor::OnCancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  if (!writing_) out_.clear();  // a write in flight completes (not ok) and clears the rest
+  FinishIfIdleLocked();
+}
+
+void StepStreamReactor::FinishIfIdleLocked() {
+  if (finished_ || running_ > 0 || writing_ || !(reads_done_ || cancelled_ || closing_)) return;
+  finished_ = true;
+  Finish(closing_ ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "agent shutting down")
+                  : grpc::Status::OK);
+}
+
+}  // namespace wb::service
