@@ -69,6 +69,9 @@ void StepStreamReactor::OnReadDone(bool ok) {
   incoming_.Clear();
   {
     absl::MutexLock lock(&mu_);
+    // Close() may have finished the stream while this read completed (shutdown, on another
+    // thread): no read, write or command after Finish.
+    if (finished_) return;
     ++running_;
   }
   StartRead(&incoming_);  // the next command may arrive while this one runs
@@ -120,7 +123,7 @@ void StepStreamReactor::Run(v1::StepCommand command) {
 void StepStreamReactor::Reply(v1::StepReply reply) {
   absl::MutexLock lock(&mu_);
   --running_;
-  if (cancelled_) {
+  if (cancelled_ || finished_) {
     FinishIfIdleLocked();
     return;
   }
