@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/parallel/parallel_for.h"
 #include "common/planner/planner_internal.h"
 
 namespace wb::planner {
@@ -50,7 +51,17 @@ void Planner::ResolveRecipes() {
   }
   std::sort(dst_names_.begin(), dst_names_.end(),
             [&](int32_t a, int32_t b) { return Name(a) < Name(b); });
-  for (int32_t n : dst_names_) Resolve(n);
+  // Each name resolves on its own (problems per shard, joined in name order); the sources'
+  // check results are read from a snapshot, as another name's `bad` may change meanwhile.
+  checked_bad_.resize(infos_.size());
+  for (size_t i = 0; i < infos_.size(); ++i) checked_bad_[i] = infos_[i].bad;
+  std::vector<uint64_t> work(dst_names_.size(), 1);
+  const auto shards = SplitByWork(work, Threads());
+  std::vector<Problems> found(shards.size());
+  ParallelFor(shards.size(), Threads(), [&](uint64_t i) {
+    for (size_t k = shards[i].first; k < shards[i].second; ++k) Resolve(&found[i], dst_names_[k]);
+  });
+  for (const Problems& p : found) problems_.Merge(p);
   // Scale tensors of FP8-block destinations are written by the weight's ops.
   for (int32_t n : dst_names_) {
     NameInfo& info = infos_[n];
@@ -88,7 +99,7 @@ void Planner::ResolveRecipes() {
   }
 }
 
-void Planner::Resolve(int32_t n) {
+void Planner::Resolve(Problems* out, int32_t n) {
   NameInfo& info = infos_[n];
   info.phase = LayerPhase(names_[n], options_.layers_per_phase);
   if (info.bad) return;
@@ -97,20 +108,19 @@ void Planner::Resolve(int32_t n) {
   // Without renames a direct source has the destination's name, hence its name id.
   int32_t direct = options_.renames.empty() ? (infos_[n].src.empty() ? -1 : n) : FindSource(name);
   if (direct >= 0) {
-    if (infos_[direct].bad) {
+    if (checked_bad_[direct]) {
       info.bad = true;
       return;
     }
     const TensorEntry& s = E(infos_[direct].src[0]);
     if (s.shape != d.shape) {
-      problems_.Add(absl::StrCat("shape mismatch for ", name, ": destination ",
-                                 FormatShape(d.shape), " on ", Who(info.dst[0]), ", source ",
-                                 SrcWho(direct)));
+      out->Add(absl::StrCat("shape mismatch for ", name, ": destination ", FormatShape(d.shape),
+                            " on ", Who(info.dst[0]), ", source ", SrcWho(direct)));
       info.bad = true;
       return;
     }
     info.parts.push_back(Part{direct, 0});
-    SetTransform(n, s.dtype);
+    SetTransform(out, n, s.dtype);
     return;
   }
   for (const FusionRule& rule : options_.fusions) {
@@ -125,15 +135,15 @@ void Planner::Resolve(int32_t n) {
     }
     if (!missing.empty()) {
       if (missing.size() == rule.parts.size()) continue;  // not this rule's tensor at all
-      problems_.Add(absl::StrCat("fused destination ", name, " (", Who(info.dst[0]),
-                                 "): fusion part(s) missing: ", absl::StrJoin(missing, ", ")));
+      out->Add(absl::StrCat("fused destination ", name, " (", Who(info.dst[0]),
+                            "): fusion part(s) missing: ", absl::StrJoin(missing, ", ")));
       info.bad = true;
       return;
     }
     int dim = rule.dim;
     if (dim < 0 || dim >= static_cast<int>(d.shape.size())) {
-      problems_.Add(absl::StrCat("fused destination ", name, ": fusion dim ", dim,
-                                 " outside its shape ", FormatShape(d.shape)));
+      out->Add(absl::StrCat("fused destination ", name, ": fusion dim ", dim, " outside its shape ",
+                            FormatShape(d.shape)));
       info.bad = true;
       return;
     }
@@ -141,7 +151,7 @@ void Planner::Resolve(int32_t n) {
     bool ok = true;
     DType src_dtype = E(infos_[ids[0]].src[0]).dtype;
     for (int32_t id : ids) {
-      if (infos_[id].bad) {
+      if (checked_bad_[id]) {
         info.bad = true;
         return;
       }
@@ -158,20 +168,20 @@ void Planner::Resolve(int32_t n) {
     if (!ok || offset != d.shape[dim]) {
       std::string parts;
       for (int32_t id : ids) absl::StrAppend(&parts, "; ", SrcWho(id));
-      problems_.Add(absl::StrCat("fused destination ", name, " ", FormatShape(d.shape), " on ",
-                                 Who(info.dst[0]),
-                                 ": parts are inconsistent with a concat along dim ", dim, parts));
+      out->Add(absl::StrCat("fused destination ", name, " ", FormatShape(d.shape), " on ",
+                            Who(info.dst[0]), ": parts are inconsistent with a concat along dim ",
+                            dim, parts));
       info.parts.clear();
       info.bad = true;
       return;
     }
     info.fusion_dim = dim;
-    SetTransform(n, src_dtype);
+    SetTransform(out, n, src_dtype);
     return;
   }
 }
 
-void Planner::SetTransform(int32_t n, DType src) {
+void Planner::SetTransform(Problems* out, int32_t n, DType src) {
   NameInfo& info = infos_[n];
   const TensorEntry& d = E(info.dst[0]);
   DType dst = d.dtype;
@@ -182,14 +192,14 @@ void Planner::SetTransform(int32_t n, DType src) {
   } else if (src == weightbeam::v1::DTYPE_BF16 && dst == weightbeam::v1::DTYPE_F8_E4M3) {
     info.transform = weightbeam::v1::TRANSFORM_FP8_BLOCK;
     if (d.shape.size() != 2) {
-      problems_.Add(absl::StrCat("FP8 destination ", Name(n), " ", FormatShape(d.shape),
-                                 " must be 2-D for 128x128 block scaling"));
+      out->Add(absl::StrCat("FP8 destination ", Name(n), " ", FormatShape(d.shape),
+                            " must be 2-D for 128x128 block scaling"));
       info.bad = true;
     }
   } else {
-    problems_.Add(absl::StrCat("no transform from ", DTypeName(src), " to ", DTypeName(dst),
-                               " for destination ", Name(n), " (", Who(info.dst[0]), ", source ",
-                               SrcWho(info.parts[0].src_name), ")"));
+    out->Add(absl::StrCat("no transform from ", DTypeName(src), " to ", DTypeName(dst),
+                          " for destination ", Name(n), " (", Who(info.dst[0]), ", source ",
+                          SrcWho(info.parts[0].src_name), ")"));
     info.bad = true;
   }
 }

@@ -270,9 +270,9 @@ class Planner {
 
   void ResolveRecipes();
 
-  void Resolve(int32_t n);
+  void Resolve(Problems* out, int32_t n);
 
-  void SetTransform(int32_t n, DType src);
+  void SetTransform(Problems* out, int32_t n, DType src);
 
   // The scale entry beside an FP8 destination entry: same agent and owner. `hint`: where in
   // the scale name's (sorted) entries to look first.
@@ -362,6 +362,7 @@ class Planner {
   std::vector<EntryRef> holders_;
   std::unordered_map<std::string, int32_t> canonical_;
   std::vector<int32_t> dst_names_;
+  std::vector<char> checked_bad_;  // infos_[n].bad after the checks, read while resolving
   std::vector<PendingChoice> pending_;
   int32_t phases_ = 1;
   std::vector<char> needs_order_;  // senders that got ops appended when balancing

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/parallel/parallel_for.h"
 #include "common/planner/planner_internal.h"
 
 namespace wb::planner {
@@ -167,19 +168,26 @@ void Planner::Finish() {
   for (size_t n = 0; n < names_.size(); ++n) name_hash[n] = HashString(names_[n]);
   std::vector<uint64_t> agent_hash(na);
   std::vector<std::vector<uint64_t>> tensor_hash(na);
-  for (size_t a = 0; a < na; ++a) {
+  // One agent per unit on every thread: each writes only its own entries and devices (its
+  // sides go to plain vectors first: vector<bool> bits of neighbours share a word).
+  std::vector<char> sends(na, 0), receives(na, 0);
+  ParallelFor(na, Threads(), [&](uint64_t a) {
     agent_hash[a] = HashString(agents_[a].name);
-    if (IsMirror(a)) continue;  // hashed on use (TensorHash)
+    if (IsMirror(a)) return;  // hashed on use (tensor_hash_of)
     tensor_hash[a].resize(agents_[a].tensors.size());
     for (size_t t = 0; t < agents_[a].tensors.size(); ++t) {
       const TensorEntry& e = agents_[a].tensors[t];
       bool src = e.owner.role == Role::kTrainer;
-      (src ? s.is_sender : s.is_receiver)[a] = true;
+      (src ? sends : receives)[a] = 1;
       (src ? dev_src : dev_dst)[tensor_dev_[a][t]] = 1;
       int32_t name = tensor_name_[a][t];
       uint64_t h = Mix(name < 0 ? 0 : name_hash[name], e.region);
       tensor_hash[a][t] = Mix(Mix(h, e.owner.replica), e.owner.rank);
     }
+  });
+  for (size_t a = 0; a < na; ++a) {
+    s.is_sender[a] = sends[a] != 0;
+    s.is_receiver[a] = receives[a] != 0;
   }
   // A mirror: its template's sides and devices; its entries' hashes with its own regions and
   // replicas, as the unfolded entries would have.

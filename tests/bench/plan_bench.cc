@@ -188,7 +188,9 @@ int main(int argc, char** argv) {
   j["ops"] = s.total_ops;      // executed (one per destination)
   j["plan_ops"] = s.plan_ops;  // held in the plan (fan-out ops once)
   j["fan_out"] = opt.fan_out;
-  j["threads"] = opt.threads;
+  // The planner's threads: --threads, else the machine's cores (at most 8), as BuildPlan does.
+  j["threads"] = opt.threads > 0 ? opt.threads
+                                 : std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
   j["total_bytes"] = s.total_bytes;
   j["phases"] = plan->phases;
   // Per sending / receiving GPU (the unit of the published figures).
