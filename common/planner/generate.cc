@@ -360,11 +360,12 @@ void Planner::Generate() {
       if (cls.fanout >= 0) cls.fanout += fanout_offset[infos_[n].shard];
     }
   }
-  // Counts become first positions: per sender, key by key, shard by shard.
-  for (size_t a = 0; a < na; ++a) {
+  // Counts become first positions: per sender, key by key, shard by shard. The senders' lists
+  // are sized on every thread: first touching a GB of ops is much of the plan's time.
+  ParallelFor(na, threads, [&](uint64_t a) {
     const bool sends = std::any_of(shards.begin(), shards.end(),
                                    [&](const GenShard& g) { return !g.slot[a].empty(); });
-    if (!sends) continue;
+    if (!sends) return;
     uint64_t total = 0;
     for (size_t k = 0; k < nkeys; ++k) {
       for (GenShard& g : shards) {
@@ -375,7 +376,7 @@ void Planner::Generate() {
       }
     }
     plan_.ops[a].resize(total);
-  }
+  });
   ParallelFor(shards.size(), threads, [&](uint64_t i) { GenerateShard(&shards[i]); });
   // Problems and balancing choices in shard order (= name order).
   for (GenShard& g : shards) {

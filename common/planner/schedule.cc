@@ -210,16 +210,21 @@ void Planner::Finish() {
   // handed to each member after the pass over the ops.
   const size_t ngroups = plan_.fanout_begin.empty() ? 0 : plan_.fanout_begin.size() - 1;
   std::vector<uint64_t> group_hash(ngroups, 0), group_bytes(ngroups, 0), group_ops(ngroups, 0);
-  for (size_t g = 0; g < ngroups; ++g) {
-    uint64_t gh = Mix(0, plan_.fanout_begin[g + 1] - plan_.fanout_begin[g]);
-    for (uint32_t i = plan_.fanout_begin[g]; i < plan_.fanout_begin[g + 1]; ++i) {
-      const Destination& d = plan_.fanout_dsts[i];
-      gh = Mix(gh, agent_hash[d.agent]);
-      gh = Mix(gh, tensor_hash_of(d.agent, d.tensor));
-      gh = Mix(gh, d.scale_tensor >= 0 ? tensor_hash_of(d.agent, d.scale_tensor) : 0);
+  // Groups are independent: hashed in blocks on every thread (Kimi-K2 TP 8: 14 M members).
+  constexpr size_t kGroupsPerUnit = 4096;
+  ParallelFor((ngroups + kGroupsPerUnit - 1) / kGroupsPerUnit, Threads(), [&](uint64_t unit) {
+    const size_t end = std::min(ngroups, (unit + 1) * kGroupsPerUnit);
+    for (size_t g = unit * kGroupsPerUnit; g < end; ++g) {
+      uint64_t gh = Mix(0, plan_.fanout_begin[g + 1] - plan_.fanout_begin[g]);
+      for (uint32_t i = plan_.fanout_begin[g]; i < plan_.fanout_begin[g + 1]; ++i) {
+        const Destination& d = plan_.fanout_dsts[i];
+        gh = Mix(gh, agent_hash[d.agent]);
+        gh = Mix(gh, tensor_hash_of(d.agent, d.tensor));
+        gh = Mix(gh, d.scale_tensor >= 0 ? tensor_hash_of(d.agent, d.scale_tensor) : 0);
+      }
+      group_hash[g] = gh;
     }
-    group_hash[g] = gh;
-  }
+  });
   auto receive = [&](int32_t agent, int32_t tensor, uint64_t bytes, uint64_t ops) {
     const int32_t dd = Dev(agent, tensor);
     const double share = static_cast<double>(bytes) / dev_rail_count_[dd];
