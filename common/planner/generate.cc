@@ -261,9 +261,16 @@ void Planner::GenerateShard(GenShard* g) {
             if (it->holder_count == 1) {
               op.src_agent = holder.agent;
               op.src_tensor = holder.tensor;
-              plan_.ops[holder.agent]
-                       [g->slot[holder.agent][OrderKey(holder.agent, dref.agent, info.phase)]++] =
-                  op;
+              OpList& list = plan_.ops[holder.agent];
+              std::vector<uint64_t>& slots = g->slot[holder.agent];
+              const size_t key = OrderKey(holder.agent, dref.agent, info.phase);
+              // CountShard counted these same loops: a mismatch is a planner bug, reported
+              // instead of written past the sender's list.
+              if (slots.empty() || slots[key] >= list.size()) {
+                out->Add(absl::StrCat("internal: more ops than counted for ", Name(n)));
+                break;
+              }
+              list[slots[key]++] = op;
             } else {
               g->pending.push_back(PendingChoice{op, static_cast<int32_t>(it - slices_.data())});
             }
