@@ -67,7 +67,6 @@ void Planner::GroupDestinations(GenShard* g) {
   for (size_t position = g->begin; position < g->end; ++position) {
     const int32_t n = dst_names_[position];
     NameInfo& info = infos_[n];
-    info.shard = g->index;
     info.classes.clear();
     if (info.bad || info.derived_scale || info.parts.empty()) continue;
     const bool fp8 = info.transform == weightbeam::v1::TRANSFORM_FP8_BLOCK;

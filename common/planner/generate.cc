@@ -160,7 +160,7 @@ void Planner::CountPhases() {
 }
 
 void Planner::GenerateShard(GenShard* g) {
-  Problems* out = &g->problems;
+  Problems* out = &g->generate_problems;
   std::vector<Run> runs;
   // Reused for every slice: a Box or Placement is hundreds of bytes, cleared when declared.
   Box sb, b;
@@ -362,9 +362,11 @@ void Planner::Generate() {
     plan_.fanout_dsts.insert(plan_.fanout_dsts.end(), g.fanout_dsts.begin(), g.fanout_dsts.end());
     std::vector<Destination>().swap(g.fanout_dsts);
   }
-  for (int32_t n : dst_names_) {
-    for (DstClass& cls : infos_[n].classes) {
-      if (cls.fanout >= 0) cls.fanout += fanout_offset[infos_[n].shard];
+  for (GenShard& g : shards) {
+    for (size_t k = g.begin; k < g.end; ++k) {
+      for (DstClass& cls : infos_[dst_names_[k]].classes) {
+        if (cls.fanout >= 0) cls.fanout += fanout_offset[g.index];
+      }
     }
   }
   // Counts become first positions: per sender, key by key, shard by shard. The senders' lists
@@ -385,9 +387,11 @@ void Planner::Generate() {
     plan_.ops[a].resize(total);
   });
   ParallelFor(shards.size(), threads, [&](uint64_t i) { GenerateShard(&shards[i]); });
-  // Problems and balancing choices in shard order (= name order).
+  // Problems as one pass would list them (grouping's for every name, then generation's) and
+  // balancing choices in name order, whatever the thread count.
+  for (GenShard& g : shards) problems_.Merge(g.problems);
   for (GenShard& g : shards) {
-    problems_.Merge(g.problems);
+    problems_.Merge(g.generate_problems);
     pending_.insert(pending_.end(), g.pending.begin(), g.pending.end());
     std::vector<PendingChoice>().swap(g.pending);
   }

@@ -66,7 +66,6 @@ struct NameInfo {
   int32_t scale_name = -1;
   int32_t phase = 0;
   std::vector<DstClass> classes;  // set by GroupDestinations, in info.dst order of leaders
-  int32_t shard = 0;              // the generation shard that planned it
 };
 
 // An op whose source range several holders (replicas) have; chosen when balancing.
@@ -96,7 +95,8 @@ struct GenShard {
   // then the position in the sender's list of its next op.
   std::vector<std::vector<uint64_t>> slot;
   std::vector<PendingChoice> pending;
-  Problems problems;
+  Problems problems;           // while grouping (FP8 entry checks)
+  Problems generate_problems;  // while generating (FP8 blocks split by a source)
 };
 
 inline uint64_t Mix(uint64_t h, uint64_t v) {

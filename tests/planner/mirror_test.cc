@@ -243,3 +243,73 @@ TEST_CASE("mirror: malformed mirrors are refused naming the agent") {
     CHECK_THAT(std::string(unfolded.status().message()), Catch::Contains(b.expect));
   }
 }
+
+TEST_CASE("threads: a refused plan lists the same problems on any thread count") {
+  TrainerOptions tr;
+  tr.ranks = 2, tr.gpus_per_agent = 2;  // slices of 256+ rows
+  InferenceOptions inf;
+  inf.tp = 2, inf.gpus = 4, inf.gpus_per_agent = 2;
+  auto agents = BuildLayouts(SmallMoe(), tr, inf);
+  REQUIRE(agents.ok());
+  // Generation-time problems: every gate_proj source slice of 256+ rows split after 64 rows
+  // (the slices still tile, but each cuts an FP8 block of its destination).
+  int split = 0;
+  for (AgentLayout& a : *agents) {
+    std::vector<TensorEntry> out;
+    for (const TensorEntry& e : a.tensors) {
+      if (e.owner.role != Role::kTrainer || e.name.str().find("gate_proj") == std::string::npos ||
+          e.shard.empty() || e.shard[0].size < 256) {
+        out.push_back(e);
+        continue;
+      }
+      TensorEntry head = e, tail = e;
+      const uint64_t row_bytes = e.region_bytes / static_cast<uint64_t>(e.shard[0].size);
+      head.shard[0].size = 64;
+      head.region_bytes = 64 * row_bytes;
+      tail.shard[0].start += 64;
+      tail.shard[0].size -= 64;
+      tail.region_bytes -= head.region_bytes;
+      tail.region = e.region + 100000;
+      out.push_back(head);
+      out.push_back(tail);
+      ++split;
+    }
+    a.tensors = std::move(out);
+  }
+  REQUIRE(split > 0);
+  // Grouping-time problems, in the first and the last layer (so in the first and the last
+  // shard): two ranks' FP8 scale shards of o_proj swapped (each still tiles its replica, but
+  // no longer matches its weight's blocks).
+  int swapped = 0;
+  for (const char* name : {"model.layers.0.self_attn.o_proj.weight_scale_inv",
+                           "model.layers.1.self_attn.o_proj.weight_scale_inv"}) {
+    bool done = false;
+    for (AgentLayout& a : *agents) {
+      TensorEntry* first = nullptr;
+      for (TensorEntry& e : a.tensors) {
+        if (done || e.name.str() != name) continue;
+        if (first == nullptr) {
+          first = &e;
+        } else if (FormatSlice(first->shard, first->shape) != FormatSlice(e.shard, e.shape)) {
+          std::swap(first->shard, e.shard);
+          done = true;
+        }
+      }
+    }
+    swapped += done;
+  }
+  REQUIRE(swapped == 2);
+  std::string one;
+  for (int threads : {1, 2, 3, 8}) {
+    INFO("threads " << threads);
+    auto plan = BuildPlan(*agents, Fused(threads));
+    REQUIRE_FALSE(plan.ok());
+    const std::string text(plan.status().message());
+    if (threads == 1) {
+      one = text;
+      CHECK_THAT(one, Catch::Contains("splitting the 128-row block"));
+      CHECK_THAT(one, Catch::Contains("holds blocks"));
+    }
+    CHECK(text == one);
+  }
+}
