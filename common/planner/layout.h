@@ -100,8 +100,8 @@ struct AgentLayout {
   bool IsMirror() const { return mirror.of >= 0; }
 };
 
-// Agent `a`'s entries, mirrors included. The template of a mirror is checked by the planner
-// (CheckMirrors): a valid mirror's template is not itself a mirror.
+// Agent `a`'s entries, mirrors included. These readers and UnfoldMirrors expect valid mirrors
+// (MirrorProblem empty, as BuildPlan checks first): a template in range, not itself a mirror.
 inline const AgentLayout& EntryHolder(const std::vector<AgentLayout>& agents, int32_t a) {
   return agents[a].IsMirror() ? agents[agents[a].mirror.of] : agents[a];
 }

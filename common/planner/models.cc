@@ -67,32 +67,26 @@ struct AgentBuilder {
   // The agent holding global GPU `gpu` of the side, created on first use.
   int For(int gpu) {
     const size_t node = static_cast<size_t>(gpu / gpus_per_agent);
-    if (node >= node_agent.size()) node_agent.resize(node + 1, -1);
-    if (node_agent[node] < 0) {
-      node_agent[node] = static_cast<int>(agents->size());
-      AgentLayout a;
-      char buf[64];
-      std::snprintf(buf, sizeof(buf), "%s-%04zu", prefix, node);
-      a.name = buf;
-      for (int k = 0; k < nics; ++k) a.nics.push_back(Nic{absl::StrCat("mlx5_", k), gbps});
-      agents->push_back(std::move(a));
-      next_region.resize(agents->size(), 1);
-    }
+    if (node >= node_agent.size() || node_agent[node] < 0) Add(node, Mirror{});
     return node_agent[node];
   }
 
-  // Node `node` repeats node `of` (created already) for replicas shifted by `delta`.
+  // Node `node` repeats node `of` (created already) for replicas shifted by `delta`, in the
+  // same region ids: they are numbered per agent alike.
   void AddMirror(size_t node, size_t of, int32_t delta) {
-    const AgentLayout& t = (*agents)[node_agent[of]];
+    Add(node, Mirror{node_agent[of], delta, {}});
+  }
+
+  // Creates node `node`'s agent (a mirror when mirror.of >= 0).
+  void Add(size_t node, Mirror mirror) {
+    if (node >= node_agent.size()) node_agent.resize(node + 1, -1);
+    node_agent[node] = static_cast<int>(agents->size());
     AgentLayout a;
     char buf[64];
     std::snprintf(buf, sizeof(buf), "%s-%04zu", prefix, node);
     a.name = buf;
-    a.nics = t.nics;
-    a.mirror.of = node_agent[of];
-    a.mirror.replica_delta = delta;  // same region ids: they are numbered per agent alike
-    if (node >= node_agent.size()) node_agent.resize(node + 1, -1);
-    node_agent[node] = static_cast<int>(agents->size());
+    for (int k = 0; k < nics; ++k) a.nics.push_back(Nic{absl::StrCat("mlx5_", k), gbps});
+    a.mirror = std::move(mirror);
     agents->push_back(std::move(a));
     next_region.resize(agents->size(), 1);
   }

@@ -201,7 +201,11 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<AgentLayout>& agents, const Pla
   if (!options.fan_out && std::any_of(agents.begin(), agents.end(),
                                       [](const AgentLayout& a) { return a.IsMirror(); })) {
     const std::string problem = MirrorProblem(agents);
-    if (!problem.empty()) return absl::InvalidArgumentError(problem);
+    if (!problem.empty()) {  // the same refusal as with fan-out
+      Problems problems;
+      problems.Add(problem);
+      return problems.ToStatus();
+    }
     const std::vector<AgentLayout> full = UnfoldMirrors(agents);
     return internal::Planner(full, options).Build();
   }

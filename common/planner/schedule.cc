@@ -166,6 +166,11 @@ void Planner::Finish() {
 
   std::vector<uint64_t> name_hash(names_.size());
   for (size_t n = 0; n < names_.size(); ++n) name_hash[n] = HashString(names_[n]);
+  // An entry's identity in the hash: name, region, replica, rank (never input positions).
+  auto entry_hash = [&](int32_t name, uint64_t region, int32_t replica, int32_t rank) {
+    const uint64_t h = Mix(name < 0 ? 0 : name_hash[name], region);
+    return Mix(Mix(h, replica), rank);
+  };
   std::vector<uint64_t> agent_hash(na);
   std::vector<std::vector<uint64_t>> tensor_hash(na);
   // One agent per unit on every thread: each writes only its own entries and devices (its
@@ -180,9 +185,7 @@ void Planner::Finish() {
       bool src = e.owner.role == Role::kTrainer;
       (src ? sends : receives)[a] = 1;
       (src ? dev_src : dev_dst)[tensor_dev_[a][t]] = 1;
-      int32_t name = tensor_name_[a][t];
-      uint64_t h = Mix(name < 0 ? 0 : name_hash[name], e.region);
-      tensor_hash[a][t] = Mix(Mix(h, e.owner.replica), e.owner.rank);
+      tensor_hash[a][t] = entry_hash(tensor_name_[a][t], e.region, e.owner.replica, e.owner.rank);
     }
   });
   for (size_t a = 0; a < na; ++a) {
@@ -201,10 +204,9 @@ void Planner::Finish() {
   }
   auto tensor_hash_of = [&](int32_t a, int32_t t) -> uint64_t {
     if (!IsMirror(a)) return tensor_hash[a][t];
-    const int32_t name = tensor_name_[HolderIndex(a)][t];
     const TensorEntry& e = E(a, t);
-    uint64_t h = Mix(name < 0 ? 0 : name_hash[name], EntryRegion(agents_, a, t));
-    return Mix(Mix(h, e.owner.replica + delta_[a]), e.owner.rank);
+    return entry_hash(tensor_name_[HolderIndex(a)][t], EntryRegion(agents_, a, t),
+                      e.owner.replica + delta_[a], e.owner.rank);
   };
   // Fan-out groups: a hash over their destinations; bytes and ops they receive, per group,
   // handed to each member after the pass over the ops.
