@@ -50,6 +50,12 @@ bool SocketAlive(const std::string& path) {
   return alive;
 }
 
+absl::Status NoOtherAgentOn(const std::string& path) {
+  if (!SocketAlive(path)) return absl::OkStatus();
+  return absl::AlreadyExistsError(
+      absl::StrCat("another wb-agent is already serving ", path, "; stop it or set local_socket"));
+}
+
 }  // namespace
 
 AgentNode::AgentNode(config::AgentConfig config) : config_(std::move(config)) {
@@ -82,10 +88,7 @@ absl::Status AgentNode::CreateTransports() {
 
 absl::Status AgentNode::BindLocalSocket() {
   const std::string& path = config_.local_socket;
-  if (SocketAlive(path)) {
-    return absl::AlreadyExistsError(absl::StrCat("another wb-agent is already serving ", path,
-                                                 "; stop it or set local_socket"));
-  }
+  if (auto s = NoOtherAgentOn(path); !s.ok()) return s;
   unlink(path.c_str());  // a stale socket from an agent that died
   auto slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) mkdir(path.substr(0, slash).c_str(), 0755);
@@ -218,7 +221,8 @@ absl::Status AgentNode::Start() {
   if (auto s = StartMetrics(); !s.ok()) return s;
   if (auto s = StartStorage(); !s.ok()) return s;
 
-  if (auto s = BindLocalSocket(); !s.ok()) return s;
+  // Refuse a second agent on this socket before taking any port, with the clearer message.
+  if (auto s = NoOtherAgentOn(config_.local_socket); !s.ok()) return s;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config_.listen, *server_credentials, &agent_port_);
   builder.RegisterService(agent_service_.get());
@@ -228,6 +232,8 @@ absl::Status AgentNode::Start() {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", config_.listen, " for the Agent service"));
   }
+  // The Local socket appears last: once it exists, the Agent service already answers.
+  if (auto s = BindLocalSocket(); !s.ok()) return s;
   link_ = std::make_unique<ControllerLink>(
       config_.controller, config_.heartbeat_interval_ms, [this] { return Info(); },
       [this] { return Layout(); }, [this] { return registry_->generation(); }, *channels);
