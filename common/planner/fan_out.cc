@@ -1,9 +1,11 @@
 // Planner step before generation: FP8 checks of every destination entry, and destination
 // classes. Entries of one name with the same geometry (box, place in their buffer, scale place)
 // receive exactly the same ops up to the destination, so they are planned once and the op fans
-// out to all of them: typically the same rank of every inference replica. This keeps the plan
-// (and the time to build it) proportional to source slices x distinct destination shards
-// instead of x receivers.
+// out to all of them: typically the same rank of every inference replica. Classes that differ
+// only in their columns (tensor-parallel siblings of a row-parallel weight) share the op too
+// when every source slice holds whole rows: a sibling reads the same rows at other columns.
+// This keeps the plan (and the time to build it) proportional to source slices x distinct
+// row ranges instead of x receivers.
 #include <algorithm>
 #include <cstring>
 
@@ -56,6 +58,26 @@ uint64_t HashGeometry(const Geometry& g) {
 
 }  // namespace
 
+int64_t Planner::SiblingElemBytes(int32_t n) const {
+  const NameInfo& info = infos_[n];
+  if (E(info.dst[0]).shape.size() != 2) return 0;
+  // Fused along columns, a sibling's columns would come from other parts.
+  if (info.fusion_dim != 0 && (info.parts.size() != 1 || info.parts[0].offset != 0)) return 0;
+  for (const Part& part : info.parts) {
+    const NameInfo& src = infos_[part.src_name];
+    if (src.src.empty()) return 0;
+    const int64_t cols = E(src.src[0]).shape.size() == 2 ? E(src.src[0]).shape[1] : -1;
+    for (int32_t k = src.slice_begin; k < src.slice_begin + src.slice_count; ++k) {
+      const Slice& slice = slices_[k];
+      // One holder: a choice between replicas is made per op, and siblings share theirs.
+      if (slice.ndim != 2 || slice.start1 != 0 || slice.size1 != cols || slice.holder_count != 1) {
+        return 0;
+      }
+    }
+  }
+  return static_cast<int64_t>(DTypeBytes(E(infos_[info.parts[0].src_name].src[0]).dtype));
+}
+
 void Planner::GroupDestinations(GenShard* g) {
   Problems* out = &g->problems;
   std::vector<Geometry> geo;
@@ -63,7 +85,10 @@ void Planner::GroupDestinations(GenShard* g) {
   std::vector<std::pair<uint64_t, uint32_t>> order;  // (geometry hash, position in info.dst)
   std::vector<int32_t> class_of;
   std::vector<std::vector<uint32_t>> members;
-  std::vector<Destination> group;
+  std::vector<Destination> group, groups;  // groups: every class's, in class order
+  std::vector<uint32_t> leaders, group_begin;
+  std::vector<int32_t> sibling_of;
+  std::vector<int64_t> shifted;  // per class: its leader's first column
   for (size_t position = g->begin; position < g->end; ++position) {
     const int32_t n = dst_names_[position];
     NameInfo& info = infos_[n];
@@ -121,26 +146,67 @@ void Planner::GroupDestinations(GenShard* g) {
     // in increasing position, so the leader is the front. A member's mirrors (the same entry
     // on agents repeating its agent for other replicas) join its class: their geometry is its.
     bool mirrored = false;
+    leaders.clear();
+    group_begin.assign(1, 0);
+    groups.clear();
     for (size_t i = 0; i < count; ++i) {
       std::vector<uint32_t>& m = members[class_of[i]];
       if (m.empty() || m.front() != i) continue;  // not the leader, or already emitted
-      group.clear();
+      const size_t begin = groups.size();
       bool has_mirrors = false;
       for (uint32_t k : m) {
         const EntryRef r = info.dst[k];
-        group.push_back(Destination{r.agent, r.tensor, scale[k]});
+        groups.push_back(Destination{r.agent, r.tensor, scale[k]});
         for (int32_t mirror : mirrors_[r.agent]) {
-          group.push_back(Destination{mirror, r.tensor, scale[k]});
+          groups.push_back(Destination{mirror, r.tensor, scale[k]});
           has_mirrors = true;
         }
       }
       auto less = [&](const Destination& a, const Destination& b) {
         return DstLess(EntryRef{a.agent, a.tensor}, EntryRef{b.agent, b.tensor});
       };
-      if (has_mirrors && !std::is_sorted(group.begin(), group.end(), less)) {
-        std::stable_sort(group.begin(), group.end(), less);
+      if (has_mirrors && !std::is_sorted(groups.begin() + begin, groups.end(), less)) {
+        std::stable_sort(groups.begin() + begin, groups.end(), less);
       }
       mirrored |= has_mirrors;
+      leaders.push_back(i);
+      group_begin.push_back(static_cast<uint32_t>(groups.size()));
+      m.clear();
+    }
+    // Tensor-parallel siblings (the same rows, other columns) share one op when every source
+    // slice holds whole rows: their ops differ only by where they start in the source.
+    const int64_t elem = SiblingElemBytes(n);
+    sibling_of.assign(leaders.size(), -1);
+    shifted.assign(leaders.size(), 0);
+    if (elem > 0) {
+      for (size_t c = 0; c < leaders.size(); ++c) {
+        Geometry& key = geo[leaders[c]];
+        shifted[c] = key.box.start[1];
+        key.box.start[1] = key.place.held.start[1] = 0;
+        if (fp8) key.scale.held.start[1] = 0;
+      }
+      for (size_t c = 0; c < leaders.size(); ++c) {
+        if (sibling_of[c] >= 0) continue;
+        for (size_t d = c + 1; d < leaders.size(); ++d) {
+          const int64_t shift = (shifted[d] - shifted[c]) * elem;
+          if (sibling_of[d] < 0 && shift >= INT32_MIN && shift <= INT32_MAX &&
+              SameGeometry(geo[leaders[c]], geo[leaders[d]])) {
+            sibling_of[d] = static_cast<int32_t>(c);
+          }
+        }
+      }
+    }
+    for (size_t c = 0; c < leaders.size(); ++c) {
+      if (sibling_of[c] >= 0) continue;  // joined the op of an earlier sibling
+      group.assign(groups.begin() + group_begin[c], groups.begin() + group_begin[c + 1]);
+      for (size_t d = c + 1; d < leaders.size(); ++d) {
+        if (sibling_of[d] != static_cast<int32_t>(c)) continue;
+        const int32_t shift = static_cast<int32_t>((shifted[d] - shifted[c]) * elem);
+        for (uint32_t k = group_begin[d]; k < group_begin[d + 1]; ++k) {
+          group.push_back(groups[k]);
+          group.back().src_shift = shift;
+        }
+      }
       int32_t fanout = -1;
       if (group.size() > 1) {  // numbered within the shard; Generate renumbers
         fanout = static_cast<int32_t>(g->fanout_sizes.size());
@@ -149,7 +215,6 @@ void Planner::GroupDestinations(GenShard* g) {
       }
       info.classes.push_back(
           DstClass{EntryRef{group[0].agent, group[0].tensor}, group[0].scale_tensor, fanout});
-      m.clear();
     }
     // With mirrors a class's first member may be a mirror's entry: keep the classes in the
     // order of their first members, as for the unfolded layouts.

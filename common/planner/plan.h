@@ -27,6 +27,8 @@ struct PlanOptions {
   // destination class instead of one per receiver. false: one op per destination entry, as
   // before (the byte-comparison test plans both ways). Executed ops, bytes, statistics and the
   // cost model are the same either way; only the plan's memory and the time to build it drop.
+  // Tensor-parallel siblings (the same rows, other columns) join one op too when their source
+  // slices hold whole rows on one holder each: each reads its own columns (src_shift).
   bool fan_out = true;
   // Threads for generating ops (the same plan for any count); 0: the machine's cores, at
   // most 8.
@@ -76,11 +78,15 @@ static_assert(sizeof(PlannedOp) <= 96, "plans hold millions of ops: keep an op s
 // One sender's ops, in execution order.
 using OpList = std::vector<PlannedOp>;
 
-// One destination of a fan-out op: the receiving agent, its tensor and (FP8) scale tensor.
+// One destination of a fan-out op: the receiving agent, its tensor and (FP8) scale tensor, and
+// where its bytes start in the source relative to the op's: 0 for a replica of the first
+// destination; for a tensor-parallel sibling (the same rows, other columns of a source that
+// holds whole rows) the column distance in source bytes.
 struct Destination {
   int32_t agent = -1;
   int32_t tensor = -1;
   int32_t scale_tensor = -1;
+  int32_t src_shift = 0;
 };
 
 // Bytes and ops per agent (as sender and as receiver), per device, and the cost model's view.
@@ -117,8 +123,9 @@ struct Plan {
 };
 
 // Calls fn(const PlannedOp&) for every op `agent` executes, in execution order: each fan-out
-// op once per destination, with dst_agent / dst_tensor / scale_tensor set to that destination
-// and fanout = -1. This is the per-destination plan the executor runs.
+// op once per destination, with dst_agent / dst_tensor / scale_tensor set to that destination,
+// src_offset shifted by its src_shift, and fanout = -1. This is the per-destination plan the
+// executor runs.
 template <typename Fn>
 void ForEachExecutedOp(const Plan& plan, int32_t agent, Fn&& fn) {
   for (const PlannedOp& op : plan.ops[agent]) {
@@ -133,6 +140,7 @@ void ForEachExecutedOp(const Plan& plan, int32_t agent, Fn&& fn) {
       one.dst_agent = d.agent;
       one.dst_tensor = d.tensor;
       one.scale_tensor = d.scale_tensor;
+      one.src_offset = op.src_offset + d.src_shift;
       fn(static_cast<const PlannedOp&>(one));
     }
   }

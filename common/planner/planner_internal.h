@@ -297,6 +297,9 @@ class Planner {
   // Checks every FP8 destination entry and groups each name's destination entries into
   // classes of identical geometry (one class per entry unless options_.fan_out).
   void GroupDestinations(GenShard* g);
+  // The source's element size when name n's tensor-parallel siblings can share ops (2-D, every
+  // source slice holds whole rows and has one holder, no fusion along columns), else 0.
+  int64_t SiblingElemBytes(int32_t n) const;
 
   // Counts the shard's single-holder ops per sender and order key into g->slot.
   void CountShard(GenShard* g, size_t nkeys);

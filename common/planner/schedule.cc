@@ -223,6 +223,7 @@ void Planner::Finish() {
         gh = Mix(gh, agent_hash[d.agent]);
         gh = Mix(gh, tensor_hash_of(d.agent, d.tensor));
         gh = Mix(gh, d.scale_tensor >= 0 ? tensor_hash_of(d.agent, d.scale_tensor) : 0);
+        if (d.src_shift != 0) gh = Mix(gh, static_cast<uint64_t>(int64_t{d.src_shift}));
       }
       group_hash[g] = gh;
     }
