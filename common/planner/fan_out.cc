@@ -87,6 +87,7 @@ void Planner::GroupDestinations(GenShard* g) {
   std::vector<std::vector<uint32_t>> members;
   std::vector<Destination> group, groups;  // groups: every class's, in class order
   std::vector<uint32_t> leaders, group_begin;
+  std::vector<char> alone;  // per class: its mirrors' entries each follow their template's
   std::vector<int32_t> sibling_of;
   std::vector<int64_t> shifted;  // per class: its leader's first column
   for (size_t position = g->begin; position < g->end; ++position) {
@@ -147,6 +148,7 @@ void Planner::GroupDestinations(GenShard* g) {
     // on agents repeating its agent for other replicas) join its class: their geometry is its.
     bool mirrored = false;
     leaders.clear();
+    alone.clear();
     group_begin.assign(1, 0);
     groups.clear();
     for (size_t i = 0; i < count; ++i) {
@@ -165,10 +167,15 @@ void Planner::GroupDestinations(GenShard* g) {
       auto less = [&](const Destination& a, const Destination& b) {
         return DstLess(EntryRef{a.agent, a.tensor}, EntryRef{b.agent, b.tensor});
       };
+      // In canonical order each entry is followed by its mirrors (the usual case): the group
+      // can list the entry alone (Plan::fanout_mirrored).
+      bool listed_alone = has_mirrors;
       if (has_mirrors && !std::is_sorted(groups.begin() + begin, groups.end(), less)) {
         std::stable_sort(groups.begin() + begin, groups.end(), less);
+        listed_alone = false;
       }
       mirrored |= has_mirrors;
+      alone.push_back(listed_alone);
       leaders.push_back(i);
       group_begin.push_back(static_cast<uint32_t>(groups.size()));
       m.clear();
@@ -198,20 +205,30 @@ void Planner::GroupDestinations(GenShard* g) {
     }
     for (size_t c = 0; c < leaders.size(); ++c) {
       if (sibling_of[c] >= 0) continue;  // joined the op of an earlier sibling
-      group.assign(groups.begin() + group_begin[c], groups.begin() + group_begin[c + 1]);
+      // The op's classes: c and its siblings, each with its column shift.
+      bool all_alone = alone[c];
       for (size_t d = c + 1; d < leaders.size(); ++d) {
-        if (sibling_of[d] != static_cast<int32_t>(c)) continue;
+        if (sibling_of[d] == static_cast<int32_t>(c)) all_alone = all_alone && alone[d];
+      }
+      group.clear();
+      uint32_t executed = 0;
+      for (size_t d = c; d < leaders.size(); ++d) {
+        if (d != c && sibling_of[d] != static_cast<int32_t>(c)) continue;
         const int32_t shift = static_cast<int32_t>((shifted[d] - shifted[c]) * elem);
+        executed += group_begin[d + 1] - group_begin[d];
         for (uint32_t k = group_begin[d]; k < group_begin[d + 1]; ++k) {
+          if (all_alone && IsMirror(groups[k].agent)) continue;  // executed after its entry
           group.push_back(groups[k]);
           group.back().src_shift = shift;
         }
       }
       int32_t fanout = -1;
-      if (group.size() > 1) {  // numbered within the shard; Generate renumbers
+      if (executed > 1) {  // numbered within the shard; Generate renumbers
         fanout = static_cast<int32_t>(g->fanout_sizes.size());
         g->fanout_dsts.insert(g->fanout_dsts.end(), group.begin(), group.end());
         g->fanout_sizes.push_back(static_cast<uint32_t>(group.size()));
+        g->fanout_mirrored.push_back(all_alone ? 1 : 0);
+        g->fanout_executed.push_back(executed);
       }
       info.classes.push_back(
           DstClass{EntryRef{group[0].agent, group[0].tensor}, group[0].scale_tensor, fanout});

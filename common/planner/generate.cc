@@ -353,6 +353,8 @@ void Planner::Generate() {
   // Fan-out groups numbered after the previous shards'.
   plan_.fanout_begin.assign(1, 0);
   plan_.fanout_dsts.clear();
+  plan_.fanout_mirrored.clear();
+  plan_.fanout_size.clear();
   std::vector<int32_t> fanout_offset;
   for (GenShard& g : shards) {
     fanout_offset.push_back(static_cast<int32_t>(plan_.fanout_begin.size() - 1));
@@ -360,6 +362,10 @@ void Planner::Generate() {
       plan_.fanout_begin.push_back(plan_.fanout_begin.back() + size);
     }
     plan_.fanout_dsts.insert(plan_.fanout_dsts.end(), g.fanout_dsts.begin(), g.fanout_dsts.end());
+    plan_.fanout_mirrored.insert(plan_.fanout_mirrored.end(), g.fanout_mirrored.begin(),
+                                 g.fanout_mirrored.end());
+    plan_.fanout_size.insert(plan_.fanout_size.end(), g.fanout_executed.begin(),
+                             g.fanout_executed.end());
     std::vector<Destination>().swap(g.fanout_dsts);
   }
   for (GenShard& g : shards) {

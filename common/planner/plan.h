@@ -116,11 +116,34 @@ struct Plan {
   uint64_t hash = 0;
   std::string hash_hex;  // 16 hex digits
   PlanStats stats;
-  // Fan-out op destinations: group g is fanout_dsts[fanout_begin[g], fanout_begin[g + 1]),
-  // in canonical order (agent name, replica, rank).
+  // Fan-out op destinations: group g lists fanout_dsts[fanout_begin[g], fanout_begin[g + 1]).
+  // Executed in canonical order (replica, rank, agent): ForEachDestination. When
+  // fanout_mirrored[g], each listed destination stands for itself followed by the same tensor
+  // on each of its agent's replica mirrors (`mirrors`): a template's destination is listed once
+  // instead of once per replica.
   std::vector<uint32_t> fanout_begin;
   std::vector<Destination> fanout_dsts;
+  std::vector<uint8_t> fanout_mirrored;  // per group
+  std::vector<uint32_t> fanout_size;     // per group: destinations executed
+  // Per input agent: the agents that are its replica mirrors (layout.h), in canonical order.
+  std::vector<std::vector<int32_t>> mirrors;
 };
+
+// Calls fn(const Destination&) for each destination of fan-out group `g`, in execution order.
+template <typename Fn>
+void ForEachDestination(const Plan& plan, int32_t g, Fn&& fn) {
+  const bool mirrored = plan.fanout_mirrored[g] != 0;
+  for (uint32_t i = plan.fanout_begin[g]; i < plan.fanout_begin[g + 1]; ++i) {
+    const Destination& d = plan.fanout_dsts[i];
+    fn(d);
+    if (!mirrored) continue;
+    Destination copy = d;
+    for (int32_t m : plan.mirrors[d.agent]) {
+      copy.agent = m;
+      fn(static_cast<const Destination&>(copy));
+    }
+  }
+}
 
 // Calls fn(const PlannedOp&) for every op `agent` executes, in execution order: each fan-out
 // op once per destination, with dst_agent / dst_tensor / scale_tensor set to that destination,
@@ -135,14 +158,13 @@ void ForEachExecutedOp(const Plan& plan, int32_t agent, Fn&& fn) {
     }
     PlannedOp one = op;
     one.fanout = -1;
-    for (uint32_t i = plan.fanout_begin[op.fanout]; i < plan.fanout_begin[op.fanout + 1]; ++i) {
-      const Destination& d = plan.fanout_dsts[i];
+    ForEachDestination(plan, op.fanout, [&](const Destination& d) {
       one.dst_agent = d.agent;
       one.dst_tensor = d.tensor;
       one.scale_tensor = d.scale_tensor;
       one.src_offset = op.src_offset + d.src_shift;
       fn(static_cast<const PlannedOp&>(one));
-    }
+    });
   }
 }
 

@@ -42,6 +42,7 @@ bool Planner::IndexMirrors() {
     delta_[a] = agents_[a].mirror.replica_delta;
     mirrors_[of].push_back(static_cast<int32_t>(a));
   }
+  plan_.mirrors = mirrors_;  // fan-out groups list a template's entry for its mirrors too
   return true;
 }
 

@@ -3,7 +3,10 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -89,8 +92,10 @@ struct CheckShard {
 struct GenShard {
   int32_t index = 0;
   size_t begin = 0, end = 0;
-  std::vector<uint32_t> fanout_sizes;  // members per group
+  std::vector<uint32_t> fanout_sizes;  // members listed per group
   std::vector<Destination> fanout_dsts;
+  std::vector<uint8_t> fanout_mirrored;   // per group (Plan::fanout_mirrored)
+  std::vector<uint32_t> fanout_executed;  // per group: destinations executed
   // Per sender (empty when the shard gives it nothing), per order key: the shard's op count,
   // then the position in the sender's list of its next op.
   std::vector<std::vector<uint64_t>> slot;
@@ -327,7 +332,7 @@ class Planner {
 
   // How many destinations an op is executed for (1 unless it fans out).
   uint32_t Fanout(const PlannedOp& op) const {
-    return op.fanout < 0 ? 1 : plan_.fanout_begin[op.fanout + 1] - plan_.fanout_begin[op.fanout];
+    return op.fanout < 0 ? 1 : plan_.fanout_size[op.fanout];
   }
 
   // Bytes-equivalent cost of an op on a sender (the per-op overhead at the NIC's rate), for

@@ -217,14 +217,13 @@ void Planner::Finish() {
   ParallelFor((ngroups + kGroupsPerUnit - 1) / kGroupsPerUnit, Threads(), [&](uint64_t unit) {
     const size_t end = std::min(ngroups, (unit + 1) * kGroupsPerUnit);
     for (size_t g = unit * kGroupsPerUnit; g < end; ++g) {
-      uint64_t gh = Mix(0, plan_.fanout_begin[g + 1] - plan_.fanout_begin[g]);
-      for (uint32_t i = plan_.fanout_begin[g]; i < plan_.fanout_begin[g + 1]; ++i) {
-        const Destination& d = plan_.fanout_dsts[i];
+      uint64_t gh = Mix(0, plan_.fanout_size[g]);
+      ForEachDestination(plan_, g, [&](const Destination& d) {
         gh = Mix(gh, agent_hash[d.agent]);
         gh = Mix(gh, tensor_hash_of(d.agent, d.tensor));
         gh = Mix(gh, d.scale_tensor >= 0 ? tensor_hash_of(d.agent, d.scale_tensor) : 0);
         if (d.src_shift != 0) gh = Mix(gh, static_cast<uint64_t>(int64_t{d.src_shift}));
-      }
+      });
       group_hash[g] = gh;
     }
   });
@@ -292,10 +291,9 @@ void Planner::Finish() {
   }
   for (size_t g = 0; g < ngroups; ++g) {
     if (group_ops[g] == 0) continue;
-    for (uint32_t i = plan_.fanout_begin[g]; i < plan_.fanout_begin[g + 1]; ++i) {
-      receive(plan_.fanout_dsts[i].agent, plan_.fanout_dsts[i].tensor, group_bytes[g],
-              group_ops[g]);
-    }
+    ForEachDestination(plan_, static_cast<int32_t>(g), [&](const Destination& d) {
+      receive(d.agent, d.tensor, group_bytes[g], group_ops[g]);
+    });
   }
   plan_.hash = h;
   char buf[17];

@@ -4,6 +4,7 @@
 // on each 128x128 block's amax, so any change of block grouping shows) and every destination
 // byte is compared. Layouts: dense Qwen3 with fused qkv / gate_up (BF16 and FP8), a Qwen3-MoE
 // with TP / EP on both sides, a DeepSeek (MLA, replicated tensors) and vLLM engine views.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -213,6 +214,9 @@ void CompareBothWays(const std::vector<AgentLayout>& agents, PlanOptions options
     auto mirrored = BuildPlan(folded, options);
     REQUIRE(mirrored.ok());
     CHECK(mirrored->hash == coarse->hash);
+    // Groups list a template's entry once for its mirrors (Plan::fanout_mirrored).
+    CHECK(std::count(mirrored->fanout_mirrored.begin(), mirrored->fanout_mirrored.end(), 1) > 0);
+    CHECK(mirrored->fanout_dsts.size() < coarse->fanout_dsts.size());
     CHECK(mirrored->stats.total_ops == fine->stats.total_ops);
     const Buffers m = Apply(agents, *mirrored, sources);
     uint64_t mirror_differing = 0;
