@@ -167,9 +167,12 @@ void Planner::Finish() {
   std::vector<uint64_t> name_hash(names_.size());
   for (size_t n = 0; n < names_.size(); ++n) name_hash[n] = HashString(names_[n]);
   // An entry's identity in the hash: name, region, replica, rank (never input positions).
+  // Linear in region and replica, so a mirror's entry hash follows from its template's with
+  // two multiply-adds (Kimi-K2 TP 8 hashes 14 M executed destinations, most of them mirrors').
+  constexpr uint64_t kRegionK = 0x9e3779b97f4a7c15ULL, kReplicaK = 0xc2b2ae3d27d4eb4fULL;
   auto entry_hash = [&](int32_t name, uint64_t region, int32_t replica, int32_t rank) {
-    const uint64_t h = Mix(name < 0 ? 0 : name_hash[name], region);
-    return Mix(Mix(h, replica), rank);
+    return Mix(name < 0 ? 0 : name_hash[name], static_cast<uint64_t>(rank)) + region * kRegionK +
+           static_cast<uint64_t>(int64_t{replica}) * kReplicaK;
   };
   std::vector<uint64_t> agent_hash(na);
   std::vector<std::vector<uint64_t>> tensor_hash(na);
@@ -204,9 +207,10 @@ void Planner::Finish() {
   }
   auto tensor_hash_of = [&](int32_t a, int32_t t) -> uint64_t {
     if (!IsMirror(a)) return tensor_hash[a][t];
-    const TensorEntry& e = E(a, t);
-    return entry_hash(tensor_name_[HolderIndex(a)][t], EntryRegion(agents_, a, t),
-                      e.owner.replica + delta_[a], e.owner.rank);
+    const int32_t of = HolderIndex(a);
+    const uint64_t region_shift = EntryRegion(agents_, a, t) - agents_[of].tensors[t].region;
+    return tensor_hash[of][t] + region_shift * kRegionK +
+           static_cast<uint64_t>(int64_t{delta_[a]}) * kReplicaK;
   };
   // Fan-out groups: a hash over their destinations; bytes and ops they receive, per group,
   // handed to each member after the pass over the ops.
@@ -219,81 +223,124 @@ void Planner::Finish() {
     for (size_t g = unit * kGroupsPerUnit; g < end; ++g) {
       uint64_t gh = Mix(0, plan_.fanout_size[g]);
       ForEachDestination(plan_, g, [&](const Destination& d) {
-        gh = Mix(gh, agent_hash[d.agent]);
-        gh = Mix(gh, tensor_hash_of(d.agent, d.tensor));
-        gh = Mix(gh, d.scale_tensor >= 0 ? tensor_hash_of(d.agent, d.scale_tensor) : 0);
-        if (d.src_shift != 0) gh = Mix(gh, static_cast<uint64_t>(int64_t{d.src_shift}));
+        uint64_t w = agent_hash[d.agent];
+        w = w * kPrime + tensor_hash_of(d.agent, d.tensor);
+        w = w * kPrime + (d.scale_tensor >= 0 ? tensor_hash_of(d.agent, d.scale_tensor) : 0);
+        w = w * kPrime + static_cast<uint64_t>(int64_t{d.src_shift});
+        gh = Mix(gh, w);
       });
       group_hash[g] = gh;
     }
   });
-  auto receive = [&](int32_t agent, int32_t tensor, uint64_t bytes, uint64_t ops) {
-    const int32_t dd = Dev(agent, tensor);
-    const double share = static_cast<double>(bytes) / dev_rail_count_[dd];
-    for (int k = 0; k < dev_rail_count_[dd]; ++k) {
-      recv_rail[rail_base_[agent] + dev_rail_first_[dd] + k * dev_rail_step_[dd]] += share;
-    }
-    s.recv_bytes[agent] += bytes;
-    s.recv_ops[agent] += ops;
-    dev_recv[dd] += bytes;
+  // The pass over the ops runs on every thread, senders in contiguous chunks of about equal
+  // op counts: a sender's rails, bytes and hash chain are its own; what receivers get is summed
+  // per chunk (integers: the same totals for any chunking) and fan-out groups' bytes atomically.
+  struct Received {
+    std::vector<uint64_t> bytes, ops, dev;
   };
+  const int threads = Threads();
+  std::vector<uint64_t> work(na);
+  for (size_t i = 0; i < na; ++i) work[i] = plan_.ops[plan_.agent_order[i]].size() + 1;
+  const auto chunks = SplitByWork(work, threads);
+  std::vector<Received> received(chunks.size());
+  for (Received& r : received) r.bytes.assign(na, 0), r.ops.assign(na, 0), r.dev.assign(nd, 0);
+  std::vector<uint64_t> chain(na);
+  auto receive = [&](Received* r, int32_t agent, int32_t tensor, uint64_t bytes, uint64_t ops) {
+    r->bytes[agent] += bytes;
+    r->ops[agent] += ops;
+    r->dev[Dev(agent, tensor)] += bytes;
+  };
+  ParallelFor(chunks.size(), threads, [&](uint64_t c) {
+    Received* r = &received[c];
+    for (size_t i = chunks[c].first; i < chunks[c].second; ++i) {
+      const int32_t a = plan_.agent_order[i];
+      uint64_t h = Mix(agent_hash[a], plan_.ops[a].size());
+      const int32_t rb = rail_base_[a];
+      for (PlannedOp& op : plan_.ops[a]) {
+        const uint64_t b = op.DstBytes();
+        const uint64_t fan = Fanout(op);
+        const int32_t sd = tensor_dev_[a][op.src_tensor];
+        int best = dev_rail_first_[sd];
+        for (int k = 1; k < dev_rail_count_[sd]; ++k) {
+          int rail = dev_rail_first_[sd] + k * dev_rail_step_[sd];
+          if (send_rail[rb + rail] < send_rail[rb + best]) best = rail;
+        }
+        op.rail = static_cast<int16_t>(best);
+        send_rail[rb + best] += b * fan;
+        send_rail_ops[rb + best] += fan;
+        if (op.fanout < 0) {
+          receive(r, op.dst_agent, op.dst_tensor, b, 1);
+        } else {
+          __atomic_fetch_add(&group_bytes[op.fanout], b, __ATOMIC_RELAXED);
+          __atomic_fetch_add(&group_ops[op.fanout], uint64_t{1}, __ATOMIC_RELAXED);
+        }
+        s.send_bytes[a] += b * fan;
+        s.send_ops[a] += fan;
+        dev_send[sd] += b * fan;
+
+        // Word-wise polynomial over the op's fields, mixed once per op. A fan-out op hashes its
+        // group's destinations instead of its first one.
+        uint64_t w = tensor_hash[a][op.src_tensor];
+        if (op.fanout < 0) {
+          w = w * kPrime + agent_hash[op.dst_agent];
+          w = w * kPrime + tensor_hash_of(op.dst_agent, op.dst_tensor);
+          w = w * kPrime +
+              (op.scale_tensor >= 0 ? tensor_hash_of(op.dst_agent, op.scale_tensor) : 0);
+        } else {
+          w = w * kPrime + group_hash[op.fanout];
+        }
+        w = w * kPrime + op.src_offset;
+        w = w * kPrime + op.src_stride;
+        w = w * kPrime + op.dst_offset;
+        w = w * kPrime + op.dst_stride;
+        w = w * kPrime + op.rows;
+        w = w * kPrime + op.row_elems;
+        w = w * kPrime + op.scale_offset;
+        w = w * kPrime + ((uint64_t{op.scale_stride} << 32) ^ (uint64_t{op.src_dtype} << 24) ^
+                          (uint64_t{op.dst_dtype} << 16) ^ (uint64_t{op.transform} << 8));
+        w = w * kPrime + ((uint64_t(uint16_t(op.rail)) << 16) | uint64_t(uint16_t(op.phase)));
+        h = Mix(h, w);
+      }
+      chain[a] = h;
+    }
+  });
   uint64_t h = Mix(0, plan_.phases);
   for (int32_t a : plan_.agent_order) {
-    h = Mix(Mix(h, agent_hash[a]), plan_.ops[a].size());
-    const int32_t rb = rail_base_[a];
-    for (PlannedOp& op : plan_.ops[a]) {
-      const uint64_t b = op.DstBytes();
-      const uint64_t fan = Fanout(op);
-      const int32_t sd = tensor_dev_[a][op.src_tensor];
-      int best = dev_rail_first_[sd];
-      for (int k = 1; k < dev_rail_count_[sd]; ++k) {
-        int r = dev_rail_first_[sd] + k * dev_rail_step_[sd];
-        if (send_rail[rb + r] < send_rail[rb + best]) best = r;
-      }
-      op.rail = static_cast<int16_t>(best);
-      send_rail[rb + best] += b * fan;
-      send_rail_ops[rb + best] += fan;
-      if (op.fanout < 0) {
-        receive(op.dst_agent, op.dst_tensor, b, 1);
-      } else {
-        group_bytes[op.fanout] += b;
-        group_ops[op.fanout] += 1;
-      }
-      s.send_bytes[a] += b * fan;
-      s.send_ops[a] += fan;
-      dev_send[sd] += b * fan;
-      s.total_bytes += b * fan;
-      s.total_ops += fan;
-      s.plan_ops += 1;
-
-      // Word-wise polynomial over the op's fields, mixed once per op. A fan-out op hashes its
-      // group's destinations instead of its first one.
-      uint64_t w = tensor_hash[a][op.src_tensor];
-      if (op.fanout < 0) {
-        w = w * kPrime + agent_hash[op.dst_agent];
-        w = w * kPrime + tensor_hash_of(op.dst_agent, op.dst_tensor);
-        w = w * kPrime + (op.scale_tensor >= 0 ? tensor_hash_of(op.dst_agent, op.scale_tensor) : 0);
-      } else {
-        w = w * kPrime + group_hash[op.fanout];
-      }
-      w = w * kPrime + op.src_offset;
-      w = w * kPrime + op.src_stride;
-      w = w * kPrime + op.dst_offset;
-      w = w * kPrime + op.dst_stride;
-      w = w * kPrime + op.rows;
-      w = w * kPrime + op.row_elems;
-      w = w * kPrime + op.scale_offset;
-      w = w * kPrime + ((uint64_t{op.scale_stride} << 32) ^ (uint64_t{op.src_dtype} << 24) ^
-                        (uint64_t{op.dst_dtype} << 16) ^ (uint64_t{op.transform} << 8));
-      w = w * kPrime + ((uint64_t(uint16_t(op.rail)) << 16) | uint64_t(uint16_t(op.phase)));
-      h = Mix(h, w);
-    }
+    h = Mix(h, chain[a]);
+    s.total_bytes += s.send_bytes[a];
+    s.total_ops += s.send_ops[a];
+    s.plan_ops += plan_.ops[a].size();
   }
-  for (size_t g = 0; g < ngroups; ++g) {
-    if (group_ops[g] == 0) continue;
-    ForEachDestination(plan_, static_cast<int32_t>(g), [&](const Destination& d) {
-      receive(d.agent, d.tensor, group_bytes[g], group_ops[g]);
-    });
+  // Fan-out groups hand their bytes to every member, in blocks on every thread.
+  const size_t group_units = (ngroups + kGroupsPerUnit - 1) / kGroupsPerUnit;
+  const auto group_chunks = SplitByWork(std::vector<uint64_t>(group_units, 1), threads);
+  std::vector<Received> group_received(group_chunks.size());
+  for (Received& r : group_received) {
+    r.bytes.assign(na, 0), r.ops.assign(na, 0), r.dev.assign(nd, 0);
+  }
+  ParallelFor(group_chunks.size(), threads, [&](uint64_t c) {
+    const size_t begin = group_chunks[c].first * kGroupsPerUnit;
+    const size_t end = std::min(ngroups, group_chunks[c].second * kGroupsPerUnit);
+    for (size_t g = begin; g < end; ++g) {
+      if (group_ops[g] == 0) continue;
+      ForEachDestination(plan_, static_cast<int32_t>(g), [&](const Destination& d) {
+        receive(&group_received[c], d.agent, d.tensor, group_bytes[g], group_ops[g]);
+      });
+    }
+  });
+  received.insert(received.end(), group_received.begin(), group_received.end());
+  for (const Received& r : received) {
+    for (size_t a = 0; a < na; ++a) s.recv_bytes[a] += r.bytes[a], s.recv_ops[a] += r.ops[a];
+    for (size_t d = 0; d < nd; ++d) dev_recv[d] += r.dev[d];
+  }
+  // A device's received bytes are shared equally by its rails.
+  for (size_t a = 0; a < na; ++a) {
+    for (int32_t dd = dev_base_[a]; dd < dev_base_[a + 1]; ++dd) {
+      const double share = static_cast<double>(dev_recv[dd]) / dev_rail_count_[dd];
+      for (int k = 0; k < dev_rail_count_[dd]; ++k) {
+        recv_rail[rail_base_[a] + dev_rail_first_[dd] + k * dev_rail_step_[dd]] += share;
+      }
+    }
   }
   plan_.hash = h;
   char buf[17];
