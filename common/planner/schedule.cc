@@ -17,23 +17,31 @@ void Planner::BuildDevices() {
   dev_base_.assign(agents_.size() + 1, 0);
   tensor_dev_.resize(agents_.size());
   std::vector<int32_t> dev_count(agents_.size(), 0);
-  for (size_t a = 0; a < agents_.size(); ++a) {
-    if (IsMirror(a)) continue;
+  // Per template agent, on every thread: its device slots, then its entries' devices and the
+  // GPUs that hold an entry, ascending (a mirror's are its template's).
+  ParallelFor(agents_.size(), Threads(), [&](uint64_t a) {
+    if (IsMirror(a)) return;
     int32_t max_gpu = -1;
     for (const TensorEntry& t : agents_[a].tensors) max_gpu = std::max(max_gpu, t.gpu);
     dev_count[a] = max_gpu + 2;
-  }
+  });
   for (size_t a = 0; a < agents_.size(); ++a) {
     if (IsMirror(a)) dev_count[a] = dev_count[HolderIndex(a)];
     dev_base_[a + 1] = dev_base_[a] + dev_count[a];
   }
-  for (size_t a = 0; a < agents_.size(); ++a) {
-    if (IsMirror(a)) continue;  // Dev() maps a mirror's entries onto its template's
+  std::vector<std::vector<int32_t>> agent_gpus(agents_.size());
+  ParallelFor(agents_.size(), Threads(), [&](uint64_t a) {
+    if (IsMirror(a)) return;  // Dev() maps a mirror's entries onto its template's
     tensor_dev_[a].resize(agents_[a].tensors.size());
+    std::vector<char> used(dev_count[a], 0);
     for (size_t t = 0; t < agents_[a].tensors.size(); ++t) {
       tensor_dev_[a][t] = dev_base_[a] + agents_[a].tensors[t].gpu + 1;
+      used[agents_[a].tensors[t].gpu + 1] = 1;
     }
-  }
+    for (int32_t d = 1; d < dev_count[a]; ++d) {
+      if (used[d]) agent_gpus[a].push_back(d - 1);
+    }
+  });
   // Rails of a device: its GPU's own NIC(s) by position among the agent's GPUs (GPU i of G
   // uses rails i, i+G, ...; with fewer NICs than GPUs, rail i mod N); host memory any rail.
   dev_rail_first_.assign(dev_base_.back(), 0);
@@ -44,13 +52,7 @@ void Planner::BuildDevices() {
     const int nics = std::max<int>(1, agents_[a].nics.size());
     rail_base_[a + 1] = rail_base_[a] + nics;
     // The agent's GPUs, ascending: its device slots that hold an entry.
-    const int32_t holder = HolderIndex(static_cast<int32_t>(a));
-    std::vector<char> used(dev_count[holder], 0);
-    for (int32_t d : tensor_dev_[holder]) used[d - dev_base_[holder]] = 1;
-    std::vector<int32_t> gpus;
-    for (int32_t d = 1; d < dev_count[holder]; ++d) {
-      if (used[d]) gpus.push_back(d - 1);
-    }
+    const std::vector<int32_t>& gpus = agent_gpus[HolderIndex(static_cast<int32_t>(a))];
     const int g = static_cast<int>(gpus.size());
     dev_rail_count_[dev_base_[a]] = nics;  // host memory
     for (int pos = 0; pos < g; ++pos) {
