@@ -274,7 +274,9 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
     }
   }
   for (const auto& [agent, plan] : built->agent_plans) {
-    for (const auto& op : plan.ops()) receivers.insert(op.dst_agent());
+    // A plan's peers are exactly the agents its ops write to (PlanToProto): no walk over 10^6
+    // ops with a string set.
+    for (const auto& peer : plan.peers()) receivers.insert(peer.agent());
   }
   // Receivers accept handshakes only from the senders introduced here, so this goes first.
   if (auto s = IntroduceSenders(*built, agents, plan_id, endpoints, deadline); !s.ok()) {
@@ -335,7 +337,7 @@ absl::Status ControllerCore::IntroduceSenders(const BuiltPlan& built,
                                               Clock::time_point deadline) {
   std::map<std::string, std::set<std::string>> senders_of;  // receiver -> senders
   for (const auto& [agent, plan] : built.agent_plans) {
-    for (const auto& op : plan.ops()) senders_of[op.dst_agent()].insert(agent);
+    for (const auto& peer : plan.peers()) senders_of[peer.agent()].insert(agent);
   }
   // Every agent hears it, so one that stopped receiving drops its old senders.
   std::vector<CallTarget<v1::IntroduceRequest>> targets;

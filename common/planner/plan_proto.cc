@@ -1,5 +1,6 @@
 #include "common/planner/plan_proto.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -132,28 +133,40 @@ std::vector<v1::AgentPlan> PlanToProto(const std::vector<AgentLayout>& agents, c
     p.set_agent(agents[a].name);
     p.set_plan_id(plan_id);
     p.set_phases(plan.phases);
-    std::map<std::string, std::map<uint64_t, uint64_t>> peers;  // agent -> region -> length
+    // Per receiving agent (by index), the (region, length) pairs written; sorted and made
+    // unique below (10^6 ops would cost a tree insert each).
+    std::vector<std::vector<std::pair<uint64_t, uint64_t>>> regions(agents.size());
     // One TransferOp per executed op: a fan-out op becomes one per destination.
     uint64_t i = 0;
+    p.mutable_ops()->Reserve(
+        static_cast<int>(std::min<uint64_t>(plan.stats.send_ops[a], INT32_MAX)));
     ForEachExecutedOp(plan, a, [&](const PlannedOp& op) {
       *p.add_ops() = OpToProto(agents, op, i++);
       const AgentLayout& d = EntryHolder(agents, op.dst_agent);
-      auto& regions = peers[agents[op.dst_agent].name];
-      regions[EntryRegion(agents, op.dst_agent, op.dst_tensor)] =
-          d.tensors[op.dst_tensor].region_bytes;
+      auto& r = regions[op.dst_agent];
+      r.emplace_back(EntryRegion(agents, op.dst_agent, op.dst_tensor),
+                     d.tensors[op.dst_tensor].region_bytes);
       if (op.scale_tensor >= 0) {
-        regions[EntryRegion(agents, op.dst_agent, op.scale_tensor)] =
-            d.tensors[op.scale_tensor].region_bytes;
+        r.emplace_back(EntryRegion(agents, op.dst_agent, op.scale_tensor),
+                       d.tensors[op.scale_tensor].region_bytes);
       }
     });
-    for (const auto& [name, regions] : peers) {
+    // Peers in name order (agent_order), each region once, by id.
+    for (int32_t b : plan.agent_order) {
+      auto& r = regions[b];
+      if (r.empty()) continue;
+      std::sort(r.begin(), r.end());
+      r.erase(std::unique(r.begin(), r.end(),
+                          [](const auto& x, const auto& y) { return x.first == y.first; }),
+              r.end());
       v1::PeerIntro* peer = p.add_peers();
-      peer->set_agent(name);
-      for (const auto& [id, length] : regions) {
-        v1::RegionDescriptor* r = peer->add_regions();
-        r->set_region_id(id);
-        r->set_length(length);
+      peer->set_agent(agents[b].name);
+      for (const auto& [id, length] : r) {
+        v1::RegionDescriptor* d = peer->add_regions();
+        d->set_region_id(id);
+        d->set_length(length);
       }
+      std::vector<std::pair<uint64_t, uint64_t>>().swap(r);
     }
     out.push_back(std::move(p));
   }
