@@ -182,15 +182,14 @@ void Planner::GroupDestinations(GenShard* g) {
     }
     // Tensor-parallel siblings (the same rows, other columns) share one op when every source
     // slice holds whole rows: their ops differ only by where they start in the source.
-    const int64_t elem = SiblingElemBytes(n);
+    const int64_t elem = leaders.size() > 1 ? SiblingElemBytes(n) : 0;
     sibling_of.assign(leaders.size(), -1);
     shifted.assign(leaders.size(), 0);
     if (elem > 0) {
       for (size_t c = 0; c < leaders.size(); ++c) {
         Geometry& key = geo[leaders[c]];
         shifted[c] = key.box.start[1];
-        key.box.start[1] = key.place.held.start[1] = 0;
-        if (fp8) key.scale.held.start[1] = 0;
+        key.box.start[1] = key.place.held.start[1] = key.scale.held.start[1] = 0;
       }
       for (size_t c = 0; c < leaders.size(); ++c) {
         if (sibling_of[c] >= 0) continue;

@@ -16,8 +16,10 @@
 #include "common/engines/model_config.h"
 #include "common/planner/models.h"
 #include "common/planner/plan.h"
+#include "tests/planner/layout_builder.h"
 
 using namespace wb::planner;
+using namespace wb::planner::testing;
 
 namespace {
 
@@ -277,6 +279,51 @@ TEST_CASE("fan-out: DeepSeek (MLA, replicated q_a / kv_a) TP 4, FP8, same bytes"
   InferenceOptions inf;
   inf.gpus = 8, inf.tp = 4, inf.gpus_per_agent = 4;  // a replica per agent: foldable
   CompareModelBothWays(BuildDeepSeekV3("deepseek", c), tr, inf);
+}
+
+TEST_CASE("fan-out: TP siblings out of column order, uneven splits and replicated trainers") {
+  // Three inference replicas of two ranks, each replica on its own agent.
+  SECTION("siblings") {
+    // W [8, 16], whole rows on two trainers; rank 0 holds the right half, so its sibling's
+    // shift is negative. V [8, 12] is split 8 + 4: shapes differ, no siblings.
+    LayoutBuilder b;
+    for (int t = 0; t < 2; ++t) {
+      const std::string agent = "t" + std::to_string(t);
+      b.Src(agent, t, "W", {8, 16}, {{4 * t, 4}, {0, 16}});
+      b.Src(agent, t, "V", {8, 12}, {{4 * t, 4}, {0, 12}});
+    }
+    for (int r = 0; r < 3; ++r) {
+      const std::string agent = "i" + std::to_string(r);
+      b.Dst(agent, r, 0, "W", {8, 16}, {{0, 8}, {8, 8}}, DTYPE_BF16, 0);
+      b.Dst(agent, r, 1, "W", {8, 16}, {{0, 8}, {0, 8}}, DTYPE_BF16, 1);
+      b.Dst(agent, r, 0, "V", {8, 12}, {{0, 8}, {0, 8}}, DTYPE_BF16, 0);
+      b.Dst(agent, r, 1, "V", {8, 12}, {{0, 8}, {8, 4}}, DTYPE_BF16, 1);
+    }
+    const std::vector<AgentLayout> agents = b.Build();
+    CompareBothWays(agents, PlanOptions{}, true);
+    auto plan = BuildPlan(agents, PlanOptions{});
+    REQUIRE(plan.ok());
+    // W's group: rank 0 of each replica, then rank 1 reading 8 columns (16 bytes) to the left.
+    int negative = 0;
+    for (const Destination& d : plan->fanout_dsts) {
+      CHECK((d.src_shift == 0 || d.src_shift == -16));
+      negative += d.src_shift == -16;
+    }
+    CHECK(negative == 3);
+    // W: one op per trainer row block; V: 2 row blocks x 2 classes.
+    CHECK(plan->stats.plan_ops == 2 + 4);
+  }
+  SECTION("replicated trainers") {
+    // R [8, 16] whole on two trainer replicas: each op chooses its holder, no siblings.
+    LayoutBuilder b;
+    for (int t = 0; t < 2; ++t) b.Src("t" + std::to_string(t), 0, "R", {8, 16}, {}, DTYPE_BF16, t);
+    for (int r = 0; r < 3; ++r) {
+      const std::string agent = "i" + std::to_string(r);
+      b.Dst(agent, r, 0, "R", {8, 16}, {{0, 8}, {0, 8}}, DTYPE_BF16, 0);
+      b.Dst(agent, r, 1, "R", {8, 16}, {{0, 8}, {8, 8}}, DTYPE_BF16, 1);
+    }
+    CompareBothWays(b.Build(), PlanOptions{}, false);
+  }
 }
 
 TEST_CASE("fan-out: vLLM engine views of a DeepSeek-V3 config (stacked experts, FP8), same bytes") {
