@@ -15,7 +15,7 @@ namespace internal {
 int32_t Planner::FindScaleEntry(int32_t scale_name, EntryRef w, size_t hint) const {
   // Weights and scales are sorted alike (replica, rank, agent), so the weight's position is
   // nearly always the scale's: without it, a name held by R ranks costs R^2 / 2 compares.
-  const std::vector<EntryRef>& scales = infos_[scale_name].dst;
+  const EntryRefs& scales = infos_[scale_name].dst;
   if (hint < scales.size()) {
     const EntryRef r = scales[hint];
     const Owner &a = E(r).owner, &b = E(w).owner;
@@ -187,7 +187,7 @@ void Planner::GenerateShard(GenShard* g) {
       for (const Part& part : info.parts) {
         const NameInfo& src = infos_[part.src_name];
         const int64_t off0 = fdim == 0 ? part.offset : 0;
-        const Slice* first = slices_.data() + src.slice_begin;
+        const Slice* first = slices_.get() + src.slice_begin;
         const Slice* last = first + src.slice_count;
         const int64_t lo = dbox.start[0] - off0 - src.max_len0;
         const Slice* it = std::upper_bound(first, last, lo,
@@ -272,7 +272,7 @@ void Planner::GenerateShard(GenShard* g) {
               }
               list[slots[key]++] = op;
             } else {
-              g->pending.push_back(PendingChoice{op, static_cast<int32_t>(it - slices_.data())});
+              g->pending.push_back(PendingChoice{op, static_cast<int32_t>(it - slices_.get())});
             }
           }
         }
@@ -298,7 +298,7 @@ void Planner::CountShard(GenShard* g, size_t nkeys) {
       for (const Part& part : info.parts) {
         const NameInfo& src = infos_[part.src_name];
         const int64_t off0 = info.fusion_dim == 0 ? part.offset : 0;
-        const Slice* first = slices_.data() + src.slice_begin;
+        const Slice* first = slices_.get() + src.slice_begin;
         const Slice* last = first + src.slice_count;
         const Slice* it = std::upper_bound(first, last, dbox.start[0] - off0 - src.max_len0,
                                            [](int64_t v, const Slice& s) { return v < s.start0; });

@@ -62,47 +62,113 @@ void Planner::OrderAgents() {
 }
 
 void Planner::IndexEntries() {
-  // Per-entry checks first, one agent per unit on every thread (problems per agent, joined in
-  // agent order); volume[a][t] = -1 marks an unusable entry.
+  // One parallel pass over contiguous runs of agents checks every entry (problems per agent,
+  // joined in agent order) and counts, per interned name, the run's sources and destinations
+  // and where the name first appears. Names are then numbered in order of first appearance,
+  // each name's entries get one range of the flat lists (run after run, so in agent then
+  // tensor order, as one serial pass would list them), and a second parallel pass fills them.
   const size_t na = agents_.size();
-  std::vector<std::vector<int64_t>> volume(na);
+  const int threads = Threads();
+  std::vector<uint64_t> work(na);
+  for (size_t a = 0; a < na; ++a) work[a] = agents_[a].tensors.size() + 1;
+  const auto runs = SplitByWork(work, threads);
+  // Every entry's name was interned before this call, so its id is below Count().
+  const size_t interned = TensorName::Count();
+  constexpr uint64_t kNever = ~uint64_t{0};
+  struct Run {
+    std::vector<uint32_t> src, dst;  // per interned name: count, then the next slot to fill
+    std::vector<uint64_t> first;     // per interned name: (agent << 32 | tensor) or kNever
+  };
+  std::vector<Run> run(runs.size());
   std::vector<Problems> problems(na);
-  ParallelFor(na, Threads(), [&](uint64_t ai) {
-    const size_t n = agents_[ai].tensors.size();
-    volume[ai].assign(n, -1);
-    for (size_t ti = 0; ti < n; ++ti) {
-      int64_t v = 0;
-      if (CheckEntry(&problems[ai], EntryRef{static_cast<int32_t>(ai), static_cast<int32_t>(ti)},
-                     &v)) {
-        volume[ai][ti] = v;
+  tensor_name_.resize(na);
+  // tensor_name_ holds the interned id meanwhile: id for an entry holding elements, -2 - id for
+  // one holding none (named, in no list), -1 for an unusable entry.
+  ParallelFor(runs.size(), threads, [&](uint64_t r) {
+    Run& mine = run[r];
+    mine.src.assign(interned, 0);
+    mine.dst.assign(interned, 0);
+    mine.first.assign(interned, kNever);
+    for (size_t ai = runs[r].first; ai < runs[r].second; ++ai) {
+      const AgentLayout& agent = agents_[ai];
+      std::vector<int32_t>& names = tensor_name_[ai];
+      names.assign(agent.tensors.size(), -1);
+      for (size_t ti = 0; ti < agent.tensors.size(); ++ti) {
+        int64_t v = 0;
+        const EntryRef ref{static_cast<int32_t>(ai), static_cast<int32_t>(ti)};
+        if (!CheckEntry(&problems[ai], ref, &v)) continue;
+        const TensorEntry& t = agent.tensors[ti];
+        const uint32_t id = t.name.id();
+        if (mine.first[id] == kNever) mine.first[id] = uint64_t{ai} << 32 | ti;
+        if (v == 0) {  // holds nothing
+          names[ti] = -2 - static_cast<int32_t>(id);
+          continue;
+        }
+        names[ti] = static_cast<int32_t>(id);
+        ++(t.owner.role == Role::kTrainer ? mine.src : mine.dst)[id];
       }
     }
   });
   for (const Problems& p : problems) problems_.Merge(p);
-  // Every entry's name was interned before this call, so its id is below Count().
-  name_ids_.assign(TensorName::Count(), -1);
-  tensor_name_.resize(na);
-  for (size_t ai = 0; ai < na; ++ai) {
-    const AgentLayout& agent = agents_[ai];
-    tensor_name_[ai].assign(agent.tensors.size(), -1);
-    for (size_t ti = 0; ti < agent.tensors.size(); ++ti) {
-      const int64_t v = volume[ai][ti];
-      if (v < 0) continue;
-      const TensorEntry& t = agent.tensors[ti];
-      int32_t& id = name_ids_[t.name.id()];
-      if (id < 0) {
-        id = static_cast<int32_t>(names_.size());
-        names_.push_back(std::string_view(t.name.str()));
-        infos_.emplace_back();
-      }
-      tensor_name_[ai][ti] = id;
-      if (v == 0) continue;  // holds nothing
-      NameInfo& info = infos_[id];
-      (t.owner.role == Role::kTrainer ? info.src : info.dst)
-          .push_back(EntryRef{static_cast<int32_t>(ai), static_cast<int32_t>(ti)});
+  // Names in order of first appearance.
+  std::vector<std::pair<uint64_t, uint32_t>> firsts;
+  for (uint32_t id = 0; id < interned; ++id) {
+    for (const Run& r : run) {
+      if (r.first[id] == kNever) continue;
+      firsts.emplace_back(r.first[id], id);
+      break;  // runs are in agent order: the first run holding the name saw it first
     }
-    std::vector<int64_t>().swap(volume[ai]);
   }
+  for (Run& r : run) std::vector<uint64_t>().swap(r.first);
+  std::sort(firsts.begin(), firsts.end());
+  name_ids_.assign(interned, -1);
+  names_.reserve(firsts.size());
+  infos_.resize(firsts.size());
+  uint64_t src_total = 0, dst_total = 0;
+  for (const auto& [pos, id] : firsts) {
+    const int32_t n = static_cast<int32_t>(names_.size());
+    name_ids_[id] = n;
+    names_.push_back(std::string_view(agents_[pos >> 32].tensors[pos & 0xffffffffu].name.str()));
+    // The runs' counts become their first slots in the name's ranges.
+    const uint64_t src_begin = src_total, dst_begin = dst_total;
+    for (Run& r : run) {
+      const uint32_t s = r.src[id], d = r.dst[id];
+      r.src[id] = static_cast<uint32_t>(src_total);
+      r.dst[id] = static_cast<uint32_t>(dst_total);
+      src_total += s;
+      dst_total += d;
+    }
+    infos_[n].src = EntryRefs(src_begin, src_total - src_begin);
+    infos_[n].dst = EntryRefs(dst_begin, dst_total - dst_begin);
+  }
+  src_refs_.resize(src_total);
+  dst_refs_.resize(dst_total);
+  for (NameInfo& info : infos_) {
+    info.src.Bind(src_refs_.data());
+    info.dst.Bind(dst_refs_.data());
+  }
+  ParallelFor(runs.size(), threads, [&](uint64_t r) {
+    Run& mine = run[r];
+    for (size_t ai = runs[r].first; ai < runs[r].second; ++ai) {
+      const AgentLayout& agent = agents_[ai];
+      std::vector<int32_t>& names = tensor_name_[ai];
+      for (size_t ti = 0; ti < names.size(); ++ti) {
+        const int32_t id = names[ti];
+        if (id == -1) continue;
+        if (id < -1) {
+          names[ti] = name_ids_[-2 - id];
+          continue;
+        }
+        names[ti] = name_ids_[id];
+        const EntryRef ref{static_cast<int32_t>(ai), static_cast<int32_t>(ti)};
+        if (agent.tensors[ti].owner.role == Role::kTrainer) {
+          src_refs_[mine.src[id]++] = ref;
+        } else {
+          dst_refs_[mine.dst[id]++] = ref;
+        }
+      }
+    }
+  });
 }
 
 namespace {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -49,9 +50,30 @@ struct DstClass {
   int32_t fanout;
 };
 
+// One name's entries on one side: a range of the planner's flat list for that side, where
+// IndexEntries lays out each name's entries together (in agent, then tensor order).
+class EntryRefs {
+ public:
+  EntryRefs() = default;
+  EntryRefs(uint64_t offset, uint64_t count) : offset_(offset), count_(count) {}
+  // Points the range into the list once it is allocated.
+  void Bind(EntryRef* list) { data_ = list + offset_; }
+  EntryRef* begin() const { return data_; }
+  EntryRef* end() const { return data_ + count_; }
+  EntryRef* data() const { return data_; }
+  size_t size() const { return count_; }
+  bool empty() const { return count_ == 0; }
+  EntryRef& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  EntryRef* data_ = nullptr;
+  uint64_t offset_ = 0;
+  uint64_t count_ = 0;
+};
+
 struct NameInfo {
-  std::vector<EntryRef> src;
-  std::vector<EntryRef> dst;
+  EntryRefs src;
+  EntryRefs dst;
   bool bad = false;
   // Sources: distinct slices sorted by start along dim 0.
   int32_t slice_begin = 0;
@@ -74,12 +96,13 @@ struct PendingChoice {
   int32_t slice;
 };
 
-// One thread's share of the per-name checks: names [begin, end) of infos_, their source
-// slices and holders (indices within the shard until joined) and problems.
+// One thread's share of the per-name checks: names [begin, end) of infos_, their problems, and
+// where their source slices and holders go next in the plan-wide lists (each shard has the
+// room its names' source entries could need, so no shard waits for another).
 struct CheckShard {
   size_t begin = 0, end = 0;
-  std::vector<Slice> slices;
-  std::vector<EntryRef> holders;
+  int32_t next_slice = 0;
+  int32_t next_holder = 0;
   Problems problems;
   std::vector<std::pair<Box, EntryRef>> boxes, distinct;  // scratch
 };
@@ -236,7 +259,7 @@ class Planner {
   void CheckBuffers();
 
   // Every entry of a name on one side agrees on dtype and global shape.
-  bool CheckConsistent(Problems* out, int32_t name, const std::vector<EntryRef>& refs);
+  bool CheckConsistent(Problems* out, int32_t name, const EntryRefs& refs);
 
   // `boxes` sorted and distinct: report partial overlaps and holes. `side` says whose shards.
   // replica < 0: the trainers' shards; else those of that inference replica.
@@ -362,9 +385,12 @@ class Planner {
   std::vector<int32_t> name_ids_;
   std::vector<std::string_view> names_;
   std::vector<NameInfo> infos_;
+  std::vector<EntryRef> src_refs_, dst_refs_;  // every name's entries, name by name
   std::vector<std::vector<int32_t>> tensor_name_;
-  std::vector<Slice> slices_;
-  std::vector<EntryRef> holders_;
+  // Source slices and their holders, name by name; a name's slices and holders are found from
+  // its slice_begin (the lists may have unused room between the check shards' parts).
+  std::unique_ptr<Slice[]> slices_;
+  std::unique_ptr<EntryRef[]> holders_;
   std::unordered_map<std::string, int32_t> canonical_;
   std::vector<int32_t> dst_names_;
   std::vector<char> checked_bad_;  // infos_[n].bad after the checks, read while resolving

@@ -85,7 +85,7 @@ void Planner::CheckBuffers() {
   }
 }
 
-bool Planner::CheckConsistent(Problems* out, int32_t name, const std::vector<EntryRef>& refs) {
+bool Planner::CheckConsistent(Problems* out, int32_t name, const EntryRefs& refs) {
   const TensorEntry& first = E(refs[0]);
   for (const EntryRef& r : refs) {
     const TensorEntry& t = E(r);
@@ -192,11 +192,20 @@ void Planner::CheckNames() {
   for (size_t n = 0; n < infos_.size(); ++n)
     work[n] = infos_[n].src.size() + infos_[n].dst.size() + 1;
   std::vector<CheckShard> shards;
+  // A name has at most one slice and exactly one holder per source entry: each shard's part
+  // of the lists starts after the room the previous shards' names could need. Left
+  // uninitialized: the shards' threads touch their own parts first.
+  int64_t room = 0;
   for (const auto& [begin, end] : SplitByWork(work, threads)) {
     shards.emplace_back();
     shards.back().begin = begin;
     shards.back().end = end;
+    shards.back().next_slice = static_cast<int32_t>(room);
+    shards.back().next_holder = static_cast<int32_t>(room);
+    for (size_t n = begin; n < end; ++n) room += static_cast<int64_t>(infos_[n].src.size());
   }
+  slices_.reset(new Slice[room]);
+  holders_.reset(new EntryRef[room]);
   ParallelFor(shards.size(), threads, [&](uint64_t i) {
     CheckShard* c = &shards[i];
     for (size_t n = c->begin; n < c->end; ++n) {
@@ -204,17 +213,7 @@ void Planner::CheckNames() {
       if (!infos_[n].dst.empty()) CheckDestinations(c, static_cast<int32_t>(n));
     }
   });
-  for (CheckShard& c : shards) {
-    const int32_t slice_offset = static_cast<int32_t>(slices_.size());
-    const int32_t holder_offset = static_cast<int32_t>(holders_.size());
-    for (size_t n = c.begin; n < c.end; ++n) {
-      if (!infos_[n].src.empty()) infos_[n].slice_begin += slice_offset;
-    }
-    for (Slice& sl : c.slices) sl.holder_begin += holder_offset;
-    slices_.insert(slices_.end(), c.slices.begin(), c.slices.end());
-    holders_.insert(holders_.end(), c.holders.begin(), c.holders.end());
-    problems_.Merge(c.problems);
-  }
+  for (CheckShard& c : shards) problems_.Merge(c.problems);
 }
 
 void Planner::CheckSources(CheckShard* c, int32_t name) {
@@ -227,21 +226,24 @@ void Planner::CheckSources(CheckShard* c, int32_t name) {
   std::vector<std::pair<Box, EntryRef>>& distinct = c->distinct;
   SortedBoxes(info.src.data(), info.src.data() + info.src.size(), &boxes);
   distinct.clear();
-  // Within the shard; CheckNames shifts slices and holders into the plan-wide lists.
-  info.slice_begin = static_cast<int32_t>(c->slices.size());
+  info.slice_begin = c->next_slice;
   for (size_t i = 0; i < boxes.size(); ++i) {
     if (i == 0 || !(boxes[i].first == boxes[i - 1].first)) {
       distinct.push_back(boxes[i]);
       const Box& b = boxes[i].first;
-      c->slices.push_back(Slice{b.start[0], b.size[0], b.ndim > 1 ? b.start[1] : 0,
-                                b.ndim > 1 ? b.size[1] : 0, b.ndim,
-                                static_cast<int32_t>(c->holders.size()), 0});
+      slices_[c->next_slice++] = Slice{b.start[0],
+                                       b.size[0],
+                                       b.ndim > 1 ? b.start[1] : 0,
+                                       b.ndim > 1 ? b.size[1] : 0,
+                                       b.ndim,
+                                       c->next_holder,
+                                       0};
       info.max_len0 = std::max(info.max_len0, boxes[i].first.size[0]);
     }
-    c->holders.push_back(boxes[i].second);
-    ++c->slices.back().holder_count;
+    holders_[c->next_holder++] = boxes[i].second;
+    ++slices_[c->next_slice - 1].holder_count;
   }
-  info.slice_count = static_cast<int32_t>(c->slices.size()) - info.slice_begin;
+  info.slice_count = c->next_slice - info.slice_begin;
   if (!CheckTiling(&c->problems, name, -1, distinct)) info.bad = true;
 }
 
