@@ -62,33 +62,15 @@ void Planner::ResolveRecipes() {
     for (size_t k = shards[i].first; k < shards[i].second; ++k) Resolve(&found[i], dst_names_[k]);
   });
   for (const Problems& p : found) problems_.Merge(p);
-  // Scale tensors of FP8-block destinations are written by the weight's ops.
-  for (int32_t n : dst_names_) {
-    NameInfo& info = infos_[n];
-    if (info.transform != weightbeam::v1::TRANSFORM_FP8_BLOCK) continue;
-    std::string scale = ScaleTensorName(Name(n));
-    const int32_t scale_id = NameId(scale);
-    const TensorEntry& w = E(info.dst[0]);
-    if (scale_id < 0 || infos_[scale_id].dst.empty()) {
-      problems_.Add(absl::StrCat("FP8 destination ", Name(n), " (", Who(info.dst[0]),
-                                 ") has no scale tensor ", scale));
-      info.bad = true;
-      continue;
+  // Scale tensors of FP8-block destinations are written by the weight's ops. A weight's scale
+  // name is its own (name + "_scale_inv"), so the shards mark disjoint names.
+  std::vector<Problems> scale_found(shards.size());
+  ParallelFor(shards.size(), Threads(), [&](uint64_t i) {
+    for (size_t k = shards[i].first; k < shards[i].second; ++k) {
+      ResolveScale(&scale_found[i], dst_names_[k]);
     }
-    NameInfo& s = infos_[scale_id];
-    s.derived_scale = true;
-    info.scale_name = scale_id;
-    const TensorEntry& st = E(s.dst[0]);
-    std::vector<int64_t> want = {(w.shape[0] + kFp8Block - 1) / kFp8Block,
-                                 (w.shape[1] + kFp8Block - 1) / kFp8Block};
-    if (st.dtype != weightbeam::v1::DTYPE_F32 || st.shape != want) {
-      problems_.Add(absl::StrCat("FP8 scale tensor ", scale, " is ", DTypeName(st.dtype), " ",
-                                 FormatShape(st.shape), " but ", Name(n), " ", FormatShape(w.shape),
-                                 " needs f32 ", FormatShape(want),
-                                 " (one scale per 128x128 block)"));
-      info.bad = true;
-    }
-  }
+  });
+  for (const Problems& p : scale_found) problems_.Merge(p);
   for (int32_t n : dst_names_) {
     NameInfo& info = infos_[n];
     if (info.parts.empty() && !info.derived_scale && !info.bad) {
@@ -96,6 +78,32 @@ void Planner::ResolveRecipes() {
           absl::StrCat("destination ", Name(n), " (", Who(info.dst[0]), ") has no source tensor"));
       info.bad = true;
     }
+  }
+}
+
+void Planner::ResolveScale(Problems* out, int32_t n) {
+  NameInfo& info = infos_[n];
+  if (info.transform != weightbeam::v1::TRANSFORM_FP8_BLOCK) return;
+  std::string scale = ScaleTensorName(Name(n));
+  const int32_t scale_id = NameId(scale);
+  const TensorEntry& w = E(info.dst[0]);
+  if (scale_id < 0 || infos_[scale_id].dst.empty()) {
+    out->Add(absl::StrCat("FP8 destination ", Name(n), " (", Who(info.dst[0]),
+                          ") has no scale tensor ", scale));
+    info.bad = true;
+    return;
+  }
+  NameInfo& s = infos_[scale_id];
+  s.derived_scale = true;
+  info.scale_name = scale_id;
+  const TensorEntry& st = E(s.dst[0]);
+  std::vector<int64_t> want = {(w.shape[0] + kFp8Block - 1) / kFp8Block,
+                               (w.shape[1] + kFp8Block - 1) / kFp8Block};
+  if (st.dtype != weightbeam::v1::DTYPE_F32 || st.shape != want) {
+    out->Add(absl::StrCat("FP8 scale tensor ", scale, " is ", DTypeName(st.dtype), " ",
+                          FormatShape(st.shape), " but ", Name(n), " ", FormatShape(w.shape),
+                          " needs f32 ", FormatShape(want), " (one scale per 128x128 block)"));
+    info.bad = true;
   }
 }
 

@@ -78,6 +78,7 @@ void Planner::IndexEntries() {
   struct Run {
     std::vector<uint32_t> src, dst;  // per interned name: count, then the next slot to fill
     std::vector<uint64_t> first;     // per interned name: (agent << 32 | tensor) or kNever
+    std::vector<EntryRef> views;     // usable destination entries with a buffer view
   };
   std::vector<Run> run(runs.size());
   std::vector<Problems> problems(na);
@@ -98,6 +99,7 @@ void Planner::IndexEntries() {
         const EntryRef ref{static_cast<int32_t>(ai), static_cast<int32_t>(ti)};
         if (!CheckEntry(&problems[ai], ref, &v)) continue;
         const TensorEntry& t = agent.tensors[ti];
+        if (!t.view.empty() && t.owner.role == Role::kInference) mine.views.push_back(ref);
         const uint32_t id = t.name.id();
         if (mine.first[id] == kNever) mine.first[id] = uint64_t{ai} << 32 | ti;
         if (v == 0) {  // holds nothing
@@ -110,6 +112,11 @@ void Planner::IndexEntries() {
     }
   });
   for (const Problems& p : problems) problems_.Merge(p);
+  view_entries_.clear();
+  for (Run& r : run) {
+    view_entries_.insert(view_entries_.end(), r.views.begin(), r.views.end());
+    std::vector<EntryRef>().swap(r.views);
+  }
   // Names in order of first appearance.
   std::vector<std::pair<uint64_t, uint32_t>> firsts;
   for (uint32_t id = 0; id < interned; ++id) {

@@ -296,6 +296,9 @@ class Planner {
   void ResolveRecipes();
 
   void Resolve(Problems* out, int32_t n);
+  // An FP8-block destination's scale tensor: found, marked as written by the weight's ops and
+  // checked (f32, one scale per 128x128 block); after every name resolved.
+  void ResolveScale(Problems* out, int32_t n);
 
   void SetTransform(Problems* out, int32_t n, DType src);
 
@@ -386,6 +389,8 @@ class Planner {
   std::vector<std::string_view> names_;
   std::vector<NameInfo> infos_;
   std::vector<EntryRef> src_refs_, dst_refs_;  // every name's entries, name by name
+  // Usable destination entries with a buffer view, in agent then tensor order (CheckBuffers).
+  std::vector<EntryRef> view_entries_;
   std::vector<std::vector<int32_t>> tensor_name_;
   // Source slices and their holders, name by name; a name's slices and holders are found from
   // its slice_begin (the lists may have unused room between the check shards' parts).

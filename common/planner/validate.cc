@@ -13,15 +13,7 @@ namespace wb::planner {
 namespace internal {
 
 void Planner::CheckBuffers() {
-  std::vector<EntryRef> parts;
-  for (size_t a = 0; a < agents_.size(); ++a) {
-    for (size_t t = 0; t < agents_[a].tensors.size(); ++t) {
-      const TensorEntry& e = agents_[a].tensors[t];
-      if (!e.view.empty() && e.owner.role == Role::kInference && tensor_name_[a][t] >= 0) {
-        parts.push_back(EntryRef{static_cast<int32_t>(a), static_cast<int32_t>(t)});
-      }
-    }
-  }
+  std::vector<EntryRef> parts = std::move(view_entries_);
   auto same_buffer = [&](EntryRef x, EntryRef y) {
     const TensorEntry &a = E(x), &b = E(y);
     return x.agent == y.agent && a.owner.replica == b.owner.replica &&
