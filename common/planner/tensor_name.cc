@@ -2,6 +2,7 @@
 
 #include <deque>
 #include <mutex>
+#include <shared_mutex>
 #include <string_view>
 #include <unordered_map>
 
@@ -10,8 +11,10 @@ namespace {
 
 using tensor_name_internal::Interned;
 
+// Lookups share the lock (the planner's threads look names up at once); interning a new name
+// takes it alone.
 struct Table {
-  std::mutex mu;
+  std::shared_mutex mu;
   std::deque<Interned> names;  // a deque never moves its elements: pointers stay valid
   std::unordered_map<std::string_view, const Interned*> index;  // views into `names`
 };
@@ -25,7 +28,7 @@ std::string_view View(absl::string_view s) { return std::string_view(s.data(), s
 
 const Interned* Intern(absl::string_view name) {
   Table& t = Names();
-  std::lock_guard<std::mutex> lock(t.mu);
+  std::lock_guard<std::shared_mutex> lock(t.mu);
   auto it = t.index.find(View(name));
   if (it != t.index.end()) return it->second;
   const Interned* stored = &t.names.emplace_back(
@@ -45,7 +48,7 @@ TensorName::TensorName(absl::string_view s) : s_(Intern(s)) {}
 
 std::optional<TensorName> TensorName::Find(absl::string_view name) {
   Table& t = Names();
-  std::lock_guard<std::mutex> lock(t.mu);
+  std::shared_lock<std::shared_mutex> lock(t.mu);
   auto it = t.index.find(View(name));
   if (it == t.index.end()) return std::nullopt;
   return TensorName(it->second);
@@ -53,7 +56,7 @@ std::optional<TensorName> TensorName::Find(absl::string_view name) {
 
 uint32_t TensorName::Count() {
   Table& t = Names();
-  std::lock_guard<std::mutex> lock(t.mu);
+  std::shared_lock<std::shared_mutex> lock(t.mu);
   return static_cast<uint32_t>(t.names.size());
 }
 
