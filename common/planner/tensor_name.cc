@@ -1,8 +1,10 @@
 #include "common/planner/tensor_name.h"
 
+#include <array>
+#include <atomic>
 #include <deque>
+#include <functional>
 #include <mutex>
-#include <shared_mutex>
 #include <string_view>
 #include <unordered_map>
 
@@ -11,12 +13,20 @@ namespace {
 
 using tensor_name_internal::Interned;
 
-// Lookups share the lock (the planner's threads look names up at once); interning a new name
-// takes it alone.
-struct Table {
-  std::shared_mutex mu;
+// The table is split into shards by the name's hash, each with its own lock, so that threads
+// interning or looking up names at once (the controller converting layouts on every core, the
+// planner's threads resolving names) seldom meet on one lock. Ids come from one counter.
+constexpr size_t kShards = 64;
+
+struct Shard {
+  std::mutex mu;
   std::deque<Interned> names;  // a deque never moves its elements: pointers stay valid
   std::unordered_map<std::string_view, const Interned*> index;  // views into `names`
+};
+
+struct Table {
+  std::array<Shard, kShards> shards;
+  std::atomic<uint32_t> next_id{0};
 };
 
 Table& Names() {
@@ -24,16 +34,21 @@ Table& Names() {
   return *table;
 }
 
+Shard& ShardOf(Table& t, std::string_view name) {
+  return t.shards[std::hash<std::string_view>()(name) % kShards];
+}
+
 std::string_view View(absl::string_view s) { return std::string_view(s.data(), s.size()); }
 
 const Interned* Intern(absl::string_view name) {
   Table& t = Names();
-  std::lock_guard<std::shared_mutex> lock(t.mu);
-  auto it = t.index.find(View(name));
-  if (it != t.index.end()) return it->second;
-  const Interned* stored = &t.names.emplace_back(
-      Interned{std::string(name.data(), name.size()), static_cast<uint32_t>(t.names.size())});
-  t.index.emplace(std::string_view(stored->text), stored);
+  Shard& shard = ShardOf(t, View(name));
+  std::lock_guard<std::mutex> lock(shard.mu);
+  auto it = shard.index.find(View(name));
+  if (it != shard.index.end()) return it->second;
+  const Interned* stored = &shard.names.emplace_back(
+      Interned{std::string(name.data(), name.size()), t.next_id.fetch_add(1)});
+  shard.index.emplace(std::string_view(stored->text), stored);
   return stored;
 }
 
@@ -48,16 +63,13 @@ TensorName::TensorName(absl::string_view s) : s_(Intern(s)) {}
 
 std::optional<TensorName> TensorName::Find(absl::string_view name) {
   Table& t = Names();
-  std::shared_lock<std::shared_mutex> lock(t.mu);
-  auto it = t.index.find(View(name));
-  if (it == t.index.end()) return std::nullopt;
+  Shard& shard = ShardOf(t, View(name));
+  std::lock_guard<std::mutex> lock(shard.mu);
+  auto it = shard.index.find(View(name));
+  if (it == shard.index.end()) return std::nullopt;
   return TensorName(it->second);
 }
 
-uint32_t TensorName::Count() {
-  Table& t = Names();
-  std::shared_lock<std::shared_mutex> lock(t.mu);
-  return static_cast<uint32_t>(t.names.size());
-}
+uint32_t TensorName::Count() { return Names().next_id.load(); }
 
 }  // namespace wb::planner
