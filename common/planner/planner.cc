@@ -70,10 +70,20 @@ void Planner::IndexEntries() {
   const size_t na = agents_.size();
   const int threads = Threads();
   std::vector<uint64_t> work(na);
-  for (size_t a = 0; a < na; ++a) work[a] = agents_[a].tensors.size() + 1;
-  const auto runs = SplitByWork(work, threads);
+  uint64_t entries = 0;
+  for (size_t a = 0; a < na; ++a) {
+    work[a] = agents_[a].tensors.size() + 1;
+    entries += agents_[a].tensors.size();
+  }
   // Every entry's name was interned before this call, so its id is below Count().
   const size_t interned = TensorName::Count();
+  // A run holds 16 bytes per interned name, and the table holds every name this process has
+  // seen (a long-lived controller: maybe far more than this plan's): one run per thread while
+  // that fits in 64 MiB plus 32 bytes per entry, fewer otherwise.
+  const uint64_t budget = (uint64_t{64} << 20) + 32 * entries;
+  const uint64_t per_run = 16 * std::max<uint64_t>(interned, 1);
+  const int parts = static_cast<int>(std::clamp<uint64_t>(budget / per_run, 1, threads));
+  const auto runs = SplitByWork(work, parts);
   constexpr uint64_t kNever = ~uint64_t{0};
   struct Run {
     std::vector<uint32_t> src, dst;  // per interned name: count, then the next slot to fill
