@@ -56,6 +56,35 @@ TEST_CASE("dim-0 resharding: each destination slice reads contiguous runs from t
   CHECK(plan.stats.total_bytes == 8 * 16 * 2);
 }
 
+TEST_CASE("ranks holding an empty shard send and receive nothing, on any thread count") {
+  // W [8, 16] over three trainers split 0 + 4 + 4 (an uneven FSDP split; the empty one listed
+  // first), and a destination rank holding no rows beside the two that hold them all.
+  auto agents = LayoutBuilder()
+                    .Src("t2", 2, "W", {8, 16}, {{8, 0}, {0, 16}})
+                    .Src("t0", 0, "W", {8, 16}, {{0, 4}, {0, 16}})
+                    .Src("t1", 1, "W", {8, 16}, {{4, 4}, {0, 16}})
+                    .Dst("i0", 0, 0, "W", {8, 16}, {{0, 5}, {0, 16}}, DTYPE_BF16, 0)
+                    .Dst("i0", 0, 1, "W", {8, 16}, {{5, 3}, {0, 16}}, DTYPE_BF16, 1)
+                    .Dst("i0", 0, 2, "W", {8, 16}, {{8, 0}, {0, 16}}, DTYPE_BF16, 2)
+                    .Build();
+  uint64_t hash = 0;
+  for (int threads : {1, 3}) {
+    INFO("threads " << threads);
+    PlanOptions options;
+    options.threads = threads;
+    Plan plan = MustPlan(agents, options);
+    CHECK(plan.stats.total_bytes == 8 * 16 * 2);
+    CHECK(plan.stats.total_ops == 3);      // t0: rows 0-3; t1: row 4, then rows 5-7
+    CHECK(plan.stats.send_bytes[0] == 0);  // t2
+    CHECK(plan.stats.send_bytes[1] == 4 * 16 * 2);
+    CHECK(plan.stats.send_bytes[2] == 4 * 16 * 2);
+    CHECK(plan.stats.recv_bytes[3] == 8 * 16 * 2);
+    for (const auto& [agent, op] : AllOps(agents, plan)) CHECK(op.rows * op.row_elems > 0);
+    if (hash == 0) hash = plan.hash;
+    CHECK(plan.hash == hash);
+  }
+}
+
 TEST_CASE("dim-1 resharding: a row-parallel destination gets strided rows from each owner") {
   // W [8, 16]: trainers hold rows [0,4) and [4,8); the destination holds columns [4, 12).
   auto agents = LayoutBuilder()

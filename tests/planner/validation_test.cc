@@ -194,3 +194,35 @@ TEST_CASE("trainer replicas that shard a tensor differently are rejected (docume
         "- shards of W overlap among the trainers: trainer rank 0 on agent tA holds [0:4, 0:4] "
         "and trainer replica 1 rank 2 on agent tB holds [0:6, 0:4]");
 }
+
+TEST_CASE(
+    "problems come in agent order, then name order of first appearance, on any thread count") {
+  // Interned in the opposite order of their first appearance below: the plan numbers names by
+  // where the layouts first hold them, never by interning order.
+  (void)TensorName("order.b");
+  (void)TensorName("order.a");
+  auto agents = LayoutBuilder()
+                    .Src("t0", 0, "order.a", {8, 4}, {{0, 4}, {0, 4}})
+                    .Src("t0", 0, "order.b", {8, 4}, {{0, 4}, {0, 4}})
+                    .Src("t0", 0, "order.d", {8}, {{6, 4}})
+                    .Src("t1", 1, "order.c", {4, 0})
+                    .Src("t1", 1, "order.b", {8, 5}, {{4, 4}, {0, 5}})
+                    .Src("t1", 1, "order.a", {8, 5}, {{4, 4}, {0, 5}})
+                    .Dst("i0", 0, 0, "order.a", {8, 4})
+                    .Dst("i0", 0, 0, "order.b", {8, 4})
+                    .Build();
+  for (int threads : {1, 2, 4}) {
+    INFO("threads " << threads);
+    PlanOptions options;
+    options.threads = threads;
+    CHECK(Rejection(agents, options) ==
+          "plan rejected: 4 problems:\n"
+          "- tensor order.d (trainer rank 0 on agent t0): shard [6:10] lies outside the global "
+          "shape [8]\n"
+          "- tensor order.c (trainer rank 1 on agent t1): shape [4, 0] has an empty dimension\n"
+          "- tensor order.a is registered inconsistently: bf16 [8, 4] on trainer rank 0 on agent "
+          "t0 but bf16 [8, 5] on trainer rank 1 on agent t1\n"
+          "- tensor order.b is registered inconsistently: bf16 [8, 4] on trainer rank 0 on agent "
+          "t0 but bf16 [8, 5] on trainer rank 1 on agent t1");
+  }
+}
