@@ -146,6 +146,13 @@ void ReadAgent(YamlReader& r, AgentConfig& c) {
   r.ReadString("metrics_listen", &c.metrics_listen);
   CheckHostPort(r, "metrics_listen", c.metrics_listen);
 
+  {
+    YamlReader l = r.Child("step_link");
+    l.ReadBool("enabled", &c.step_link.enabled);
+    l.ReadUint32("port", 0, 65535, &c.step_link.port);
+    l.RejectUnknownKeys();
+  }
+
   YamlReader transports = r.Child("transports");
   {
     YamlReader t = transports.Child("tcp");
@@ -227,6 +234,7 @@ void ReadController(YamlReader& r, ControllerConfig& c) {
   r.ReadUint32("step_timeout_ms", 10, 3600000, &c.step_timeout_ms);
   r.ReadUint32("plan_wait_ms", 0, 3600000, &c.plan_wait_ms);
   r.ReadUint32("min_replicas", 1, 1 << 20, &c.min_replicas);
+  r.ReadBool("step_links", &c.step_links);
   r.ReadString("metrics_listen", &c.metrics_listen);
   CheckHostPort(r, "metrics_listen", c.metrics_listen);
 

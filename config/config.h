@@ -79,6 +79,12 @@ struct AgentDeltaConfig {
   int64_t test_fail_commit_version = 0;
 };
 
+// The agent's step-link listener (docs/performance.md, "Step links"), on the host of `listen`.
+struct StepLinkConfig {
+  bool enabled = true;
+  uint32_t port = 0;  // 0: any free port (the controller learns it in OpenStepLink)
+};
+
 struct AgentConfig {
   std::string source;  // the file it came from, for messages
   std::string name;    // default: the host name
@@ -99,6 +105,7 @@ struct AgentConfig {
   TlsConfig tls;
   StorageConfig storage;
   AgentDeltaConfig delta;
+  StepLinkConfig step_link;
 };
 
 // Name matching and the cost model belong to the planner (common/planner); the controller's
@@ -139,6 +146,8 @@ struct ControllerConfig {
   CostModelConfig cost_model;
   TlsConfig tls;
   DeltaConfig delta;
+  // Step commands on agents' step links where they offer one (else on gRPC step streams).
+  bool step_links = true;
 };
 
 // Parse from text; `source` names it in errors (a file name, or e.g. "<test>").

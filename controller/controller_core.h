@@ -145,7 +145,7 @@ class ControllerCore {
   Membership membership_;
   PlanFunction planner_;
   AgentChannels channels_;
-  GrpcAgentFleet fleet_{&channels_, &membership_};
+  GrpcAgentFleet fleet_{&channels_, &membership_, config_.step_links};
   StepProtocol protocol_{&fleet_};  // tracks the step in flight for AbortInFlight
   Broadcaster<weightbeam::v1::StepResult> steps_;
 

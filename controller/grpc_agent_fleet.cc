@@ -4,6 +4,19 @@ namespace wb::controller {
 
 namespace v1 = weightbeam::v1;
 
+namespace {
+// A stream's answers in a link's terms: an agent without the stream did not get the command.
+std::vector<StepLinks::Answer> ToLinkAnswers(std::vector<StepStreams::Answer> answers) {
+  std::vector<StepLinks::Answer> out(answers.size());
+  for (size_t i = 0; i < answers.size(); ++i) {
+    out[i].status = std::move(answers[i].status);
+    out[i].reply = std::move(answers[i].reply);
+    out[i].not_sent = answers[i].unimplemented;
+  }
+  return out;
+}
+}  // namespace
+
 template <typename Req>
 std::vector<CallTarget<Req>> GrpcAgentFleet::Targets(const std::vector<AgentCall<Req>>& calls,
                                                      bool skip_unknown) const {
@@ -25,23 +38,28 @@ std::vector<CallResult<Resp>> GrpcAgentFleet::OnStreams(const std::vector<AgentC
                                                         Take take, Unary unary) {
   std::vector<CallTarget<Req>> targets = Targets(calls, false);
   std::vector<CallResult<Resp>> results(targets.size());
-  std::vector<size_t> streamed;  // indexes into targets
-  std::vector<std::string> endpoints;
-  std::vector<v1::StepCommand> commands;
-  for (size_t i = 0; i < targets.size(); ++i) {
-    if (targets[i].endpoint.empty() || !streams_.Streams(targets[i].endpoint)) continue;
-    streamed.push_back(i);
-    endpoints.push_back(targets[i].endpoint);
-    commands.emplace_back();
-    put(targets[i].request, &commands.back());
-  }
   std::vector<bool> done(targets.size(), false);
-  if (!streamed.empty()) {
-    std::vector<StepStreams::Answer> answers = streams_.Send(endpoints, &commands, timeout);
-    for (size_t k = 0; k < streamed.size(); ++k) {
-      StepStreams::Answer& a = answers[k];
-      if (a.unimplemented) continue;  // an older agent: the unary call below
-      const size_t i = streamed[k];
+  // Links first, then streams for what did not go on a link.
+  for (const bool on_links : {true, false}) {
+    if (on_links && !use_links_) continue;
+    std::vector<size_t> sent;  // indexes into targets
+    std::vector<std::string> endpoints;
+    std::vector<v1::StepCommand> commands;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      const std::string& e = targets[i].endpoint;
+      if (done[i] || e.empty() || !(on_links ? links_.Links(e) : streams_.Streams(e))) continue;
+      sent.push_back(i);
+      endpoints.push_back(e);
+      commands.emplace_back();
+      put(targets[i].request, &commands.back());
+    }
+    if (sent.empty()) continue;
+    auto answers = on_links ? links_.Send(endpoints, &commands, timeout)
+                            : ToLinkAnswers(streams_.Send(endpoints, &commands, timeout));
+    for (size_t k = 0; k < sent.size(); ++k) {
+      StepLinks::Answer& a = answers[k];
+      if (a.not_sent) continue;  // no link, or an older agent without the stream: next way
+      const size_t i = sent[k];
       results[i].agent = targets[i].agent;
       results[i].status = a.status;
       if (a.status.ok()) take(&a.reply, &results[i].response);

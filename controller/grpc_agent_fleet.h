@@ -1,12 +1,13 @@
 // The AgentFleet the controller runs on: the Agent service over gRPC, every fan-out in parallel,
 // each agent's control endpoint looked up in the membership once per fan-out. Begin, execute
-// and commit go on each agent's step stream (StepStreams); the rest, and agents without the
-// stream, are unary calls (CallAll).
+// and commit go on each agent's step link (StepLinks), else on its gRPC step stream
+// (StepStreams); the rest, and agents with neither, are unary calls (CallAll).
 #pragma once
 
 #include "controller/agent_calls.h"
 #include "controller/agent_fleet.h"
 #include "controller/membership.h"
+#include "controller/step_links.h"
 #include "controller/step_streams.h"
 
 namespace wb::controller {
@@ -14,9 +15,17 @@ namespace wb::controller {
 class GrpcAgentFleet : public AgentFleet {
  public:
   // Both must outlive the fleet.
-  GrpcAgentFleet(AgentChannels* channels, const Membership* membership)
-      : channels_(channels), membership_(membership), streams_(channels) {
-    channels_->SetResetListener([this](const std::string& endpoint) { streams_.Reset(endpoint); });
+  // `step_links`: try step links first (the controller's `step_links` setting).
+  GrpcAgentFleet(AgentChannels* channels, const Membership* membership, bool step_links = true)
+      : channels_(channels),
+        membership_(membership),
+        use_links_(step_links),
+        links_(channels),
+        streams_(channels) {
+    channels_->SetResetListener([this](const std::string& endpoint) {
+      links_.Reset(endpoint);
+      streams_.Reset(endpoint);
+    });
   }
   ~GrpcAgentFleet() override { channels_->SetResetListener(nullptr); }
 
@@ -45,9 +54,9 @@ class GrpcAgentFleet : public AgentFleet {
   std::vector<CallTarget<Req>> Targets(const std::vector<AgentCall<Req>>& calls,
                                        bool skip_unknown) const;
 
-  // Each command on its agent's stream, in target order; the agents without one (and
-  // unknown agents) get the unary call `unary` instead. `put(request, command)` fills the
-  // command, `take(reply)` the response.
+  // Each command on its agent's step link, else on its stream, in target order; the agents
+  // with neither (and unknown agents) get the unary call `unary` instead. `put(request, command)`
+  // fills the command, `take(reply)` the response.
   template <typename Req, typename Resp, typename Put, typename Take, typename Unary>
   std::vector<CallResult<Resp>> OnStreams(const std::vector<AgentCall<Req>>& calls,
                                           std::chrono::milliseconds timeout, Put put, Take take,
@@ -55,6 +64,8 @@ class GrpcAgentFleet : public AgentFleet {
 
   AgentChannels* channels_;
   const Membership* membership_;
+  const bool use_links_;
+  StepLinks links_;
   StepStreams streams_;
 };
 

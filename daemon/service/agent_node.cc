@@ -23,6 +23,7 @@
 #include "daemon/service/controller_link.h"
 #include "daemon/service/memory_opener.h"
 #include "daemon/transport/factory.h"
+#include "daemon/transport/tcp/socket_util.h"
 #include "security/call_guard.h"
 
 namespace wb::service {
@@ -232,6 +233,14 @@ absl::Status AgentNode::Start() {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", config_.listen, " for the Agent service"));
   }
+  if (config_.step_link.enabled) {
+    auto listen = transport::tcp::ParseHostPort(config_.listen);
+    if (!listen.ok()) return listen.status();
+    StepLinkOptions links;
+    links.host = listen->host;
+    links.port = static_cast<uint16_t>(config_.step_link.port);
+    if (auto s = agent_service_->StartStepLinks(links); !s.ok()) return s;
+  }
   // The Local socket appears last: once it exists, the Agent service already answers.
   if (auto s = BindLocalSocket(); !s.ok()) return s;
   link_ = std::make_unique<ControllerLink>(
@@ -241,12 +250,14 @@ absl::Status AgentNode::Start() {
     if (link_) link_->LayoutChanged();
   });
   link_->Start();
-  spdlog::info("wb-agent {} serving: Local on {}, Agent on port {}, transports:{}", config_.name,
-               config_.local_socket, agent_port_, [&] {
-                 std::string s;
-                 for (auto& t : transports_) s += " " + t->Name();
-                 return s;
-               }());
+  spdlog::info(
+      "wb-agent {} serving: Local on {}, Agent on port {}, step links on port {}, "
+      "transports:{}",
+      config_.name, config_.local_socket, agent_port_, agent_service_->step_link_port(), [&] {
+        std::string s;
+        for (auto& t : transports_) s += " " + t->Name();
+        return s;
+      }());
   return absl::OkStatus();
 }
 

@@ -2,6 +2,7 @@
 
 #include "common/grpc/status_util.h"
 #include "common/process/malloc_arenas.h"
+#include "daemon/service/step_commands.h"
 #include "daemon/service/step_stream.h"
 
 namespace wb::service {
@@ -128,6 +129,34 @@ grpc::ServerBidiReactor<v1::StepCommand, v1::StepReply>* AgentService::StepStrea
         grpc::Status(grpc::StatusCode::UNAVAILABLE, "agent shutting down"));
   }
   return new StepStreamReactor(node_, &long_calls_, &step_streams_);
+}
+
+grpc::ServerUnaryReactor* AgentService::OpenStepLink(grpc::CallbackServerContext* ctx,
+                                                     const v1::OpenStepLinkRequest*,
+                                                     v1::OpenStepLinkResponse* resp) {
+  // The key goes only to the admitted controller: whoever holds it can run step commands.
+  if (auto a = guard_.AdmitController(*ctx, "Agent.OpenStepLink"); !a.ok()) return Refuse(ctx, a);
+  if (!step_links_) {
+    return Done(ctx, absl::FailedPreconditionError(
+                         "step links are off on this agent (step_link.enabled: false)"));
+  }
+  auto grant = step_links_->Issue();
+  if (grant.ok()) {
+    resp->set_port(grant->port);
+    resp->set_link_id(std::move(grant->link_id));
+    resp->set_key(std::move(grant->key));
+  }
+  return Done(ctx, grant.status());
+}
+
+absl::Status AgentService::StartStepLinks(const StepLinkOptions& options) {
+  auto server = StepLinkServer::Start(
+      options, [this](v1::StepCommand command, std::function<void(v1::StepReply)> reply) {
+        RunStepCommand(node_, &long_calls_, std::move(command), std::move(reply));
+      });
+  if (!server.ok()) return server.status();
+  step_links_ = std::move(*server);
+  return absl::OkStatus();
 }
 
 }  // namespace wb::service

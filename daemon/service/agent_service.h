@@ -4,6 +4,7 @@
 
 #include "daemon/executor/worker_pool.h"
 #include "daemon/service/agent_node.h"
+#include "daemon/service/step_link_server.h"
 #include "daemon/service/step_stream.h"
 #include "security/call_guard.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
@@ -49,14 +50,29 @@ class AgentService final : public weightbeam::v1::Agent::CallbackService {
   grpc::ServerBidiReactor<weightbeam::v1::StepCommand, weightbeam::v1::StepReply>* StepStream(
       grpc::CallbackServerContext* ctx) override;
 
-  // Ends the open step streams (before the server shuts down: they never end by themselves).
-  void CloseStepStreams() { step_streams_.CloseAll(); }
+  // Hands out a step link's id and key (FAILED_PRECONDITION when step links are off).
+  grpc::ServerUnaryReactor* OpenStepLink(grpc::CallbackServerContext* ctx,
+                                         const weightbeam::v1::OpenStepLinkRequest* req,
+                                         weightbeam::v1::OpenStepLinkResponse* resp) override;
+
+  // Listens for step links; without this call OpenStepLink is refused.
+  absl::Status StartStepLinks(const StepLinkOptions& options);
+  // The step-link port (0 when off).
+  uint16_t step_link_port() const { return step_links_ ? step_links_->port() : 0; }
+
+  // Ends the open step streams and links (before the server shuts down: they never end by
+  // themselves).
+  void CloseStepStreams() {
+    step_streams_.CloseAll();
+    if (step_links_) step_links_->Stop();
+  }
 
  private:
   AgentNode* node_;
   security::CallGuard guard_;
   executor::WorkerPool long_calls_{2};
-  OpenStepStreams step_streams_;  // after long_calls_: its commands run there
+  OpenStepStreams step_streams_;                // after long_calls_: its commands run there
+  std::unique_ptr<StepLinkServer> step_links_;  // the same
 };
 
 }  // namespace wb::service

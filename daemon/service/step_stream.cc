@@ -2,19 +2,11 @@
 
 #include <utility>
 
+#include "daemon/service/step_commands.h"
+
 namespace wb::service {
 
 namespace v1 = weightbeam::v1;
-
-namespace {
-v1::StepReply ReplyFor(uint64_t seq, const absl::Status& s) {
-  v1::StepReply reply;
-  reply.set_seq(seq);
-  reply.set_code(static_cast<int32_t>(s.code()));
-  if (!s.ok()) reply.set_error(std::string(s.message()));
-  return reply;
-}
-}  // namespace
 
 void OpenStepStreams::Add(StepStreamReactor* stream) {
   absl::MutexLock lock(&mu_);
@@ -86,38 +78,11 @@ void StepStreamReactor::Run(v1::StepCommand command) {
     closing = closing_;
   }
   if (closing) {
-    Reply(ReplyFor(seq, absl::UnavailableError("agent shutting down")));
+    Reply(StepReplyFor(seq, absl::UnavailableError("agent shutting down")));
     return;
   }
-  switch (command.command_case()) {
-    case v1::StepCommand::kBegin: {
-      const auto& req = command.begin();
-      Reply(ReplyFor(seq, node_->BeginStep(req.version(), req.step_id(), req.plan_id())));
-      return;
-    }
-    case v1::StepCommand::kCommit:
-      if (command.commit().step_nonce() == 0) {
-        Reply(ReplyFor(seq,
-                       node_->CommitStep(command.commit().version(), command.commit().step_id())));
-        return;
-      }
-      // Delta mode: applying the deltas takes a while; off gRPC's thread.
-      long_calls_->Submit([this, command = std::move(command)] {
-        Reply(ReplyFor(command.seq(), node_->Commit(command.commit())));
-      });
-      return;
-    case v1::StepCommand::kExecute:
-      long_calls_->Submit([this, command = std::move(command)] {
-        v1::StepReply reply = ReplyFor(command.seq(), absl::OkStatus());
-        *reply.mutable_execute()->mutable_report() = node_->Execute(command.execute());
-        Reply(std::move(reply));
-      });
-      return;
-    case v1::StepCommand::COMMAND_NOT_SET:
-      break;
-  }
-  Reply(ReplyFor(seq, absl::InvalidArgumentError("step command without a command (begin, "
-                                                 "execute or commit)")));
+  RunStepCommand(node_, long_calls_, std::move(command),
+                 [this](v1::StepReply reply) { Reply(std::move(reply)); });
 }
 
 void StepStreamReactor::Reply(v1::StepReply reply) {

@@ -165,3 +165,41 @@ TEST_CASE("steps commit verified bytes; a killed agent fails its step by name; i
     CHECK(std::memcmp(again.buffer.data(), inference.buffer.data(), again.buffer.size()) == 0);
   }
 }
+
+TEST_CASE("step commands go on step links; with links off on either side, on gRPC streams") {
+  struct Case {
+    const char* name;
+    std::string controller_yaml;
+    std::string inference_yaml;
+    bool trainer_link, inference_link;
+  };
+  const Case c =
+      GENERATE(Case{"links on both sides", "", "", true, true},
+               Case{"controller with step_links off", "step_links: false\n", "", false, false},
+               Case{"inference agent with step links off", "", "step_link:\n  enabled: false\n",
+                    true, false});
+  INFO(c.name);
+  wb::testing::ClusterOptions options;
+  options.extra_controller_yaml = c.controller_yaml;
+  if (!c.inference_yaml.empty()) options.agent_yaml["inference-node"] = c.inference_yaml;
+  Cluster cluster(wb::testing::Runfile(""), options);
+  Trainer trainer = Trainer::Open(cluster.socket("trainer-node"));
+  Inference inference = Inference::Open(cluster.socket("inference-node"));
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  wb::testing::PlanOneToOne(&ctl);
+  for (uint32_t v = 1; v <= 2; ++v) {
+    trainer.Fill(v);
+    auto step = ctl.Step(v);
+    INFO((step.ok() ? "" : std::string(step.status().message())));
+    REQUIRE(step.ok());
+    CHECK(SameBytes(trainer, inference));
+  }
+  // Each agent logs the controller's link when it opens.
+  CHECK((cluster.Log("trainer-node").find("step link from") != std::string::npos) ==
+        c.trainer_link);
+  CHECK((cluster.Log("inference-node").find("step link from") != std::string::npos) ==
+        c.inference_link);
+  if (!c.inference_yaml.empty()) {
+    CHECK_THAT(cluster.Log("controller"), Catch::Contains("has no step links"));
+  }
+}

@@ -161,6 +161,29 @@ cost_model: {nic_gbps: 25, op_overhead_us: 5}
   CHECK(c->cost_model.nic_gbps == 25);
 }
 
+TEST_CASE("step links: on by default, can be turned off on either side, ports checked") {
+  auto a = wb::config::ParseAgentConfig("", "agent.yaml");
+  REQUIRE(a.ok());
+  CHECK(a->step_link.enabled);
+  CHECK(a->step_link.port == 0);
+  auto off =
+      wb::config::ParseAgentConfig("step_link: {enabled: false, port: 7102}\n", "agent.yaml");
+  REQUIRE(off.ok());
+  CHECK_FALSE(off->step_link.enabled);
+  CHECK(off->step_link.port == 7102);
+  CHECK_THAT(ErrorOf("step_link: {port: 70000}\n"),
+             Catch::Contains("'step_link.port': expected an integer from 0 to 65535"));
+  CHECK_THAT(ErrorOf("step_link: {enable: false}\n"),
+             Catch::Contains("unknown key 'step_link.enable'"));
+  auto c = ParseControllerConfig("", "controller.yaml");
+  REQUIRE(c.ok());
+  CHECK(c->step_links);
+  auto c_off = ParseControllerConfig("step_links: false\n", "controller.yaml");
+  REQUIRE(c_off.ok());
+  CHECK_FALSE(c_off->step_links);
+  CHECK_THAT(ControllerErrorOf("step_links: sometimes\n"), Catch::Contains("'step_links'"));
+}
+
 TEST_CASE("controller config: missing required keys and bad rules are named") {
   std::string e = ControllerErrorOf("fusions:\n  - {fused: qkv.weight}\n");
   CHECK_THAT(e, Catch::Contains("controller.yaml: key 'fusions[0].parts' is required"));

@@ -1,0 +1,52 @@
+#include "daemon/service/step_commands.h"
+
+#include <string>
+#include <utility>
+
+namespace wb::service {
+
+namespace v1 = weightbeam::v1;
+
+v1::StepReply StepReplyFor(uint64_t seq, const absl::Status& s) {
+  v1::StepReply reply;
+  reply.set_seq(seq);
+  reply.set_code(static_cast<int32_t>(s.code()));
+  if (!s.ok()) reply.set_error(std::string(s.message()));
+  return reply;
+}
+
+void RunStepCommand(AgentNode* node, executor::WorkerPool* long_calls, v1::StepCommand command,
+                    std::function<void(v1::StepReply)> reply) {
+  const uint64_t seq = command.seq();
+  switch (command.command_case()) {
+    case v1::StepCommand::kBegin: {
+      const auto& req = command.begin();
+      reply(StepReplyFor(seq, node->BeginStep(req.version(), req.step_id(), req.plan_id())));
+      return;
+    }
+    case v1::StepCommand::kCommit:
+      if (command.commit().step_nonce() == 0) {
+        reply(StepReplyFor(
+            seq, node->CommitStep(command.commit().version(), command.commit().step_id())));
+        return;
+      }
+      // Delta mode: applying the deltas takes a while; off the calling thread.
+      long_calls->Submit([node, reply = std::move(reply), command = std::move(command)] {
+        reply(StepReplyFor(command.seq(), node->Commit(command.commit())));
+      });
+      return;
+    case v1::StepCommand::kExecute:
+      long_calls->Submit([node, reply = std::move(reply), command = std::move(command)] {
+        v1::StepReply r = StepReplyFor(command.seq(), absl::OkStatus());
+        *r.mutable_execute()->mutable_report() = node->Execute(command.execute());
+        reply(std::move(r));
+      });
+      return;
+    case v1::StepCommand::COMMAND_NOT_SET:
+      break;
+  }
+  reply(StepReplyFor(seq, absl::InvalidArgumentError("step command without a command (begin, "
+                                                     "execute or commit)")));
+}
+
+}  // namespace wb::service

@@ -1,0 +1,237 @@
+// StepLinks, the controller's step commands on one sealed socket per agent, against real agents'
+// step-link listeners (StepLinkServer) behind real gRPC servers in this process: answers come
+// back in order on one link kept across fan-outs; a stalled agent ends at the deadline and gets
+// a new link; an agent whose listener goes away fails its command with the link's end; agents
+// that refuse links (older builds, links off) or whose port cannot be reached come back
+// `not_sent`, so the caller sends those commands on the stream, and are tried again after
+// Reset.
+#include "controller/step_links.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/service/step_link_server.h"
+#include "weightbeam/v1/agent.grpc.pb.h"
+
+namespace wb::controller {
+namespace {
+
+namespace v1 = weightbeam::v1;
+
+// Grants links on a real StepLinkServer whose commands answer FAILED_PRECONDITION with this
+// agent's name; the first `stall` commands get no answer. `refuse`: OpenStepLink fails with it.
+// `port_override`: the grant names this port instead (nothing listens there).
+class FakeLinkAgent final : public v1::Agent::CallbackService {
+ public:
+  FakeLinkAgent(std::string name, int stall, grpc::StatusCode refuse = grpc::StatusCode::OK,
+                uint32_t port_override = 0)
+      : name_(std::move(name)), stall_(stall), refuse_(refuse), port_override_(port_override) {
+    service::StepLinkOptions o;
+    o.host = "127.0.0.1";
+    auto s = service::StepLinkServer::Start(o, [this](v1::StepCommand c, auto reply) {
+      ++ran_;
+      if (stall_-- > 0) {
+        held_.push_back(std::move(reply));  // never answered (kept so nothing replies late)
+        return;
+      }
+      v1::StepReply r;
+      r.set_seq(c.seq());
+      r.set_code(static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+      r.set_error(name_);
+      reply(std::move(r));
+    });
+    REQUIRE(s.ok());
+    links_ = std::move(*s);
+  }
+
+  grpc::ServerUnaryReactor* OpenStepLink(grpc::CallbackServerContext* ctx,
+                                         const v1::OpenStepLinkRequest*,
+                                         v1::OpenStepLinkResponse* resp) override {
+    ++grants_;
+    auto* r = ctx->DefaultReactor();
+    if (refuse_ != grpc::StatusCode::OK) {
+      r->Finish(grpc::Status(refuse_, "no links here"));
+      return r;
+    }
+    auto g = links_->Issue();
+    resp->set_port(port_override_ != 0 ? port_override_ : g->port);
+    resp->set_link_id(g->link_id);
+    resp->set_key(g->key);
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+
+  int grants() const { return grants_; }
+  int ran() const { return ran_; }
+  service::StepLinkServer* links() { return links_.get(); }
+
+ private:
+  const std::string name_;
+  std::atomic<int> stall_;
+  const grpc::StatusCode refuse_;
+  const uint32_t port_override_;
+  std::atomic<int> grants_{0}, ran_{0};
+  std::vector<std::function<void(v1::StepReply)>> held_;
+  std::unique_ptr<service::StepLinkServer> links_;
+};
+
+// An agent of an older build: no OpenStepLink.
+class OldAgent final : public v1::Agent::Service {};
+
+struct Running {
+  std::unique_ptr<grpc::Service> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string endpoint;
+  FakeLinkAgent* agent() { return static_cast<FakeLinkAgent*>(service.get()); }
+  ~Running() {
+    if (server) server->Shutdown(std::chrono::system_clock::now());
+  }
+};
+
+std::unique_ptr<Running> Serve(std::unique_ptr<grpc::Service> service) {
+  auto r = std::make_unique<Running>();
+  r->service = std::move(service);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(r->service.get());
+  r->server = builder.BuildAndStart();
+  REQUIRE(r->server);
+  r->endpoint = "127.0.0.1:" + std::to_string(port);
+  return r;
+}
+
+std::vector<v1::StepCommand> Commands(size_t n) {
+  std::vector<v1::StepCommand> out(n);
+  for (auto& c : out) c.mutable_begin()->set_version(7);
+  return out;
+}
+
+TEST_CASE("answers come back in order, on one link per agent kept across fan-outs") {
+  std::vector<std::unique_ptr<Running>> agents;
+  std::vector<std::string> endpoints;
+  for (int i = 0; i < 5; ++i) {
+    agents.push_back(Serve(std::make_unique<FakeLinkAgent>("agent-" + std::to_string(i), 0)));
+    endpoints.push_back(agents.back()->endpoint);
+  }
+  AgentChannels channels;
+  StepLinks links(&channels);
+  for (int round = 0; round < 3; ++round) {
+    auto commands = Commands(endpoints.size());
+    const auto answers = links.Send(endpoints, &commands, std::chrono::seconds(10));
+    REQUIRE(answers.size() == endpoints.size());
+    for (size_t i = 0; i < answers.size(); ++i) {
+      INFO("round " << round << ", agent " << i);
+      CHECK_FALSE(answers[i].not_sent);
+      CHECK(answers[i].status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+      CHECK(answers[i].status.error_message() == "agent-" + std::to_string(i));
+      CHECK(answers[i].reply.seq() == commands[i].seq());
+    }
+  }
+  CHECK(links.open_links() == 5);
+  for (auto& a : agents) {
+    CHECK(a->agent()->grants() == 1);
+    CHECK(a->agent()->ran() == 3);
+    CHECK(a->agent()->links()->open_links() == 1);
+  }
+}
+
+TEST_CASE("the same agent twice in one fan-out gets both commands on its one link") {
+  auto a = Serve(std::make_unique<FakeLinkAgent>("twice", 0));
+  AgentChannels channels;
+  StepLinks links(&channels);
+  auto commands = Commands(2);
+  const auto answers = links.Send({a->endpoint, a->endpoint}, &commands, std::chrono::seconds(10));
+  CHECK(answers[0].status.error_message() == "twice");
+  CHECK(answers[1].status.error_message() == "twice");
+  CHECK(answers[0].reply.seq() != answers[1].reply.seq());
+  CHECK(a->agent()->grants() == 1);
+}
+
+TEST_CASE("a stalled agent ends at the deadline alone and gets a new link next time") {
+  auto ok = Serve(std::make_unique<FakeLinkAgent>("ok", 0));
+  auto stalled = Serve(std::make_unique<FakeLinkAgent>("stalled", 1));
+  AgentChannels channels;
+  StepLinks links(&channels);
+  const std::vector<std::string> endpoints = {ok->endpoint, stalled->endpoint};
+  auto commands = Commands(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto answers = links.Send(endpoints, &commands, std::chrono::milliseconds(400));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+  CHECK(answers[0].status.error_message() == "ok");
+  CHECK(answers[1].status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+  CHECK_FALSE(answers[1].not_sent);  // it was sent: the caller must not send it again
+  commands = Commands(2);
+  answers = links.Send(endpoints, &commands, std::chrono::seconds(10));
+  CHECK(answers[0].status.error_message() == "ok");
+  CHECK(answers[1].status.error_message() == "stalled");
+  CHECK(stalled->agent()->grants() == 2);
+  CHECK(ok->agent()->grants() == 1);
+}
+
+TEST_CASE("an agent whose listener goes away fails its command with the link's end") {
+  auto going = Serve(std::make_unique<FakeLinkAgent>("going", 1));
+  AgentChannels channels;
+  StepLinks links(&channels);
+  // A first command opens the link and is answered... by no one: the listener stops meanwhile.
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    going->agent()->links()->Stop();
+  });
+  auto commands = Commands(1);
+  const auto answers = links.Send({going->endpoint}, &commands, std::chrono::seconds(20));
+  stopper.join();
+  REQUIRE(answers.size() == 1);
+  CHECK_FALSE(answers[0].not_sent);
+  CHECK(answers[0].status.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(answers[0].status.error_message().find("step link") != std::string::npos);
+  CHECK(links.open_links() == 0);
+}
+
+TEST_CASE("agents without links come back not_sent and are remembered until Reset") {
+  auto old = Serve(std::make_unique<OldAgent>());
+  auto off =
+      Serve(std::make_unique<FakeLinkAgent>("off", 0, grpc::StatusCode::FAILED_PRECONDITION));
+  // A grant naming a port nothing listens on (a firewall would look the same, or worse).
+  uint16_t dead_port = 0;
+  {
+    auto l = transport::tcp::ListenTcp({"127.0.0.1", 0}, &dead_port);
+    REQUIRE(l.ok());
+  }  // closed: connecting there is refused
+  auto unreachable =
+      Serve(std::make_unique<FakeLinkAgent>("unreachable", 0, grpc::StatusCode::OK, dead_port));
+  auto fine = Serve(std::make_unique<FakeLinkAgent>("fine", 0));
+  AgentChannels channels;
+  StepLinks links(&channels);
+  const std::vector<std::string> endpoints = {old->endpoint, off->endpoint, unreachable->endpoint,
+                                              fine->endpoint};
+  auto commands = Commands(4);
+  auto answers = links.Send(endpoints, &commands, std::chrono::seconds(10));
+  CHECK(answers[0].not_sent);
+  CHECK(answers[1].not_sent);
+  CHECK(answers[2].not_sent);
+  CHECK_FALSE(answers[3].not_sent);
+  CHECK(answers[3].status.error_message() == "fine");
+  CHECK(off->agent()->ran() == 0);
+  CHECK(unreachable->agent()->ran() == 0);
+  for (int i = 0; i < 3; ++i) CHECK_FALSE(links.Links(endpoints[i]));
+  CHECK(links.Links(endpoints[3]));
+  // Known now: the next fan-out does not ask again.
+  commands = Commands(4);
+  answers = links.Send(endpoints, &commands, std::chrono::seconds(10));
+  CHECK(answers[1].not_sent);
+  CHECK(off->agent()->grants() == 1);
+  CHECK(unreachable->agent()->grants() == 1);
+  links.Reset(off->endpoint);
+  CHECK(links.Links(off->endpoint));
+}
+
+}  // namespace
+}  // namespace wb::controller
