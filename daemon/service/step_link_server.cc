@@ -135,7 +135,11 @@ void StepLinkServer::Loop() {
   epoll_event events[64];
   auto next_sweep = Clock::now();
   while (!stop_.load()) {
-    const int n = epoll_wait(epoll_fd_, events, 64, 250);
+    // Handshakes in progress need their deadline checked; otherwise sleep until something
+    // happens (hundreds of idle agents' links must not tick).
+    bool handshaking = false;
+    for (auto& [raw, conn] : conns_) handshaking = handshaking || !raw->authenticated;
+    const int n = epoll_wait(epoll_fd_, events, 64, handshaking ? 250 : -1);
     if (n < 0 && errno != EINTR) {
       spdlog::error("step links: epoll_wait: {}; links stop", std::strerror(errno));
       return;

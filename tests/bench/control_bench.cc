@@ -3,6 +3,7 @@
 // trainer nodes and half inference nodes, each pair sharing one tiny BF16 tensor. Plans once,
 // then times ControllerClient::Step (call -> commit reply) over many steps and prints one JSON
 // line with the latency percentiles and the controller's CPU time per step (/proc/PID/stat).
+// --step-links=false sends the step commands on gRPC step streams instead of step links.
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>
@@ -113,6 +114,10 @@ int main(int argc, char** argv) {
                  "the controller's log level (default: --log-level), e.g. info to see why it "
                  "planned again");
   app.add_option("--heartbeat-ms", heartbeat_ms, "agents' heartbeat interval");
+  bool step_links = true;
+  app.add_option("--step-links", step_links,
+                 "step commands on step links (true) or on gRPC step streams (false: the "
+                 "controller's step_links setting)");
   CLI11_PARSE(app, argc, argv);
   wb::UseFastMutexes();  // as the daemons do: the in-process agents are daemons
   if (agents < 2 || agents % 2 != 0) Die("--agents must be even and at least 2");
@@ -129,7 +134,8 @@ int main(int argc, char** argv) {
       << "listen: " << controller_address
       << "\nlog_level: " << (controller_log_level.empty() ? log_level : controller_log_level)
       << "\nheartbeat_timeout_ms: " << heartbeat_timeout_ms
-      << "\nstep_timeout_ms: 20000\nworld:\n  trainer_ranks: " << pairs
+      << "\nstep_timeout_ms: 20000\nstep_links: " << (step_links ? "true" : "false")
+      << "\nworld:\n  trainer_ranks: " << pairs
       << "\n  inference_replicas: " << pairs << "\n  inference_ranks_per_replica: 1\n";
   auto controller = std::make_unique<wb::testing::Process>(
       std::vector<std::string>{bin_dir + "/controller/wb-controller", "--config",
@@ -251,6 +257,7 @@ int main(int argc, char** argv) {
   nlohmann::json out;
   out["bench"] = "control";
   out["mode"] = mode;
+  out["step_links"] = step_links;
   out["agents"] = agents;
   out["agents_per_side"] = pairs;
   out["steps"] = steps;
