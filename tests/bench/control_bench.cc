@@ -135,8 +135,8 @@ int main(int argc, char** argv) {
       << "\nlog_level: " << (controller_log_level.empty() ? log_level : controller_log_level)
       << "\nheartbeat_timeout_ms: " << heartbeat_timeout_ms
       << "\nstep_timeout_ms: 20000\nstep_links: " << (step_links ? "true" : "false")
-      << "\nworld:\n  trainer_ranks: " << pairs
-      << "\n  inference_replicas: " << pairs << "\n  inference_ranks_per_replica: 1\n";
+      << "\nworld:\n  trainer_ranks: " << pairs << "\n  inference_replicas: " << pairs
+      << "\n  inference_ranks_per_replica: 1\n";
   auto controller = std::make_unique<wb::testing::Process>(
       std::vector<std::string>{bin_dir + "/controller/wb-controller", "--config",
                                dir + "/controller.yaml"},
