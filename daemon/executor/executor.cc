@@ -89,9 +89,13 @@ Executor::Executor(registry::RegionRegistry* registry, StagingPool* staging,
     : registry_(registry), staging_(staging), preparer_(preparer), options_(options) {}
 
 void SortByPhase(std::vector<v1::TransferOp>* ops) {
-  std::stable_sort(ops->begin(), ops->end(), [](const v1::TransferOp& a, const v1::TransferOp& b) {
+  auto by_phase = [](const v1::TransferOp& a, const v1::TransferOp& b) {
     return a.phase() < b.phase();
-  });
+  };
+  // The planner emits each sender's ops phase by phase: a stable sort of 10^6 ops that are in
+  // order already would still merge them through a buffer of as many fresh ops (~0.8 s).
+  if (std::is_sorted(ops->begin(), ops->end(), by_phase)) return;
+  std::stable_sort(ops->begin(), ops->end(), by_phase);
 }
 
 void Executor::Load(std::vector<v1::TransferOp> ops, std::map<std::string, Route> routes,

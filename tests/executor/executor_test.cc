@@ -424,3 +424,28 @@ TEST_CASE("batches outstanding at the deadline are abandoned, not left queued") 
   CHECK(peer->abandoned() == 1);
   CHECK(f.exec->ops_in_flight() == 0);  // the abandoned batch completed before Execute returned
 }
+
+TEST_CASE("SortByPhase orders ops by phase, keeping each phase's order; sorted input stays as is") {
+  auto ops_with = [](std::vector<std::pair<int, uint64_t>> phase_and_id) {
+    std::vector<v1::TransferOp> ops;
+    for (auto [phase, id] : phase_and_id) {
+      ops.emplace_back();
+      ops.back().set_phase(phase);
+      ops.back().set_src_offset(id);  // names the op
+    }
+    return ops;
+  };
+  auto ids = [](const std::vector<v1::TransferOp>& ops) {
+    std::vector<std::pair<int, uint64_t>> out;
+    for (const auto& op : ops) out.emplace_back(op.phase(), op.src_offset());
+    return out;
+  };
+  auto shuffled = ops_with({{2, 1}, {0, 2}, {1, 3}, {0, 4}, {2, 5}, {1, 6}, {0, 7}});
+  executor::SortByPhase(&shuffled);
+  CHECK(ids(shuffled) == std::vector<std::pair<int, uint64_t>>{
+                             {0, 2}, {0, 4}, {0, 7}, {1, 3}, {1, 6}, {2, 1}, {2, 5}});
+  auto sorted = ops_with({{0, 9}, {0, 8}, {1, 7}, {3, 6}, {3, 5}});
+  const auto before = ids(sorted);
+  executor::SortByPhase(&sorted);
+  CHECK(ids(sorted) == before);
+}
