@@ -1,5 +1,8 @@
 #include "controller/grpc_agent_fleet.h"
 
+#include <algorithm>
+#include <thread>
+
 namespace wb::controller {
 
 namespace v1 = weightbeam::v1;
@@ -36,35 +39,80 @@ template <typename Req, typename Resp, typename Put, typename Take, typename Una
 std::vector<CallResult<Resp>> GrpcAgentFleet::OnStreams(const std::vector<AgentCall<Req>>& calls,
                                                         std::chrono::milliseconds timeout, Put put,
                                                         Take take, Unary unary) {
+  // Every way a command may take shares the fan-out's one deadline.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now()));
+  };
   std::vector<CallTarget<Req>> targets = Targets(calls, false);
   std::vector<CallResult<Resp>> results(targets.size());
   std::vector<bool> done(targets.size(), false);
-  // Links first, then streams for what did not go on a link.
-  for (const bool on_links : {true, false}) {
-    if (on_links && !use_links_) continue;
-    std::vector<size_t> sent;  // indexes into targets
+  struct Group {
+    std::vector<size_t> at;  // indexes into targets
     std::vector<std::string> endpoints;
     std::vector<v1::StepCommand> commands;
-    for (size_t i = 0; i < targets.size(); ++i) {
-      const std::string& e = targets[i].endpoint;
-      if (done[i] || e.empty() || !(on_links ? links_.Links(e) : streams_.Streams(e))) continue;
-      sent.push_back(i);
-      endpoints.push_back(e);
-      commands.emplace_back();
-      put(targets[i].request, &commands.back());
-    }
-    if (sent.empty()) continue;
-    auto answers = on_links ? links_.Send(endpoints, &commands, timeout)
-                            : ToLinkAnswers(streams_.Send(endpoints, &commands, timeout));
-    for (size_t k = 0; k < sent.size(); ++k) {
+  };
+  auto add = [&](Group* g, size_t i) {
+    g->at.push_back(i);
+    g->endpoints.push_back(targets[i].endpoint);
+    g->commands.emplace_back();
+    put(targets[i].request, &g->commands.back());
+  };
+  auto record = [&](const Group& g, std::vector<StepLinks::Answer>& answers) {
+    for (size_t k = 0; k < g.at.size(); ++k) {
       StepLinks::Answer& a = answers[k];
-      if (a.not_sent) continue;  // no link, or an older agent without the stream: next way
-      const size_t i = sent[k];
+      if (a.not_sent) continue;  // no link after all, or an older agent without the stream
+      const size_t i = g.at[k];
       results[i].agent = targets[i].agent;
       results[i].status = a.status;
       if (a.status.ok()) take(&a.reply, &results[i].response);
       done[i] = true;
     }
+  };
+  // Each command on its agent's link, else on its stream; agents without a link get one opened
+  // for later steps, off this step's path.
+  Group on_links, on_streams;
+  std::vector<std::string> want_links;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const std::string& e = targets[i].endpoint;
+    if (e.empty()) continue;
+    if (use_links_ && links_.Has(e)) {
+      add(&on_links, i);
+      continue;
+    }
+    if (use_links_ && links_.Links(e)) want_links.push_back(e);
+    if (streams_.Streams(e)) add(&on_streams, i);
+  }
+  if (!want_links.empty()) links_.Request(want_links);
+  // Both ways at once when a fan-out needs both (a link being opened, an agent without links).
+  std::vector<StepLinks::Answer> link_answers, stream_answers;
+  std::thread streamer;
+  if (!on_streams.at.empty()) {
+    auto run = [&] {
+      stream_answers =
+          ToLinkAnswers(streams_.Send(on_streams.endpoints, &on_streams.commands, left()));
+    };
+    if (on_links.at.empty()) {
+      run();
+    } else {
+      streamer = std::thread(run);
+    }
+  }
+  if (!on_links.at.empty())
+    link_answers = links_.Send(on_links.endpoints, &on_links.commands, left());
+  if (streamer.joinable()) streamer.join();
+  record(on_links, link_answers);
+  record(on_streams, stream_answers);
+  // A link that ended just before the fan-out: its command never left; the stream now.
+  Group again;
+  for (size_t i : on_links.at) {
+    if (!done[i] && streams_.Streams(targets[i].endpoint)) add(&again, i);
+  }
+  if (!again.at.empty()) {
+    auto answers = ToLinkAnswers(streams_.Send(again.endpoints, &again.commands, left()));
+    record(again, answers);
   }
   std::vector<CallTarget<Req>> rest;
   std::vector<size_t> rest_at;
@@ -74,7 +122,7 @@ std::vector<CallResult<Resp>> GrpcAgentFleet::OnStreams(const std::vector<AgentC
     rest.push_back(std::move(targets[i]));
   }
   if (rest.empty()) return results;
-  auto unary_results = CallAll<Req, Resp>(channels_, rest, timeout, unary);
+  auto unary_results = CallAll<Req, Resp>(channels_, rest, left(), unary);
   for (size_t k = 0; k < rest_at.size(); ++k) results[rest_at[k]] = std::move(unary_results[k]);
   return results;
 }

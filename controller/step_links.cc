@@ -23,9 +23,38 @@ using Clock = std::chrono::steady_clock;
 namespace tcp = wb::transport::tcp;
 
 namespace {
-// Asking for a link and connecting take at most this (or what is left of the step's timeout).
-constexpr std::chrono::milliseconds kOpenTimeout{5000};
+// The opener's bounds: OpenStepLink, then connecting and the handshake (each).
+constexpr std::chrono::milliseconds kGrantTimeout{3000};
+constexpr std::chrono::milliseconds kConnectTimeout{2000};
+// An agent that did not answer OpenStepLink is asked again no sooner than this.
+constexpr std::chrono::milliseconds kRetryAfter{1000};
 constexpr uint32_t kLinkEvents = EPOLLIN | EPOLLRDHUP;
+
+// The handshake on a blocking socket: the hello out, the agent's sealed empty frame back.
+absl::Status Handshake(int fd, const std::string& link_id, steplink::LinkCipher* cipher) {
+  std::string hello = link_id;
+  if (auto s = cipher->Seal("", &hello); !s.ok()) return s;
+  if (auto s = tcp::SendAll(fd, hello.data(), hello.size()); !s.ok()) return s;
+  char ack[steplink::kLengthBytes + steplink::kTagBytes];
+  size_t got = 0;
+  int error = 0;
+  if (tcp::RecvExact(fd, ack, sizeof(ack), &got, &error) != tcp::RecvOutcome::kOk) {
+    return absl::UnavailableError(
+        absl::StrCat("no acknowledgement (", got, " of ", sizeof(ack), " bytes",
+                     error ? absl::StrCat(": ", std::strerror(error)) : std::string(),
+                     "): the agent refused the link"));
+  }
+  steplink::FrameReader reader;
+  reader.Append(ack, sizeof(ack));
+  std::string_view body;
+  std::string plain;
+  auto has = reader.Next(&body);
+  if (!has.ok()) return has.status();
+  if (!*has) return absl::DataLossError("a malformed acknowledgement");
+  if (auto s = cipher->Open(body, &plain); !s.ok()) return s;
+  if (!plain.empty()) return absl::DataLossError("an acknowledgement that is not empty");
+  return absl::OkStatus();
+}
 }  // namespace
 
 struct StepLinks::FanOut {
@@ -41,6 +70,7 @@ struct StepLinks::FanOut {
   size_t left;
 };
 
+// One agent's link after its handshake. Only the driving thread touches it.
 class StepLinks::Link {
  public:
   struct Waiter {
@@ -53,14 +83,7 @@ class StepLinks::Link {
 
   const std::string& endpoint() const { return endpoint_; }
   int fd() const { return fd_.get(); }
-  bool acked() const { return acked_; }
   std::map<uint64_t, Waiter>& pending() { return pending_; }
-
-  // The hello: the link id in clear, then a sealed empty frame that proves the key.
-  absl::Status Hello(const std::string& link_id) {
-    out_ = link_id;
-    return cipher_.Seal("", &out_);
-  }
 
   absl::Status Queue(const v1::StepCommand& command, FanOut* fan, size_t index) {
     if (auto s = cipher_.Seal(command.SerializeAsString(), &out_); !s.ok()) return s;
@@ -100,28 +123,21 @@ class StepLinks::Link {
         return absl::UnavailableError(absl::StrCat("receive: ", std::strerror(errno)));
       }
       frames_.Append(buf, static_cast<size_t>(got));
-      // A short read took all there was: epoll (level-triggered) reports whatever comes next,
-      // so no second recv just to see EAGAIN.
-      const bool drained = static_cast<size_t>(got) < sizeof(buf);
       while (true) {
         std::string_view body;
         auto has = frames_.Next(&body);
         if (!has.ok()) return has.status();
         if (!*has) break;
         if (auto s = cipher_.Open(body, &plain_); !s.ok()) return s;
-        if (!acked_) {  // the agent's first frame: the link is accepted
-          if (!plain_.empty())
-            return absl::DataLossError("step link opened without its acknowledgement");
-          acked_ = true;
-          continue;
-        }
         v1::StepReply reply;
         if (!reply.ParseFromString(plain_)) {
           return absl::DataLossError("a step link frame that is not a step reply");
         }
         Deliver(std::move(reply));
       }
-      if (drained) return absl::OkStatus();
+      // A short read took all there was: epoll (level-triggered) reports whatever comes next,
+      // so no second recv just to see EAGAIN.
+      if (static_cast<size_t>(got) < sizeof(buf)) return absl::OkStatus();
     }
   }
 
@@ -158,7 +174,6 @@ class StepLinks::Link {
   std::string plain_;
   std::string out_;  // sealed bytes not yet sent, from sent_
   size_t sent_ = 0;
-  bool acked_ = false;
   bool watching_out_ = false;
   std::map<uint64_t, Waiter> pending_;
 };
@@ -167,16 +182,28 @@ StepLinks::StepLinks(AgentChannels* channels)
     : channels_(channels), epoll_fd_(epoll_create1(EPOLL_CLOEXEC)) {
   if (epoll_fd_ < 0) {
     spdlog::warn("step links off: epoll_create1: {}", std::strerror(errno));
+    return;
   }
+  opener_ = std::thread([this] { OpenLoop(); });
 }
 
 StepLinks::~StepLinks() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (opener_.joinable()) opener_.join();
   {
     absl::MutexLock lock(&drive_mu_);
     links_.clear();
     dropped_.clear();
   }
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
+}
+
+bool StepLinks::Has(const std::string& endpoint) const {
+  absl::MutexLock lock(&mu_);
+  return linked_.count(endpoint) > 0;
 }
 
 bool StepLinks::Links(const std::string& endpoint) const {
@@ -188,31 +215,72 @@ bool StepLinks::Links(const std::string& endpoint) const {
 void StepLinks::Reset(const std::string& endpoint) {
   absl::MutexLock lock(&mu_);
   no_link_.erase(endpoint);
+  retry_at_.erase(endpoint);
 }
 
-size_t StepLinks::open_links() const { return open_.load(); }
+size_t StepLinks::open_links() const {
+  absl::MutexLock lock(&mu_);
+  return linked_.size();
+}
 
-void StepLinks::NoLink(const std::string& endpoint) {
+void StepLinks::Request(const std::vector<std::string>& endpoints) {
+  if (epoll_fd_ < 0) return;
+  const auto now = Clock::now();
+  absl::MutexLock lock(&mu_);
+  for (const auto& e : endpoints) {
+    if (e.empty() || no_link_.count(e) || linked_.count(e) || opening_.count(e)) continue;
+    auto retry = retry_at_.find(e);
+    if (retry != retry_at_.end() && retry->second > now) continue;
+    opening_.insert(e);
+    requests_.push_back(e);
+  }
+}
+
+void StepLinks::NoLink(const std::string& endpoint, const std::string& why, bool refused) {
+  // An agent that refuses links was set up that way (or is an older build); one whose link
+  // could not be made is worth a warning (a firewall, most likely).
+  spdlog::log(refused ? spdlog::level::info : spdlog::level::warn,
+              "agent at {}: no step link ({}); its step commands go on the gRPC step stream "
+              "until it registers again",
+              endpoint, why);
   absl::MutexLock lock(&mu_);
   no_link_.insert(endpoint);
 }
 
-void StepLinks::Open(const std::vector<std::string>& endpoints, Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  const auto timeout = std::clamp(left, std::chrono::milliseconds(1), kOpenTimeout);
+void StepLinks::OpenLoop() {
+  while (true) {
+    std::vector<std::string> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      // Await re-checks the condition whenever another thread releases mu_ (a Request, the
+      // destructor); the timeout is only a backstop.
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](StepLinks* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+                                 return self->stopping_ || !self->requests_.empty();
+                               },
+                               this),
+                           absl::Milliseconds(100));
+      if (stopping_) return;
+      batch.assign(requests_.begin(), requests_.end());
+      requests_.clear();
+    }
+    if (!batch.empty()) Open(batch);
+  }
+}
+
+void StepLinks::Open(const std::vector<std::string>& endpoints) {
   std::vector<CallTarget<v1::OpenStepLinkRequest>> targets;
   targets.reserve(endpoints.size());
   for (const auto& e : endpoints) targets.push_back({e, e, {}});
   auto granted = CallAll<v1::OpenStepLinkRequest, v1::OpenStepLinkResponse>(
-      channels_, targets, timeout, [](auto* s, auto* c, const auto& q, auto* cq) {
+      channels_, targets, kGrantTimeout, [](auto* s, auto* c, const auto& q, auto* cq) {
         return s->PrepareAsyncOpenStepLink(c, q, cq);
       });
-  // Connect to every agent that granted one, in parallel (a firewalled port costs its timeout
-  // once, not once per agent).
-  std::vector<tcp::HostPort> where(endpoints.size());
-  std::vector<absl::StatusOr<tcp::UniqueFd>> fds;
-  fds.reserve(endpoints.size());
-  for (size_t i = 0; i < endpoints.size(); ++i) fds.emplace_back(absl::UnknownError("not asked"));
+  // Connect and shake hands with every agent that granted one, in parallel (a firewalled port
+  // costs its timeout once, not once per agent).
+  std::vector<std::unique_ptr<Link>> made(endpoints.size());
+  std::vector<std::string> failed(endpoints.size());  // why there is no link, for good
+  std::vector<bool> refused(endpoints.size(), false), retry(endpoints.size(), false);
   std::vector<size_t> connect;
   for (size_t i = 0; i < endpoints.size(); ++i) {
     const auto& g = granted[i];
@@ -220,91 +288,102 @@ void StepLinks::Open(const std::vector<std::string>& endpoints, Clock::time_poin
       const auto code = g.status.error_code();
       if (code == grpc::StatusCode::UNIMPLEMENTED ||
           code == grpc::StatusCode::FAILED_PRECONDITION) {
-        spdlog::info(
-            "agent at {} has no step links ({}): its step commands go on the gRPC step "
-            "stream until it registers again",
-            endpoints[i], g.status.error_message());
-        NoLink(endpoints[i]);
+        failed[i] = absl::StrCat("OpenStepLink: ", g.status.error_message());
+        refused[i] = true;
+      } else {
+        retry[i] = true;  // not reachable now: the stream says why; asked again later
       }
-      continue;  // unreachable now: the stream says why, and the next step asks again
+      continue;
     }
-    auto hp = tcp::ParseHostPort(endpoints[i]);
-    if (!hp.ok() || g.response.port() == 0 || g.response.port() > 65535 ||
+    if (g.response.port() == 0 || g.response.port() > 65535 ||
         g.response.link_id().size() != steplink::kLinkIdBytes ||
         g.response.key().size() != steplink::kKeyBytes) {
-      spdlog::warn(
-          "agent at {} answered OpenStepLink with an unusable grant; step commands go "
-          "on its gRPC step stream",
-          endpoints[i]);
-      NoLink(endpoints[i]);
+      failed[i] = "OpenStepLink answered an unusable grant";
       continue;
     }
-    where[i] = {hp->host, static_cast<uint16_t>(g.response.port())};
     connect.push_back(i);
   }
-  const auto connect_timeout =
-      std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
-                 std::chrono::milliseconds(1), kOpenTimeout);
-  wb::ParallelFor(connect.size(), static_cast<int>(std::min<size_t>(connect.size(), 16)),
-                  [&](uint64_t k) {
-                    const size_t i = connect[k];
-                    fds[i] = tcp::ConnectTcp(where[i], connect_timeout);
-                  });
-  for (size_t i : connect) {
-    if (!fds[i].ok()) {
-      spdlog::warn(
-          "agent at {}: step link port {} unreachable ({}); its step commands go on the "
-          "gRPC step stream until it registers again",
-          endpoints[i], where[i].port, std::string(fds[i].status().message()));
-      NoLink(endpoints[i]);
-      continue;
+  ParallelFor(
+      connect.size(), static_cast<int>(std::min<size_t>(connect.size(), 16)), [&](uint64_t k) {
+        const size_t i = connect[k];
+        const auto& grant = granted[i].response;
+        auto hp = tcp::ParseHostPort(endpoints[i]);
+        if (!hp.ok()) {
+          failed[i] = std::string(hp.status().message());
+          return;
+        }
+        hp->port = static_cast<uint16_t>(grant.port());
+        auto fd = tcp::ConnectTcp(*hp, kConnectTimeout);
+        if (!fd.ok()) {
+          failed[i] = absl::StrCat("link port ", grant.port(), ": ", fd.status().message());
+          return;
+        }
+        auto cipher = steplink::LinkCipher::Create(grant.key(), steplink::Direction::kToAgent);
+        absl::Status s = cipher.status();
+        if (s.ok()) s = tcp::TuneSocket(fd->get(), 0, kConnectTimeout, kConnectTimeout);
+        if (s.ok()) s = Handshake(fd->get(), grant.link_id(), &*cipher);
+        if (!s.ok()) {
+          failed[i] = absl::StrCat("link port ", grant.port(), ": ", s.message());
+          return;
+        }
+        // From now on the driving thread reads and writes it without blocking.
+        fcntl(fd->get(), F_SETFL, fcntl(fd->get(), F_GETFL) | O_NONBLOCK);
+        made[i] = std::make_unique<Link>(endpoints[i], std::move(*fd), std::move(*cipher));
+      });
+  for (size_t i = 0; i < endpoints.size(); ++i) {
+    if (!failed[i].empty()) NoLink(endpoints[i], failed[i], refused[i]);
+  }
+  const auto now = Clock::now();
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < endpoints.size(); ++i) {
+    opening_.erase(endpoints[i]);
+    if (retry[i]) retry_at_[endpoints[i]] = now + kRetryAfter;
+    if (made[i]) {
+      linked_.insert(endpoints[i]);
+      ready_.push_back(std::move(made[i]));
     }
-    tcp::UniqueFd fd = std::move(*fds[i]);
-    const int flags = fcntl(fd.get(), F_GETFL);
-    fcntl(fd.get(), F_SETFL, flags | O_NONBLOCK);
-    (void)tcp::TuneSocket(fd.get(), 0, std::chrono::milliseconds(0), std::chrono::milliseconds(0));
-    auto cipher =
-        steplink::LinkCipher::Create(granted[i].response.key(), steplink::Direction::kToAgent);
-    if (!cipher.ok()) continue;
-    auto link = std::make_unique<Link>(endpoints[i], std::move(fd), std::move(*cipher));
+  }
+}
+
+void StepLinks::Install() {
+  std::vector<std::unique_ptr<Link>> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    ready.swap(ready_);
+  }
+  for (auto& link : ready) {
     epoll_event ev{};
     ev.events = kLinkEvents;
     ev.data.ptr = link.get();
-    if (!link->Hello(granted[i].response.link_id()).ok() ||
-        epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, link->fd(), &ev) != 0) {
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, link->fd(), &ev) != 0) {
+      spdlog::warn("agent at {}: step link not used: epoll_ctl: {}", link->endpoint(),
+                   std::strerror(errno));
+      absl::MutexLock lock(&mu_);
+      linked_.erase(link->endpoint());
       continue;
     }
-    links_[endpoints[i]] = std::move(link);
+    const std::string endpoint = link->endpoint();
+    links_[endpoint] = std::move(link);  // replaces (closes) an older one, if any
   }
-  open_ = links_.size();
 }
 
-void StepLinks::Drop(Link* link, const std::string& why, bool remember) {
-  const bool acked = link->acked();
-  if (!acked && remember) {
-    spdlog::warn(
-        "agent at {}: step link refused or broken before it was acknowledged ({}); its "
-        "step commands go on the gRPC step stream until it registers again",
-        link->endpoint(), why);
-    NoLink(link->endpoint());
-  }
+void StepLinks::Drop(Link* link, const std::string& why) {
   for (auto& [seq, w] : link->pending()) {
-    Answer answer;
-    if (acked) {
-      answer.status = grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat("step link: ", why));
-    } else {
-      answer.not_sent = true;  // nothing runs before the acknowledgement
-    }
-    w.fan->Fill(w.index, std::move(answer));
+    w.fan->Fill(
+        w.index,
+        {grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat("step link: ", why)), {}, false});
   }
   link->pending().clear();
   auto it = links_.find(link->endpoint());
   if (it != links_.end() && it->second.get() == link) {
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, link->fd(), nullptr);
+    {
+      absl::MutexLock lock(&mu_);
+      linked_.erase(link->endpoint());
+    }
     dropped_.push_back(std::move(it->second));
     links_.erase(it);
   }
-  open_ = links_.size();
 }
 
 bool StepLinks::Poll(Clock::time_point deadline, bool wait) {
@@ -344,24 +423,19 @@ std::vector<StepLinks::Answer> StepLinks::Send(const std::vector<std::string>& e
   if (n == 0) return {};
   const auto deadline = Clock::now() + timeout;
   absl::MutexLock lock(&drive_mu_);
-  // Links that ended (or late replies) since the last fan-out are known before they are used.
-  for (int i = 0; i < 64 && Poll(deadline, false); ++i) {
-  }
-  std::vector<std::string> to_open;
-  {
-    std::set<std::string> asked;
-    for (const auto& e : endpoints) {
-      if (!links_.count(e) && Links(e) && asked.insert(e).second) to_open.push_back(e);
+  if (epoll_fd_ >= 0) {
+    Install();
+    // Links that ended (or late replies) since the last fan-out are known before they are used.
+    for (int i = 0; i < 64 && Poll(deadline, false); ++i) {
     }
   }
-  if (!to_open.empty()) Open(to_open, deadline);
   std::vector<Link*> used(n, nullptr);
+  std::vector<std::string> unlinked;
   for (size_t i = 0; i < n; ++i) {
     auto it = links_.find(endpoints[i]);
     if (it == links_.end()) {
-      Answer not_sent;
-      not_sent.not_sent = true;
-      fan.Fill(i, std::move(not_sent));
+      unlinked.push_back(endpoints[i]);
+      fan.Fill(i, {grpc::Status::OK, {}, /*not_sent=*/true});
       continue;
     }
     v1::StepCommand& command = (*commands)[i];
@@ -372,6 +446,7 @@ std::vector<StepLinks::Answer> StepLinks::Send(const std::vector<std::string>& e
     }
     used[i] = it->second.get();
   }
+  Request(unlinked);
   // Each link's commands leave in one send.
   std::vector<Link*> flush(used.begin(), used.end());
   std::sort(flush.begin(), flush.end());
@@ -388,10 +463,9 @@ std::vector<StepLinks::Answer> StepLinks::Send(const std::vector<std::string>& e
     fan.Fill(i,
              {grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "Deadline Exceeded"), {}, false});
     // No answer in time: the agent may be wedged or the link half-open. It is closed; the next
-    // command opens a new one.
+    // fan-out sends on the stream while a new link is opened.
     auto it = links_.find(endpoints[i]);
-    if (it != links_.end() && it->second.get() == used[i])
-      Drop(used[i], "no answer in time", false);
+    if (it != links_.end() && it->second.get() == used[i]) Drop(used[i], "no answer in time");
   }
   dropped_.clear();
   // Answers that come late find no fan-out.

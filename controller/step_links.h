@@ -1,25 +1,27 @@
 // Step commands (begin / execute / commit) to agents over step links (docs/performance.md,
 // "Step links"): one plain TCP connection per agent carrying sealed frames (common/steplink),
 // so a command costs one send and its reply one receive, with none of a gRPC stream's flow
-// control, framing and thread hand-offs. A link is opened with the agent's admitted
-// Agent.OpenStepLink call (id and key) and kept between steps; the calling thread drives every
-// link with one epoll set, as StepStreams drives its completion queue.
+// control, framing and thread hand-offs. The calling thread drives every link with one epoll
+// set, as StepStreams drives its completion queue.
 //
-// A command goes on a link only once the agent has one; otherwise it comes back `not_sent` and
-// the caller sends it on the gRPC step stream. An agent that refuses links (step links off, an
-// older build) or whose link port cannot be reached is remembered until it registers again. A
-// link that breaks before the agent acknowledged it ran nothing, so its commands come back
-// `not_sent` too; one that breaks later fails its commands (UNAVAILABLE), and one that does not
-// answer by the deadline fails them with DEADLINE_EXCEEDED and is closed; the next command
-// opens a new link.
+// Links are opened off the step's path: a command for an agent without a link comes back
+// `not_sent` (the caller sends it on the gRPC step stream) and the agent is handed to the
+// opener thread, which asks it for a link (Agent.OpenStepLink, admitted like every controller
+// call), connects and completes the handshake; the next fan-out uses the link. An agent that
+// refuses links (step links off, an older build), whose link port cannot be reached or whose
+// handshake fails is remembered until it registers again (Reset); one that did not answer is
+// asked again a second later. A link that breaks fails its commands (UNAVAILABLE), one that
+// does not answer by the deadline fails them with DEADLINE_EXCEEDED and is closed.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -32,6 +34,8 @@ class StepLinks {
  public:
   // `channels` must outlive this.
   explicit StepLinks(AgentChannels* channels);
+  // Stops the opener (waiting for a round in progress, a few seconds at most) and closes every
+  // link.
   ~StepLinks();
   StepLinks(const StepLinks&) = delete;
   StepLinks& operator=(const StepLinks&) = delete;
@@ -39,41 +43,48 @@ class StepLinks {
   struct Answer {
     grpc::Status status;
     weightbeam::v1::StepReply reply;
-    // The command never reached the agent (no link to it): send it another way.
+    // The command never left (no link to that agent yet): send it another way.
     bool not_sent = false;
   };
 
-  // Sends `commands[i]` to `endpoints[i]` (seq set here, commands moved out), opening links
-  // where needed, and waits for every answer until `timeout`; answers in the same order. One
-  // fan-out at a time.
+  // Sends `commands[i]` to `endpoints[i]` (seq set here) on their links and waits for every
+  // answer until `timeout`; answers in the same order. Agents without a link come back
+  // `not_sent` at once and get one opened for later. One fan-out at a time.
   std::vector<Answer> Send(const std::vector<std::string>& endpoints,
                            std::vector<weightbeam::v1::StepCommand>* commands,
                            std::chrono::milliseconds timeout);
 
+  // Whether `endpoint` has a link ready for the next fan-out.
+  bool Has(const std::string& endpoint) const;
+  // Opens links to these agents in the background, where none is open or being opened and they
+  // may have one.
+  void Request(const std::vector<std::string>& endpoints);
   // Whether commands for `endpoint` are tried on a link (false once it refused one or its link
-  // port could not be reached).
+  // could not be made).
   bool Links(const std::string& endpoint) const;
   // The agent at `endpoint` registered again: try a link again.
   void Reset(const std::string& endpoint);
-  // Links open now (for tests and the log).
+  // Links open now, ready or in use.
   size_t open_links() const;
 
  private:
   class Link;
   struct FanOut;
-  // Asks each agent in `endpoints` for a link and connects, all in parallel, by `deadline`.
-  void Open(const std::vector<std::string>& endpoints,
-            std::chrono::steady_clock::time_point deadline)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(drive_mu_);
-  // Handles the epoll events that come by `deadline` (now: only those already there); false
-  // when none came.
+  // The opener thread: takes requested endpoints and makes their links.
+  void OpenLoop();
+  // Asks each agent for a link, connects and shakes hands, in parallel; ready links go to
+  // ready_.
+  void Open(const std::vector<std::string>& endpoints);
+  // Moves the links the opener made into links_.
+  void Install() ABSL_EXCLUSIVE_LOCKS_REQUIRED(drive_mu_);
+  // Handles the epoll events that come by `deadline` (`wait`: false, only those already
+  // there); false when none came.
   bool Poll(std::chrono::steady_clock::time_point deadline, bool wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(drive_mu_);
-  // `link` is over: its commands get their answers (not_sent before the acknowledgement).
-  // `remember`: a link that never got its acknowledgement marks the agent as one without.
-  void Drop(Link* link, const std::string& why, bool remember = true)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(drive_mu_);
-  void NoLink(const std::string& endpoint);
+  // `link` is over: its commands fail with `status` (code) and `why`.
+  void Drop(Link* link, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(drive_mu_);
+  // `refused`: the agent said no (logged as info), rather than the link failing (a warning).
+  void NoLink(const std::string& endpoint, const std::string& why, bool refused);
 
   AgentChannels* const channels_;
   const int epoll_fd_;
@@ -82,9 +93,16 @@ class StepLinks {
   // Links dropped while their events may still be in hand; freed after each batch.
   std::vector<std::unique_ptr<Link>> dropped_ ABSL_GUARDED_BY(drive_mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(drive_mu_) = 1;
+
   mutable absl::Mutex mu_;
   std::set<std::string> no_link_ ABSL_GUARDED_BY(mu_);
-  std::atomic<size_t> open_{0};
+  std::set<std::string> linked_ ABSL_GUARDED_BY(mu_);   // in links_ or ready_
+  std::set<std::string> opening_ ABSL_GUARDED_BY(mu_);  // requested, not yet done
+  std::deque<std::string> requests_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::chrono::steady_clock::time_point> retry_at_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Link>> ready_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread opener_;
 };
 
 }  // namespace wb::controller

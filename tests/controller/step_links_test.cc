@@ -1,10 +1,10 @@
 // StepLinks, the controller's step commands on one sealed socket per agent, against real agents'
-// step-link listeners (StepLinkServer) behind real gRPC servers in this process: answers come
-// back in order on one link kept across fan-outs; a stalled agent ends at the deadline and gets
-// a new link; an agent whose listener goes away fails its command with the link's end; agents
-// that refuse links (older builds, links off) or whose port cannot be reached come back
-// `not_sent`, so the caller sends those commands on the stream, and are tried again after
-// Reset.
+// step-link listeners (StepLinkServer) behind real gRPC servers in this process: a fan-out to
+// agents without links sends nothing on links (not_sent, for the stream) and opens them in the
+// background; answers then come back in order on one link kept across fan-outs; a stalled agent
+// ends at the deadline and gets a new link later; an agent whose listener goes away fails its
+// command with the link's end; agents that refuse links (older builds, links off) or whose port
+// cannot be reached stay on the stream until Reset.
 #include "controller/step_links.h"
 
 #include <grpcpp/grpcpp.h>
@@ -12,6 +12,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -114,6 +115,25 @@ std::vector<v1::StepCommand> Commands(size_t n) {
   return out;
 }
 
+bool WaitFor(const std::function<bool()>& ready) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// The first fan-out finds no links: every command comes back not_sent (the caller sends it on
+// the stream) and links are opened in the background; returns once `n` are open.
+void OpenLinks(StepLinks* links, const std::vector<std::string>& endpoints, size_t n) {
+  auto commands = Commands(endpoints.size());
+  const auto answers = links->Send(endpoints, &commands, std::chrono::seconds(10));
+  REQUIRE(answers.size() == endpoints.size());
+  for (const auto& a : answers) CHECK(a.not_sent);
+  REQUIRE(WaitFor([&] { return links->open_links() == n; }));
+}
+
 TEST_CASE("answers come back in order, on one link per agent kept across fan-outs") {
   std::vector<std::unique_ptr<Running>> agents;
   std::vector<std::string> endpoints;
@@ -123,6 +143,8 @@ TEST_CASE("answers come back in order, on one link per agent kept across fan-out
   }
   AgentChannels channels;
   StepLinks links(&channels);
+  OpenLinks(&links, endpoints, 5);
+  for (auto& a : agents) CHECK(a->agent()->ran() == 0);  // the first commands never left
   for (int round = 0; round < 3; ++round) {
     auto commands = Commands(endpoints.size());
     const auto answers = links.Send(endpoints, &commands, std::chrono::seconds(10));
@@ -147,6 +169,7 @@ TEST_CASE("the same agent twice in one fan-out gets both commands on its one lin
   auto a = Serve(std::make_unique<FakeLinkAgent>("twice", 0));
   AgentChannels channels;
   StepLinks links(&channels);
+  OpenLinks(&links, {a->endpoint, a->endpoint}, 1);
   auto commands = Commands(2);
   const auto answers = links.Send({a->endpoint, a->endpoint}, &commands, std::chrono::seconds(10));
   CHECK(answers[0].status.error_message() == "twice");
@@ -155,12 +178,13 @@ TEST_CASE("the same agent twice in one fan-out gets both commands on its one lin
   CHECK(a->agent()->grants() == 1);
 }
 
-TEST_CASE("a stalled agent ends at the deadline alone and gets a new link next time") {
+TEST_CASE("a stalled agent ends at the deadline alone and gets a new link afterwards") {
   auto ok = Serve(std::make_unique<FakeLinkAgent>("ok", 0));
   auto stalled = Serve(std::make_unique<FakeLinkAgent>("stalled", 1));
   AgentChannels channels;
   StepLinks links(&channels);
   const std::vector<std::string> endpoints = {ok->endpoint, stalled->endpoint};
+  OpenLinks(&links, endpoints, 2);
   auto commands = Commands(2);
   const auto t0 = std::chrono::steady_clock::now();
   auto answers = links.Send(endpoints, &commands, std::chrono::milliseconds(400));
@@ -168,6 +192,12 @@ TEST_CASE("a stalled agent ends at the deadline alone and gets a new link next t
   CHECK(answers[0].status.error_message() == "ok");
   CHECK(answers[1].status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
   CHECK_FALSE(answers[1].not_sent);  // it was sent: the caller must not send it again
+  // The stalled link was closed: the next fan-out has none for it (not_sent) and opens one.
+  commands = Commands(2);
+  answers = links.Send(endpoints, &commands, std::chrono::seconds(10));
+  CHECK(answers[0].status.error_message() == "ok");
+  CHECK(answers[1].not_sent);
+  REQUIRE(WaitFor([&] { return links.Has(stalled->endpoint); }));
   commands = Commands(2);
   answers = links.Send(endpoints, &commands, std::chrono::seconds(10));
   CHECK(answers[0].status.error_message() == "ok");
@@ -180,7 +210,8 @@ TEST_CASE("an agent whose listener goes away fails its command with the link's e
   auto going = Serve(std::make_unique<FakeLinkAgent>("going", 1));
   AgentChannels channels;
   StepLinks links(&channels);
-  // A first command opens the link and is answered... by no one: the listener stops meanwhile.
+  OpenLinks(&links, {going->endpoint}, 1);
+  // The command gets no answer; the listener stops meanwhile.
   std::thread stopper([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     going->agent()->links()->Stop();
@@ -212,6 +243,11 @@ TEST_CASE("agents without links come back not_sent and are remembered until Rese
   StepLinks links(&channels);
   const std::vector<std::string> endpoints = {old->endpoint, off->endpoint, unreachable->endpoint,
                                               fine->endpoint};
+  OpenLinks(&links, endpoints, 1);
+  REQUIRE(WaitFor([&] {
+    return !links.Links(endpoints[0]) && !links.Links(endpoints[1]) && !links.Links(endpoints[2]);
+  }));
+  CHECK(links.Links(endpoints[3]));
   auto commands = Commands(4);
   auto answers = links.Send(endpoints, &commands, std::chrono::seconds(10));
   CHECK(answers[0].not_sent);
@@ -221,12 +257,8 @@ TEST_CASE("agents without links come back not_sent and are remembered until Rese
   CHECK(answers[3].status.error_message() == "fine");
   CHECK(off->agent()->ran() == 0);
   CHECK(unreachable->agent()->ran() == 0);
-  for (int i = 0; i < 3; ++i) CHECK_FALSE(links.Links(endpoints[i]));
-  CHECK(links.Links(endpoints[3]));
-  // Known now: the next fan-out does not ask again.
-  commands = Commands(4);
-  answers = links.Send(endpoints, &commands, std::chrono::seconds(10));
-  CHECK(answers[1].not_sent);
+  // Known now: later fan-outs do not ask again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   CHECK(off->agent()->grants() == 1);
   CHECK(unreachable->agent()->grants() == 1);
   links.Reset(off->endpoint);
