@@ -15,7 +15,7 @@ if [ "$(id -u)" -ne 0 ] || ! ip netns list >/dev/null 2>&1; then
 elif tests/cluster/short.sh; then log "cluster: PASS"; else log "cluster: FAIL"; failed=1; fi
 
 if [ -x tests/fuzz/run.sh ]; then
-  log "fuzzing (bounded): tcp frames, config, registrations, plan ops, storage manifests; 15 s each"
+  log "fuzzing (bounded): tcp frames, config, registrations, plan ops, storage manifests, step-link frames; 15 s each"
   if tests/fuzz/run.sh --seconds 15; then log "fuzz: PASS"; else log "fuzz: FAIL"; failed=1; fi
 fi
 
