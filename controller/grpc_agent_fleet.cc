@@ -7,19 +7,6 @@ namespace wb::controller {
 
 namespace v1 = weightbeam::v1;
 
-namespace {
-// A stream's answers in a link's terms: an agent without the stream did not get the command.
-std::vector<StepLinks::Answer> ToLinkAnswers(std::vector<StepStreams::Answer> answers) {
-  std::vector<StepLinks::Answer> out(answers.size());
-  for (size_t i = 0; i < answers.size(); ++i) {
-    out[i].status = std::move(answers[i].status);
-    out[i].reply = std::move(answers[i].reply);
-    out[i].not_sent = answers[i].unimplemented;
-  }
-  return out;
-}
-}  // namespace
-
 template <typename Req>
 std::vector<CallTarget<Req>> GrpcAgentFleet::Targets(const std::vector<AgentCall<Req>>& calls,
                                                      bool skip_unknown) const {
@@ -60,9 +47,9 @@ std::vector<CallResult<Resp>> GrpcAgentFleet::OnStreams(const std::vector<AgentC
     g->commands.emplace_back();
     put(targets[i].request, &g->commands.back());
   };
-  auto record = [&](const Group& g, std::vector<StepLinks::Answer>& answers) {
+  auto record = [&](const Group& g, std::vector<StepAnswer>& answers) {
     for (size_t k = 0; k < g.at.size(); ++k) {
-      StepLinks::Answer& a = answers[k];
+      StepAnswer& a = answers[k];
       if (a.not_sent) continue;  // no link after all, or an older agent without the stream
       const size_t i = g.at[k];
       results[i].agent = targets[i].agent;
@@ -87,12 +74,11 @@ std::vector<CallResult<Resp>> GrpcAgentFleet::OnStreams(const std::vector<AgentC
   }
   if (!want_links.empty()) links_.Request(want_links);
   // Both ways at once when a fan-out needs both (a link being opened, an agent without links).
-  std::vector<StepLinks::Answer> link_answers, stream_answers;
+  std::vector<StepAnswer> link_answers, stream_answers;
   std::thread streamer;
   if (!on_streams.at.empty()) {
     auto run = [&] {
-      stream_answers =
-          ToLinkAnswers(streams_.Send(on_streams.endpoints, &on_streams.commands, left()));
+      stream_answers = streams_.Send(on_streams.endpoints, &on_streams.commands, left());
     };
     if (on_links.at.empty()) {
       run();
@@ -111,7 +97,7 @@ std::vector<CallResult<Resp>> GrpcAgentFleet::OnStreams(const std::vector<AgentC
     if (!done[i] && streams_.Streams(targets[i].endpoint)) add(&again, i);
   }
   if (!again.at.empty()) {
-    auto answers = ToLinkAnswers(streams_.Send(again.endpoints, &again.commands, left()));
+    auto answers = streams_.Send(again.endpoints, &again.commands, left());
     record(again, answers);
   }
   std::vector<CallTarget<Req>> rest;

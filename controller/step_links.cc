@@ -57,18 +57,7 @@ absl::Status Handshake(int fd, const std::string& link_id, steplink::LinkCipher*
 }
 }  // namespace
 
-struct StepLinks::FanOut {
-  explicit FanOut(size_t n) : answers(n), done(n, false), left(n) {}
-  void Fill(size_t i, Answer answer) {
-    if (done[i]) return;
-    answers[i] = std::move(answer);
-    done[i] = true;
-    --left;
-  }
-  std::vector<Answer> answers;
-  std::vector<bool> done;
-  size_t left;
-};
+using FanOut = StepFanOut;
 
 // One agent's link after its handshake. Only the driving thread touches it.
 class StepLinks::Link {
@@ -147,12 +136,7 @@ class StepLinks::Link {
     if (it == pending_.end()) return;  // late: nobody waits for it any more
     const Waiter w = it->second;
     pending_.erase(it);
-    Answer answer;
-    if (reply.code() != 0) {
-      answer.status = grpc::Status(static_cast<grpc::StatusCode>(reply.code()), reply.error());
-    }
-    answer.reply = std::move(reply);
-    w.fan->Fill(w.index, std::move(answer));
+    w.fan->FillFromReply(w.index, std::move(reply));
   }
 
   absl::Status Watch(int epoll_fd, bool out) {

@@ -26,6 +26,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "controller/agent_calls.h"
+#include "controller/step_answers.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
 namespace wb::controller {
@@ -40,12 +41,8 @@ class StepLinks {
   StepLinks(const StepLinks&) = delete;
   StepLinks& operator=(const StepLinks&) = delete;
 
-  struct Answer {
-    grpc::Status status;
-    weightbeam::v1::StepReply reply;
-    // The command never left (no link to that agent yet): send it another way.
-    bool not_sent = false;
-  };
+  // `not_sent`: no link to that agent yet; the command never left.
+  using Answer = StepAnswer;
 
   // Sends `commands[i]` to `endpoints[i]` (seq set here) on their links and waits for every
   // answer until `timeout`; answers in the same order. Agents without a link come back
@@ -69,7 +66,6 @@ class StepLinks {
 
  private:
   class Link;
-  struct FanOut;
   // The opener thread: takes requested endpoints and makes their links.
   void OpenLoop();
   // Asks each agent for a link, connects and shakes hands, in parallel; ready links go to

@@ -9,19 +9,7 @@ namespace wb::controller {
 
 namespace v1 = weightbeam::v1;
 
-// The answers of the fan-out being waited for.
-struct StepStreams::FanOut {
-  explicit FanOut(size_t n) : answers(n), done(n, false), left(n) {}
-  void Fill(size_t i, Answer answer) {
-    if (done[i]) return;
-    answers[i] = std::move(answer);
-    done[i] = true;
-    --left;
-  }
-  std::vector<Answer> answers;
-  std::vector<bool> done;
-  size_t left;
-};
+using FanOut = StepFanOut;
 
 // One agent's stream. Its four kinds of event come back on the queue tagged with the address of
 // one of its members (start_, write_, read_, finish_), so the tag names stream and event. Only
@@ -109,12 +97,7 @@ class StepStreams::Stream {
     if (it == pending_.end()) return;  // a late answer: nobody waits for it any more
     const Waiter w = it->second;
     pending_.erase(it);
-    Answer answer;
-    if (reply.code() != 0) {
-      answer.status = grpc::Status(static_cast<grpc::StatusCode>(reply.code()), reply.error());
-    }
-    answer.reply = std::move(reply);
-    w.fan->Fill(w.index, std::move(answer));
+    w.fan->FillFromReply(w.index, std::move(reply));
   }
 
   void StartRead() {
@@ -157,7 +140,7 @@ class StepStreams::Stream {
     for (auto& [seq, w] : pending_) {
       Answer answer;
       answer.status = why;
-      answer.unimplemented = unimplemented;
+      answer.not_sent = unimplemented;
       w.fan->Fill(w.index, std::move(answer));
     }
     pending_.clear();

@@ -21,6 +21,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "controller/agent_calls.h"
+#include "controller/step_answers.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
 namespace wb::controller {
@@ -34,12 +35,8 @@ class StepStreams {
   StepStreams(const StepStreams&) = delete;
   StepStreams& operator=(const StepStreams&) = delete;
 
-  struct Answer {
-    grpc::Status status;  // the command's own status, or why its stream failed
-    weightbeam::v1::StepReply reply;
-    // The agent does not serve StepStream (an older wb-agent): the command never ran there.
-    bool unimplemented = false;
-  };
+  // `not_sent`: the agent does not serve StepStream (an older wb-agent); the command never ran.
+  using Answer = StepAnswer;
 
   // Sends `commands[i]` to `endpoints[i]` (their seq is set here, the commands are moved out),
   // all at once, and waits for every answer until `timeout`; answers in the same order. One
@@ -57,7 +54,6 @@ class StepStreams {
 
  private:
   class Stream;
-  struct FanOut;
   // Handles one event of the queue (a stream's start, write, read or finish).
   void Handle(void* tag, bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(drive_mu_);
   // Handles whatever already completed, without waiting.

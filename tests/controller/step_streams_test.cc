@@ -117,7 +117,7 @@ TEST_CASE("answers come back in order, on one stream per agent kept across fan-o
         INFO("round " << round << ", agent " << i);
         CHECK(answers[i].status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
         CHECK(answers[i].status.error_message() == "agent-" + std::to_string(i));
-        CHECK_FALSE(answers[i].unimplemented);
+        CHECK_FALSE(answers[i].not_sent);
       }
     }
     for (auto& a : agents) CHECK(static_cast<FakeStreamAgent*>(a.service.get())->streams() == 1);
@@ -173,7 +173,7 @@ TEST_CASE("an agent without the stream is reported unimplemented; the command ne
   auto commands = Commands(1);
   const auto answers = streams.Send({old.endpoint}, &commands, std::chrono::seconds(10));
   REQUIRE(answers.size() == 1);
-  CHECK(answers[0].unimplemented);
+  CHECK(answers[0].not_sent);
   CHECK(answers[0].status.error_code() == grpc::StatusCode::UNIMPLEMENTED);
   // The next fan-out knows it without asking; a new registration makes it try again.
   auto again = Commands(1);
