@@ -37,14 +37,16 @@ double Since(Clock::time_point t0) {
 }
 
 // VmHWM of `pid` in MiB (0 when unreadable).
-double PeakRssMiB(pid_t pid) {
+// A field of /proc/PID/status in MiB: VmHWM (peak) or VmRSS (now).
+double StatusMiB(pid_t pid, const std::string& field) {
   std::istringstream in(wb::testing::ReadFile("/proc/" + std::to_string(pid) + "/status"));
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) / 1024.0;
   }
   return 0;
 }
+double PeakRssMiB(pid_t pid) { return StatusMiB(pid, "VmHWM"); }
 
 // Registers `n` tensors "layer.<i>.w" of 2 elements each (4 bytes at offset 4 i) in batches.
 double RegisterAll(LocalSession& s, const SharedBuffer& buf, int n, int batch) {
@@ -134,6 +136,8 @@ int main(int argc, char** argv) {
   auto plan = ctl->Plan(world, std::chrono::seconds(60));
   const double plan_s = Since(t0);
   if (!plan.ok()) Die("plan: " + std::string(plan.status().message()));
+  // What the sender keeps once its plan is loaded (the peak comes while parsing it).
+  const double trainer_after_plan_mib = StatusMiB(cluster.agent("trainer-node")->pid(), "VmRSS");
 
   double step_s = 0;
   if (step) {
@@ -159,6 +163,7 @@ int main(int argc, char** argv) {
   j["plan_seconds"] = plan_s;
   j["plan_ops"] = plan->total_ops();
   j["step_seconds"] = step_s;
+  j["trainer_agent_rss_after_plan_mib"] = trainer_after_plan_mib;
   j["trainer_agent_peak_rss_mib"] = PeakRssMiB(cluster.agent("trainer-node")->pid());
   j["inference_agent_peak_rss_mib"] = PeakRssMiB(cluster.agent("inference-node")->pid());
   wb::bench::AddMachineInfo(&j);
