@@ -174,7 +174,12 @@ void StepLinkServer::Accept() {
                            SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors or memory: the pending connection stays queued and the listener
+        // readable, so back off instead of spinning on it; accepting resumes once it can.
+        spdlog::warn("step links: accept: {}; retrying in 100 ms", std::strerror(errno));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
         spdlog::warn("step links: accept: {}", std::strerror(errno));
       }
       return;

@@ -5,12 +5,14 @@
 // through all of it a proper link still runs its commands.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -287,6 +289,53 @@ TEST_CASE("a new link beyond max_links closes the oldest one") {
   CHECK(s.server->open_links() == 1);
   ::close(first);
   ::close(second);
+}
+
+TEST_CASE("out of descriptors, the listener backs off instead of spinning, then accepts again") {
+  Served s;
+  size_t open_now = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)e;
+    ++open_now;
+  }
+  rlimit old{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &old) == 0);
+  rlimit low = old;
+  low.rlim_cur = open_now + 4;
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  // Every descriptor left goes to a client: the listener's accept fails with EMFILE while their
+  // connections wait in its backlog.
+  std::vector<int> clients;
+  while (true) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) break;
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(s.server->port());
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+      ::close(fd);
+      break;
+    }
+    clients.push_back(fd);
+  }
+  REQUIRE_FALSE(clients.empty());
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  getrusage(RUSAGE_SELF, &after);
+  auto ms = [](const timeval& t) { return t.tv_sec * 1000.0 + t.tv_usec / 1000.0; };
+  const double cpu_ms =
+      ms(after.ru_utime) + ms(after.ru_stime) - ms(before.ru_utime) - ms(before.ru_stime);
+  for (int fd : clients) ::close(fd);
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &old) == 0);
+  CHECK(cpu_ms < 200);  // a spinning accept loop burns the whole 500 ms
+  // Descriptors are back: a proper link opens and runs.
+  auto cipher = LinkCipher::Create(std::string(32, 'x'), Direction::kToAgent);
+  int fd = OpenLink(s, &*cipher);
+  CHECK(RunOn(fd, &*cipher, 1, 11) == "ran 11");
+  ::close(fd);
+  CHECK(s.ran == 1);
 }
 
 }  // namespace
