@@ -44,16 +44,7 @@ absl::Status Handshake(int fd, const std::string& link_id, steplink::LinkCipher*
                      error ? absl::StrCat(": ", std::strerror(error)) : std::string(),
                      "): the agent refused the link"));
   }
-  steplink::FrameReader reader;
-  reader.Append(ack, sizeof(ack));
-  std::string_view body;
-  std::string plain;
-  auto has = reader.Next(&body);
-  if (!has.ok()) return has.status();
-  if (!*has) return absl::DataLossError("a malformed acknowledgement");
-  if (auto s = cipher->Open(body, &plain); !s.ok()) return s;
-  if (!plain.empty()) return absl::DataLossError("an acknowledgement that is not empty");
-  return absl::OkStatus();
+  return cipher->OpenEmptyFrame(std::string_view(ack, sizeof(ack)));
 }
 }  // namespace
 
@@ -112,18 +103,15 @@ class StepLinks::Link {
         return absl::UnavailableError(absl::StrCat("receive: ", std::strerror(errno)));
       }
       frames_.Append(buf, static_cast<size_t>(got));
-      while (true) {
-        std::string_view body;
-        auto has = frames_.Next(&body);
-        if (!has.ok()) return has.status();
-        if (!*has) break;
-        if (auto s = cipher_.Open(body, &plain_); !s.ok()) return s;
+      absl::Status s = cipher_.OpenEach(&frames_, [this](const std::string& message) {
         v1::StepReply reply;
-        if (!reply.ParseFromString(plain_)) {
+        if (!reply.ParseFromString(message)) {
           return absl::DataLossError("a step link frame that is not a step reply");
         }
         Deliver(std::move(reply));
-      }
+        return absl::OkStatus();
+      });
+      if (!s.ok()) return s;
       // A short read took all there was: epoll (level-triggered) reports whatever comes next,
       // so no second recv just to see EAGAIN.
       if (static_cast<size_t>(got) < sizeof(buf)) return absl::OkStatus();
@@ -155,7 +143,6 @@ class StepLinks::Link {
   tcp::UniqueFd fd_;
   steplink::LinkCipher cipher_;
   steplink::FrameReader frames_;
-  std::string plain_;
   std::string out_;  // sealed bytes not yet sent, from sent_
   size_t sent_ = 0;
   bool watching_out_ = false;
@@ -237,13 +224,12 @@ void StepLinks::OpenLoop() {
     {
       absl::MutexLock lock(&mu_);
       // Await re-checks the condition whenever another thread releases mu_ (a Request, the
-      // destructor); the timeout is only a backstop.
-      mu_.AwaitWithTimeout(absl::Condition(
-                               +[](StepLinks* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-                                 return self->stopping_ || !self->requests_.empty();
-                               },
-                               this),
-                           absl::Milliseconds(100));
+      // destructor).
+      mu_.Await(absl::Condition(
+          +[](StepLinks* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+            return self->stopping_ || !self->requests_.empty();
+          },
+          this));
       if (stopping_) return;
       batch.assign(requests_.begin(), requests_.end());
       requests_.clear();

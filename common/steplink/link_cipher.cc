@@ -114,6 +114,37 @@ absl::Status LinkCipher::Open(std::string_view body, std::string* plain) {
   return absl::OkStatus();
 }
 
+absl::Status LinkCipher::OpenEach(
+    FrameReader* reader, const std::function<absl::Status(const std::string& message)>& take) {
+  std::string plain;
+  while (true) {
+    std::string_view body;
+    auto has = reader->Next(&body);
+    if (!has.ok()) return has.status();
+    if (!*has) return absl::OkStatus();
+    if (auto s = Open(body, &plain); !s.ok()) return s;
+    if (auto s = take(plain); !s.ok()) return s;
+  }
+}
+
+absl::Status LinkCipher::OpenEmptyFrame(std::string_view frame) {
+  if (frame.size() != kLengthBytes + kTagBytes) {
+    return absl::DataLossError(absl::StrCat("a handshake frame of ", frame.size(),
+                                            " bytes (an empty one has ", kLengthBytes + kTagBytes,
+                                            ")"));
+  }
+  FrameReader reader;
+  reader.Append(frame.data(), frame.size());
+  std::string_view body;
+  auto has = reader.Next(&body);
+  if (!has.ok()) return has.status();
+  if (!*has) return absl::DataLossError("a malformed handshake frame");
+  std::string plain;
+  if (auto s = Open(body, &plain); !s.ok()) return s;
+  if (!plain.empty()) return absl::DataLossError("a handshake frame that is not empty");
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> FrameReader::Next(std::string_view* body) {
   if (start_ > 0 && start_ * 2 >= buffer_.size()) {  // keep the buffer from growing for ever
     buffer_.erase(0, start_);

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -35,6 +36,8 @@ enum class Direction : uint32_t { kToAgent = 1, kToController = 2 };
 // `n` random bytes from OpenSSL's generator.
 absl::StatusOr<std::string> RandomBytes(size_t n);
 
+class FrameReader;
+
 class LinkCipher {
  public:
   // `key` must be kKeyBytes long; this end sends in direction `send`.
@@ -48,6 +51,15 @@ class LinkCipher {
   // Opens the next frame from the other end: `body` is the frame without its length prefix.
   // Fails (and the link must close) when the frame is not the peer's next one under this key.
   absl::Status Open(std::string_view body, std::string* plain);
+
+  // Opens, in order, every whole frame `reader` holds and hands each message to `take`; stops
+  // at the first frame that is malformed or does not open, or that `take` refuses (the link
+  // must then close).
+  absl::Status OpenEach(FrameReader* reader,
+                        const std::function<absl::Status(const std::string& message)>& take);
+  // `frame` (length prefix included) must be exactly the peer's next frame, sealed and empty:
+  // the handshake's proof of the key, either way.
+  absl::Status OpenEmptyFrame(std::string_view frame);
 
   uint64_t sent() const { return sent_; }
   uint64_t received() const { return received_; }

@@ -30,6 +30,7 @@ struct StepLinkServer::Conn {
   uint64_t order = 0;  // accept order: the oldest goes first when there are too many
   // The loop's alone.
   bool authenticated = false;
+  uint64_t commands = 0;  // run from this link
   std::string hello;
   steplink::FrameReader frames;
   // Open on the loop, Seal under mu (the two directions use separate contexts).
@@ -243,26 +244,18 @@ bool StepLinkServer::Read(const std::shared_ptr<Conn>& c) {
     c->frames.Append(buf, static_cast<size_t>(got));
     // A short read took all there was; epoll (level-triggered) reports whatever comes next.
     const bool drained = static_cast<size_t>(got) < want;
-    while (true) {
-      std::string_view body;
-      auto has = c->frames.Next(&body);
-      if (!has.ok()) {
-        spdlog::warn("step link from {}: {}; closing it", c->peer,
-                     std::string(has.status().message()));
-        return false;
-      }
-      if (!*has) break;
-      std::string plain;
-      if (auto s = c->cipher->Open(body, &plain); !s.ok()) {
-        spdlog::warn("step link from {}: {}; closing it", c->peer, std::string(s.message()));
-        return false;
-      }
+    absl::Status s = c->cipher->OpenEach(&c->frames, [&](const std::string& message) {
       v1::StepCommand command;
-      if (!command.ParseFromString(plain)) {
-        spdlog::warn("step link from {}: a frame that is not a step command; closing it", c->peer);
-        return false;
+      if (!command.ParseFromString(message)) {
+        return absl::DataLossError("a frame that is not a step command");
       }
+      ++c->commands;
       run_(std::move(command), [c](v1::StepReply reply) { c->Send(reply.SerializeAsString()); });
+      return absl::OkStatus();
+    });
+    if (!s.ok()) {
+      spdlog::warn("step link from {}: {}; closing it", c->peer, std::string(s.message()));
+      return false;
     }
     if (drained) return true;
   }
@@ -286,13 +279,7 @@ bool StepLinkServer::Authenticate(const std::shared_ptr<Conn>& c) {
   auto cipher = steplink::LinkCipher::Create(grant->key, steplink::Direction::kToController);
   if (!cipher.ok()) return false;
   c->cipher.emplace(std::move(*cipher));
-  steplink::FrameReader first;
-  first.Append(c->hello.data() + steplink::kLinkIdBytes,
-               steplink::kHelloBytes - steplink::kLinkIdBytes);
-  std::string_view body;
-  std::string plain;
-  auto has = first.Next(&body);
-  if (!has.ok() || !*has || !c->cipher->Open(body, &plain).ok() || !plain.empty()) {
+  if (!c->cipher->OpenEmptyFrame(std::string_view(c->hello).substr(steplink::kLinkIdBytes)).ok()) {
     spdlog::warn("step link from {}: the hello does not prove the link's key; closing it", c->peer);
     return false;
   }
@@ -321,7 +308,10 @@ void StepLinkServer::Close(Conn* c, const std::string& why) {
   absl::MutexLock lock(&c->mu);
   if (c->closed) return;
   c->closed = true;
-  if (c->authenticated) --open_links_;
+  if (c->authenticated) {
+    --open_links_;
+    spdlog::info("step link from {} closed after {} command(s)", c->peer, c->commands);
+  }
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd.get(), nullptr);
   c->fd.Reset();
 }

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <regex>
 #include <thread>
 
 #include "client/weightbeam/controller_client.h"
@@ -199,6 +200,17 @@ TEST_CASE("step commands go on step links; with links off on either side, on gRP
         c.trainer_link);
   CHECK((cluster.Log("inference-node").find("step link from") != std::string::npos) ==
         c.inference_link);
+  if (c.inference_link) {
+    // The link carried the commands, not only opened: the agent counts them when it closes.
+    // Step 1 may go on the stream while the link opens; step 2's begin and commit do not.
+    cluster.KillAgent("inference-node", SIGTERM);
+    REQUIRE(cluster.agent("inference-node")->Wait(std::chrono::seconds(10)) == 0);
+    const std::string log = cluster.Log("inference-node");
+    std::smatch m;
+    REQUIRE(
+        std::regex_search(log, m, std::regex("step link from \\S+ closed after (\\d+) command")));
+    CHECK(std::stoi(m[1]) >= 2);
+  }
   if (!c.inference_yaml.empty()) {
     CHECK_THAT(cluster.Log("controller"),
                Catch::Contains("no step link (OpenStepLink: step links are off"));

@@ -112,6 +112,49 @@ TEST_CASE("tampered, replayed, reordered, reflected or foreign frames do not ope
   }
 }
 
+TEST_CASE("OpenEach hands over messages in order and stops at the first refused or forged one") {
+  auto sender = LinkCipher::Create(kKey, Direction::kToAgent);
+  auto receiver = LinkCipher::Create(kKey, Direction::kToController);
+  std::string stream;
+  for (const char* m : {"one", "two", "three"}) REQUIRE(sender->Seal(m, &stream).ok());
+  FrameReader reader;
+  reader.Append(stream.data(), stream.size());
+  std::vector<std::string> got;
+  auto s = receiver->OpenEach(&reader, [&](const std::string& m) {
+    got.push_back(m);
+    return m == "two" ? absl::DataLossError("not wanted") : absl::OkStatus();
+  });
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(got == std::vector<std::string>{"one", "two"});
+  // A forged frame stops it before `take`.
+  std::string forged;
+  REQUIRE(sender->Seal("four", &forged).ok());
+  forged.back() ^= 1;
+  FrameReader bad;
+  bad.Append(forged.data(), forged.size());
+  int taken = 0;
+  CHECK_FALSE(receiver
+                  ->OpenEach(&bad,
+                             [&](const std::string&) {
+                               ++taken;
+                               return absl::OkStatus();
+                             })
+                  .ok());
+  CHECK(taken == 0);
+}
+
+TEST_CASE("OpenEmptyFrame accepts exactly the peer's next sealed empty frame") {
+  auto sender = LinkCipher::Create(kKey, Direction::kToAgent);
+  std::string empty, full;
+  REQUIRE(sender->Seal("", &empty).ok());
+  REQUIRE(sender->Seal("x", &full).ok());
+  auto receiver = LinkCipher::Create(kKey, Direction::kToController);
+  CHECK_FALSE(receiver->OpenEmptyFrame(empty.substr(0, empty.size() - 1)).ok());  // short
+  CHECK(receiver->OpenEmptyFrame(empty).ok());
+  CHECK_FALSE(receiver->OpenEmptyFrame(empty).ok());  // replayed
+  CHECK_FALSE(receiver->OpenEmptyFrame(full).ok());   // not empty
+}
+
 TEST_CASE("keys of the wrong size are refused") {
   CHECK(LinkCipher::Create(std::string(16, 'k'), Direction::kToAgent).status().code() ==
         absl::StatusCode::kInvalidArgument);
