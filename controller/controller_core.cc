@@ -514,7 +514,9 @@ absl::Status ControllerCore::ReadyForStep(uint64_t version, Clock::time_point de
   while (max_staleness) {
     const std::string behind = TooStale(*max_staleness);
     if (behind.empty()) break;
-    const uint64_t seen = membership_.layout_version();
+    // Wait for a layout newer than the one the plan was built from, not the one current now: a
+    // registration that lands while planning would otherwise be slept through.
+    const uint64_t seen = plan_layout_version_;
     const auto left = Until(deadline, std::chrono::milliseconds(3600000));
     if (Clock::now() >= deadline ||
         !membership_.WaitFor([&] { return membership_.layout_version() != seen; }, left)) {

@@ -456,12 +456,19 @@ TEST_CASE("max_staleness: a step that would leave a lost replica too far behind 
 
   // A step that waits on the bound proceeds once the replica returns within its deadline, and
   // reaches it.
+  std::string returned = "not yet";
   std::thread back([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    if (f.cluster->StartAgent("inference-1")) (void)f.replicas[1]->Register(*f.cluster);
+    if (!f.cluster->StartAgent("inference-1")) {
+      returned = "the agent did not start";
+    } else {
+      const absl::Status s = f.replicas[1]->Register(*f.cluster);
+      returned = s.ok() ? "registered" : Message(s);
+    }
   });
   auto waited_ok = f.Step(1u, std::chrono::seconds(15));
   back.join();
+  INFO("replica 1's worker: " << returned);
   INFO((waited_ok.ok() ? "" : Message(waited_ok.status())));
   REQUIRE(waited_ok.ok());
   CHECK(waited_ok->committed_replicas_size() == 2);
