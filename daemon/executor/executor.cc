@@ -88,30 +88,30 @@ Executor::Executor(registry::RegionRegistry* registry, StagingPool* staging,
                    const Preparer* preparer, ExecutorOptions options)
     : registry_(registry), staging_(staging), preparer_(preparer), options_(options) {}
 
-void SortByPhase(std::vector<v1::TransferOp>* ops) {
-  auto by_phase = [](const v1::TransferOp& a, const v1::TransferOp& b) {
-    return a.phase() < b.phase();
+void SortByPhase(OpList* ops) {
+  auto by_phase = [](const v1::TransferOp* a, const v1::TransferOp* b) {
+    return a->phase() < b->phase();
   };
-  // The planner emits each sender's ops phase by phase: a stable sort of 10^6 ops that are in
-  // order already would still merge them through a buffer of as many fresh ops (~0.8 s).
-  if (std::is_sorted(ops->begin(), ops->end(), by_phase)) return;
-  std::stable_sort(ops->begin(), ops->end(), by_phase);
+  // The planner emits each sender's ops phase by phase: most plans need no sort at all.
+  if (std::is_sorted(ops->pointer_begin(), ops->pointer_end(), by_phase)) return;
+  std::stable_sort(ops->pointer_begin(), ops->pointer_end(), by_phase);
 }
 
 void Executor::Load(std::vector<v1::TransferOp> ops, std::map<std::string, Route> routes,
                     std::shared_ptr<delta::DeltaSender> delta) {
-  SortByPhase(&ops);
-  Load(std::make_shared<const std::vector<v1::TransferOp>>(std::move(ops)), std::move(routes),
-       std::move(delta));
+  auto list = std::make_shared<OpList>();
+  list->Reserve(static_cast<int>(ops.size()));
+  for (auto& op : ops) *list->Add() = std::move(op);
+  SortByPhase(list.get());
+  Load(std::move(list), std::move(routes), std::move(delta));
 }
 
-std::shared_ptr<const std::vector<v1::TransferOp>> Executor::ops() const {
+std::shared_ptr<const OpList> Executor::ops() const {
   absl::MutexLock lock(&mu_);
   return ops_;
 }
 
-void Executor::Load(std::shared_ptr<const std::vector<v1::TransferOp>> ops,
-                    std::map<std::string, Route> routes,
+void Executor::Load(std::shared_ptr<const OpList> ops, std::map<std::string, Route> routes,
                     std::shared_ptr<delta::DeltaSender> delta) {
   // A step of the old plan still running is stale: stop it and wait until it is gone.
   CancelCurrent("a new plan is being loaded");
@@ -322,10 +322,10 @@ absl::Status Executor::RecordDelta(Job* job, const delta::OpOutcome& out, double
 // can complete a batch after the phase gave up on it (the step already failed), so the
 // completion must never reference RunPhase's frame.
 struct Executor::PhaseRun {
-  PhaseRun(std::shared_ptr<const std::vector<v1::TransferOp>> plan,
-           std::shared_ptr<const Routes> routes, std::shared_ptr<StepRun> step_run,
-           Clock::time_point deadline, const delta::StepDelta& step, delta::DeltaSender* delta,
-           v1::AgentStepReport* report, int prepare_threads)
+  PhaseRun(std::shared_ptr<const OpList> plan, std::shared_ptr<const Routes> routes,
+           std::shared_ptr<StepRun> step_run, Clock::time_point deadline,
+           const delta::StepDelta& step, delta::DeltaSender* delta, v1::AgentStepReport* report,
+           int prepare_threads)
       : plan(std::move(plan)),
         routes(std::move(routes)),
         step_run(std::move(step_run)),
@@ -337,7 +337,7 @@ struct Executor::PhaseRun {
         preparers_running(prepare_threads) {}
 
   // Keeps the ops alive for late completions (Posted::op points into it).
-  const std::shared_ptr<const std::vector<v1::TransferOp>> plan;
+  const std::shared_ptr<const OpList> plan;
   // The routes this step started with (Job::route points into them): a Load meanwhile swaps
   // in new ones without pulling these from under the step.
   const std::shared_ptr<const Routes> routes;
@@ -381,7 +381,7 @@ struct Executor::Posted {
   std::shared_ptr<StagingLease> staging;  // shared: transport callbacks must be copyable
 };
 
-absl::Status Executor::RunPhase(std::shared_ptr<const std::vector<v1::TransferOp>> plan,
+absl::Status Executor::RunPhase(std::shared_ptr<const OpList> plan,
                                 std::shared_ptr<const Routes> routes,
                                 std::shared_ptr<StepRun> step_run,
                                 const std::vector<const v1::TransferOp*>& ops,
@@ -660,7 +660,7 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   CancelCurrent(absl::StrCat("superseded by a step of version ", version));
   absl::MutexLock serial(&run_mu_);
   auto step_run = std::make_shared<StepRun>(step_id);
-  std::shared_ptr<const std::vector<v1::TransferOp>> plan;
+  std::shared_ptr<const OpList> plan;
   std::shared_ptr<const Routes> routes;
   {
     absl::MutexLock lock(&mu_);
@@ -695,14 +695,14 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   // later step must be dense until an anchor refreshes them all (the controller anchors).
   if (delta && !skip.empty()) delta->Invalidate();
   step.version = version;
-  const std::vector<v1::TransferOp>& ops = *plan;
+  const OpList& ops = *plan;
   // The destinations this step skips are left out; a phase left empty is not run.
   uint64_t run_ops = ops.size();
   if (!skip.empty()) {
     run_ops = std::count_if(ops.begin(), ops.end(),
                             [&](const v1::TransferOp& op) { return !skip.count(op.dst_agent()); });
   }
-  for (size_t i = 0; i < ops.size() && status.ok(); ++i) {
+  for (int i = 0; i < ops.size() && status.ok(); ++i) {
     if (skip.empty() || !skip.count(ops[i].dst_agent())) phase.push_back(&ops[i]);
     if (i + 1 == ops.size() || ops[i + 1].phase() != ops[i].phase()) {
       if (!phase.empty()) {

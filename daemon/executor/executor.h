@@ -21,6 +21,7 @@
 #include "daemon/executor/worker_pool.h"
 #include "daemon/registry/region_registry.h"
 #include "daemon/transport/transport.h"
+#include "google/protobuf/repeated_ptr_field.h"
 #include "weightbeam/v1/types.pb.h"
 
 namespace wb::executor {
@@ -60,8 +61,12 @@ struct ExecutorOptions {
   std::chrono::milliseconds test_hold{0};
 };
 
-// Stable: ops of one phase keep their plan order.
-void SortByPhase(std::vector<weightbeam::v1::TransferOp>* ops);
+// A sender's ops as they came in the plan message: held as parsed (a vector of 10^6 messages
+// moved out of it would be as many fresh allocations again).
+using OpList = google::protobuf::RepeatedPtrField<weightbeam::v1::TransferOp>;
+
+// Stable: ops of one phase keep their plan order. Sorts the pointers, not the messages.
+void SortByPhase(OpList* ops);
 
 class Executor {
  public:
@@ -76,11 +81,10 @@ class Executor {
             std::shared_ptr<delta::DeltaSender> delta = nullptr);
   // The same for ops already in phase order (SortByPhase), shared, not copied: a plan of
   // 10^6 ops is held once by the agent.
-  void Load(std::shared_ptr<const std::vector<weightbeam::v1::TransferOp>> ops,
-            std::map<std::string, Route> routes,
+  void Load(std::shared_ptr<const OpList> ops, std::map<std::string, Route> routes,
             std::shared_ptr<delta::DeltaSender> delta = nullptr);
   // The loaded ops in phase order (null before the first Load).
-  std::shared_ptr<const std::vector<weightbeam::v1::TransferOp>> ops() const;
+  std::shared_ptr<const OpList> ops() const;
   bool loaded() const;
 
   // Runs every op of the loaded plan, phase by phase (a barrier between phases), except the
@@ -116,8 +120,8 @@ class Executor {
   // Cancels the step running now, if any (`reason` is what it fails with).
   void CancelCurrent(const std::string& reason);
   // One phase through the pipeline; returns its first error.
-  absl::Status RunPhase(std::shared_ptr<const std::vector<weightbeam::v1::TransferOp>> plan,
-                        std::shared_ptr<const Routes> routes, std::shared_ptr<StepRun> step_run,
+  absl::Status RunPhase(std::shared_ptr<const OpList> plan, std::shared_ptr<const Routes> routes,
+                        std::shared_ptr<StepRun> step_run,
                         const std::vector<const weightbeam::v1::TransferOp*>& ops,
                         std::chrono::steady_clock::time_point deadline,
                         const delta::StepDelta& step, delta::DeltaSender* delta,
@@ -167,7 +171,7 @@ class Executor {
   absl::Mutex run_mu_;
   mutable absl::Mutex mu_;
   // Never changed once loaded: each step holds the pointer, not a copy.
-  std::shared_ptr<const std::vector<weightbeam::v1::TransferOp>> ops_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const OpList> ops_ ABSL_GUARDED_BY(mu_);
   // Shared with the step running (and its late completions): Load swaps in a new map.
   std::shared_ptr<const Routes> routes_ ABSL_GUARDED_BY(mu_);
   bool loaded_ ABSL_GUARDED_BY(mu_) = false;

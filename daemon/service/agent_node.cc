@@ -318,18 +318,11 @@ absl::Status AgentNode::LoadPlan(v1::AgentPlan plan, v1::LoadPlanResponse* resp)
                                                      " (", op.src_tensor(), "): ", s.message()));
     }
   }
-  // The ops move out of the plan (no copy): the executor holds the only list of them.
-  std::vector<v1::TransferOp> moved;
-  moved.reserve(plan.ops_size());
-  for (auto& op : *plan.mutable_ops()) moved.push_back(std::move(op));
-  executor::SortByPhase(&moved);
-  auto ops = std::make_shared<const std::vector<v1::TransferOp>>(std::move(moved));
-  // Not clear_ops(): a cleared repeated field keeps its (now empty) messages for reuse, and the
-  // plan is kept below: 10^6 of them were ~200 MB held for good. Swapped out, they are freed.
-  {
-    google::protobuf::RepeatedPtrField<v1::TransferOp> emptied;
-    plan.mutable_ops()->Swap(&emptied);
-  }
+  // The ops leave the plan (kept below without them) as they were parsed: a swap of pointers,
+  // no copy or move of 10^6 messages. The executor holds the only list of them.
+  auto ops = std::make_shared<executor::OpList>();
+  ops->Swap(plan.mutable_ops());
+  executor::SortByPhase(ops.get());
   if (auto s = ConnectAndLoad(plan, ops); !s.ok()) return s;
   std::set<std::string> now;
   for (const auto& p : plan.peers()) now.insert(p.agent());
@@ -356,7 +349,7 @@ absl::Status AgentNode::LoadPlan(v1::AgentPlan plan, v1::LoadPlanResponse* resp)
 }
 
 absl::Status AgentNode::ConnectAndLoad(const v1::AgentPlan& plan,
-                                       std::shared_ptr<const std::vector<v1::TransferOp>> ops,
+                                       std::shared_ptr<const executor::OpList> ops,
                                        const std::set<std::string>& skip) {
   std::vector<const v1::PeerIntro*> peers;
   for (const auto& p : plan.peers()) {

@@ -88,7 +88,7 @@ class AgentNode {
   // Connects to the plan's peers (except those in `skip`, dropped from the step) and hands its
   // operations `ops` (in phase order; `plan` itself holds none) to the executor.
   absl::Status ConnectAndLoad(const weightbeam::v1::AgentPlan& plan,
-                              std::shared_ptr<const std::vector<weightbeam::v1::TransferOp>> ops,
+                              std::shared_ptr<const executor::OpList> ops,
                               const std::set<std::string>& skip = {});
   // Begin and Commit: refuse versions not newer than the committed one, then tell watchers.
   absl::Status Advance(weightbeam::v1::Event::Kind kind, uint64_t version);

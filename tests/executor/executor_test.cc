@@ -427,15 +427,15 @@ TEST_CASE("batches outstanding at the deadline are abandoned, not left queued") 
 
 TEST_CASE("SortByPhase orders ops by phase, keeping each phase's order; sorted input stays as is") {
   auto ops_with = [](std::vector<std::pair<int, uint64_t>> phase_and_id) {
-    std::vector<v1::TransferOp> ops;
+    executor::OpList ops;
     for (auto [phase, id] : phase_and_id) {
-      ops.emplace_back();
-      ops.back().set_phase(phase);
-      ops.back().set_src_offset(id);  // names the op
+      v1::TransferOp* op = ops.Add();
+      op->set_phase(phase);
+      op->set_src_offset(id);  // names the op
     }
     return ops;
   };
-  auto ids = [](const std::vector<v1::TransferOp>& ops) {
+  auto ids = [](const executor::OpList& ops) {
     std::vector<std::pair<int, uint64_t>> out;
     for (const auto& op : ops) out.emplace_back(op.phase(), op.src_offset());
     return out;
