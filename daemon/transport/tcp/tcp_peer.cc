@@ -17,6 +17,9 @@ namespace {
 
 constexpr uint64_t kMinShareBytes = 256 << 10;  // below this a batch uses fewer connections
 constexpr uint64_t kSendSliceBytes = 4 << 20;   // payload bytes per send call
+// Jobs up to this size are sent by the posting thread when the connection is idle: small
+// enough to fit the socket's send buffer, so the caller does not wait on the network.
+constexpr uint64_t kInlineSendBytes = 64 << 10;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -264,9 +267,34 @@ void TcpPeer::PostBatch(std::vector<WriteOp> ops, BatchDone done) {
       Defer([this, batch, st] { Finish(batch, st); });
       break;
     }
+    if (!conn->sending && conn->jobs.empty() && job.bytes <= kInlineSendBytes) {
+      conn->sending = true;
+      lock.unlock();
+      SendInline(conn, std::move(job));
+      continue;
+    }
     conn->jobs.push_back(std::move(job));
     conn->cv.notify_one();
   }
+}
+
+void TcpPeer::SendInline(Connection* conn, Job job) {
+  absl::Status st = SendJob(conn, job, /*inline_caller=*/true);
+  {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    conn->sending = false;
+  }
+  conn->cv.notify_one();  // jobs queued meanwhile are the sender thread's again
+  if (st.ok()) return;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (!broken_.ok()) st = broken_;
+  }
+  std::shared_ptr<Batch> batch = job.batch;
+  Defer([this, conn, batch, st] {
+    Finish(batch, st);
+    FailConnection(conn, st);
+  });
 }
 
 void TcpPeer::SendLoop(Connection* conn) {
@@ -274,12 +302,18 @@ void TcpPeer::SendLoop(Connection* conn) {
     Job job;
     {
       std::unique_lock<std::mutex> lock(conn->mu);
-      conn->cv.wait(lock, [&] { return conn->closed || !conn->jobs.empty(); });
+      conn->cv.wait(lock, [&] { return conn->closed || (!conn->jobs.empty() && !conn->sending); });
       if (conn->closed) return;  // FailConnection fails what is queued
       job = std::move(conn->jobs.front());
       conn->jobs.pop_front();
+      conn->sending = true;
     }
-    if (absl::Status st = SendJob(conn, job); !st.ok()) {
+    absl::Status st = SendJob(conn, job, /*inline_caller=*/false);
+    {
+      std::lock_guard<std::mutex> lock(conn->mu);
+      conn->sending = false;
+    }
+    if (!st.ok()) {
       {
         // Closed under us (stall detected, peer forgotten): that reason is the real one.
         std::lock_guard<std::mutex> lock(state_mu_);
@@ -292,15 +326,40 @@ void TcpPeer::SendLoop(Connection* conn) {
   }
 }
 
-absl::Status TcpPeer::SendJob(Connection* conn, Job& job) {
+absl::Status TcpPeer::SendJob(Connection* conn, Job& job, bool inline_caller) {
+  // The share always ends with a FLUSH, so the receiver's bookkeeping of the batch completes.
+  uint8_t flush[kFrameHeaderBytes];
+  {
+    FrameHeader header;
+    header.type = FrameType::kFlush;
+    header.batch_id = job.batch->id;
+    header.aux = job.parts;
+    header.offset = job.bytes;
+    EncodeFrameHeader(header, flush);
+  }
+  // Awaited before any of it is on the wire (the ACK cannot come before the FLUSH), so that
+  // the FLUSH can travel in the same send as the last write.
+  {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    if (conn->closed) return absl::UnavailableError(absl::StrCat(Where(), ": connection closed"));
+    conn->awaiting_ack.push_back(job.batch);
+  }
+  const std::string context = absl::StrCat(Where(), ": connection ", conn->index);
+  bool flushed = false;
   uint8_t raw[kFrameHeaderBytes];
   FrameHeader header;
   header.batch_id = job.batch->id;
-  for (const Chunk& chunk : job.chunks) {
+  for (size_t i = 0; i < job.chunks.size(); ++i) {
+    const Chunk& chunk = job.chunks[i];
     if (job.batch->finished) break;  // failed elsewhere: stop spending bandwidth on it
     auto pin = regions_->PinLocal(chunk.local_region, chunk.local_offset, chunk.length);
     if (!pin.ok()) {
-      Finish(job.batch, WithContext(pin.status(), Where()));
+      absl::Status st = WithContext(pin.status(), Where());
+      if (inline_caller) {
+        Defer([this, batch = job.batch, st] { Finish(batch, st); });
+      } else {
+        Finish(job.batch, st);
+      }
       break;
     }
     header.type = FrameType::kWrite;
@@ -314,13 +373,17 @@ absl::Status TcpPeer::SendJob(Connection* conn, Job& job) {
       absl::Status st =
           SendDevicePayload(conn->staging, conn->fd.get(), raw, sizeof(raw), pin->device(),
                             pin->data(), chunk.length, [this] { last_progress_ns_ = NowNs(); });
-      if (!st.ok()) return WithContext(st, absl::StrCat(Where(), ": connection ", conn->index));
+      if (!st.ok()) return WithContext(st, context);
       continue;
     }
     // Large payloads go out in slices so that the stall detector sees progress as it happens.
     uint64_t sent = std::min<uint64_t>(chunk.length, kSendSliceBytes);
-    iovec iov[2] = {{raw, sizeof(raw)}, {pin->data(), sent}};
-    absl::Status st = SendAll(conn->fd.get(), iov, 2);
+    // The last write of the share carries the FLUSH along when it goes in one send: one
+    // segment, one wake-up of the receiver, instead of two.
+    const bool with_flush = i + 1 == job.chunks.size() && sent == chunk.length;
+    iovec iov[3] = {{raw, sizeof(raw)}, {pin->data(), sent}, {flush, sizeof(flush)}};
+    absl::Status st = SendAll(conn->fd.get(), iov, with_flush ? 3 : 2);
+    flushed = with_flush && st.ok();
     while (st.ok()) {
       last_progress_ns_ = NowNs();
       if (sent == chunk.length) break;
@@ -328,22 +391,12 @@ absl::Status TcpPeer::SendJob(Connection* conn, Job& job) {
       st = SendAll(conn->fd.get(), pin->data() + sent, slice);
       sent += slice;
     }
-    if (!st.ok()) return WithContext(st, absl::StrCat(Where(), ": connection ", conn->index));
+    if (!st.ok()) return WithContext(st, context);
   }
-  // Always close the share, so the receiver's bookkeeping of the batch completes.
-  header = FrameHeader{};
-  header.type = FrameType::kFlush;
-  header.batch_id = job.batch->id;
-  header.aux = job.parts;
-  header.offset = job.bytes;
-  EncodeFrameHeader(header, raw);
-  {
-    std::lock_guard<std::mutex> lock(conn->mu);
-    if (conn->closed) return absl::UnavailableError(absl::StrCat(Where(), ": connection closed"));
-    conn->awaiting_ack.push_back(job.batch);
-  }
-  if (auto st = SendAll(conn->fd.get(), raw, sizeof(raw)); !st.ok()) {
-    return WithContext(st, absl::StrCat(Where(), ": connection ", conn->index));
+  if (!flushed) {
+    if (auto st = SendAll(conn->fd.get(), flush, sizeof(flush)); !st.ok()) {
+      return WithContext(st, context);
+    }
   }
   return absl::OkStatus();
 }

@@ -74,10 +74,11 @@ class TcpPeer : public Peer {
     std::thread acker;
     std::mutex mu;
     std::condition_variable cv;
-    std::deque<Job> jobs;                             // waiting to be sent
+    std::deque<Job> jobs;  // waiting to be sent
+    bool sending = false;  // a job is on the wire (by `sender` or a caller sending inline)
     std::deque<std::shared_ptr<Batch>> awaiting_ack;  // FLUSH sent, in order
     bool closed = false;
-    gpu::LazyStaging staging;  // pinned ring for GPU sources, used by `sender` only
+    gpu::LazyStaging staging;  // pinned ring for GPU sources, used by whoever is `sending`
   };
   struct RemoteRegion {
     uint64_t key = 0;
@@ -95,7 +96,12 @@ class TcpPeer : public Peer {
   std::vector<Job> Split(const std::shared_ptr<Batch>& batch, const std::vector<Chunk>& chunks,
                          uint64_t total) const;
   void SendLoop(Connection* conn);
-  absl::Status SendJob(Connection* conn, Job& job);
+  // A small job on an idle connection goes out on the caller's thread: no hand-off to the
+  // sender thread (one wake-up less per batch; what a step of small ops waits on).
+  void SendInline(Connection* conn, Job job);
+  // `inline_caller`: failures finish the batch from the monitor thread (`done` never runs
+  // inside PostBatch).
+  absl::Status SendJob(Connection* conn, Job& job, bool inline_caller);
   void AckLoop(Connection* conn);
   // Marks the connection (and so the peer) broken, fails its batches.
   void FailConnection(Connection* conn, const absl::Status& status);
