@@ -267,7 +267,10 @@ void TcpPeer::PostBatch(std::vector<WriteOp> ops, BatchDone done) {
       Defer([this, batch, st] { Finish(batch, st); });
       break;
     }
-    if (!conn->sending && conn->jobs.empty() && job.bytes <= kInlineSendBytes) {
+    // Only on a connection with nothing in flight: a caller posting batch after batch (10^6
+    // small ops) keeps handing them to the sender thread, which sends while it prepares more.
+    if (!conn->sending && conn->jobs.empty() && conn->awaiting_ack.empty() &&
+        job.bytes <= kInlineSendBytes) {
       conn->sending = true;
       lock.unlock();
       SendInline(conn, std::move(job));

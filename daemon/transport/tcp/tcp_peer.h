@@ -96,8 +96,9 @@ class TcpPeer : public Peer {
   std::vector<Job> Split(const std::shared_ptr<Batch>& batch, const std::vector<Chunk>& chunks,
                          uint64_t total) const;
   void SendLoop(Connection* conn);
-  // A small job on an idle connection goes out on the caller's thread: no hand-off to the
-  // sender thread (one wake-up less per batch; what a step of small ops waits on).
+  // A small job on an idle connection (nothing queued, sending or unacknowledged) goes out on
+  // the caller's thread: no hand-off to the sender thread (one wake-up less for a step's lone
+  // batch to a peer).
   void SendInline(Connection* conn, Job job);
   // `inline_caller`: failures finish the batch from the monitor thread (`done` never runs
   // inside PostBatch).
