@@ -49,8 +49,8 @@ void Planner::ResolveRecipes() {
   for (size_t n = 0; n < infos_.size(); ++n) {
     if (!infos_[n].dst.empty()) dst_names_.push_back(static_cast<int32_t>(n));
   }
-  std::sort(dst_names_.begin(), dst_names_.end(),
-            [&](int32_t a, int32_t b) { return Name(a) < Name(b); });
+  // 10^6 names: ~0.8 s on one thread (each comparison reads two names from far apart).
+  ParallelSort(&dst_names_, Threads(), [&](int32_t a, int32_t b) { return Name(a) < Name(b); });
   // Each name resolves on its own (problems per shard, joined in name order); the sources'
   // check results are read from a snapshot, as another name's `bad` may change meanwhile.
   checked_bad_.resize(infos_.size());
