@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -79,14 +80,20 @@ int main(int argc, char** argv) {
   CLI::App app{"register_bench: registering, listing and planning N tiny tensors"};
   int tensors = 1000000, batch = 1000, inference_tensors = -1;
   std::string bin_dir = "bazel-bin";
-  bool step = true;
+  bool step = true, hugetlb = true;
   app.add_option("--tensors", tensors, "tensors per side (trainer and inference)");
   app.add_option("--inference-tensors", inference_tensors,
                  "destination tensors (default: --tensors); the first ones of the trainer's");
   app.add_option("--batch", batch, "tensors per RegisterBatch request");
   app.add_option("--bin-dir", bin_dir, "where controller/wb-controller and daemon/wb-agent are");
   app.add_flag("!--no-step", step, "skip the step after planning");
+  app.add_flag("--malloc-hugetlb,!--no-malloc-hugetlb", hugetlb,
+               "start the daemons with glibc malloc on transparent huge pages, as the deploy/ "
+               "units do (default on)");
   CLI11_PARSE(app, argc, argv);
+  // The daemons inherit this process's environment. A tunables string given by the caller wins.
+  if (hugetlb) setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1", /*overwrite=*/0);
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
   if (inference_tensors < 0 || inference_tensors > tensors) inference_tensors = tensors;
 
   wb::testing::ClusterOptions options;
@@ -167,6 +174,7 @@ int main(int argc, char** argv) {
   j["trainer_agent_peak_rss_mib"] = PeakRssMiB(cluster.agent("trainer-node")->pid());
   j["inference_agent_peak_rss_mib"] = PeakRssMiB(cluster.agent("inference-node")->pid());
   wb::bench::AddMachineInfo(&j);
+  j["daemon_glibc_tunables"] = tunables ? tunables : "";
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
