@@ -347,7 +347,9 @@ absl::Status TcpPeer::SendJob(Connection* conn, Job& job, bool inline_caller) {
     if (conn->closed) return absl::UnavailableError(absl::StrCat(Where(), ": connection closed"));
     conn->awaiting_ack.push_back(job.batch);
   }
-  const std::string context = absl::StrCat(Where(), ": connection ", conn->index);
+  auto failed = [&](const absl::Status& st) {  // formatted on failure only: this is per job
+    return WithContext(st, absl::StrCat(Where(), ": connection ", conn->index));
+  };
   bool flushed = false;
   uint8_t raw[kFrameHeaderBytes];
   FrameHeader header;
@@ -376,7 +378,7 @@ absl::Status TcpPeer::SendJob(Connection* conn, Job& job, bool inline_caller) {
       absl::Status st =
           SendDevicePayload(conn->staging, conn->fd.get(), raw, sizeof(raw), pin->device(),
                             pin->data(), chunk.length, [this] { last_progress_ns_ = NowNs(); });
-      if (!st.ok()) return WithContext(st, context);
+      if (!st.ok()) return failed(st);
       continue;
     }
     // Large payloads go out in slices so that the stall detector sees progress as it happens.
@@ -394,11 +396,11 @@ absl::Status TcpPeer::SendJob(Connection* conn, Job& job, bool inline_caller) {
       st = SendAll(conn->fd.get(), pin->data() + sent, slice);
       sent += slice;
     }
-    if (!st.ok()) return WithContext(st, context);
+    if (!st.ok()) return failed(st);
   }
   if (!flushed) {
     if (auto st = SendAll(conn->fd.get(), flush, sizeof(flush)); !st.ok()) {
-      return WithContext(st, context);
+      return failed(st);
     }
   }
   return absl::OkStatus();
