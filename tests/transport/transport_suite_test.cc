@@ -114,6 +114,56 @@ TEST_CASE("consecutive and concurrent batches all complete exactly once", "[tran
   for (int i = 0; i < 8; ++i) CHECK(Same(dst->bytes.data() + i * size, src->bytes.data(), size));
 }
 
+// Small batches may be written by the posting thread itself (tcp: an idle connection); their
+// completions must still come from a transport thread, never from inside PostBatch (callers
+// post under their own locks), and batches racing from several threads must all land.
+TEST_CASE("small batches from several threads land; done never runs inside PostBatch",
+          "[transport]") {
+  auto pair = MakePair();
+  constexpr int kThreads = 4, kPerThread = 50;
+  constexpr size_t kBytes = 64;
+  auto src = RegisterBuffer(pair->sender, kThreads * kPerThread * kBytes, Access::kSource, 21);
+  auto dst =
+      RegisterBuffer(pair->receiver, kThreads * kPerThread * kBytes, Access::kDestination, 22);
+  REQUIRE(pair->peer->AddRemoteRegion(dst->desc).ok());
+
+  static thread_local bool inside_post = false;
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0, ok = 0, inside = 0;
+  std::vector<int> done_of(kThreads, 0);
+  auto post = [&](int t) {
+    for (int i = 0; i < kPerThread; ++i) {
+      const uint64_t at = (t * kPerThread + i) * kBytes;
+      inside_post = true;
+      pair->peer->PostBatch({WriteOp{src->desc.region_id(), at, dst->desc.region_id(), at, kBytes}},
+                            [&, t](absl::Status st) {
+                              std::lock_guard<std::mutex> lock(mu);
+                              ++calls;
+                              ++done_of[t];
+                              ok += st.ok();
+                              inside += inside_post;
+                              cv.notify_all();
+                            });
+      inside_post = false;
+      // Half the time wait for this thread's batches so far (the connection may go idle), the
+      // other half post at once (behind batches still in flight).
+      if (i % 2 == 1) {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait_for(lock, kWait, [&] { return done_of[t] == i + 1; });
+      }
+    }
+  };
+  std::vector<std::thread> posters;
+  for (int t = 0; t < kThreads; ++t) posters.emplace_back(post, t);
+  for (auto& th : posters) th.join();
+  std::unique_lock<std::mutex> lock(mu);
+  REQUIRE(cv.wait_for(lock, kWait, [&] { return calls == kThreads * kPerThread; }));
+  CHECK(ok == kThreads * kPerThread);
+  CHECK(inside == 0);
+  CHECK(dst->bytes == src->bytes);
+}
+
 TEST_CASE("an empty batch completes with OK", "[transport]") {
   auto pair = MakePair();
   CHECK(pair->peer->WriteBatch({}, kWait).ok());
