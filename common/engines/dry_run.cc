@@ -1,6 +1,7 @@
 #include "common/engines/dry_run.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -39,6 +40,11 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelC
   if (o.trainers < 1 || o.inference_gpus < 1 || o.tp < 1 || o.gpus_per_agent < 1) {
     return absl::InvalidArgumentError(
         "trainers, inference GPUs, tp and GPUs per node must be >= 1");
+  }
+  if (o.nics_per_agent < 1 || !(o.nic_gbps > 0) || !std::isfinite(o.nic_gbps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("every node needs at least one NIC of a positive rate (", o.nics_per_agent,
+                     " NIC(s) of ", o.nic_gbps, " GB/s)"));
   }
   if (o.inference_gpus % o.tp != 0) {
     return absl::InvalidArgumentError(

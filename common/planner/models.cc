@@ -1,8 +1,10 @@
 #include "common/planner/models.h"
 
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <numeric>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 
@@ -275,6 +277,15 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
   if (inf.ep <= 0 || inf.tp % inf.ep != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("inference ep ", inf.ep, " must divide tp ", inf.tp));
+  }
+  for (const auto& [side, gpus, nics, gbps] :
+       {std::tuple{"trainer", tr.gpus_per_agent, tr.nics_per_agent, tr.nic_gbps},
+        std::tuple{"inference", inf.gpus_per_agent, inf.nics_per_agent, inf.nic_gbps}}) {
+    if (gpus <= 0 || nics <= 0 || !(gbps > 0) || !std::isfinite(gbps)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(side, " agents need at least one GPU and one NIC of a positive rate (", gpus,
+                       " GPU(s), ", nics, " NIC(s) of ", gbps, " GB/s per agent)"));
+    }
   }
   std::vector<AgentLayout> agents;
   AgentBuilder trainers{&agents, "trainer", tr.gpus_per_agent, tr.nics_per_agent, tr.nic_gbps,

@@ -103,8 +103,8 @@ int main(int argc, char** argv) {
   std::string mode = "inproc", bin_dir = "bazel-bin", log_level = "warn";
   int heartbeat_ms = 1000, heartbeat_timeout_ms = 30000;
   app.add_option("--agents", agents, "number of agents (even; half trainer, half inference)");
-  app.add_option("--steps", steps, "timed steps");
-  app.add_option("--warmup", warmup, "untimed steps first");
+  app.add_option("--steps", steps, "timed steps")->check(CLI::Range(1, 10000000));
+  app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::Range(0, 1000000));
   app.add_option("--mode", mode, "inproc: agents in this process; process: wb-agent processes")
       ->check(CLI::IsMember({"inproc", "process"}));
   app.add_option("--bin-dir", bin_dir, "where controller/wb-controller and daemon/wb-agent are");
@@ -113,7 +113,8 @@ int main(int argc, char** argv) {
   app.add_option("--controller-log-level", controller_log_level,
                  "the controller's log level (default: --log-level), e.g. info to see why it "
                  "planned again");
-  app.add_option("--heartbeat-ms", heartbeat_ms, "agents' heartbeat interval");
+  app.add_option("--heartbeat-ms", heartbeat_ms, "agents' heartbeat interval")
+      ->check(CLI::Range(10, 600000));
   bool step_links = true;
   app.add_option("--step-links", step_links,
                  "step commands on step links (true) or on gRPC step streams (false: the "

@@ -69,16 +69,20 @@ int main(int argc, char** argv) {
   app.add_option("--gpus-per-node", tr.gpus_per_agent, "GPUs per agent (both sides)");
   app.add_option("--nics-per-node", tr.nics_per_agent, "NIC rails per agent (both sides)");
   app.add_option("--nic-gbps", opt.cost.nic_gbps, "GB/s per NIC rail");
-  app.add_option("--op-overhead-us", opt.cost.op_overhead_us, "fixed cost per op");
-  app.add_option("--layers-per-phase", opt.layers_per_phase, "layers per barrier phase");
-  app.add_option("--threads", opt.threads, "planner threads (0: the machine's cores)");
+  app.add_option("--op-overhead-us", opt.cost.op_overhead_us, "fixed cost per op")
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_option("--layers-per-phase", opt.layers_per_phase, "layers per barrier phase")
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--threads", opt.threads, "planner threads (0: the machine's cores)")
+      ->check(CLI::Range(0, 1024));
   bool no_mirrors = false;
   app.add_flag("--no-mirrors", no_mirrors,
                "hold every inference replica's entries (no replica mirrors; same plan)");
   bool no_fan_out = false;
   app.add_flag("--no-fan-out", no_fan_out, "one op per destination entry (the old plan)");
   int layers = 0;
-  app.add_option("--layers", layers, "kimi-k2 / qwen3-*: override the layer count (model size)");
+  app.add_option("--layers", layers, "kimi-k2 / qwen3-*: override the layer count (model size)")
+      ->check(CLI::Range(0, 100000));
   CLI11_PARSE(app, argc, argv);
   inf.fp8 = !bf16;
   inf.mirror_replicas = !no_mirrors;

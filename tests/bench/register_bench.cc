@@ -81,10 +81,12 @@ int main(int argc, char** argv) {
   int tensors = 1000000, batch = 1000, inference_tensors = -1;
   std::string bin_dir = "bazel-bin";
   bool step = true, hugetlb = true;
-  app.add_option("--tensors", tensors, "tensors per side (trainer and inference)");
+  app.add_option("--tensors", tensors, "tensors per side (trainer and inference)")
+      ->check(CLI::Range(1, 1 << 30));
   app.add_option("--inference-tensors", inference_tensors,
                  "destination tensors (default: --tensors); the first ones of the trainer's");
-  app.add_option("--batch", batch, "tensors per RegisterBatch request");
+  app.add_option("--batch", batch, "tensors per RegisterBatch request")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--bin-dir", bin_dir, "where controller/wb-controller and daemon/wb-agent are");
   app.add_flag("!--no-step", step, "skip the step after planning");
   app.add_flag("--malloc-hugetlb,!--no-malloc-hugetlb", hugetlb,

@@ -164,3 +164,34 @@ TEST_CASE("a layout with an unknown location is refused by the converter") {
   CHECK(parsed.status().message() ==
         "agent a tensor W: location \"gpu0\" is neither host nor cuda:N");
 }
+
+TEST_CASE("synthetic layouts refuse agents without GPUs or NICs instead of dividing by zero") {
+  struct Bad {
+    const char* what;
+    int gpus, nics;
+    double gbps;
+    bool trainer_side;
+  };
+  for (const Bad& b :
+       {Bad{"no GPUs", 0, 8, 50, true}, Bad{"no NICs", 8, 0, 50, true},
+        Bad{"a zero NIC rate", 8, 8, 0, false}, Bad{"a negative NIC rate", 8, 8, -1, false}}) {
+    INFO(b.what);
+    TrainerOptions tr;
+    tr.ranks = 4;
+    InferenceOptions inf;
+    inf.gpus = 4;
+    inf.tp = 2;
+    auto& side_gpus = b.trainer_side ? tr.gpus_per_agent : inf.gpus_per_agent;
+    auto& side_nics = b.trainer_side ? tr.nics_per_agent : inf.nics_per_agent;
+    auto& side_gbps = b.trainer_side ? tr.nic_gbps : inf.nic_gbps;
+    side_gpus = b.gpus;
+    side_nics = b.nics;
+    side_gbps = b.gbps;
+    auto agents = BuildLayouts(SmallQwen3(), tr, inf);
+    REQUIRE_FALSE(agents.ok());
+    CHECK(agents.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(agents.status().message()),
+               Catch::Contains(b.trainer_side ? "trainer agents" : "inference agents") &&
+                   Catch::Contains("at least one GPU and one NIC"));
+  }
+}
