@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics/metric_registry.h"
@@ -46,7 +47,7 @@ class Preparer {
 struct Route {
   std::shared_ptr<transport::Peer> peer;
   transport::Transport* transport = nullptr;
-  std::map<uint64_t, uint64_t> remote_regions;
+  absl::flat_hash_map<uint64_t, uint64_t> remote_regions;
   metrics::Counter* bytes_sent = nullptr;  // optional: counts bytes acknowledged by this peer
 };
 

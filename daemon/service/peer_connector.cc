@@ -85,6 +85,7 @@ absl::StatusOr<std::map<std::string, executor::Route>> PeerConnector::Connect(
     executor::Route route;
     route.peer = *connected;
     route.transport = t;
+    route.remote_regions.reserve(peer.regions_size());
     for (const v1::RegionDescriptor& merged : peer.regions()) {
       v1::RegionDescriptor own;
       own.set_length(merged.length());

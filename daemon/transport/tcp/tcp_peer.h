@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/gpu/staging.h"
@@ -122,7 +123,7 @@ class TcpPeer : public Peer {
   std::atomic<int64_t> last_progress_ns_{0};
 
   std::mutex remote_mu_;
-  std::map<uint64_t, RemoteRegion> remote_regions_;
+  absl::flat_hash_map<uint64_t, RemoteRegion> remote_regions_;  // 10^6 for a big plan
 
   std::mutex state_mu_;  // guards everything below
   std::condition_variable state_cv_;
