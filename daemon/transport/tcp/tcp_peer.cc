@@ -283,11 +283,15 @@ void TcpPeer::PostBatch(std::vector<WriteOp> ops, BatchDone done) {
 
 void TcpPeer::SendInline(Connection* conn, Job job) {
   absl::Status st = SendJob(conn, job, /*inline_caller=*/true);
+  bool queued;
   {
     std::lock_guard<std::mutex> lock(conn->mu);
     conn->sending = false;
+    queued = !conn->jobs.empty();
   }
-  conn->cv.notify_one();  // jobs queued meanwhile are the sender thread's again
+  // Jobs queued meanwhile are the sender thread's again. Only then is it woken: it sleeps on
+  // this condition, and a wake-up per inline send would cost the hand-off this path saves.
+  if (queued) conn->cv.notify_one();
   if (st.ok()) return;
   {
     std::lock_guard<std::mutex> lock(state_mu_);
