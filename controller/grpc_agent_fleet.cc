@@ -23,9 +23,9 @@ std::vector<CallTarget<Req>> GrpcAgentFleet::Targets(const std::vector<AgentCall
 }
 
 template <typename Req, typename Resp, typename Put, typename Take, typename Unary>
-std::vector<CallResult<Resp>> GrpcAgentFleet::OnStreams(const std::vector<AgentCall<Req>>& calls,
-                                                        std::chrono::milliseconds timeout, Put put,
-                                                        Take take, Unary unary) {
+std::vector<CallResult<Resp>> GrpcAgentFleet::SendStepCommands(
+    const std::vector<AgentCall<Req>>& calls, std::chrono::milliseconds timeout, Put put, Take take,
+    Unary unary) {
   // Every way a command may take shares the fan-out's one deadline.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto left = [&] {
@@ -115,7 +115,7 @@ std::vector<CallResult<Resp>> GrpcAgentFleet::OnStreams(const std::vector<AgentC
 
 std::vector<CallResult<v1::BeginResponse>> GrpcAgentFleet::Begin(
     const std::vector<AgentCall<v1::BeginRequest>>& calls, std::chrono::milliseconds timeout) {
-  return OnStreams<v1::BeginRequest, v1::BeginResponse>(
+  return SendStepCommands<v1::BeginRequest, v1::BeginResponse>(
       calls, timeout, [](const auto& req, v1::StepCommand* c) { *c->mutable_begin() = req; },
       [](v1::StepReply*, v1::BeginResponse*) {},
       [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncBegin(c, q, cq); });
@@ -123,7 +123,7 @@ std::vector<CallResult<v1::BeginResponse>> GrpcAgentFleet::Begin(
 
 std::vector<CallResult<v1::ExecuteResponse>> GrpcAgentFleet::Execute(
     const std::vector<AgentCall<v1::ExecuteRequest>>& calls, std::chrono::milliseconds timeout) {
-  return OnStreams<v1::ExecuteRequest, v1::ExecuteResponse>(
+  return SendStepCommands<v1::ExecuteRequest, v1::ExecuteResponse>(
       calls, timeout, [](const auto& req, v1::StepCommand* c) { *c->mutable_execute() = req; },
       [](v1::StepReply* r, v1::ExecuteResponse* resp) { resp->Swap(r->mutable_execute()); },
       [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncExecute(c, q, cq); });
@@ -131,7 +131,7 @@ std::vector<CallResult<v1::ExecuteResponse>> GrpcAgentFleet::Execute(
 
 std::vector<CallResult<v1::CommitResponse>> GrpcAgentFleet::Commit(
     const std::vector<AgentCall<v1::CommitRequest>>& calls, std::chrono::milliseconds timeout) {
-  return OnStreams<v1::CommitRequest, v1::CommitResponse>(
+  return SendStepCommands<v1::CommitRequest, v1::CommitResponse>(
       calls, timeout, [](const auto& req, v1::StepCommand* c) { *c->mutable_commit() = req; },
       [](v1::StepReply*, v1::CommitResponse*) {},
       [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncCommit(c, q, cq); });

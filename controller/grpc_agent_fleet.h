@@ -58,9 +58,9 @@ class GrpcAgentFleet : public AgentFleet {
   // with neither (and unknown agents) get the unary call `unary` instead. `put(request, command)`
   // fills the command, `take(reply)` the response.
   template <typename Req, typename Resp, typename Put, typename Take, typename Unary>
-  std::vector<CallResult<Resp>> OnStreams(const std::vector<AgentCall<Req>>& calls,
-                                          std::chrono::milliseconds timeout, Put put, Take take,
-                                          Unary unary);
+  std::vector<CallResult<Resp>> SendStepCommands(const std::vector<AgentCall<Req>>& calls,
+                                                 std::chrono::milliseconds timeout, Put put,
+                                                 Take take, Unary unary);
 
   AgentChannels* channels_;
   const Membership* membership_;

@@ -270,7 +270,7 @@ void AgentNode::Shutdown() {
   auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   if (local_listener_) local_listener_->Stop();
   if (local_server_) local_server_->Shutdown(deadline);
-  if (agent_service_) agent_service_->CloseStepStreams();
+  if (agent_service_) agent_service_->CloseStepChannels();
   if (agent_server_) agent_server_->Shutdown(deadline);
   unlink(config_.local_socket.c_str());
 }

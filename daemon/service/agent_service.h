@@ -62,7 +62,7 @@ class AgentService final : public weightbeam::v1::Agent::CallbackService {
 
   // Ends the open step streams and links (before the server shuts down: they never end by
   // themselves).
-  void CloseStepStreams() {
+  void CloseStepChannels() {
     step_streams_.CloseAll();
     if (step_links_) step_links_->Stop();
   }

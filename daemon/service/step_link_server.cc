@@ -97,8 +97,9 @@ StepLinkServer::StepLinkServer(const StepLinkOptions& options, Runner run,
 void StepLinkServer::Stop() {
   if (stop_.exchange(true)) return;
   const uint64_t one = 1;
+  // One write to a fresh eventfd cannot overflow its counter: the loop wakes.
   if (::write(wake_fd_, &one, sizeof(one)) < 0) {
-    // The loop also wakes within its poll interval.
+    spdlog::error("step links: waking the loop: {}", std::strerror(errno));
   }
   if (thread_.joinable()) thread_.join();
   for (auto& [raw, conn] : conns_) Close(raw, "");
