@@ -94,8 +94,11 @@ absl::Status RegisterHfShards(LocalSession& session,
         absl::StrCat("trainer rank ", rank, " is not in [0, world ", world, ")"));
   }
   std::vector<Registration> all;
-  for (const engines::SourceTensor& t : engines::SourceTensors(config)) {
-    engines::DimSlice rows = engines::FsdpRows(t.shape[0], world, rank, align_rows);
+  const std::vector<engines::SourceTensor> sources = engines::SourceTensors(config);
+  const std::vector<int> first_ranks = engines::FsdpFirstRanks(sources, world, align_rows);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const engines::SourceTensor& t = sources[i];
+    engines::DimSlice rows = engines::FsdpRows(t.shape[0], world, rank, align_rows, first_ranks[i]);
     if (rows.size == 0) continue;
     std::vector<int64_t> shape = t.shape;
     shape[0] = rows.size;

@@ -35,7 +35,8 @@ absl::Status RegisterEngineParams(LocalSession& session,
                                   const engines::EngineOptions& options);
 
 // Registers trainer rank `rank` of `world`'s dim-0 FSDP shards (engines::FsdpRows with
-// `align_rows`), keyed by Hugging Face name. Same checks and all-or-nothing as above.
+// `align_rows` and engines::FsdpFirstRanks), keyed by Hugging Face name. Same checks and
+// all-or-nothing as above.
 absl::Status RegisterHfShards(LocalSession& session,
                               const std::map<std::string, TensorMemory>& shards,
                               const engines::ModelConfig& config, int rank, int world,

@@ -60,11 +60,14 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelC
   uint64_t region = 1;
 
   std::vector<planner::AgentLayout> trainers = Agents("trainer", o.trainers, o);
-  for (const SourceTensor& t : SourceTensors(config)) {
+  const std::vector<SourceTensor> sources = SourceTensors(config);
+  const std::vector<int> first_ranks = FsdpFirstRanks(sources, o.trainers, o.align_rows);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const SourceTensor& t = sources[i];
     const int64_t row_elems = Volume(t.shape) / t.shape[0];
     const planner::TensorName name(t.name);  // interned once for all trainers
     for (int r = 0; r < o.trainers; ++r) {
-      DimSlice rows = FsdpRows(t.shape[0], o.trainers, r, o.align_rows);
+      DimSlice rows = FsdpRows(t.shape[0], o.trainers, r, o.align_rows, first_ranks[i]);
       if (rows.size == 0) continue;
       planner::TensorEntry e;
       e.name = name;

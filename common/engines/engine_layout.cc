@@ -456,11 +456,35 @@ std::vector<SourceTensor> SourceTensors(const ModelConfig& c) {
   return out;
 }
 
-DimSlice FsdpRows(int64_t rows, int world, int rank, int64_t align) {
+namespace {
+
+int64_t FsdpChunkRows(int64_t rows, int world, int64_t align) {
   int64_t per = CeilDiv(rows, world);
   if (align > 1) per = CeilDiv(per, align) * align;
-  const int64_t start = std::min<int64_t>(rank * per, rows);
+  return std::max<int64_t>(per, 1);
+}
+
+}  // namespace
+
+DimSlice FsdpRows(int64_t rows, int world, int rank, int64_t align, int first_rank) {
+  const int64_t per = FsdpChunkRows(rows, world, align);
+  const int64_t chunk = ((static_cast<int64_t>(rank) - first_rank) % world + world) % world;
+  const int64_t start = std::min<int64_t>(chunk * per, rows);
   return {start, std::min(per, rows - start)};
+}
+
+std::vector<int> FsdpFirstRanks(const std::vector<SourceTensor>& tensors, int world,
+                                int64_t align) {
+  std::vector<int> first(tensors.size(), 0);
+  if (align <= 1 || world < 1) return first;
+  int64_t next = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    first[i] = static_cast<int>(next);
+    const int64_t rows = tensors[i].shape.empty() ? 1 : tensors[i].shape[0];
+    const int64_t chunks = CeilDiv(rows, FsdpChunkRows(rows, world, align));
+    next = (next + chunks) % world;
+  }
+  return first;
 }
 
 }  // namespace wb::engines

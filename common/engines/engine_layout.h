@@ -73,7 +73,15 @@ std::vector<SourceTensor> SourceTensors(const ModelConfig& config);
 
 // Rows [start, start + size) of a `rows`-row tensor that FSDP rank `rank` of `world` holds:
 // dim-0 chunks of ceil(rows / world) rows rounded up to a multiple of `align` (1: torch.chunk),
-// the last ranks possibly short or empty (size 0).
-DimSlice FsdpRows(int64_t rows, int world, int rank, int64_t align);
+// chunk c on rank (first_rank + c) % world; the ranks past the last chunk hold nothing (size 0).
+DimSlice FsdpRows(int64_t rows, int world, int rank, int64_t align, int first_rank = 0);
+
+// The rank each tensor's first chunk lives on (FsdpRows' `first_rank`), in `tensors` order.
+// With `align` <= 1 every tensor starts on rank 0: torch.chunk, what FSDP2 holds. A larger
+// align leaves small tensors fewer chunks than ranks (DeepSeek-V3's [2048, 7168] experts: 16
+// chunks of 128 rows over 256 trainers), and starting them all on rank 0 would pile most bytes
+// onto the first ranks; so each tensor starts on the rank after the previous tensor's last
+// chunk, wrapping, and the chunks spread evenly over all ranks.
+std::vector<int> FsdpFirstRanks(const std::vector<SourceTensor>& tensors, int world, int64_t align);
 
 }  // namespace wb::engines

@@ -51,12 +51,15 @@ absl::StatusOr<v1::SourceLayoutResponse> AnswerSourceLayout(const v1::SourceLayo
         absl::StrCat("trainer rank ", req.rank(), " is not in [0, world ", req.world(), ")"));
   }
   v1::SourceLayoutResponse out;
-  for (const SourceTensor& t : SourceTensors(*config)) {
+  const std::vector<SourceTensor> sources = SourceTensors(*config);
+  const std::vector<int> first_ranks = FsdpFirstRanks(sources, req.world(), req.align_rows());
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const SourceTensor& t = sources[i];
     v1::SourceShard* o = out.add_tensors();
     o->set_name(t.name);
     o->set_dtype(t.dtype);
     o->mutable_shape()->Add(t.shape.begin(), t.shape.end());
-    DimSlice rows = FsdpRows(t.shape[0], req.world(), req.rank(), req.align_rows());
+    DimSlice rows = FsdpRows(t.shape[0], req.world(), req.rank(), req.align_rows(), first_ranks[i]);
     o->mutable_rows()->set_start(rows.start);
     o->mutable_rows()->set_size(rows.size);
   }

@@ -19,8 +19,12 @@ struct Architecture {
 };
 
 constexpr Architecture kArchitectures[] = {
-    {"LlamaForCausalLM", Family::kDense},         {"Qwen2ForCausalLM", Family::kDense},
-    {"Qwen3ForCausalLM", Family::kDense},         {"Qwen3MoeForCausalLM", Family::kMoe},
+    {"LlamaForCausalLM", Family::kDense},
+    {"Qwen2ForCausalLM", Family::kDense},
+    {"Qwen3ForCausalLM", Family::kDense},
+    {"Qwen3MoeForCausalLM", Family::kMoe},
+    // vLLM and SGLang load Mistral with their Llama model: the same parameters and names.
+    {"MistralForCausalLM", Family::kDense},
     {"DeepseekV3ForCausalLM", Family::kDeepseek},  // also Kimi-K2
 };
 

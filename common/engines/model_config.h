@@ -1,5 +1,6 @@
 // A Hugging Face config.json reduced to the fields that decide engine parameter layouts, for
-// the families weightbeam knows (Llama / Qwen2 / Qwen3 dense, Qwen3-MoE, DeepSeek-V3 / Kimi-K2).
+// the families weightbeam knows (Llama / Mistral / Qwen2 / Qwen3 dense, Qwen3-MoE, DeepSeek-V3 /
+// Kimi-K2).
 // Parsed once; everything else (layouts, source tensors, dry-run plans) reads this struct.
 #pragma once
 
@@ -13,7 +14,7 @@
 namespace wb::engines {
 
 enum class Family {
-  kDense,     // LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+  kDense,     // LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
   kMoe,       // Qwen3MoeForCausalLM
   kDeepseek,  // DeepseekV3ForCausalLM (DeepSeek-V3/R1, Kimi-K2): MLA + MoE
 };

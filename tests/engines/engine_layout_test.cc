@@ -3,6 +3,7 @@
 // that cut a 128x128 block).
 #include "common/engines/engine_layout.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -259,6 +260,34 @@ TEST_CASE("tp that does not divide the heads is one clear error") {
   CHECK(Error(Load("llama"), {Engine::kVllm, 1, 0, 2}) == "ep 2: the model has no experts");
 }
 
+TEST_CASE("Mistral: the engines load it as Llama, so its layout is Llama's") {
+  const std::string body = R"(, "model_type": "x", "hidden_size": 512, "intermediate_size": 1024,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+      "head_dim": null, "vocab_size": 1000, "sliding_window": null})";
+  auto mistral = ParseModelConfig(R"({"architectures": ["MistralForCausalLM"])" + body, "m");
+  auto llama = ParseModelConfig(R"({"architectures": ["LlamaForCausalLM"])" + body, "l");
+  REQUIRE(mistral.ok());
+  REQUIRE(llama.ok());
+  CHECK(mistral->family == wb::engines::Family::kDense);
+  CHECK(mistral->head_dim == 64);
+  for (Engine engine : {Engine::kVllm, Engine::kSglang}) {
+    auto m = Layout(*mistral, {engine, 2, 1, 1, -1, false});
+    auto l = Layout(*llama, {engine, 2, 1, 1, -1, false});
+    REQUIRE(m.size() == l.size());
+    CHECK(m.count("model.layers.1.self_attn.qkv_proj.weight") == 1);
+    for (const auto& [name, p] : l) {
+      INFO(name);
+      REQUIRE(m.count(name) == 1);
+      CHECK(m.at(name).shape == p.shape);
+      REQUIRE(m.at(name).parts.size() == p.parts.size());
+      for (size_t i = 0; i < p.parts.size(); ++i) {
+        CHECK(m.at(name).parts[i].source == p.parts[i].source);
+        CHECK(m.at(name).parts[i].offset == p.parts[i].offset);
+      }
+    }
+  }
+}
+
 TEST_CASE("source tensors and FSDP rows") {
   auto src = wb::engines::SourceTensors(Load("deepseek_v3"));
   std::map<std::string, Shape> shapes;
@@ -274,4 +303,78 @@ TEST_CASE("source tensors and FSDP rows") {
   rows = wb::engines::FsdpRows(10, 3, 2, 1);
   CHECK(rows.start == 8);
   CHECK(rows.size == 2);
+  // Chunk c on rank (first + c) % world: 300 rows in chunks of 128 from rank 3 of 4.
+  CHECK(wb::engines::FsdpRows(300, 4, 3, 128, 3).start == 0);
+  CHECK(wb::engines::FsdpRows(300, 4, 0, 128, 3).start == 128);
+  CHECK(wb::engines::FsdpRows(300, 4, 1, 128, 3).size == 44);
+  CHECK(wb::engines::FsdpRows(300, 4, 2, 128, 3).size == 0);
+}
+
+TEST_CASE("aligned FSDP shards: each tensor starts after the previous one's last chunk") {
+  using wb::engines::SourceTensor;
+  // 128 rows (1 chunk), 384 (3 chunks of 128), 1024 over 4 ranks (4 chunks of 256), 200 (2).
+  std::vector<SourceTensor> t = {{"a", {128, 8}}, {"b", {384, 8}}, {"c", {1024, 8}}, {"d", {200}}};
+  CHECK(wb::engines::FsdpFirstRanks(t, 4, 128) == std::vector<int>{0, 1, 0, 0});
+  // torch.chunk (align 1) is what FSDP2 holds: never rotated.
+  CHECK(wb::engines::FsdpFirstRanks(t, 4, 1) == std::vector<int>{0, 0, 0, 0});
+  CHECK(wb::engines::FsdpFirstRanks(t, 4, 0) == std::vector<int>{0, 0, 0, 0});
+}
+
+// Per-rank elements of `src` under aligned FSDP shards (first ranks from FsdpFirstRanks, or 0
+// for every tensor), after checking that each tensor's pieces tile its rows exactly and that
+// every piece but the last is whole 128-row blocks.
+std::vector<int64_t> AlignedShardElems(const std::vector<wb::engines::SourceTensor>& src, int world,
+                                       bool rotated) {
+  const auto first = wb::engines::FsdpFirstRanks(src, world, 128);
+  REQUIRE(first.size() == src.size());
+  std::vector<int64_t> elems(world, 0);
+  for (size_t i = 0; i < src.size(); ++i) {
+    const int64_t rows = src[i].shape[0];
+    int64_t row_elems = 1;
+    for (size_t d = 1; d < src[i].shape.size(); ++d) row_elems *= src[i].shape[d];
+    std::vector<std::pair<int64_t, int64_t>> pieces;
+    for (int r = 0; r < world; ++r) {
+      auto s = wb::engines::FsdpRows(rows, world, r, 128, rotated ? first[i] : 0);
+      if (s.size > 0) pieces.emplace_back(s.start, s.size);
+      elems[r] += s.size * row_elems;
+    }
+    std::sort(pieces.begin(), pieces.end());
+    int64_t at = 0;
+    bool tiled = true, whole_blocks = true;
+    for (auto [start, size] : pieces) {
+      if (start != at) tiled = false;  // a gap or an overlap
+      if (start + size < rows && size % 128 != 0) whole_blocks = false;
+      at = start + size;
+    }
+    INFO(src[i].name);
+    REQUIRE(tiled);
+    REQUIRE(at == rows);
+    REQUIRE(whole_blocks);
+  }
+  return elems;
+}
+
+double Imbalance(const std::vector<int64_t>& elems) {
+  int64_t total = 0;
+  for (int64_t e : elems) total += e;
+  return static_cast<double>(*std::max_element(elems.begin(), elems.end())) *
+         static_cast<double>(elems.size()) / static_cast<double>(total);
+}
+
+TEST_CASE("aligned FSDP shards of DeepSeek-V3: every row held once, ranks evenly loaded") {
+  // The full 671B config: its [2048, 7168] experts are 16 chunks; over 256 trainers all of them
+  // sat on ranks 0-15 when every tensor started on rank 0.
+  auto full = LoadModelConfig("tests/bench/deepseek_v3_671b.json");
+  REQUIRE(full.ok());
+  auto src = wb::engines::SourceTensors(*full);
+  for (int world : {7, 16, 256}) {
+    INFO("world " << world);
+    const double rotated = Imbalance(AlignedShardElems(src, world, true));
+    const double unrotated = Imbalance(AlignedShardElems(src, world, false));
+    INFO("imbalance " << rotated << " (every tensor from rank 0: " << unrotated << ")");
+    CHECK(rotated < 1.05);
+    if (world == 256) CHECK(unrotated > 5);
+  }
+  // The small test model over 3 ranks: still every row once.
+  AlignedShardElems(wb::engines::SourceTensors(Load("deepseek_v3")), 3, true);
 }

@@ -45,11 +45,26 @@ def combos(config, engine):
     return out
 
 
-def fsdp_rows(rows, rank):
+def chunk_rows(rows):
     per = -(-rows // TRAINERS)
-    per = -(-per // ALIGN) * ALIGN
-    start = min(rank * per, rows)
-    return start, min(per, rows - start)
+    return -(-per // ALIGN) * ALIGN
+
+
+def fsdp_first_ranks(order, hf):
+    """Aligned shards: each tensor's first chunk sits on the rank after the previous tensor's
+    last chunk, in the order the agent lists the tensors."""
+    first, at = {}, 0
+    for name in order:
+        first[name] = at
+        rows = hf[name].shape[0]
+        at = (at + -(-rows // chunk_rows(rows))) % TRAINERS
+    return first
+
+
+def fsdp_rows(rows, rank, first_rank):
+    chunk = (rank - first_rank) % TRAINERS
+    start = min(chunk * chunk_rows(rows), rows)
+    return start, min(chunk_rows(rows), rows - start)
 
 
 def tensors_in(buffer, shapes):
@@ -81,9 +96,13 @@ def nbytes_of(shapes):
 class Trainer:
     def __init__(self, socket, rank, hf, family):
         self.session = weightbeam.LocalSession(socket, "trainer", rank=rank)
+        order = [t.name for t in engines.source_layout(self.session, config_path(family), rank,
+                                                       TRAINERS, ALIGN)]
+        assert sorted(order) == sorted(hf), "the agent lists other tensors than the reference"
+        first = fsdp_first_ranks(order, hf)
         shards = []
         for name, t in hf.items():
-            start, size = fsdp_rows(t.shape[0], rank)
+            start, size = fsdp_rows(t.shape[0], rank, first[name])
             if size:
                 shards.append((name, (size,) + tuple(t.shape[1:]), t.dtype, start))
         self.buffer = weightbeam.SharedBuffer(nbytes_of([s[:3] for s in shards]), f"t{rank}")

@@ -52,7 +52,9 @@ def engine_layout(session, config, engine, tp, tp_rank, ep=1, ep_rank=None, fp8=
 
 def source_layout(session, config, rank, world, align_rows=1):
     """Every HF tensor with the dim-0 ``rows`` (start, size) FSDP rank ``rank`` of ``world``
-    holds (chunks of ceil(rows / world) rounded up to ``align_rows``)."""
+    holds (chunks of ceil(rows / world) rounded up to ``align_rows``; with ``align_rows`` > 1
+    each tensor's chunks start on the rank after the previous tensor's last, so small tensors
+    spread over every rank)."""
     request = local_pb2.SourceLayoutRequest(config_json=config_json(config), rank=int(rank),
                                             world=int(world), align_rows=int(align_rows))
     return list(_unary(session, "SourceLayout", request).tensors)
