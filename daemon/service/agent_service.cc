@@ -150,10 +150,10 @@ grpc::ServerUnaryReactor* AgentService::OpenStepLink(grpc::CallbackServerContext
 }
 
 absl::Status AgentService::StartStepLinks(const StepLinkOptions& options) {
-  auto server = StepLinkServer::Start(
-      options, [this](v1::StepCommand command, std::function<void(v1::StepReply)> reply) {
-        RunStepCommand(node_, &long_calls_, std::move(command), std::move(reply));
-      });
+  auto server = StepLinkServer::Start(options, [this](v1::StepCommand command,
+                                                      std::function<void(v1::StepReply)> reply) {
+    RunStepCommand(node_, &long_calls_, ExecuteOn::kCaller, std::move(command), std::move(reply));
+  });
   if (!server.ok()) return server.status();
   step_links_ = std::move(*server);
   return absl::OkStatus();

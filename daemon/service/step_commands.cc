@@ -15,8 +15,8 @@ v1::StepReply StepReplyFor(uint64_t seq, const absl::Status& s) {
   return reply;
 }
 
-void RunStepCommand(AgentNode* node, executor::WorkerPool* long_calls, v1::StepCommand command,
-                    std::function<void(v1::StepReply)> reply) {
+void RunStepCommand(AgentNode* node, executor::WorkerPool* long_calls, ExecuteOn execute_on,
+                    v1::StepCommand command, std::function<void(v1::StepReply)> reply) {
   const uint64_t seq = command.seq();
   switch (command.command_case()) {
     case v1::StepCommand::kBegin: {
@@ -35,13 +35,19 @@ void RunStepCommand(AgentNode* node, executor::WorkerPool* long_calls, v1::StepC
         reply(StepReplyFor(command.seq(), node->Commit(command.commit())));
       });
       return;
-    case v1::StepCommand::kExecute:
-      long_calls->Submit([node, reply = std::move(reply), command = std::move(command)] {
+    case v1::StepCommand::kExecute: {
+      auto execute = [node, reply = std::move(reply), command = std::move(command)] {
         v1::StepReply r = StepReplyFor(command.seq(), absl::OkStatus());
         *r.mutable_execute()->mutable_report() = node->Execute(command.execute());
         reply(std::move(r));
-      });
+      };
+      if (execute_on == ExecuteOn::kCaller) {
+        execute();
+      } else {
+        long_calls->Submit(std::move(execute));
+      }
       return;
+    }
     case v1::StepCommand::COMMAND_NOT_SET:
       break;
   }

@@ -3,8 +3,10 @@
 // of gRPC stream messages, one send and one receive per command. The controller first asks for
 // a link over its admitted gRPC call (Agent.OpenStepLink), which Issue answers with a fresh id
 // and key; a connection must present that id and prove that key within the handshake timeout,
-// once, or it is closed before anything runs. One thread serves every connection with epoll;
-// replies are sealed and sent by whichever thread finishes the command.
+// once, or it is closed before anything runs. One thread serves every connection with epoll
+// and runs the commands, execute included (step_commands.h, ExecuteOn::kCaller): while an agent
+// sends, its links wait, handshakes of new ones too. Replies are sealed and sent by whichever
+// thread finishes the command.
 #pragma once
 
 #include <atomic>

@@ -81,7 +81,7 @@ void StepStreamReactor::Run(v1::StepCommand command) {
     Reply(StepReplyFor(seq, absl::UnavailableError("agent shutting down")));
     return;
   }
-  RunStepCommand(node_, long_calls_, std::move(command),
+  RunStepCommand(node_, long_calls_, ExecuteOn::kPool, std::move(command),
                  [this](v1::StepReply reply) { Reply(std::move(reply)); });
 }
 
