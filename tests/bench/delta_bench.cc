@@ -18,6 +18,7 @@
 #include "client/weightbeam/shared_buffer.h"
 #include "daemon/delta/delta_codec.h"
 #include "daemon/delta/op_layout.h"
+#include "tests/bench/machine_info.h"
 #include "tests/support/cluster.h"
 #include "tests/support/synthetic_adam.h"
 
@@ -222,6 +223,7 @@ int main(int argc, char** argv) {
   }
   nlohmann::json j;
   j["bench"] = "delta_bench";
+  wb::bench::AddMachineInfo(&j);
   j["model"] = "qwen3-0.6b-shaped";
   j["layers"] = o.layers;
   j["embedding"] = o.embedding;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "daemon/delta/delta_codec.h"
+#include "tests/bench/machine_info.h"
 
 namespace wb::delta {
 namespace {
@@ -92,11 +93,11 @@ int Main(int argc, char** argv) {
         "llu,\"changed_"
         "fraction\":%g,"
         "\"changed\":%llu,\"packed_bytes\":%zu,\"dense_bytes\":%llu,\"encode_seconds\":%.6f,"
-        "\"encode_gbps\":%.3f,\"apply_seconds\":%.6f,\"apply_gbps\":%.3f}\n",
+        "\"encode_gbps\":%.3f,\"apply_seconds\":%.6f,\"apply_gbps\":%.3f,%s}\n",
         c.clustered ? "clustered" : "random", threads, static_cast<unsigned long long>(elems),
         fraction, static_cast<unsigned long long>(enc.changed_elems), enc.packed.size(),
         static_cast<unsigned long long>(bytes), encode, bytes / encode / 1e9, apply,
-        bytes / apply / 1e9);
+        bytes / apply / 1e9, wb::bench::MachineInfoFields().c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -11,6 +11,7 @@
 #include "daemon/delta/delta_codec.h"
 #include "daemon/delta/gpu_encoder.h"
 #include "daemon/gpu/device_memory.h"
+#include "tests/bench/machine_info.h"
 
 namespace {
 
@@ -52,9 +53,9 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "{\"bench\":\"delta_encode_gpu\",\"mib\":%llu,\"rate\":%g,\"packed_bytes\":%llu,"
-      "\"cpu_gbps\":%.2f",
+      "\"cpu_gbps\":%.2f,%s",
       static_cast<unsigned long long>(mib), rate, static_cast<unsigned long long>(packed_bytes),
-      bytes / cpu_s / 1e9);
+      bytes / cpu_s / 1e9, wb::bench::MachineInfoFields().c_str());
   if (absl::Status s = wb::delta::GpuEncodeAvailable(); !s.ok()) {
     std::printf(",\"gpu\":\"%s\"}\n", std::string(s.message()).c_str());
     return 0;

@@ -17,6 +17,7 @@
 #include "daemon/delta/gpu_apply.h"
 #include "daemon/delta/op_layout.h"
 #include "daemon/gpu/device_memory.h"
+#include "tests/bench/machine_info.h"
 #include "tests/transform/transfer_ops.h"
 
 namespace wb::delta {
@@ -84,9 +85,11 @@ int Main(int argc, char** argv) {
   }
   std::printf(
       "{\"bench\": \"delta_scatter\", \"dense_mib\": %.1f, \"records\": %llu, "
-      "\"apply_ms\": %.3f, \"resolve_ms\": %.3f, \"scatter_host_ms\": %.3f, \"same\": %s, %s}\n",
+      "\"apply_ms\": %.3f, \"resolve_ms\": %.3f, \"scatter_host_ms\": %.3f, \"same\": %s, %s, "
+      "%s}\n",
       layout.dense_bytes / 1048576.0, static_cast<unsigned long long>(list->data_offsets.size()),
-      apply_s * 1e3, resolve_s * 1e3, scatter_s * 1e3, same ? "true" : "false", gpu.c_str());
+      apply_s * 1e3, resolve_s * 1e3, scatter_s * 1e3, same ? "true" : "false", gpu.c_str(),
+      wb::bench::MachineInfoFields().c_str());
   return same ? 0 : 1;
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace wb::bench {
 
@@ -25,6 +26,15 @@ inline void AddMachineInfo(nlohmann::json* out) {
     std::fclose(f);
   }
   (*out)["loadavg"] = {load[0], load[1], load[2]};
+}
+
+// The same fields as JSON members without braces (`"cores":2,"loadavg":[0.5,0.4,0.3]`), for
+// the benchmarks that print their lines with printf.
+inline std::string MachineInfoFields() {
+  nlohmann::json j;
+  AddMachineInfo(&j);
+  const std::string s = j.dump();
+  return s.substr(1, s.size() - 2);
 }
 
 }  // namespace wb::bench

@@ -15,6 +15,7 @@
 #include "client/weightbeam/controller_client.h"
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
+#include "tests/bench/machine_info.h"
 #include "tests/support/cluster.h"
 #include "tests/support/test_pki.h"
 
@@ -89,6 +90,7 @@ void Run(const std::string& mode, const std::string& bin_dir, const std::string&
                         {"plan_ms", plan_ms},
                         {"step_p50_ms", Percentile(ms, 0.5)},
                         {"step_p99_ms", Percentile(ms, 0.99)}};
+  wb::bench::AddMachineInfo(&out);
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);
 }

@@ -15,6 +15,7 @@
 #include "common/planner/models.h"
 #include "daemon/storage/delta_store.h"
 #include "daemon/storage/manifest_mac.h"
+#include "tests/bench/machine_info.h"
 #include "tests/demo/synthetic_weights.h"
 
 namespace v1 = weightbeam::v1;
@@ -119,6 +120,7 @@ int main(int argc, char** argv) {
                         {"dense_over_delta", mean_delta > 0 ? dense / mean_delta : 0},
                         {"verified", verified},
                         {"versions", rows}};
+  wb::bench::AddMachineInfo(&out);
   std::printf("%s\n", out.dump().c_str());
   return verified ? 0 : 1;
 }

@@ -18,6 +18,7 @@
 #include "daemon/gpu/device_memory.h"
 #include "daemon/transform/float_bits.h"
 #include "daemon/transform/transform.h"
+#include "tests/bench/machine_info.h"
 
 namespace wb::transform {
 namespace {
@@ -96,7 +97,7 @@ void Report(const char* device, const char* path, const Options& o, int threads,
     std::printf(",\"peak_gbps\":%.1f,\"hbm_fraction\":%.3f", peak_gbps,
                 (in_bytes + out_bytes) / seconds / 1e9 / peak_gbps);
   }
-  std::printf("}\n");
+  std::printf(",%s}\n", wb::bench::MachineInfoFields().c_str());
   std::fflush(stdout);
 }
 

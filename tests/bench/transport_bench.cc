@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "daemon/transport/factory.h"
+#include "tests/bench/machine_info.h"
 #include "tests/transport/suite_util.h"
 #include "weightbeam/v1/types.pb.h"
 
@@ -210,6 +211,7 @@ int RunSender(const Flags& flags) {
                          {"streams", flags.streams},
                          {"seconds", seconds},
                          {"gbps", static_cast<double>(posted) / seconds / 1e9}};
+  wb::bench::AddMachineInfo(&line);
   std::cout << line.dump() << std::endl;
 
   peer->reset();
