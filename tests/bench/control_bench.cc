@@ -98,6 +98,7 @@ double Percentile(std::vector<double> v, double p) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  wb::testing::StopChildrenOnSignals();  // a killed run leaves no daemons behind
   CLI::App app{"control_bench: controller step round trip with N agents"};
   int agents = 32, steps = 200, warmup = 5;
   std::string mode = "inproc", bin_dir = "bazel-bin", log_level = "warn";

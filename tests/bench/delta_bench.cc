@@ -20,6 +20,7 @@
 #include "daemon/delta/op_layout.h"
 #include "tests/bench/machine_info.h"
 #include "tests/support/cluster.h"
+#include "tests/support/process.h"
 #include "tests/support/synthetic_adam.h"
 
 namespace v1 = weightbeam::v1;
@@ -164,6 +165,7 @@ double Mean(const std::vector<double>& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  wb::testing::StopChildrenOnSignals();  // a killed run leaves no daemons behind
   Options o;
   CLI::App app{"delta mode on a Qwen3-0.6B-shaped model with synthetic Adam updates"};
   app.add_option("--layers", o.layers, "decoder layers (28 is the real model)");

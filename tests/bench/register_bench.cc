@@ -77,6 +77,7 @@ int64_t TensorCount(ControllerClient& ctl) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  wb::testing::StopChildrenOnSignals();  // a killed run leaves no daemons behind
   CLI::App app{"register_bench: registering, listing and planning N tiny tensors"};
   int tensors = 1000000, batch = 1000, inference_tensors = -1;
   std::string bin_dir = "bazel-bin";

@@ -17,6 +17,7 @@
 #include "client/weightbeam/shared_buffer.h"
 #include "tests/bench/machine_info.h"
 #include "tests/support/cluster.h"
+#include "tests/support/process.h"
 #include "tests/support/test_pki.h"
 
 namespace v1 = weightbeam::v1;
@@ -98,6 +99,7 @@ void Run(const std::string& mode, const std::string& bin_dir, const std::string&
 }  // namespace
 
 int main(int argc, char** argv) {
+  wb::testing::StopChildrenOnSignals();  // a killed run leaves no daemons behind
   CLI::App app{"security_bench: step round trip without and with TLS / token"};
   int steps = 300;
   std::string bin_dir = "bazel-bin";

@@ -24,6 +24,44 @@
 
 namespace wb::testing {
 
+namespace {
+
+// Children not yet reaped, for StopChildrenOnSignals' handler (which may only read atomics).
+// A slot holds a pid or 0; more children than slots are simply not tracked.
+constexpr int kTrackedChildren = 1024;
+std::atomic<pid_t> g_children[kTrackedChildren];
+
+void Track(pid_t pid) {
+  for (auto& slot : g_children) {
+    pid_t empty = 0;
+    if (slot.compare_exchange_strong(empty, pid)) return;
+  }
+}
+
+void Untrack(pid_t pid) {
+  for (auto& slot : g_children) {
+    pid_t p = pid;
+    if (slot.compare_exchange_strong(p, 0)) return;
+  }
+}
+
+extern "C" void StopChildrenAndDie(int sig) {
+  for (auto& slot : g_children) {
+    const pid_t pid = slot.load();
+    if (pid <= 0) continue;
+    kill(pid, SIGCONT);
+    kill(pid, SIGTERM);
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+}  // namespace
+
+void StopChildrenOnSignals() {
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) signal(sig, StopChildrenAndDie);
+}
+
 Process::Process(std::vector<std::string> argv, const std::string& log_path) {
   pid_ = fork();
   if (pid_ == 0) {
@@ -42,6 +80,7 @@ Process::Process(std::vector<std::string> argv, const std::string& log_path) {
     std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
     _exit(127);
   }
+  if (pid_ > 0) Track(pid_);
 }
 
 Process::~Process() {
@@ -66,6 +105,7 @@ int Process::Wait(std::chrono::milliseconds timeout) {
     pid_t r = waitpid(pid_, &st, WNOHANG);
     if (r == pid_) {
       status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      Untrack(pid_);
       return status_;
     }
     if (std::chrono::steady_clock::now() >= deadline) return -1;

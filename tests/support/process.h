@@ -30,6 +30,11 @@ class Process {
   int status_ = -1;
 };
 
+// For benchmarks run by hand: a SIGTERM, SIGINT or SIGHUP to this process first sends SIGTERM
+// (after SIGCONT) to every child Process not yet reaped, then ends this process as the signal
+// would have. A killed benchmark leaves no daemons behind (its destructors never run).
+void StopChildrenOnSignals();
+
 // A TCP port on 127.0.0.1 that was free a moment ago, drawn below the kernel's ephemeral range
 // and reserved against concurrent tests for this process's lifetime.
 int FreePort();
