@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -83,32 +85,65 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelC
     }
   }
 
+  // Every replica's rank r with the same EP rank holds the same parameters: each distinct rank
+  // is laid out (and its names interned) for the first replica that holds it, and later
+  // replicas copy those entries, with their own owner, GPU and region ids (numbered per
+  // parameter, in order).
+  struct LaidOut {
+    int agent = 0;     // where the first replica's entries are: inference[agent].tensors,
+    size_t first = 0;  // [first, first + count)
+    size_t count = 0;
+    std::vector<uint64_t> param;  // per entry: its parameter's index on the rank
+    uint64_t params = 0;
+  };
+  std::map<std::pair<int, int>, LaidOut> laid_out;  // by (tp rank, ep rank)
   std::vector<planner::AgentLayout> inference = Agents("infer", o.inference_gpus, o);
   for (int k = 0; k < replicas; ++k) {
     for (int r = 0; r < o.tp; ++r) {
-      EngineOptions eo{o.engine, o.tp, r, o.ep, dp > 1 ? (k % dp) * o.tp + r : -1, o.fp8};
-      absl::StatusOr<std::vector<EngineParam>> params = EngineLayout(config, eo);
-      if (!params.ok()) return params.status();
+      const int ep_rank = dp > 1 ? (k % dp) * o.tp + r : -1;
       const int gpu = k * o.tp + r;
-      for (const EngineParam& p : *params) {
-        const uint64_t id = region++;
-        const planner::TensorName buffer(p.name);
-        for (const ParamPart& part : p.parts) {
-          planner::TensorEntry e;
-          e.name = part.source;
-          e.dtype = p.dtype;
-          e.shape = part.source_shape;
-          e.shard = part.box;
-          e.view.shape = p.shape;
-          e.view.offset = part.offset;
-          e.view.buffer = buffer;
-          e.owner = {planner::Role::kInference, r, k};
-          e.region = id;
-          e.region_bytes = Volume(p.shape) * planner::DTypeBytes(p.dtype);
-          e.gpu = gpu % o.gpus_per_agent;
-          inference[gpu / o.gpus_per_agent].tensors.push_back(std::move(e));
+      const int agent = gpu / o.gpus_per_agent;
+      std::vector<planner::TensorEntry>& held = inference[agent].tensors;
+      const size_t first = held.size();
+      auto [it, fresh] = laid_out.try_emplace({r, ep_rank});
+      LaidOut& rank = it->second;
+      if (fresh) {
+        EngineOptions eo{o.engine, o.tp, r, o.ep, ep_rank, o.fp8};
+        absl::StatusOr<std::vector<EngineParam>> params = EngineLayout(config, eo);
+        if (!params.ok()) return params.status();
+        for (const EngineParam& p : *params) {
+          const planner::TensorName buffer(p.name);
+          for (const ParamPart& part : p.parts) {
+            planner::TensorEntry e;
+            e.name = part.source;
+            e.dtype = p.dtype;
+            e.shape = part.source_shape;
+            e.shard = part.box;
+            e.view.shape = p.shape;
+            e.view.offset = part.offset;
+            e.view.buffer = buffer;
+            e.region_bytes = Volume(p.shape) * planner::DTypeBytes(p.dtype);
+            held.push_back(std::move(e));
+            rank.param.push_back(rank.params);
+          }
+          ++rank.params;
         }
+        rank.agent = agent;
+        rank.first = first;
+        rank.count = held.size() - first;
+      } else {
+        // By index: the source may be this same vector (an agent holding several replicas);
+        // push_back copes with its argument living in the vector it grows.
+        const std::vector<planner::TensorEntry>& from = inference[rank.agent].tensors;
+        for (size_t i = 0; i < rank.count; ++i) held.push_back(from[rank.first + i]);
       }
+      for (size_t i = first; i < held.size(); ++i) {
+        planner::TensorEntry& e = held[i];
+        e.owner = {planner::Role::kInference, r, k};
+        e.region = region + rank.param[i - first];
+        e.gpu = gpu % o.gpus_per_agent;
+      }
+      region += rank.params;
     }
   }
   for (auto& a : inference) trainers.push_back(std::move(a));

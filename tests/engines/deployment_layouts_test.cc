@@ -1,0 +1,128 @@
+// DeploymentLayouts (the dry run's whole-deployment layouts) lays each distinct engine rank out
+// once and copies it for the other replicas. Checked here against the plain construction: every
+// inference GPU's entries straight from EngineLayout for its (tp rank, ep rank), in order, with
+// region ids counted per parameter across the deployment, for layouts where an agent holds one
+// rank, several ranks of a replica, or several replicas, with and without vLLM's EP groups.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "common/engines/dry_run.h"
+#include "common/engines/engine_layout.h"
+#include "common/engines/model_config.h"
+
+namespace {
+
+using wb::engines::DeploymentOptions;
+using wb::engines::Engine;
+
+wb::engines::ModelConfig Load(const std::string& family) {
+  auto c = wb::engines::LoadModelConfig("tests/python/engine_configs/" + family + ".json");
+  REQUIRE(c.ok());
+  return *c;
+}
+
+template <typename A, typename B>
+bool Same(const A& a, const B& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+template <typename A, typename B>
+bool SameSlices(const A& a, const B& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].start != b[i].start || a[i].size != b[i].size) return false;
+  }
+  return true;
+}
+
+void CheckAgainstPlainLayout(const wb::engines::ModelConfig& config, const DeploymentOptions& o) {
+  auto agents = wb::engines::DeploymentLayouts(config, o);
+  INFO(agents.status().ToString());
+  REQUIRE(agents.ok());
+  // The inference agents follow the trainers; their entries in GPU order, as the plain
+  // construction appends them.
+  std::vector<const wb::planner::TensorEntry*> got;
+  uint64_t first_region = 0;
+  for (const auto& a : *agents) {
+    if (a.name.rfind("infer-", 0) != 0) {
+      for (const auto& e : a.tensors) first_region = std::max(first_region, e.region);
+      continue;
+    }
+    for (const auto& e : a.tensors) got.push_back(&e);
+  }
+  const int replicas = o.inference_gpus / o.tp;
+  const int dp = o.engine == Engine::kVllm && o.ep > o.tp ? o.ep / o.tp : 1;
+  uint64_t region = first_region + 1;
+  size_t at = 0;
+  for (int k = 0; k < replicas; ++k) {
+    for (int r = 0; r < o.tp; ++r) {
+      wb::engines::EngineOptions eo{o.engine, o.tp, r, o.ep, dp > 1 ? (k % dp) * o.tp + r : -1,
+                                    o.fp8};
+      auto params = wb::engines::EngineLayout(config, eo);
+      REQUIRE(params.ok());
+      const int gpu = k * o.tp + r;
+      for (const auto& p : *params) {
+        for (const auto& part : p.parts) {
+          INFO("replica " << k << " rank " << r << " " << p.name << " <- " << part.source);
+          REQUIRE(at < got.size());
+          const wb::planner::TensorEntry& e = *got[at++];
+          CHECK(e.name.str() == part.source);
+          CHECK(e.view.buffer.str() == p.name);
+          CHECK(Same(e.shape, part.source_shape));
+          CHECK(SameSlices(e.shard, part.box));
+          CHECK(Same(e.view.shape, p.shape));
+          CHECK(Same(e.view.offset, part.offset));
+          CHECK(e.dtype == p.dtype);
+          CHECK(e.owner.role == wb::planner::Role::kInference);
+          CHECK(e.owner.rank == r);
+          CHECK(e.owner.replica == k);
+          CHECK(e.region == region);
+          CHECK(e.gpu == gpu % o.gpus_per_agent);
+        }
+        ++region;
+      }
+    }
+  }
+  CHECK(at == got.size());
+}
+
+}  // namespace
+
+TEST_CASE("deployment layouts: every replica's entries as if laid out on their own") {
+  DeploymentOptions o;
+  o.trainers = 4;
+  o.fp8 = true;
+  SECTION("dense, tp 2, four replicas on one 8-GPU agent") {
+    o.inference_gpus = 8;
+    o.tp = 2;
+    CheckAgainstPlainLayout(Load("qwen3"), o);
+  }
+  SECTION("dense, tp 4, two GPUs per agent (a replica over two agents), BF16") {
+    o.fp8 = false;
+    o.inference_gpus = 8;
+    o.tp = 4;
+    o.gpus_per_agent = 2;
+    CheckAgainstPlainLayout(Load("llama"), o);
+  }
+  SECTION("MoE, vLLM EP over two replicas (ep = 2 x tp), three agents of 3 GPUs") {
+    o.inference_gpus = 8;
+    o.tp = 2;
+    o.ep = 4;
+    o.gpus_per_agent = 3;
+    CheckAgainstPlainLayout(Load("qwen3_moe"), o);
+  }
+  SECTION("DeepSeek, SGLang EP inside the replica, BF16") {
+    o.engine = Engine::kSglang;
+    o.fp8 = false;
+    o.inference_gpus = 4;
+    o.tp = 2;
+    o.ep = 2;
+    CheckAgainstPlainLayout(Load("deepseek_v3"), o);
+  }
+}
