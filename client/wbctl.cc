@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <optional>
 #include <thread>
 
@@ -53,6 +54,8 @@ int DryRunPlan(const std::string& model_path, const std::string& engine_name,
   options.engine = *engine;
   auto layouts = wb::engines::DeploymentLayouts(*config, options);
   if (!layouts.ok()) return Fail(layouts.status());
+  // Repeating replicas held once, as the controller holds them: the same plan, less memory.
+  wb::planner::FoldMirrors(&*layouts);
   wb::planner::PlanOptions plan_options;
   plan_options.cost.nic_gbps = options.nic_gbps;
   auto plan = wb::planner::BuildPlan(*layouts, plan_options);
@@ -145,7 +148,14 @@ int main(int argc, char** argv) {
   watch->add_option("--count", count, "stop after this many steps (0: forever)");
   CLI11_PARSE(app, argc, argv);
 
-  if (*plan && dry_run) return DryRunPlan(model_path, engine_name, deployment, json);
+  if (*plan && dry_run) {
+    try {
+      return DryRunPlan(model_path, engine_name, deployment, json);
+    } catch (const std::bad_alloc&) {
+      return Fail(absl::ResourceExhaustedError(
+          "out of memory planning this deployment; plan fewer GPUs or a smaller model"));
+    }
+  }
 
   auto client = wb::client::ControllerClient::Connect(controller, security);
   if (!client.ok()) return Fail(client.status());

@@ -1,7 +1,10 @@
 #include "common/engines/dry_run.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <utility>
@@ -21,6 +24,16 @@ int64_t Volume(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+// The most entries the layouts may hold: kMaxLayoutEntries, and no more than half this
+// machine's memory can take (the vectors grow by doubling).
+uint64_t MaxEntries() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return planner::kMaxLayoutEntries;
+  const uint64_t fit = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2 /
+                       (2 * sizeof(planner::TensorEntry));
+  return std::min(fit, planner::kMaxLayoutEntries);
 }
 
 // Agents for `gpus` GPUs, `per_agent` each, each with `nics` rails.
@@ -48,6 +61,11 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelC
         absl::StrCat("every node needs at least one NIC of a positive rate (", o.nics_per_agent,
                      " NIC(s) of ", o.nic_gbps, " GB/s)"));
   }
+  if (o.trainers > planner::kMaxDeploymentGpus || o.inference_gpus > planner::kMaxDeploymentGpus) {
+    return absl::InvalidArgumentError(absl::StrCat(o.trainers, " trainer and ", o.inference_gpus,
+                                                   " inference GPUs: at most ",
+                                                   planner::kMaxDeploymentGpus, " per side"));
+  }
   if (o.inference_gpus % o.tp != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("tp ", o.tp, " does not divide the ", o.inference_gpus, " inference GPUs"));
@@ -61,6 +79,14 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelC
   }
   uint64_t region = 1;
 
+  uint64_t entries = 0;  // held so far
+  const uint64_t max_entries = MaxEntries();
+  auto too_many = [&] {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the deployment's layouts would hold more than ", max_entries,
+                     " tensor entries (", o.trainers, " trainer and ", o.inference_gpus,
+                     " inference GPUs), more than this machine's memory takes; plan fewer GPUs"));
+  };
   std::vector<planner::AgentLayout> trainers = Agents("trainer", o.trainers, o);
   const std::vector<SourceTensor> sources = SourceTensors(config);
   const std::vector<int> first_ranks = FsdpFirstRanks(sources, o.trainers, o.align_rows);
@@ -82,6 +108,7 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelC
       e.region_bytes = rows.size * row_elems * planner::DTypeBytes(t.dtype);
       e.gpu = r % o.gpus_per_agent;
       trainers[r / o.gpus_per_agent].tensors.push_back(std::move(e));
+      if (++entries > max_entries) return too_many();
     }
   }
 
@@ -106,6 +133,7 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelC
       std::vector<planner::TensorEntry>& held = inference[agent].tensors;
       const size_t first = held.size();
       auto [it, fresh] = laid_out.try_emplace({r, ep_rank});
+      if (!fresh && entries + it->second.count > max_entries) return too_many();
       LaidOut& rank = it->second;
       if (fresh) {
         EngineOptions eo{o.engine, o.tp, r, o.ep, ep_rank, o.fp8};
@@ -144,6 +172,8 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelC
         e.gpu = gpu % o.gpus_per_agent;
       }
       region += rank.params;
+      entries += held.size() - first;
+      if (entries > max_entries) return too_many();
     }
   }
   for (auto& a : inference) trainers.push_back(std::move(a));

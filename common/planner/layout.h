@@ -117,6 +117,12 @@ uint64_t EntryRegion(const std::vector<AgentLayout>& agents, int32_t a, int32_t 
 // a replica held by mirrors that do not repeat the unshifted replica's agents exactly.
 std::string MirrorProblem(const std::vector<AgentLayout>& agents);
 
+// Synthetic deployments (plan_bench, `wbctl plan --dry-run`) refuse more GPUs per side than
+// this, and config.json layouts more entries than kMaxLayoutEntries (~20 GB of entries) or
+// than the machine's memory takes, with an error instead of running out of memory.
+inline constexpr int kMaxDeploymentGpus = 1 << 20;
+inline constexpr uint64_t kMaxLayoutEntries = uint64_t{1} << 27;
+
 // Every mirror replaced by the full list of its entries (same agent and entry indices).
 std::vector<AgentLayout> UnfoldMirrors(const std::vector<AgentLayout>& agents);
 

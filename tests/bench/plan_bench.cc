@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -43,7 +44,7 @@ void MinMeanMax(const std::vector<uint64_t>& v, const char* prefix, nlohmann::js
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   CLI::App app{"weightbeam planner benchmark"};
   std::string model_name = "kimi-k2";
   wb::planner::TrainerOptions tr;
@@ -218,4 +219,13 @@ int main(int argc, char** argv) {
   j["plan_hash"] = plan->hash_hex;
   std::cout << j.dump() << std::endl;
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::cerr << "plan_bench: out of memory; plan fewer GPUs or a smaller model\n";
+    return 2;
+  }
 }

@@ -126,3 +126,18 @@ TEST_CASE("deployment layouts: every replica's entries as if laid out on their o
     CheckAgainstPlainLayout(Load("deepseek_v3"), o);
   }
 }
+
+TEST_CASE("deployment layouts refuse more GPUs than kMaxDeploymentGpus") {
+  DeploymentOptions o;
+  o.trainers = 4;
+  o.tp = 8;
+  o.inference_gpus = 2000000000 - 2000000000 % 8;
+  auto agents = wb::engines::DeploymentLayouts(Load("qwen3"), o);
+  REQUIRE_FALSE(agents.ok());
+  CHECK(agents.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(agents.status().message()).find("at most 1048576 per side") !=
+        std::string::npos);
+  o.inference_gpus = 8;
+  o.trainers = wb::planner::kMaxDeploymentGpus + 1;
+  CHECK_FALSE(wb::engines::DeploymentLayouts(Load("qwen3"), o).ok());
+}

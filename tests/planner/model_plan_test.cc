@@ -165,6 +165,23 @@ TEST_CASE("a layout with an unknown location is refused by the converter") {
         "agent a tensor W: location \"gpu0\" is neither host nor cuda:N");
 }
 
+TEST_CASE(
+    "synthetic layouts refuse more GPUs than kMaxDeploymentGpus instead of running out of "
+    "memory") {
+  TrainerOptions tr;
+  tr.ranks = 4;
+  InferenceOptions inf;
+  inf.tp = 2;
+  inf.gpus = 2000000000;  // a 2e9-GPU inference side: 250 M agents
+  auto agents = BuildLayouts(SmallQwen3(), tr, inf);
+  REQUIRE_FALSE(agents.ok());
+  CHECK(agents.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(agents.status().message()), Catch::Contains("at most 1048576 per side"));
+  inf.gpus = 4;
+  tr.ranks = wb::planner::kMaxDeploymentGpus + 1;
+  CHECK_FALSE(BuildLayouts(SmallQwen3(), tr, inf).ok());
+}
+
 TEST_CASE("synthetic layouts refuse agents without GPUs or NICs instead of dividing by zero") {
   struct Bad {
     const char* what;
