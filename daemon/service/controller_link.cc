@@ -248,6 +248,10 @@ void ControllerLink::RunReports() {
 
 void ControllerLink::Run() {
   int backoff_ms = 100;
+  // Heartbeats drift by up to 10 % of the interval each time: agents started together (a node
+  // boot, a controller restart that every agent re-registers with) would otherwise beat in step
+  // and reach the controller in bursts of hundreds at once, in the middle of someone's step.
+  std::minstd_rand jitter(std::random_device{}());
   while (true) {
     bool registered;
     {
@@ -272,7 +276,9 @@ void ControllerLink::Run() {
     int wait_ms;
     if (ok) {
       backoff_ms = 100;
-      wait_ms = heartbeat_ms_;
+      const int spread = static_cast<int>(heartbeat_ms_ / 10);
+      wait_ms = static_cast<int>(heartbeat_ms_) +
+                (spread > 0 ? std::uniform_int_distribution<int>(-spread, spread)(jitter) : 0);
     } else {
       wait_ms = backoff_ms;
       backoff_ms = std::min(backoff_ms * 2, 5000);
