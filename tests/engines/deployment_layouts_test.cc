@@ -95,35 +95,33 @@ void CheckAgainstPlainLayout(const wb::engines::ModelConfig& config, const Deplo
 }  // namespace
 
 TEST_CASE("deployment layouts: every replica's entries as if laid out on their own") {
-  DeploymentOptions o;
-  o.trainers = 4;
-  o.fp8 = true;
-  SECTION("dense, tp 2, four replicas on one 8-GPU agent") {
-    o.inference_gpus = 8;
-    o.tp = 2;
-    CheckAgainstPlainLayout(Load("qwen3"), o);
-  }
-  SECTION("dense, tp 4, two GPUs per agent (a replica over two agents), BF16") {
-    o.fp8 = false;
-    o.inference_gpus = 8;
-    o.tp = 4;
-    o.gpus_per_agent = 2;
-    CheckAgainstPlainLayout(Load("llama"), o);
-  }
-  SECTION("MoE, vLLM EP over two replicas (ep = 2 x tp), three agents of 3 GPUs") {
-    o.inference_gpus = 8;
-    o.tp = 2;
-    o.ep = 4;
-    o.gpus_per_agent = 3;
-    CheckAgainstPlainLayout(Load("qwen3_moe"), o);
-  }
-  SECTION("DeepSeek, SGLang EP inside the replica, BF16") {
-    o.engine = Engine::kSglang;
-    o.fp8 = false;
-    o.inference_gpus = 4;
-    o.tp = 2;
-    o.ep = 2;
-    CheckAgainstPlainLayout(Load("deepseek_v3"), o);
+  struct Case {
+    const char* what;
+    const char* family;
+    Engine engine;
+    bool fp8;
+    int gpus, tp, ep, gpus_per_agent;
+  };
+  for (const Case& c : {
+           Case{"dense, tp 2, four replicas on one 8-GPU agent", "qwen3", Engine::kVllm, true, 8, 2,
+                1, 8},
+           Case{"dense, tp 4, a replica over two 2-GPU agents", "llama", Engine::kVllm, false, 8, 4,
+                1, 2},
+           Case{"MoE, vLLM EP over two replicas (ep = 2 x tp), agents of 3 GPUs", "qwen3_moe",
+                Engine::kVllm, true, 8, 2, 4, 3},
+           Case{"DeepSeek, SGLang EP inside the replica", "deepseek_v3", Engine::kSglang, false, 4,
+                2, 2, 8},
+       }) {
+    INFO(c.what);
+    DeploymentOptions o;
+    o.trainers = 4;
+    o.engine = c.engine;
+    o.fp8 = c.fp8;
+    o.inference_gpus = c.gpus;
+    o.tp = c.tp;
+    o.ep = c.ep;
+    o.gpus_per_agent = c.gpus_per_agent;
+    CheckAgainstPlainLayout(Load(c.family), o);
   }
 }
 
