@@ -61,10 +61,8 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelC
         absl::StrCat("every node needs at least one NIC of a positive rate (", o.nics_per_agent,
                      " NIC(s) of ", o.nic_gbps, " GB/s)"));
   }
-  if (o.trainers > planner::kMaxDeploymentGpus || o.inference_gpus > planner::kMaxDeploymentGpus) {
-    return absl::InvalidArgumentError(absl::StrCat(o.trainers, " trainer and ", o.inference_gpus,
-                                                   " inference GPUs: at most ",
-                                                   planner::kMaxDeploymentGpus, " per side"));
+  if (absl::Status s = planner::CheckDeploymentGpus(o.trainers, o.inference_gpus); !s.ok()) {
+    return s;
   }
   if (o.inference_gpus % o.tp != 0) {
     return absl::InvalidArgumentError(

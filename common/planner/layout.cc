@@ -276,4 +276,13 @@ int FoldMirrors(std::vector<AgentLayout>* agents) {
   return count;
 }
 
+absl::Status CheckDeploymentGpus(int trainer_gpus, int inference_gpus) {
+  if (trainer_gpus <= kMaxDeploymentGpus && inference_gpus <= kMaxDeploymentGpus) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(trainer_gpus, " trainer and ", inference_gpus,
+                                                 " inference GPUs: at most ", kMaxDeploymentGpus,
+                                                 " per side"));
+}
+
 }  // namespace wb::planner

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/planner/small_vec.h"
 #include "common/planner/tensor_name.h"
@@ -122,6 +123,8 @@ std::string MirrorProblem(const std::vector<AgentLayout>& agents);
 // than the machine's memory takes, with an error instead of running out of memory.
 inline constexpr int kMaxDeploymentGpus = 1 << 20;
 inline constexpr uint64_t kMaxLayoutEntries = uint64_t{1} << 27;
+// InvalidArgument naming the limit when either side has more than kMaxDeploymentGpus GPUs.
+absl::Status CheckDeploymentGpus(int trainer_gpus, int inference_gpus);
 
 // Every mirror replaced by the full list of its entries (same agent and entry indices).
 std::vector<AgentLayout> UnfoldMirrors(const std::vector<AgentLayout>& agents);

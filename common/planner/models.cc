@@ -265,11 +265,7 @@ absl::StatusOr<std::vector<AgentLayout>> BuildLayouts(const ModelSpec& model,
     return absl::InvalidArgumentError(absl::StrCat(
         "trainer ranks ", tr.ranks, " must be a positive multiple of replicas ", tr.replicas));
   }
-  if (tr.ranks > kMaxDeploymentGpus || inf.gpus > kMaxDeploymentGpus) {
-    return absl::InvalidArgumentError(absl::StrCat(tr.ranks, " trainer and ", inf.gpus,
-                                                   " inference GPUs: at most ", kMaxDeploymentGpus,
-                                                   " per side"));
-  }
+  if (absl::Status s = CheckDeploymentGpus(tr.ranks, inf.gpus); !s.ok()) return s;
   const int per_replica = tr.ranks / tr.replicas;
   if (tr.ep <= 0 || per_replica % tr.ep != 0) {
     return absl::InvalidArgumentError(
