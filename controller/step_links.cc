@@ -12,15 +12,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/net/socket_util.h"
 #include "common/parallel/parallel_for.h"
 #include "common/steplink/link_cipher.h"
-#include "daemon/transport/tcp/socket_util.h"
 
 namespace wb::controller {
 
 namespace v1 = weightbeam::v1;
 using Clock = std::chrono::steady_clock;
-namespace tcp = wb::transport::tcp;
 
 namespace {
 // The opener's bounds: OpenStepLink, then connecting and the handshake (each).
@@ -34,11 +33,11 @@ constexpr uint32_t kLinkEvents = EPOLLIN | EPOLLRDHUP;
 absl::Status Handshake(int fd, const std::string& link_id, steplink::LinkCipher* cipher) {
   std::string hello = link_id;
   if (auto s = cipher->Seal("", &hello); !s.ok()) return s;
-  if (auto s = tcp::SendAll(fd, hello.data(), hello.size()); !s.ok()) return s;
+  if (auto s = net::SendAll(fd, hello.data(), hello.size()); !s.ok()) return s;
   char ack[steplink::kLengthBytes + steplink::kTagBytes];
   size_t got = 0;
   int error = 0;
-  if (tcp::RecvExact(fd, ack, sizeof(ack), &got, &error) != tcp::RecvOutcome::kOk) {
+  if (net::RecvExact(fd, ack, sizeof(ack), &got, &error) != net::RecvOutcome::kOk) {
     return absl::UnavailableError(
         absl::StrCat("no acknowledgement (", got, " of ", sizeof(ack), " bytes",
                      error ? absl::StrCat(": ", std::strerror(error)) : std::string(),
@@ -58,7 +57,7 @@ class StepLinks::Link {
     size_t index = 0;
   };
 
-  Link(std::string endpoint, tcp::UniqueFd fd, steplink::LinkCipher cipher)
+  Link(std::string endpoint, net::UniqueFd fd, steplink::LinkCipher cipher)
       : endpoint_(std::move(endpoint)), fd_(std::move(fd)), cipher_(std::move(cipher)) {}
 
   const std::string& endpoint() const { return endpoint_; }
@@ -140,7 +139,7 @@ class StepLinks::Link {
   }
 
   const std::string endpoint_;
-  tcp::UniqueFd fd_;
+  net::UniqueFd fd_;
   steplink::LinkCipher cipher_;
   steplink::FrameReader frames_;
   std::string out_;  // sealed bytes not yet sent, from sent_
@@ -277,20 +276,20 @@ void StepLinks::Open(const std::vector<std::string>& endpoints) {
       connect.size(), static_cast<int>(std::min<size_t>(connect.size(), 16)), [&](uint64_t k) {
         const size_t i = connect[k];
         const auto& grant = granted[i].response;
-        auto hp = tcp::ParseHostPort(endpoints[i]);
+        auto hp = net::ParseHostPort(endpoints[i]);
         if (!hp.ok()) {
           failed[i] = std::string(hp.status().message());
           return;
         }
         hp->port = static_cast<uint16_t>(grant.port());
-        auto fd = tcp::ConnectTcp(*hp, kConnectTimeout);
+        auto fd = net::ConnectTcp(*hp, kConnectTimeout);
         if (!fd.ok()) {
           failed[i] = absl::StrCat("link port ", grant.port(), ": ", fd.status().message());
           return;
         }
         auto cipher = steplink::LinkCipher::Create(grant.key(), steplink::Direction::kToAgent);
         absl::Status s = cipher.status();
-        if (s.ok()) s = tcp::TuneSocket(fd->get(), 0, kConnectTimeout, kConnectTimeout);
+        if (s.ok()) s = net::TuneSocket(fd->get(), 0, kConnectTimeout, kConnectTimeout);
         if (s.ok()) s = Handshake(fd->get(), grant.link_id(), &*cipher);
         if (!s.ok()) {
           failed[i] = absl::StrCat("link port ", grant.port(), ": ", s.message());

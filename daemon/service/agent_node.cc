@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc/credentials.h"
 #include "common/grpc/message_limits.h"
+#include "common/net/socket_util.h"
 #include "daemon/executor/op_bounds.h"
 #include "daemon/executor/op_preparer.h"
 #include "daemon/gpu/cuda_probe.h"
@@ -23,7 +24,6 @@
 #include "daemon/service/controller_link.h"
 #include "daemon/service/memory_opener.h"
 #include "daemon/transport/factory.h"
-#include "daemon/transport/tcp/socket_util.h"
 #include "security/call_guard.h"
 
 namespace wb::service {
@@ -234,7 +234,7 @@ absl::Status AgentNode::Start() {
         absl::StrCat("cannot listen on ", config_.listen, " for the Agent service"));
   }
   if (config_.step_link.enabled) {
-    auto listen = transport::tcp::ParseHostPort(config_.listen);
+    auto listen = net::ParseHostPort(config_.listen);
     if (!listen.ok()) return listen.status();
     StepLinkOptions links;
     links.host = listen->host;

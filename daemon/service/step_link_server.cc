@@ -24,7 +24,7 @@ namespace v1 = weightbeam::v1;
 using Clock = std::chrono::steady_clock;
 
 struct StepLinkServer::Conn {
-  transport::tcp::UniqueFd fd;  // read by the loop; written under mu; closed by the loop
+  net::UniqueFd fd;  // read by the loop; written under mu; closed by the loop
   std::string peer;
   Clock::time_point accepted;
   uint64_t order = 0;  // accept order: the oldest goes first when there are too many
@@ -45,7 +45,7 @@ struct StepLinkServer::Conn {
     if (closed) return;
     out.clear();
     absl::Status s = cipher->Seal(plain, &out);
-    if (s.ok()) s = transport::tcp::SendAll(fd.get(), out.data(), out.size());
+    if (s.ok()) s = net::SendAll(fd.get(), out.data(), out.size());
     if (!s.ok()) {
       spdlog::warn("step link from {}: reply not sent ({}); closing it", peer,
                    std::string(s.message()));
@@ -57,7 +57,7 @@ struct StepLinkServer::Conn {
 absl::StatusOr<std::unique_ptr<StepLinkServer>> StepLinkServer::Start(
     const StepLinkOptions& options, Runner run) {
   uint16_t port = 0;
-  auto listener = transport::tcp::ListenTcp({options.host, options.port}, &port);
+  auto listener = net::ListenTcp({options.host, options.port}, &port);
   if (!listener.ok()) {
     return absl::UnavailableError(absl::StrCat("step links: ", listener.status().message()));
   }
@@ -76,9 +76,8 @@ absl::StatusOr<std::unique_ptr<StepLinkServer>> StepLinkServer::Start(
   return server;
 }
 
-StepLinkServer::StepLinkServer(const StepLinkOptions& options, Runner run,
-                               transport::tcp::UniqueFd listener, uint16_t port, int epoll_fd,
-                               int wake_fd)
+StepLinkServer::StepLinkServer(const StepLinkOptions& options, Runner run, net::UniqueFd listener,
+                               uint16_t port, int epoll_fd, int wake_fd)
     : options_(options),
       run_(std::move(run)),
       listener_(std::move(listener)),
@@ -187,7 +186,7 @@ void StepLinkServer::Accept() {
       return;
     }
     auto c = std::make_shared<Conn>();
-    c->fd = transport::tcp::UniqueFd(fd);
+    c->fd = net::UniqueFd(fd);
     char host[64] = "?";
     if (addr.ss_family == AF_INET) {
       inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, host, sizeof(host));
@@ -201,7 +200,7 @@ void StepLinkServer::Accept() {
     // (MSG_DONTWAIT), so the socket itself is made blocking.
     const int flags = fcntl(fd, F_GETFL);
     fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-    (void)transport::tcp::TuneSocket(fd, 0, options_.send_timeout, std::chrono::milliseconds(0));
+    (void)net::TuneSocket(fd, 0, options_.send_timeout, std::chrono::milliseconds(0));
     // Too many handshakes at once: the oldest goes.
     int unauthenticated = 0;
     Conn* oldest = nullptr;

@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/transport/tcp/socket_util.h"
+#include "common/net/socket_util.h"
 #include "weightbeam/v1/agent.pb.h"
 
 namespace wb::service {
@@ -71,8 +71,8 @@ class StepLinkServer {
 
  private:
   struct Conn;
-  StepLinkServer(const StepLinkOptions& options, Runner run, transport::tcp::UniqueFd listener,
-                 uint16_t port, int epoll_fd, int wake_fd);
+  StepLinkServer(const StepLinkOptions& options, Runner run, net::UniqueFd listener, uint16_t port,
+                 int epoll_fd, int wake_fd);
   void Loop();
   void Accept();
   // Reads what `c` has; false when it must close.
@@ -84,7 +84,7 @@ class StepLinkServer {
 
   const StepLinkOptions options_;
   const Runner run_;
-  transport::tcp::UniqueFd listener_;
+  net::UniqueFd listener_;
   const uint16_t port_;
   const int epoll_fd_;
   const int wake_fd_;

@@ -233,7 +233,7 @@ TEST_CASE("agents without links come back not_sent and are remembered until Rese
   // A grant naming a port nothing listens on (a firewall would look the same, or worse).
   uint16_t dead_port = 0;
   {
-    auto l = transport::tcp::ListenTcp({"127.0.0.1", 0}, &dead_port);
+    auto l = net::ListenTcp({"127.0.0.1", 0}, &dead_port);
     REQUIRE(l.ok());
   }  // closed: connecting there is refused
   auto unreachable =

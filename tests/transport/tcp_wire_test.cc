@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "common/net/socket_util.h"
 #include "daemon/transport/tcp/frame.h"
-#include "daemon/transport/tcp/socket_util.h"
 #include "daemon/transport/tcp/tcp_transport.h"
 #include "weightbeam/v1/transport.pb.h"
 
@@ -43,12 +43,13 @@ struct Receiver {
   }
 };
 
-UniqueFd Dial(const Receiver& receiver) {
-  auto where = ParseHostPort(receiver.transport->endpoint());
+net::UniqueFd Dial(const Receiver& receiver) {
+  auto where = net::ParseHostPort(receiver.transport->endpoint());
   REQUIRE(where.ok());
-  auto fd = ConnectTcp(*where, std::chrono::milliseconds(2000));
+  auto fd = net::ConnectTcp(*where, std::chrono::milliseconds(2000));
   REQUIRE(fd.ok());
-  REQUIRE(TuneSocket(fd->get(), 0, std::chrono::milliseconds(5000), std::chrono::milliseconds(5000))
+  REQUIRE(net::TuneSocket(fd->get(), 0, std::chrono::milliseconds(5000),
+                          std::chrono::milliseconds(5000))
               .ok());
   return std::move(*fd);
 }
@@ -56,8 +57,8 @@ UniqueFd Dial(const Receiver& receiver) {
 void SendFrame(int fd, const FrameHeader& header, const std::string& payload = "") {
   uint8_t raw[kFrameHeaderBytes];
   EncodeFrameHeader(header, raw);
-  REQUIRE(SendAll(fd, raw, sizeof(raw)).ok());
-  if (!payload.empty()) REQUIRE(SendAll(fd, payload.data(), payload.size()).ok());
+  REQUIRE(net::SendAll(fd, raw, sizeof(raw)).ok());
+  if (!payload.empty()) REQUIRE(net::SendAll(fd, payload.data(), payload.size()).ok());
 }
 
 void SendHello(int fd, const std::string& token) {
@@ -96,11 +97,12 @@ FrameHeader FlushOf(uint64_t batch_id) {
 std::optional<std::pair<FrameHeader, std::string>> ReadFrame(int fd) {
   uint8_t raw[kFrameHeaderBytes];
   size_t got = 0;
-  if (RecvExact(fd, raw, sizeof(raw), &got, nullptr) != RecvOutcome::kOk) return std::nullopt;
+  if (net::RecvExact(fd, raw, sizeof(raw), &got, nullptr) != net::RecvOutcome::kOk)
+    return std::nullopt;
   auto header = ParseFrameHeader(raw, sizeof(raw));
   REQUIRE(header.ok());
   std::string payload(header->length, '\0');
-  if (RecvExact(fd, payload.data(), payload.size(), &got, nullptr) != RecvOutcome::kOk) {
+  if (net::RecvExact(fd, payload.data(), payload.size(), &got, nullptr) != net::RecvOutcome::kOk) {
     return std::nullopt;
   }
   return std::make_pair(*header, payload);
@@ -126,8 +128,8 @@ std::pair<FrameHeader, std::string> NextFrameOf(int fd, FrameType type) {
 }
 
 // A connection that said HELLO with `token` and was acknowledged.
-UniqueFd DialIntroduced(const Receiver& receiver, const std::string& token) {
-  UniqueFd fd = Dial(receiver);
+net::UniqueFd DialIntroduced(const Receiver& receiver, const std::string& token) {
+  net::UniqueFd fd = Dial(receiver);
   SendHello(fd.get(), token);
   NextFrameOf(fd.get(), FrameType::kAck);
   return fd;
@@ -136,14 +138,14 @@ UniqueFd DialIntroduced(const Receiver& receiver, const std::string& token) {
 TEST_CASE("a connection with an unknown token is closed without an answer", "[tcp]") {
   Receiver receiver;
   TokenFor(receiver);  // some other token exists
-  UniqueFd fd = Dial(receiver);
+  net::UniqueFd fd = Dial(receiver);
   SendHello(fd.get(), std::string(16, 'x'));
   CHECK_FALSE(ReadFrame(fd.get()).has_value());
 }
 
 TEST_CASE("a write before HELLO closes the connection and lands nowhere", "[tcp]") {
   Receiver receiver;
-  UniqueFd fd = Dial(receiver);
+  net::UniqueFd fd = Dial(receiver);
   SendFrame(fd.get(), WriteTo(receiver, 0, 16, 0), std::string(16, 'z'));
   CHECK_FALSE(ReadFrame(fd.get()).has_value());
   CHECK(receiver.Untouched());
@@ -151,7 +153,7 @@ TEST_CASE("a write before HELLO closes the connection and lands nowhere", "[tcp]
 
 TEST_CASE("hand-made frames from an introduced peer", "[tcp]") {
   Receiver receiver;
-  UniqueFd fd = DialIntroduced(receiver, TokenFor(receiver));
+  net::UniqueFd fd = DialIntroduced(receiver, TokenFor(receiver));
 
   SECTION("a valid write lands and its FLUSH is acknowledged") {
     SendFrame(fd.get(), WriteTo(receiver, 10, 5, 1), "hello");
@@ -183,7 +185,7 @@ TEST_CASE("hand-made frames from an introduced peer", "[tcp]") {
 
   SECTION("a garbage header closes the connection") {
     const std::string junk(kFrameHeaderBytes, '\x7f');
-    REQUIRE(SendAll(fd.get(), junk.data(), junk.size()).ok());
+    REQUIRE(net::SendAll(fd.get(), junk.data(), junk.size()).ok());
     CHECK_FALSE(ReadFrame(fd.get()).has_value());
     CHECK(receiver.Untouched());
   }
@@ -192,12 +194,12 @@ TEST_CASE("hand-made frames from an introduced peer", "[tcp]") {
 TEST_CASE("forgetting a peer closes its connections and retires its token", "[tcp]") {
   Receiver receiver;
   const std::string token = TokenFor(receiver);
-  UniqueFd fd = DialIntroduced(receiver, token);
+  net::UniqueFd fd = DialIntroduced(receiver, token);
 
   receiver.transport->ForgetPeer("raw-client");
   CHECK_FALSE(ReadFrame(fd.get()).has_value());
 
-  UniqueFd again = Dial(receiver);
+  net::UniqueFd again = Dial(receiver);
   SendHello(again.get(), token);
   CHECK_FALSE(ReadFrame(again.get()).has_value());
 }

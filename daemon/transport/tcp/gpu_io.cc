@@ -19,40 +19,40 @@ absl::Status SendDevicePayload(gpu::LazyStaging& staging, int fd, const uint8_t*
                                      // The header rides with the first chunk, as in the host path.
                                      iovec iov[2] = {{const_cast<uint8_t*>(raw), raw_bytes},
                                                      {const_cast<uint8_t*>(data), bytes}};
-                                     st = SendAll(fd, iov, 2);
+                                     st = net::SendAll(fd, iov, 2);
                                      header_sent = true;
                                    } else {
-                                     st = SendAll(fd, data, bytes);
+                                     st = net::SendAll(fd, data, bytes);
                                    }
                                    if (st.ok()) progress();
                                    return st;
                                  });
 }
 
-RecvOutcome RecvDevicePayload(gpu::LazyStaging& staging, int fd, int device, uint8_t* dst,
-                              uint64_t length, size_t* received, int* error,
-                              absl::Status* staging_error) {
+net::RecvOutcome RecvDevicePayload(gpu::LazyStaging& staging, int fd, int device, uint8_t* dst,
+                                   uint64_t length, size_t* received, int* error,
+                                   absl::Status* staging_error) {
   *received = 0;
   auto ring = staging.Get();
   if (!ring.ok()) {
     *staging_error = ring.status();
-    return RecvOutcome::kError;
+    return net::RecvOutcome::kError;
   }
-  RecvOutcome outcome = RecvOutcome::kOk;
+  net::RecvOutcome outcome = net::RecvOutcome::kOk;
   absl::Status st =
       (*ring)->WriteToDevice(device, dst, length, [&](uint8_t* data, uint64_t, uint64_t bytes) {
         size_t got = 0;
-        outcome = RecvExact(fd, data, bytes, &got, error);
+        outcome = net::RecvExact(fd, data, bytes, &got, error);
         *received += got;
-        if (outcome != RecvOutcome::kOk) return absl::UnavailableError("socket");
+        if (outcome != net::RecvOutcome::kOk) return absl::UnavailableError("socket");
         return absl::OkStatus();
       });
-  if (outcome != RecvOutcome::kOk) return outcome;
+  if (outcome != net::RecvOutcome::kOk) return outcome;
   if (!st.ok()) {
     *staging_error = st;
-    return RecvOutcome::kError;
+    return net::RecvOutcome::kError;
   }
-  return RecvOutcome::kOk;
+  return net::RecvOutcome::kOk;
 }
 
 }  // namespace wb::transport::tcp

@@ -9,14 +9,14 @@
 #include <functional>
 
 #include "absl/status/status.h"
+#include "common/net/socket_util.h"
 #include "daemon/gpu/staging.h"
-#include "daemon/transport/tcp/socket_util.h"
 
 namespace wb::transport::tcp {
 
 // Sends the frame header `raw` (`raw_bytes` bytes) and then `length` bytes of device memory at
 // `src` on CUDA device `device`; `progress` runs after every send. Socket errors come back as
-// SendAll reports them; CUDA errors say "GPU staging: ...".
+// net::SendAll reports them; CUDA errors say "GPU staging: ...".
 absl::Status SendDevicePayload(gpu::LazyStaging& staging, int fd, const uint8_t* raw,
                                size_t raw_bytes, int device, const uint8_t* src, uint64_t length,
                                const std::function<void()>& progress);
@@ -24,8 +24,8 @@ absl::Status SendDevicePayload(gpu::LazyStaging& staging, int fd, const uint8_t*
 // Receives `length` bytes into device memory at `dst` on `device`. Returns kOk, or the socket
 // outcome that cut the payload off (`*received` bytes had arrived, `*error` holds errno); when
 // the staging itself fails the outcome is kError and `*staging_error` says why.
-RecvOutcome RecvDevicePayload(gpu::LazyStaging& staging, int fd, int device, uint8_t* dst,
-                              uint64_t length, size_t* received, int* error,
-                              absl::Status* staging_error);
+net::RecvOutcome RecvDevicePayload(gpu::LazyStaging& staging, int fd, int device, uint8_t* dst,
+                                   uint64_t length, size_t* received, int* error,
+                                   absl::Status* staging_error);
 
 }  // namespace wb::transport::tcp

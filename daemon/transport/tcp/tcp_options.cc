@@ -1,7 +1,7 @@
 #include "daemon/transport/tcp/tcp_options.h"
 
 #include "absl/strings/str_cat.h"
-#include "daemon/transport/tcp/socket_util.h"
+#include "common/net/socket_util.h"
 
 namespace wb::transport::tcp {
 
@@ -16,7 +16,7 @@ absl::StatusOr<TcpOptions> TcpOptionsFromConfig(const wb::config::AgentConfig& c
   options.handshake_timeout = std::chrono::milliseconds(config.tcp.handshake_timeout_ms);
   options.max_unauthenticated_per_source = config.tcp.max_unauthenticated_per_source;
   const std::string where = config.source.empty() ? "agent config" : config.source;
-  if (auto parsed = ParseHostPort(options.listen); !parsed.ok()) {
+  if (auto parsed = net::ParseHostPort(options.listen); !parsed.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": tcp.listen: ", parsed.status().message()));
   }

@@ -67,7 +67,7 @@ std::string TcpPeer::Where() const {
 }
 
 absl::Status TcpPeer::OpenConnections(const std::string& token) {
-  auto where = ParseHostPort(endpoint_);
+  auto where = net::ParseHostPort(endpoint_);
   if (!where.ok()) return WithContext(where.status(), Where());
   weightbeam::v1::TcpHello hello;
   hello.set_from_agent(our_name_);
@@ -75,12 +75,12 @@ absl::Status TcpPeer::OpenConnections(const std::string& token) {
   const std::string payload = hello.SerializeAsString();
   for (int i = 0; i < options_.connections_per_peer; ++i) {
     const std::string context = absl::StrCat(Where(), ": connection ", i);
-    auto fd = ConnectTcp(*where, options_.connect_timeout);
+    auto fd = net::ConnectTcp(*where, options_.connect_timeout);
     if (!fd.ok()) return WithContext(fd.status(), context);
     // Bounded wait for the HELLO's ACK; afterwards the ack reader blocks without limit.
     // No send timeout: the monitor thread detects stalls and shuts the sockets down.
-    if (auto st = TuneSocket(fd->get(), options_.socket_buffer_bytes, std::chrono::milliseconds(0),
-                             options_.connect_timeout);
+    if (auto st = net::TuneSocket(fd->get(), options_.socket_buffer_bytes,
+                                  std::chrono::milliseconds(0), options_.connect_timeout);
         !st.ok()) {
       return WithContext(st, context);
     }
@@ -90,9 +90,9 @@ absl::Status TcpPeer::OpenConnections(const std::string& token) {
     uint8_t raw[kFrameHeaderBytes];
     EncodeFrameHeader(header, raw);
     iovec iov[2] = {{raw, sizeof(raw)}, {const_cast<char*>(payload.data()), payload.size()}};
-    if (auto st = SendAll(fd->get(), iov, 2); !st.ok()) return WithContext(st, context);
+    if (auto st = net::SendAll(fd->get(), iov, 2); !st.ok()) return WithContext(st, context);
     size_t got = 0;
-    if (RecvExact(fd->get(), raw, sizeof(raw), &got, nullptr) != RecvOutcome::kOk) {
+    if (net::RecvExact(fd->get(), raw, sizeof(raw), &got, nullptr) != net::RecvOutcome::kOk) {
       return absl::PermissionDeniedError(absl::StrCat(
           context,
           ": handshake refused (connection closed before ACK; token unknown to the peer?)"));
@@ -101,8 +101,8 @@ absl::Status TcpPeer::OpenConnections(const std::string& token) {
     if (!ack.ok() || ack->type != FrameType::kAck || ack->batch_id != 0) {
       return absl::PermissionDeniedError(absl::StrCat(context, ": bad handshake reply"));
     }
-    if (auto st = TuneSocket(fd->get(), options_.socket_buffer_bytes, std::chrono::milliseconds(0),
-                             std::chrono::milliseconds(0));
+    if (auto st = net::TuneSocket(fd->get(), options_.socket_buffer_bytes,
+                                  std::chrono::milliseconds(0), std::chrono::milliseconds(0));
         !st.ok()) {
       return WithContext(st, context);
     }
@@ -391,19 +391,19 @@ absl::Status TcpPeer::SendJob(Connection* conn, Job& job, bool inline_caller) {
     // segment, one wake-up of the receiver, instead of two.
     const bool with_flush = i + 1 == job.chunks.size() && sent == chunk.length;
     iovec iov[3] = {{raw, sizeof(raw)}, {pin->data(), sent}, {flush, sizeof(flush)}};
-    absl::Status st = SendAll(conn->fd.get(), iov, with_flush ? 3 : 2);
+    absl::Status st = net::SendAll(conn->fd.get(), iov, with_flush ? 3 : 2);
     flushed = with_flush && st.ok();
     while (st.ok()) {
       last_progress_ns_ = NowNs();
       if (sent == chunk.length) break;
       const uint64_t slice = std::min<uint64_t>(chunk.length - sent, kSendSliceBytes);
-      st = SendAll(conn->fd.get(), pin->data() + sent, slice);
+      st = net::SendAll(conn->fd.get(), pin->data() + sent, slice);
       sent += slice;
     }
     if (!st.ok()) return failed(st);
   }
   if (!flushed) {
-    if (auto st = SendAll(conn->fd.get(), flush, sizeof(flush)); !st.ok()) {
+    if (auto st = net::SendAll(conn->fd.get(), flush, sizeof(flush)); !st.ok()) {
       return failed(st);
     }
   }
@@ -416,11 +416,11 @@ void TcpPeer::AckLoop(Connection* conn) {
   while (true) {
     size_t got = 0;
     int err = 0;
-    RecvOutcome outcome = RecvExact(conn->fd.get(), raw, sizeof(raw), &got, &err);
-    if (outcome != RecvOutcome::kOk) {
+    net::RecvOutcome outcome = net::RecvExact(conn->fd.get(), raw, sizeof(raw), &got, &err);
+    if (outcome != net::RecvOutcome::kOk) {
       FailConnection(conn, absl::UnavailableError(absl::StrCat(
                                context, ": ",
-                               outcome == RecvOutcome::kClosed
+                               outcome == net::RecvOutcome::kClosed
                                    ? "connection closed by the peer"
                                    : absl::StrCat("connection lost: ", std::strerror(err)))));
       return;
@@ -448,7 +448,8 @@ void TcpPeer::AckLoop(Connection* conn) {
       if (--batch->remaining == 0) Finish(batch, absl::OkStatus());
     } else if (header->type == FrameType::kNack) {
       std::string reason(header->length, '\0');
-      if (RecvExact(conn->fd.get(), reason.data(), reason.size(), &got, &err) != RecvOutcome::kOk) {
+      if (net::RecvExact(conn->fd.get(), reason.data(), reason.size(), &got, &err) !=
+          net::RecvOutcome::kOk) {
         FailConnection(conn, absl::UnavailableError(absl::StrCat(context, ": connection lost")));
         return;
       }

@@ -20,9 +20,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/net/socket_util.h"
 #include "daemon/gpu/staging.h"
 #include "daemon/transport/region_table.h"
-#include "daemon/transport/tcp/socket_util.h"
 #include "daemon/transport/tcp/tcp_options.h"
 #include "daemon/transport/transport.h"
 
@@ -70,7 +70,7 @@ class TcpPeer : public Peer {
   };
   struct Connection {
     int index = 0;
-    UniqueFd fd;
+    net::UniqueFd fd;
     std::thread sender;
     std::thread acker;
     std::mutex mu;

@@ -40,7 +40,7 @@ std::string AddressText(const sockaddr_storage& addr) {
     inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
     port = ntohs(in6->sin6_port);
   }
-  return FormatHostPort(host, port);
+  return net::FormatHostPort(host, port);
 }
 
 constexpr size_t kTokenBytes = 16;
@@ -85,9 +85,9 @@ TcpReceiver::~TcpReceiver() {
 }
 
 absl::Status TcpReceiver::Start() {
-  auto where = ParseHostPort(options_.listen);
+  auto where = net::ParseHostPort(options_.listen);
   if (!where.ok()) return where.status();
-  auto fd = ListenTcp(*where, &port_);
+  auto fd = net::ListenTcp(*where, &port_);
   if (!fd.ok())
     return absl::Status(fd.status().code(), absl::StrCat("tcp transport: ", fd.status().message()));
   listen_fd_ = std::move(*fd);
@@ -215,12 +215,12 @@ void TcpReceiver::AcceptLoop() {
     }
     backoff = std::chrono::milliseconds(10);
     auto conn = std::make_unique<Connection>();
-    conn->fd = UniqueFd(fd);
+    conn->fd = net::UniqueFd(fd);
     conn->remote = AddressText(addr);
     conn->source = HostText(addr);
     // Until the HELLO, receives are bounded by the handshake timeout.
-    if (auto st = TuneSocket(fd, options_.socket_buffer_bytes, options_.write_timeout,
-                             options_.handshake_timeout);
+    if (auto st = net::TuneSocket(fd, options_.socket_buffer_bytes, options_.write_timeout,
+                                  options_.handshake_timeout);
         !st.ok()) {
       spdlog::error("tcp transport: connection from {}: {}", conn->remote,
                     std::string(st.message()));
@@ -254,11 +254,11 @@ absl::Status TcpReceiver::ReadHeader(Connection* conn, FrameHeader* header, bool
     const auto deadline =
         std::chrono::steady_clock::now() +
         (conn->peer.empty() ? options_.handshake_timeout : options_.write_timeout);
-    RecvOutcome outcome =
-        RecvExactBy(conn->fd.get(), raw + have, sizeof(raw) - have, deadline, &got, &err);
+    net::RecvOutcome outcome =
+        net::RecvExactBy(conn->fd.get(), raw + have, sizeof(raw) - have, deadline, &got, &err);
     have += got;
-    if (outcome == RecvOutcome::kOk) break;
-    if (outcome == RecvOutcome::kTimedOut) {
+    if (outcome == net::RecvOutcome::kOk) break;
+    if (outcome == net::RecvOutcome::kTimedOut) {
       // Idle between frames is fine once the peer is known; a stall inside a header is not.
       if (have == 0 && !conn->peer.empty() && !stopping_) continue;
       return absl::DeadlineExceededError(
@@ -268,12 +268,12 @@ absl::Status TcpReceiver::ReadHeader(Connection* conn, FrameHeader* header, bool
               : absl::StrCat("no complete frame header within ", options_.write_timeout.count(),
                              " ms (", have, " bytes arrived)"));
     }
-    if (outcome == RecvOutcome::kClosed && have == 0) {
+    if (outcome == net::RecvOutcome::kClosed && have == 0) {
       *closed = true;
       return absl::OkStatus();
     }
     return absl::UnavailableError(
-        outcome == RecvOutcome::kClosed
+        outcome == net::RecvOutcome::kClosed
             ? absl::StrCat("connection closed inside a frame header (", have, " bytes)")
             : absl::StrCat("receive failed: ", std::strerror(err)));
   }
@@ -292,7 +292,7 @@ absl::Status TcpReceiver::SendControl(Connection* conn, FrameType type, uint64_t
   uint8_t raw[kFrameHeaderBytes];
   EncodeFrameHeader(header, raw);
   iovec iov[2] = {{raw, sizeof(raw)}, {const_cast<char*>(payload.data()), header.length}};
-  return SendAll(conn->fd.get(), iov, header.length > 0 ? 2 : 1);
+  return net::SendAll(conn->fd.get(), iov, header.length > 0 ? 2 : 1);
 }
 
 absl::Status TcpReceiver::Handshake(Connection* conn) {
@@ -307,8 +307,8 @@ absl::Status TcpReceiver::Handshake(Connection* conn) {
   }
   std::string payload(header.length, '\0');
   size_t got = 0;
-  if (RecvExactBy(conn->fd.get(), payload.data(), payload.size(), deadline, &got, nullptr) !=
-      RecvOutcome::kOk) {
+  if (net::RecvExactBy(conn->fd.get(), payload.data(), payload.size(), deadline, &got, nullptr) !=
+      net::RecvOutcome::kOk) {
     return absl::UnavailableError(absl::StrCat("HELLO payload not complete within ",
                                                options_.handshake_timeout.count(), " ms (", got,
                                                " of ", payload.size(), " bytes)"));
@@ -332,8 +332,8 @@ absl::Status TcpReceiver::Handshake(Connection* conn) {
     conn->peer = peer;
   }
   // Authenticated: from now on receives are bounded by the write timeout.
-  if (auto st = TuneSocket(conn->fd.get(), options_.socket_buffer_bytes, options_.write_timeout,
-                           options_.write_timeout);
+  if (auto st = net::TuneSocket(conn->fd.get(), options_.socket_buffer_bytes,
+                                options_.write_timeout, options_.write_timeout);
       !st.ok()) {
     return st;
   }
@@ -346,8 +346,8 @@ absl::Status TcpReceiver::DiscardPayload(Connection* conn, uint64_t length) {
   while (length > 0) {
     size_t want = std::min<uint64_t>(length, sink.size());
     size_t got = 0;
-    if (RecvExactBy(conn->fd.get(), sink.data(), want, deadline, &got, nullptr) !=
-        RecvOutcome::kOk) {
+    if (net::RecvExactBy(conn->fd.get(), sink.data(), want, deadline, &got, nullptr) !=
+        net::RecvOutcome::kOk) {
       return absl::UnavailableError("connection lost while discarding a refused payload");
     }
     length -= want;
@@ -401,20 +401,20 @@ absl::Status TcpReceiver::HandleWrite(Connection* conn, const FrameHeader& heade
   absl::Status staging_error;
   conn->landing_step = header.step;
   conn->landing = true;
-  RecvOutcome outcome =
+  net::RecvOutcome outcome =
       pin->kind() == MemoryKind::kCuda
           ? RecvDevicePayload(conn->staging, conn->fd.get(), pin->device(), pin->data(),
                               header.length, &got, &err, &staging_error)
-          : RecvExactBy(conn->fd.get(), pin->data(), header.length, deadline, &got, &err);
+          : net::RecvExactBy(conn->fd.get(), pin->data(), header.length, deadline, &got, &err);
   conn->landing = false;
   if (!staging_error.ok()) return staging_error;
-  if (outcome != RecvOutcome::kOk) {
-    return absl::UnavailableError(
-        absl::StrCat("payload of region ", header.region_id, " [", header.offset, ", +",
-                     header.length, ") cut off after ", got, " bytes: ",
-                     outcome == RecvOutcome::kClosed     ? "connection closed"
-                     : outcome == RecvOutcome::kTimedOut ? "not complete within the write timeout"
-                                                         : std::strerror(err)));
+  if (outcome != net::RecvOutcome::kOk) {
+    return absl::UnavailableError(absl::StrCat(
+        "payload of region ", header.region_id, " [", header.offset, ", +", header.length,
+        ") cut off after ", got, " bytes: ",
+        outcome == net::RecvOutcome::kClosed     ? "connection closed"
+        : outcome == net::RecvOutcome::kTimedOut ? "not complete within the write timeout"
+                                                 : std::strerror(err)));
   }
   std::lock_guard<std::mutex> lock(peers_mu_);
   batches_[{conn->peer, header.batch_id}].bytes += header.length;

@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/net/socket_util.h"
 #include "daemon/gpu/staging.h"
 #include "daemon/transport/region_table.h"
 #include "daemon/transport/step_fence.h"
 #include "daemon/transport/tcp/frame.h"
-#include "daemon/transport/tcp/socket_util.h"
 #include "daemon/transport/tcp/tcp_options.h"
 #include "daemon/transport/transport.h"
 
@@ -52,7 +52,7 @@ class TcpReceiver {
 
  private:
   struct Connection {
-    UniqueFd fd;
+    net::UniqueFd fd;
     std::string remote;  // host:port, for logs
     std::string source;  // host only: what the unauthenticated cap counts by
     std::string peer;    // set after HELLO (under conns_mu_)
@@ -93,7 +93,7 @@ class TcpReceiver {
 
   const std::shared_ptr<RegionTable> regions_;
   const TcpOptions options_;
-  UniqueFd listen_fd_;
+  net::UniqueFd listen_fd_;
   uint16_t port_ = 0;
   std::thread acceptor_;
   std::atomic<bool> stopping_{false};

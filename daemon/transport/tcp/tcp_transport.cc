@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/net/socket_util.h"
 #include "daemon/transport/gpu_memory.h"
-#include "daemon/transport/tcp/socket_util.h"
 #include "weightbeam/v1/transport.pb.h"
 
 namespace wb::transport::tcp {
@@ -15,7 +15,7 @@ TcpTransport::TcpTransport(const TcpOptions& options)
     : options_(options), regions_(std::make_shared<RegionTable>("tcp")) {}
 
 absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(const TcpOptions& options) {
-  auto listen = ParseHostPort(options.listen);
+  auto listen = net::ParseHostPort(options.listen);
   if (!listen.ok()) return listen.status();
   std::unique_ptr<TcpTransport> transport(new TcpTransport(options));
   transport->receiver_ = std::make_unique<TcpReceiver>(transport->regions_, options);
@@ -29,7 +29,7 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(const TcpOpti
         options.listen);
     host = "127.0.0.1";
   }
-  transport->endpoint_ = FormatHostPort(host, transport->receiver_->port());
+  transport->endpoint_ = net::FormatHostPort(host, transport->receiver_->port());
   return transport;
 }
 

@@ -1,5 +1,6 @@
-// Small POSIX socket helpers for the tcp transport: an owning fd, listen/connect with
-// timeouts, and exact send/receive loops that survive partial transfers and EINTR.
+// Small POSIX socket helpers for the tcp transport and the step links (agent and controller): an
+// owning fd, listen/connect with timeouts, and exact send/receive loops that survive partial
+// transfers and EINTR.
 #pragma once
 
 #include <sys/uio.h>
@@ -13,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace wb::transport::tcp {
+namespace wb::net {
 
 class UniqueFd {
  public:
@@ -67,4 +68,4 @@ RecvOutcome RecvExactBy(int fd, void* data, size_t size,
                         std::chrono::steady_clock::time_point deadline, size_t* received,
                         int* error);
 
-}  // namespace wb::transport::tcp
+}  // namespace wb::net

@@ -1,4 +1,4 @@
-#include "daemon/transport/tcp/socket_util.h"
+#include "common/net/socket_util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,7 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace wb::transport::tcp {
+namespace wb::net {
 namespace {
 
 std::string ErrnoText(int err) { return std::strerror(err); }
@@ -246,4 +246,4 @@ RecvOutcome RecvExactBy(int fd, void* data, size_t size,
   return outcome;
 }
 
-}  // namespace wb::transport::tcp
+}  // namespace wb::net
