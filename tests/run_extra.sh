@@ -6,6 +6,11 @@ cd "$(dirname "$0")/.."
 failed=0
 log() { printf '[wb] %s\n' "$*" >&2; }
 
+log "repository checks (tests/checks): layers, paths a reader can follow, --help with nothing set up"
+if tests/checks/check_layers.sh; then log "layers: PASS"; else log "layers: FAIL"; failed=1; fi
+if tests/checks/check_paths.py; then log "paths: PASS"; else log "paths: FAIL"; failed=1; fi
+if tests/checks/check_help.sh; then log "help: PASS"; else log "help: FAIL"; failed=1; fi
+
 log "end-to-end demo (./wb demo): Qwen3-0.6B shape over tcp, verified bit for bit"
 if tests/demo/demo.sh --steps 3; then log "demo: PASS"; else log "demo: FAIL"; failed=1; fi
 

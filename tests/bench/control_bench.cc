@@ -28,7 +28,7 @@
 #include "common/process/mutex_mode.h"
 #include "config/config.h"
 #include "daemon/service/agent_node.h"
-#include "tests/bench/machine_info.h"
+#include "tests/bench/bench_support.h"
 #include "tests/support/process.h"
 
 namespace v1 = weightbeam::v1;
@@ -36,16 +36,16 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+using wb::bench::Die;
+
 constexpr int64_t kElems = 2048;  // 4 KiB of BF16 per tensor
 
 // The wb-controller this run started: a failed run must not leave it behind (exit skips the
 // destructors that stop it).
 pid_t g_controller_pid = -1;
 
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "control_bench: %s\n", what.c_str());
+void KillController() {
   if (g_controller_pid > 0) kill(g_controller_pid, SIGKILL);
-  std::exit(1);
 }
 
 // utime + stime of `pid` in milliseconds.
@@ -144,6 +144,7 @@ int main(int argc, char** argv) {
                                dir + "/controller.yaml"},
       dir + "/controller.log");
   g_controller_pid = controller->pid();
+  wb::bench::OnDie(KillController);
   if (!wb::testing::WaitUntil([&] { return wb::testing::PortAccepts(controller_port); },
                               std::chrono::seconds(15))) {
     Die("wb-controller did not listen on " + controller_address + "; see " + dir +

@@ -18,7 +18,7 @@
 #include "client/weightbeam/shared_buffer.h"
 #include "daemon/delta/delta_codec.h"
 #include "daemon/delta/op_layout.h"
-#include "tests/bench/machine_info.h"
+#include "tests/bench/bench_support.h"
 #include "tests/support/cluster.h"
 #include "tests/support/process.h"
 #include "tests/support/synthetic_adam.h"
@@ -29,10 +29,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "delta_bench: %s\n", what.c_str());
-  std::exit(1);
-}
+using wb::bench::Die;
 
 struct Tensor {
   std::string name;

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "daemon/delta/delta_codec.h"
-#include "tests/bench/machine_info.h"
+#include "tests/bench/bench_support.h"
 
 namespace wb::delta {
 namespace {

@@ -11,7 +11,7 @@
 #include "daemon/delta/delta_codec.h"
 #include "daemon/delta/gpu_encoder.h"
 #include "daemon/gpu/device_memory.h"
-#include "tests/bench/machine_info.h"
+#include "tests/bench/bench_support.h"
 
 namespace {
 

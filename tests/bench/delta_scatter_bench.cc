@@ -17,7 +17,7 @@
 #include "daemon/delta/gpu_apply.h"
 #include "daemon/delta/op_layout.h"
 #include "daemon/gpu/device_memory.h"
-#include "tests/bench/machine_info.h"
+#include "tests/bench/bench_support.h"
 #include "tests/transform/transfer_ops.h"
 
 namespace wb::delta {

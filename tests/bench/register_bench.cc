@@ -18,7 +18,7 @@
 #include "client/weightbeam/controller_client.h"
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
-#include "tests/bench/machine_info.h"
+#include "tests/bench/bench_support.h"
 #include "tests/support/cluster.h"
 #include "tests/support/process.h"
 
@@ -28,10 +28,7 @@ using namespace wb::client;
 
 namespace {
 
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "register_bench: %s\n", what.c_str());
-  std::exit(1);
-}
+using wb::bench::Die;
 
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();

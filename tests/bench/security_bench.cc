@@ -15,7 +15,7 @@
 #include "client/weightbeam/controller_client.h"
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
-#include "tests/bench/machine_info.h"
+#include "tests/bench/bench_support.h"
 #include "tests/support/cluster.h"
 #include "tests/support/process.h"
 #include "tests/support/test_pki.h"
@@ -26,10 +26,7 @@ using wb::client::ControllerClient;
 
 namespace {
 
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "security_bench: %s\n", what.c_str());
-  std::exit(1);
-}
+using wb::bench::Die;
 
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());

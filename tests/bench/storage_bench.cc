@@ -15,7 +15,7 @@
 #include "common/planner/models.h"
 #include "daemon/storage/delta_store.h"
 #include "daemon/storage/manifest_mac.h"
-#include "tests/bench/machine_info.h"
+#include "tests/bench/bench_support.h"
 #include "tests/demo/synthetic_weights.h"
 
 namespace v1 = weightbeam::v1;

@@ -18,7 +18,7 @@
 #include "daemon/gpu/device_memory.h"
 #include "daemon/transform/float_bits.h"
 #include "daemon/transform/transform.h"
-#include "tests/bench/machine_info.h"
+#include "tests/bench/bench_support.h"
 
 namespace wb::transform {
 namespace {

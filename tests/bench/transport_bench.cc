@@ -19,11 +19,13 @@
 #include <vector>
 
 #include "daemon/transport/factory.h"
-#include "tests/bench/machine_info.h"
+#include "tests/bench/bench_support.h"
 #include "tests/transport/suite_util.h"
 #include "weightbeam/v1/types.pb.h"
 
 namespace {
+
+using wb::bench::Die;
 
 using wb::transport::Access;
 using wb::transport::MemoryRef;
@@ -41,11 +43,6 @@ struct Flags {
   std::string role = "sender";
   int ctl_fd = -1;
 };
-
-[[noreturn]] void Die(const std::string& what) {
-  std::cerr << "transport_bench: " << what << "\n";
-  std::exit(1);
-}
 
 // The control channel to the receiver process (length-prefixed messages, as in the transport
 // suite); the benchmark cannot go on without it.

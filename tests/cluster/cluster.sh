@@ -14,6 +14,13 @@ cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 log() { printf '[cluster] %s\n' "$*" >&2; }
 
+# --help before anything that needs root or makes a namespace.
+for arg in "$@"; do
+  case "$arg" in
+    -h|--help) exec "$ROOT/wb" cluster --help ;;
+  esac
+done
+
 if [ "$(id -u)" -ne 0 ]; then
   log "needs root (network namespaces, veth, tc)"
   exit 2
@@ -64,11 +71,17 @@ teardown_prefix() {
   for ns in $nss; do ip netns del "$ns" 2>/dev/null; done
 }
 
+# Every directory this run's processes make (sockets, configs, logs), removed with the namespaces:
+# the processes are killed there, before their own clean-up could run.
+export WB_TEMP_ROOT
+WB_TEMP_ROOT=$(mktemp -d /tmp/wbc.XXXXXX)
+
 TORN=0
 teardown() {
   [ $TORN -eq 1 ] && return
   TORN=1
   teardown_prefix "$PREFIX"
+  rm -rf "$WB_TEMP_ROOT"
   local left
   left=$(our_namespaces "$PREFIX")
   if [ -n "$left" ]; then log "could not remove: $left"; else log "torn down: no namespace, link or process of $PREFIX left"; fi

@@ -1,11 +1,11 @@
-"""(Copied from /work/notes/engine_reference.py; CONFIGS adjusted so that FP8 is block-aligned
-up to tp 8 for qwen3, qwen3_moe and deepseek_v3; they mirror engine_configs/*.json.)
+"""CONFIGS are block-aligned for FP8 up to tp 8 for qwen3, qwen3_moe and deepseek_v3; they
+mirror tests/python/engine_configs/*.json.
 
 Independent pure-torch model of how vLLM and SGLang lay out Hugging Face weights in their
 inference parameters (the loader semantics weightbeam must reproduce), plus weightbeam's
 BF16 -> FP8 e4m3fn 128x128 block quantiser.
 
-See /work/notes/engines.md for the spec this implements. Written from the engines' loader
+The layout rules it implements are tabled in docs/engines.md. Written from the engines' loader
 semantics (narrow / cat / stack / replicate / pad); no engine code is imported or copied.
 
 Public API
@@ -779,7 +779,7 @@ def _self_test_encoder():
 def _cross_check_numpy_reference():
     """Compare with tests/python/fp8_reference.py (NumPy) when it can be found."""
     here = os.path.dirname(os.path.abspath(__file__))
-    for d in (here, "/work/main/tests/python"):
+    for d in (here,):
         if os.path.exists(os.path.join(d, "fp8_reference.py")):
             sys.path.insert(0, d)
             try:

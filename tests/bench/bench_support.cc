@@ -1,19 +1,26 @@
-// What every benchmark JSON line says about the machine it ran on, so figures from different
-// runs (a quiet machine, one shared with other builds) can be read side by side: the cores this
-// process may use and the load averages at the time of the measurement.
-#pragma once
+#include "tests/bench/bench_support.h"
 
+#include <errno.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <nlohmann/json.hpp>
-#include <string>
+#include <cstdlib>
 
 namespace wb::bench {
+namespace {
+void (*g_die_hook)() = nullptr;
+}  // namespace
 
-// Adds "cores" and "loadavg" ([1, 5, 15] minutes, from /proc/loadavg) to `out`.
-inline void AddMachineInfo(nlohmann::json* out) {
+void Die(const std::string& what) {
+  std::fprintf(stderr, "%s: %s\n", program_invocation_short_name, what.c_str());
+  if (g_die_hook != nullptr) g_die_hook();
+  std::exit(1);
+}
+
+void OnDie(void (*hook)()) { g_die_hook = hook; }
+
+void AddMachineInfo(nlohmann::json* out) {
   cpu_set_t set;
   CPU_ZERO(&set);
   int cores = 0;
@@ -28,9 +35,7 @@ inline void AddMachineInfo(nlohmann::json* out) {
   (*out)["loadavg"] = {load[0], load[1], load[2]};
 }
 
-// The same fields as JSON members without braces (`"cores":2,"loadavg":[0.5,0.4,0.3]`), for
-// the benchmarks that print their lines with printf.
-inline std::string MachineInfoFields() {
+std::string MachineInfoFields() {
   nlohmann::json j;
   AddMachineInfo(&j);
   const std::string s = j.dump();
