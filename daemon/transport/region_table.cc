@@ -1,5 +1,9 @@
 #include "daemon/transport/region_table.h"
 
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstring>
 #include <random>
 #include <utility>
 
@@ -8,11 +12,30 @@
 namespace wb::transport {
 
 uint64_t RandomU64() {
-  // libstdc++'s random_device reads getrandom()/dev/urandom; it is not a PRNG.
-  static thread_local std::random_device device;
+  // Keys come from the kernel's CSPRNG (getrandom), 4 KiB per system call. Not
+  // std::random_device: libstdc++ prefers RDRAND/RDSEED, which trap to the hypervisor on some
+  // VMs (70 % of an agent's CPU while registering 10^6 tensors, two draws per key).
+  static thread_local uint8_t pool[4096];
+  static thread_local size_t used = sizeof(pool);
   uint64_t value = 0;
   while (value == 0) {  // 0 never serves as a key
-    value = (static_cast<uint64_t>(device()) << 32) | device();
+    if (used + sizeof(value) > sizeof(pool)) {
+      size_t filled = 0;
+      while (filled < sizeof(pool)) {
+        ssize_t n = getrandom(pool + filled, sizeof(pool) - filled, 0);
+        if (n > 0) {
+          filled += static_cast<size_t>(n);
+        } else if (n < 0 && errno != EINTR) {
+          // No getrandom (pre-3.17 kernel): random_device, slow but unguessable.
+          static thread_local std::random_device device;
+          for (size_t i = filled; i < sizeof(pool); ++i) pool[i] = static_cast<uint8_t>(device());
+          filled = sizeof(pool);
+        }
+      }
+      used = 0;
+    }
+    std::memcpy(&value, pool + used, sizeof(value));
+    used += sizeof(value);
   }
   return value;
 }

@@ -16,7 +16,7 @@
 
 namespace wb::transport {
 
-// 64 unguessable bits from the kernel's random source (getrandom through std::random_device).
+// 64 unguessable bits from the kernel's CSPRNG (getrandom, drawn 4 KiB at a time); never 0.
 uint64_t RandomU64();
 
 struct RegionInfo {
