@@ -99,6 +99,15 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (const std::string cut = wb::demo::Fp8BlockCut(wb::demo::DemoQwen3(shape), shape.trainers);
+      !cut.empty()) {
+    std::printf(
+        "FAIL: --trainers %d: torch.chunk cuts %s, inside a 128x128 FP8 block (each block "
+        "comes from one trainer); pick a count whose chunks are multiples of 128 rows (1, 2, 4 "
+        "or 8 for Qwen3-0.6B; nothing was run)\n",
+        shape.trainers, cut.c_str());
+    return 1;
+  }
   if (bin_dir.empty()) bin_dir = "bazel-bin";
   const std::string dir = wb::testing::TempDir("wb-demo-");
   const int ctl_port = wb::testing::FreePort();
@@ -168,8 +177,10 @@ int main(int argc, char** argv) {
       std::string line = c->Receive();
       unsigned long long b = 0;
       if (std::sscanf(line.c_str(), "ready %llu", &b) != 1) {
-        std::printf("FAIL: a synthetic process did not register its tensors (see %s)\n",
-                    dir.c_str());
+        // A failed process says why in an "error WHO: WHY" line.
+        std::printf("FAIL: a synthetic process did not register its tensors%s%s\n",
+                    line.rfind("error ", 0) == 0 ? ": " : "",
+                    line.rfind("error ", 0) == 0 ? line.c_str() + 6 : "");
         return 1;
       }
       (group == &trainers ? src_bytes : dst_bytes) += static_cast<double>(b);

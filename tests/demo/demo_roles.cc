@@ -25,8 +25,11 @@ constexpr int64_t kBlock = 128;  // FP8 scale blocks are 128 x 128
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Said on stderr (the process's log) and as a line to the driver, which shows it.
 int Fail(const std::string& who, const absl::Status& s) {
   std::fprintf(stderr, "%s: %s\n", who.c_str(), std::string(s.message()).c_str());
+  std::printf("error %s: %s\n", who.c_str(), std::string(s.message()).c_str());
+  std::fflush(stdout);
   return 1;
 }
 

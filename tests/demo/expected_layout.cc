@@ -91,6 +91,24 @@ Rows TorchChunk(int64_t rows, int world, int rank) {
   return {start, std::min(per, rows - start)};
 }
 
+std::string Fp8BlockCut(const Qwen3Shape& s, int trainers) {
+  const Qwen3Shape one = [&] {
+    Qwen3Shape o = s;
+    o.layers = 1;  // every layer has the same shapes
+    return o;
+  }();
+  for (const HfTensor& t : Qwen3HfTensors(one)) {
+    if (t.shape.size() != 2 || t.name.find("_proj.weight") == std::string::npos) continue;
+    for (int r = 1; r < trainers; ++r) {
+      const Rows rows = TorchChunk(t.shape[0], trainers, r);
+      if (rows.size > 0 && rows.start % 128 != 0) {
+        return absl::StrCat(t.name, " at row ", rows.start);
+      }
+    }
+  }
+  return "";
+}
+
 Matrix2d As2d(const std::vector<int64_t>& shape) {
   if (shape.size() == 1) return {1, shape[0]};
   return {shape[0], shape[1]};

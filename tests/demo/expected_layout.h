@@ -41,6 +41,11 @@ struct Rows {
 };
 Rows TorchChunk(int64_t rows, int world, int rank);
 
+// Where torch.chunk over `trainers` ranks cuts an FP8 linear's HF rows inside a 128-row block
+// ("model.layers.0.self_attn.q_proj.weight at row 683"), or "" when every cut is at a multiple
+// of 128. FP8 block scaling takes each 128x128 block from one trainer.
+std::string Fp8BlockCut(const Qwen3Shape& s, int trainers);
+
 // Rows x columns of a parameter or tensor seen as a matrix (a 1-D one is one row).
 struct Matrix2d {
   int64_t rows = 0, cols = 0;
