@@ -1,7 +1,8 @@
 // wb-demo: the whole system on one machine. Starts a controller and two agents (a "trainer
-// node" and an "inference node"), synthetic trainer ranks and inference workers of a
-// Qwen3-0.6B-shaped model, plans, runs steps in which the trainers change their weights, and
-// has every inference worker verify its buffers bit for bit after each commit.
+// node" and an "inference node"), synthetic trainer ranks (Hugging Face FSDP shards) and vLLM
+// TP workers of Qwen3-0.6B registered through the engines API, plans, runs steps in which the
+// trainers change their weights, and has every inference worker verify its parameters bit for
+// bit after each commit.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -98,13 +99,22 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (const std::string cut = wb::demo::Fp8BlockCut(wb::demo::DemoQwen3(shape), shape.trainers);
+      !cut.empty()) {
+    std::printf(
+        "FAIL: --trainers %d: torch.chunk cuts %s, inside a 128x128 FP8 block (each block "
+        "comes from one trainer); pick a count whose chunks are multiples of 128 rows (1, 2, 4 "
+        "or 8 for Qwen3-0.6B; nothing was run)\n",
+        shape.trainers, cut.c_str());
+    return 1;
+  }
   if (bin_dir.empty()) bin_dir = "bazel-bin";
   const std::string dir = wb::testing::TempDir("wb-demo-");
   const int ctl_port = wb::testing::FreePort();
   std::printf(
-      "weightbeam demo: Qwen3-0.6B shape (%d layers), %d trainer ranks (FSDP dim-0, "
-      "BF16) -> 1 inference replica x TP %d (fused qkv/gate_up, FP8 block-scaled + "
-      "BF16), transport %s%s\nlogs in %s\n\n",
+      "weightbeam demo: Qwen3-0.6B (%d layers), %d trainer ranks (FSDP dim-0 shards, BF16, "
+      "HF names) -> 1 vLLM replica x TP %d (its parameters: qkv_proj / gate_up_proj per rank, "
+      "FP8 128x128 block-scaled linears + BF16), transport %s%s\nlogs in %s\n\n",
       shape.layers, shape.trainers, shape.tp, transport.c_str(),
       gpu ? ", every buffer in GPU memory (cuda:0)" : "", dir.c_str());
   std::fflush(stdout);
@@ -167,8 +177,10 @@ int main(int argc, char** argv) {
       std::string line = c->Receive();
       unsigned long long b = 0;
       if (std::sscanf(line.c_str(), "ready %llu", &b) != 1) {
-        std::printf("FAIL: a synthetic process did not register its tensors (see %s)\n",
-                    dir.c_str());
+        // A failed process says why in an "error WHO: WHY" line.
+        std::printf("FAIL: a synthetic process did not register its tensors%s%s\n",
+                    line.rfind("error ", 0) == 0 ? ": " : "",
+                    line.rfind("error ", 0) == 0 ? line.c_str() + 6 : "");
         return 1;
       }
       (group == &trainers ? src_bytes : dst_bytes) += static_cast<double>(b);

@@ -2,21 +2,14 @@
 
 namespace wb::demo {
 
-absl::StatusOr<DemoModel> BuildDemoModel(const DemoShape& shape) {
-  planner::Qwen3Config cfg = planner::Qwen3_0_6B();
-  cfg.layers = shape.layers;
-  planner::TrainerOptions trainer;
-  trainer.ranks = shape.trainers;
-  trainer.gpus_per_agent = shape.trainers;
-  planner::InferenceOptions inference;
-  inference.gpus = shape.tp;
-  inference.tp = shape.tp;
-  inference.gpus_per_agent = shape.tp;
-  return LayOut(planner::BuildQwen3("qwen3-0.6b", cfg), trainer, inference);
+Qwen3Shape DemoQwen3(const DemoShape& shape) {
+  Qwen3Shape s;  // Qwen3-0.6B
+  s.layers = shape.layers;
+  return s;
 }
 
-std::vector<planner::TensorEntry> EntriesFor(const DemoModel& model, planner::Role role, int rank) {
-  return EntriesOf(model, role, 0, rank);
+absl::StatusOr<engines::ModelConfig> DemoConfig(const DemoShape& shape) {
+  return engines::ParseModelConfig(Qwen3ConfigJson(DemoQwen3(shape)), "qwen3-0.6b config.json");
 }
 
 }  // namespace wb::demo

@@ -18,17 +18,6 @@ absl::StatusOr<DeviceCopy> DeviceCopy::Create(const Registered& host) {
   return DeviceCopy(host, std::move(*device));
 }
 
-absl::Status DeviceCopy::RegisterAll(client::LocalSession& session,
-                                     const std::vector<planner::TensorEntry>& entries) const {
-  auto* base = static_cast<uint8_t*>(device_.data());
-  for (size_t i = 0; i < entries.size(); ++i) {
-    auto s = session.RegisterCuda(InfoOf(entries[i]), base + host_->offsets[i],
-                                  EntryBytes(entries[i]), kDevice);
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status DeviceCopy::Upload() const {
   return gpu::CopyHostToDevice(device_.data(), host_->buffer.data(), host_->buffer.size());
 }

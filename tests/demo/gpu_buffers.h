@@ -10,8 +10,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/weightbeam/local_session.h"
-#include "common/planner/models.h"
 #include "daemon/gpu/device_memory.h"
 #include "tests/demo/role_support.h"
 
@@ -29,9 +27,8 @@ class DeviceCopy {
   // A device buffer as large as `host`'s, on CUDA device 0.
   static absl::StatusOr<DeviceCopy> Create(const Registered& host);
 
-  // Registers every entry at its offset of the device buffer through CUDA IPC.
-  absl::Status RegisterAll(client::LocalSession& session,
-                           const std::vector<planner::TensorEntry>& entries) const;
+  // The device buffer: entry i lives at data() + host.offsets[i] (registered through CUDA IPC).
+  uint8_t* data() const { return static_cast<uint8_t*>(device_.data()); }
   absl::Status Upload() const;    // host buffer -> device buffer
   absl::Status Download() const;  // device buffer -> host buffer
 

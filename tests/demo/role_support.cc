@@ -63,17 +63,24 @@ client::TensorInfo InfoOf(const TensorEntry& e) {
   return t;
 }
 
-absl::StatusOr<Registered> Allocate(const std::vector<TensorEntry>& entries,
-                                    const std::string& name) {
+absl::StatusOr<Registered> AllocateSizes(const std::vector<uint64_t>& sizes,
+                                         const std::string& name) {
   uint64_t total = 0;
   std::vector<uint64_t> offsets;
-  for (const auto& e : entries) {
+  for (uint64_t size : sizes) {
     offsets.push_back(total);
-    total += Align64(EntryBytes(e));
+    total += Align64(size);
   }
   auto buf = client::SharedBuffer::Create(std::max<uint64_t>(total, 64), name);
   if (!buf.ok()) return buf.status();
   return Registered{std::move(*buf), offsets};
+}
+
+absl::StatusOr<Registered> Allocate(const std::vector<TensorEntry>& entries,
+                                    const std::string& name) {
+  std::vector<uint64_t> sizes;
+  for (const auto& e : entries) sizes.push_back(EntryBytes(e));
+  return AllocateSizes(sizes, name);
 }
 
 bool StdinClosed() {
@@ -97,9 +104,9 @@ std::string FirstMismatch(const std::string& name, const uint8_t* want, const ui
   return "";
 }
 
-std::string CheckFp8(const TensorEntry& e, const std::vector<uint16_t>& want, uint64_t rows,
-                     uint64_t cols, const uint8_t* got, const TensorEntry* scale,
-                     const uint8_t* scale_got, uint64_t* checked) {
+std::string CheckFp8Block(const std::string& name, const std::vector<uint16_t>& want, uint64_t rows,
+                          uint64_t cols, const uint8_t* got, const std::string& scale_name,
+                          uint64_t scale_bytes, const uint8_t* scale_got, uint64_t* checked) {
   const transform::TransformDesc d{transform::Kind::kFp8Block, transform::DType::kBF16,
                                    transform::DType::kF8E4M3, rows, cols};
   std::vector<uint8_t> fp8(rows * cols);
@@ -107,18 +114,25 @@ std::string CheckFp8(const TensorEntry& e, const std::vector<uint16_t>& want, ui
   if (auto s = transform::ApplyTransformCpu(d, want.data(), fp8.data(), scales.data()); !s.ok()) {
     return std::string(s.message());
   }
-  std::string mismatch = FirstMismatch(e.name, fp8.data(), got, fp8.size());
+  std::string mismatch = FirstMismatch(name, fp8.data(), got, fp8.size());
   *checked += fp8.size();
-  if (!mismatch.empty() || scale == nullptr) return mismatch;
-  if (EntryBytes(*scale) != scales.size() * 4) {
-    mismatch = absl::StrCat(scale->name.str(), ": ", EntryBytes(*scale), " bytes registered, ",
-                            scales.size() * 4, " expected");
+  if (!mismatch.empty() || scale_name.empty()) return mismatch;
+  if (scale_bytes != scales.size() * 4) {
+    mismatch = absl::StrCat(scale_name, ": ", scale_bytes, " bytes registered, ", scales.size() * 4,
+                            " expected");
   } else {
-    mismatch = FirstMismatch(scale->name, reinterpret_cast<const uint8_t*>(scales.data()),
-                             scale_got, scales.size() * 4);
+    mismatch = FirstMismatch(scale_name, reinterpret_cast<const uint8_t*>(scales.data()), scale_got,
+                             scales.size() * 4);
   }
   *checked += scales.size() * 4;
   return mismatch;
+}
+
+std::string CheckFp8(const TensorEntry& e, const std::vector<uint16_t>& want, uint64_t rows,
+                     uint64_t cols, const uint8_t* got, const TensorEntry* scale,
+                     const uint8_t* scale_got, uint64_t* checked) {
+  return CheckFp8Block(e.name, want, rows, cols, got, scale ? scale->name.str() : std::string(),
+                       scale ? EntryBytes(*scale) : 0, scale_got, checked);
 }
 
 absl::StatusOr<SyntheticModel> LayOut(planner::ModelSpec spec, planner::TrainerOptions trainer,
@@ -196,7 +210,12 @@ void ServeTrainerLines(const std::vector<TensorEntry>& entries,
                        const std::function<void(uint32_t version)>& perturb) {
   uint64_t bytes = 0;
   for (const auto& e : entries) bytes += EntryBytes(e);
-  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
+  ServeTrainerLines(bytes, entries.size(), perturb);
+}
+
+void ServeTrainerLines(uint64_t bytes, size_t count,
+                       const std::function<void(uint32_t version)>& perturb) {
+  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), count);
   std::fflush(stdout);
   std::string line;
   while (std::getline(std::cin, line)) {
@@ -256,7 +275,16 @@ int ServeInferenceChecks(client::LocalSession& session, const std::vector<Tensor
                          const ExpectedValues& expected) {
   uint64_t bytes = 0;
   for (const auto& e : entries) bytes += EntryBytes(e);
-  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), entries.size());
+  return ServeCommitChecks(
+      session, bytes, entries.size(), who, say_gone, advance,
+      [&](uint64_t* checked) { return CheckEntries(entries, reg, expected, checked); });
+}
+
+int ServeCommitChecks(client::LocalSession& session, uint64_t bytes, size_t count,
+                      const std::string& who, bool say_gone,
+                      const std::function<absl::Status(uint32_t version)>& advance,
+                      const CheckCommitted& check) {
+  std::printf("ready %llu %zu\n", static_cast<unsigned long long>(bytes), count);
   std::fflush(stdout);
   while (!StdinClosed()) {
     auto event = session.NextEvent(std::chrono::milliseconds(200));
@@ -280,8 +308,7 @@ int ServeInferenceChecks(client::LocalSession& session, const std::vector<Tensor
     const uint32_t version = static_cast<uint32_t>(event->version());
     const absl::Status advanced = advance(version);
     uint64_t checked = 0;
-    const std::string mismatch = advanced.ok() ? CheckEntries(entries, reg, expected, &checked)
-                                               : std::string(advanced.message());
+    const std::string mismatch = advanced.ok() ? check(&checked) : std::string(advanced.message());
     if (mismatch.empty()) {
       std::printf("verified %u PASS %llu\n", version, static_cast<unsigned long long>(checked));
     } else {

@@ -55,6 +55,9 @@ struct Registered {
 };
 absl::StatusOr<Registered> Allocate(const std::vector<planner::TensorEntry>& entries,
                                     const std::string& name);
+// The same for buffers of `sizes` bytes.
+absl::StatusOr<Registered> AllocateSizes(const std::vector<uint64_t>& sizes,
+                                         const std::string& name);
 
 // A role's session on its agent and the one buffer for all its entries (not yet registered).
 struct Side {
@@ -90,12 +93,21 @@ std::string CheckFp8(const planner::TensorEntry& e, const std::vector<uint16_t>&
                      const planner::TensorEntry* scale, const uint8_t* scale_got,
                      uint64_t* checked);
 
+// The same without planner entries: `name`'s FP8 bytes and, when `scale_name` is not empty, its
+// `scale_bytes` of f32 scales at `scale_got`.
+std::string CheckFp8Block(const std::string& name, const std::vector<uint16_t>& want, uint64_t rows,
+                          uint64_t cols, const uint8_t* got, const std::string& scale_name,
+                          uint64_t scale_bytes, const uint8_t* scale_got, uint64_t* checked);
+
 // BF16 values widened to float32 (the form of an F32 entry that holds BF16-valued numbers).
 void WriteF32(const uint16_t* bf16, uint64_t n, float* out);
 
 // The driver's line protocol, trainer side: prints "ready BYTES N" for `entries`, then answers
 // each "perturb V" line on stdin with `perturb(V)` and "ok V", until stdin ends.
 void ServeTrainerLines(const std::vector<planner::TensorEntry>& entries,
+                       const std::function<void(uint32_t version)>& perturb);
+// The same for `count` tensors of `bytes` in all.
+void ServeTrainerLines(uint64_t bytes, size_t count,
                        const std::function<void(uint32_t version)>& perturb);
 
 // The BF16 values an entry must hold at the version being checked, and its 2-D size.
@@ -113,5 +125,14 @@ int ServeInferenceChecks(client::LocalSession& session,
                          const std::string& who, bool say_gone,
                          const std::function<absl::Status(uint32_t version)>& advance,
                          const ExpectedValues& expected);
+
+// The same protocol for `count` tensors of `bytes` in all, checked by `check` after each
+// commit: it returns the first mismatch ("" when none) and adds the bytes it compared to
+// *checked.
+using CheckCommitted = std::function<std::string(uint64_t* checked)>;
+int ServeCommitChecks(client::LocalSession& session, uint64_t bytes, size_t count,
+                      const std::string& who, bool say_gone,
+                      const std::function<absl::Status(uint32_t version)>& advance,
+                      const CheckCommitted& check);
 
 }  // namespace wb::demo
