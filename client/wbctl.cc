@@ -13,12 +13,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/bash_completion.h"
 #include "client/report_format.h"
 #include "client/table.h"
 #include "client/weightbeam/controller_client.h"
 #include "common/engines/dry_run.h"
 #include "common/planner/plan.h"
 #include "common/planner/plan_proto.h"
+#include "common/version/build_info.h"
 #include "common/wire/state_words.h"
 
 namespace v1 = weightbeam::v1;
@@ -87,6 +89,9 @@ int main(int argc, char** argv) {
   gpr_set_log_function([](gpr_log_func_args*) {});
   CLI::App app{"wbctl: inspect and drive a weightbeam cluster"};
   app.require_subcommand(1);
+  // Global flags are accepted after the subcommand too (`wbctl plan --dry-run ... --json`): every
+  // subcommand added below hands the options it does not know to the app.
+  app.fallthrough();
   std::string controller;
   bool json = false;
   const char* env = std::getenv("WB_CONTROLLER");
@@ -146,7 +151,37 @@ int main(int argc, char** argv) {
   auto* watch = app.add_subcommand("watch", "print step results as they happen");
   int count = 0;
   watch->add_option("--count", count, "stop after this many steps (0: forever)");
-  CLI11_PARSE(app, argc, argv);
+  auto* version_cmd = app.add_subcommand("version", "print wbctl's version and git commit");
+  auto* completion = app.add_subcommand("completion", "print a shell completion script");
+  std::string shell;
+  completion->add_option("SHELL", shell, "bash")->required()->check(CLI::IsMember({"bash"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help prints and exits 0; a usage error is CLI11's message and exit code 64 (EX_USAGE),
+    // apart from 1 (nothing to show) and 2 (the command failed): docs/cli.md.
+    return app.exit(e) == 0 ? 0 : 64;
+  }
+
+  if (*completion) {
+    wb::client::CompletionHints hints;
+    hints.choices = {{"--engine", {"vllm", "sglang"}},
+                     {"--delta", {"on", "off", "config"}},
+                     {"completion", {"bash"}}};
+    hints.file_flags = {"--ca", "--cert", "--key", "--token-file", "--model"};
+    std::printf("%s", wb::client::BashCompletion(app, "wbctl", hints).c_str());
+    return 0;
+  }
+
+  if (*version_cmd) {
+    if (json) {
+      std::printf("{\"program\":\"wbctl\",\"version\":\"%s\",\"commit\":\"%s\"}\n",
+                  wb::version::Number(), wb::version::Commit());
+    } else {
+      std::printf("%s\n", wb::version::Line("wbctl").c_str());
+    }
+    return 0;
+  }
 
   if (*plan && dry_run) {
     try {
