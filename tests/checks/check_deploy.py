@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""deploy/ agrees with what `./wb package` ships (deploy/package.sh):
+
+1. deploy/kubernetes/weightbeam.yaml runs the image deploy/container/Containerfile makes: every
+   `image:` is <registry>/weightbeam:<VERSION>, and every `command:` starts with a binary the
+   .deb installs (/usr/bin/wb-agent, /usr/bin/wb-controller).
+2. The systemd units start the .deb's binaries (ExecStart=/usr/bin/...) with the .deb's
+   conffiles (/etc/weightbeam/agent.yaml, /etc/weightbeam/controller.yaml).
+3. The Containerfile installs weightbeam_*_amd64.deb on Debian bookworm.
+
+Run by ./wb test (tests/run_extra.sh); prints each offence, exits 1 if any.
+"""
+import os
+import re
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BINARIES = {"/usr/bin/wb-agent", "/usr/bin/wb-controller", "/usr/bin/wbctl"}
+CONFFILES = {"/etc/weightbeam/agent.yaml", "/etc/weightbeam/controller.yaml"}
+
+
+def read(path):
+    with open(os.path.join(ROOT, path)) as f:
+        return f.read()
+
+
+def main():
+    errors = []
+    version = read("VERSION").strip()
+    k8s = read("deploy/kubernetes/weightbeam.yaml")
+    images = re.findall(r"^\s*image:\s*(\S+)", k8s, re.M)
+    if not images:
+        errors.append("deploy/kubernetes/weightbeam.yaml: no image")
+    for image in images:
+        if not re.fullmatch(r"[\w.:-]+(/[\w.-]+)*/weightbeam:" + re.escape(version), image):
+            errors.append(f"deploy/kubernetes/weightbeam.yaml: image {image}: expected "
+                          f"<registry>/weightbeam:{version} (VERSION)")
+    for command in re.findall(r'^\s*command:\s*\["([^"]+)"', k8s, re.M):
+        if command not in BINARIES:
+            errors.append(f"deploy/kubernetes/weightbeam.yaml: command {command} is not one the "
+                          f".deb installs ({', '.join(sorted(BINARIES))})")
+    for unit in ("wb-agent", "wb-controller"):
+        text = read(f"deploy/systemd/{unit}.service")
+        m = re.search(r"^ExecStart=(\S+) --config (\S+)", text, re.M)
+        if not m or m.group(1) != f"/usr/bin/{unit}" or m.group(2) not in CONFFILES:
+            errors.append(f"deploy/systemd/{unit}.service: ExecStart should run /usr/bin/{unit} "
+                          f"with one of {sorted(CONFFILES)}")
+    container = read("deploy/container/Containerfile")
+    if not re.search(r"^FROM \S*debian:bookworm", container, re.M):
+        errors.append("deploy/container/Containerfile: not FROM debian:bookworm")
+    if "apt-get install" not in container or "weightbeam_*_amd64.deb" not in container:
+        errors.append("deploy/container/Containerfile: does not apt-get install the .deb")
+    for e in errors:
+        print(e, file=sys.stderr)
+    if not errors:
+        print(f"deploy: the Kubernetes example runs weightbeam:{version} from the Containerfile; "
+              "units and manifests start the .deb's binaries")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
