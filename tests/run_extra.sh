@@ -11,6 +11,7 @@ if tests/checks/check_layers.sh; then log "layers: PASS"; else log "layers: FAIL
 if tests/checks/check_paths.py; then log "paths: PASS"; else log "paths: FAIL"; failed=1; fi
 if tests/checks/check_help.sh; then log "help: PASS"; else log "help: FAIL"; failed=1; fi
 if tests/checks/check_deploy.py; then log "deploy: PASS"; else log "deploy: FAIL"; failed=1; fi
+if tests/checks/check_dashboard.py; then log "dashboard: PASS"; else log "dashboard: FAIL"; failed=1; fi
 
 # The install test (./wb package --check, docs/install.md): the .deb, wheel and sdist built into
 # .cache/test-dist, then installed into a fresh Debian bookworm root (cached in
