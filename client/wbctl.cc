@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "client/bash_completion.h"
 #include "client/report_format.h"
+#include "client/step_trace.h"
 #include "client/table.h"
 #include "client/weightbeam/controller_client.h"
 #include "common/engines/dry_run.h"
@@ -41,6 +42,14 @@ std::string Json(const google::protobuf::Message& m) {
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "wbctl: %s\n", std::string(s.message()).c_str());
   return 2;
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return absl::InvalidArgumentError("cannot write " + path);
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) return absl::InternalError("cannot write " + path);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -148,6 +157,16 @@ int main(int argc, char** argv) {
   step->add_option("--max-staleness", max_staleness,
                    "wait (within the step timeout) until no inference replica left out would be "
                    "more than this many versions behind (docs/elastic.md)");
+  std::string step_trace_file;
+  step->add_option("--trace", step_trace_file,
+                   "also write the step as a Chrome/Perfetto trace (JSON) to this file");
+  auto* trace = app.add_subcommand(
+      "trace", "write the controller's recent steps as a Chrome/Perfetto trace (JSON)");
+  std::string trace_file;
+  trace->add_option("FILE", trace_file, "where to write the trace")->required();
+  int trace_last = 10;
+  trace->add_option("--last", trace_last, "this many of the most recent steps (default 10)")
+      ->check(CLI::PositiveNumber);
   auto* watch = app.add_subcommand("watch", "print step results as they happen");
   int count = 0;
   watch->add_option("--count", count, "stop after this many steps (0: forever)");
@@ -168,7 +187,7 @@ int main(int argc, char** argv) {
     hints.choices = {{"--engine", {"vllm", "sglang"}},
                      {"--delta", {"on", "off", "config"}},
                      {"completion", {"bash"}}};
-    hints.file_flags = {"--ca", "--cert", "--key", "--token-file", "--model"};
+    hints.file_flags = {"--ca", "--cert", "--key", "--token-file", "--model", "--trace", "trace"};
     std::printf("%s", wb::client::BashCompletion(app, "wbctl", hints).c_str());
     return 0;
   }
@@ -306,6 +325,29 @@ int main(int argc, char** argv) {
     if (progress.joinable()) progress.join();
     if (!r.ok()) return Fail(r.status());
     std::printf("%s", json ? (Json(*r) + "\n").c_str() : wb::client::FormatStep(*r).c_str());
+    if (!step_trace_file.empty()) {
+      if (auto s = WriteFile(step_trace_file, wb::client::StepTraceJson({*r})); !s.ok()) {
+        return Fail(s);
+      }
+    }
+    return 0;
+  }
+  if (*trace) {
+    auto s = client->Status();
+    if (!s.ok()) return Fail(s.status());
+    std::vector<v1::StepResult> steps(s->recent_steps().begin(), s->recent_steps().end());
+    if (steps.empty()) {
+      std::fprintf(stderr, "wbctl: no steps yet\n");
+      return 1;
+    }
+    if (static_cast<int>(steps.size()) > trace_last) {
+      steps.erase(steps.begin(), steps.end() - trace_last);
+    }
+    if (auto w = WriteFile(trace_file, wb::client::StepTraceJson(steps)); !w.ok()) return Fail(w);
+    std::printf(
+        "%s: %zu step(s), versions %llu-%llu (open in ui.perfetto.dev or chrome://tracing)\n",
+        trace_file.c_str(), steps.size(), static_cast<unsigned long long>(steps.front().version()),
+        static_cast<unsigned long long>(steps.back().version()));
     return 0;
   }
   if (*watch) {

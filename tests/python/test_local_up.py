@@ -1,8 +1,10 @@
 """`./wb up`, then the two examples in two terminals, then `./wb down`, as a user would run them
 (deploy/wb-local.sh, which ./wb up runs): the command lines `up` prints are run as printed (the
 trainer with fewer, quicker steps), the inference worker sees every commit, and the checksum of
-what it received matches what the trainer pushed."""
+what it received matches what the trainer pushed; `wbctl trace` writes those steps as a valid
+Chrome/Perfetto trace."""
 
+import json
 import os
 import re
 import shlex
@@ -26,6 +28,40 @@ def printed_command(output, script):
                 env[key] = value
             return env, words
     raise AssertionError(f"`up` printed no command line for {script}:\n{output}")
+
+
+def check_trace(test, path, steps, agent_tracks):
+    """`path` is a Trace Event Format JSON object (chrome://tracing, ui.perfetto.dev) with a
+    controller track holding `steps` step spans and one named track per agent, spans nested."""
+    with open(path) as f:
+        trace = json.load(f)
+    test.assertIsInstance(trace["traceEvents"], list)
+    names, spans = {}, {}
+    for e in trace["traceEvents"]:
+        test.assertIsInstance(e["name"], str)
+        test.assertIn(e["ph"], {"X", "M"})
+        test.assertIsInstance(e["pid"], int)
+        if e["ph"] == "M":
+            if e["name"] == "thread_name":
+                names[e["tid"]] = e["args"]["name"]
+            continue
+        test.assertIsInstance(e["tid"], int)
+        test.assertGreaterEqual(e["dur"], 0)
+        test.assertGreater(e["ts"], 0)
+        spans.setdefault(e["tid"], []).append(e)
+    test.assertEqual(set(names.values()), {"controller"} | agent_tracks)
+    controller = [t for t, n in names.items() if n == "controller"][0]
+    test.assertEqual(len(spans[controller]), steps)
+    for tid, track in spans.items():
+        test.assertIn(tid, names)
+        track.sort(key=lambda e: e["ts"])
+        ends = []
+        for e in track:
+            while ends and e["ts"] >= ends[-1] - 1e-6:
+                ends.pop()
+            if ends:
+                test.assertLessEqual(e["ts"] + e["dur"], ends[-1] + 1e-6, e)
+            ends.append(e["ts"] + e["dur"])
 
 
 class LocalUpTest(unittest.TestCase):
@@ -67,6 +103,18 @@ class LocalUpTest(unittest.TestCase):
             self.assertEqual(seen, pushed)
             self.assertEqual(len(set(seen.values())), STEPS, "every version has new weights")
             self.assertNotIn("MISMATCH", wout)
+
+            # The steps as a trace (wbctl trace): a track per agent that reports step timings
+            # (the sender: receivers report none), the trace format's rules.
+            with open(os.path.join(state, "env")) as f:
+                controller = re.search(r"WB_CONTROLLER=(\S+)", f.read()).group(1)
+            trace_file = os.path.join(state, "steps.json")
+            run = subprocess.run([os.path.join(os.environ.get("WB_BIN_DIR", "bazel-bin"),
+                                               "client/wbctl"), "trace", trace_file, "--last",
+                                  str(STEPS), "--controller", controller],
+                                 capture_output=True, text=True, timeout=30)
+            self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+            check_trace(self, trace_file, STEPS, {"agent train-0"})
         finally:
             if worker and worker.poll() is None:
                 worker.kill()
