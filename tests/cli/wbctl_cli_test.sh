@@ -1,7 +1,8 @@
 #!/bin/bash
 # wbctl's command-line habits (docs/cli.md): global flags after the subcommand, `wbctl version`,
-# `wbctl completion bash` (valid bash that completes subcommands, flags and choices), and the
-# documented exit codes: 0 done, 1 nothing to show, 2 failed, 64 usage.
+# `wbctl completion bash` (valid bash that completes subcommands, flags and choices), the
+# documented exit codes (0 done, 1 nothing to show, 2 failed, 64 usage), and docs/cli.md naming
+# every subcommand the parser knows.
 set -u
 W=client/wbctl
 M=tests/python/engine_configs/qwen3.json
@@ -46,7 +47,7 @@ complete_words() {  # complete_words WORD... : what <TAB> offers after these wor
            printf "%s\n" "${COMPREPLY[@]}"' _ "$script" wbctl "$@"
 }
 got=$(complete_words "")
-for w in status agents tensors plan step watch version completion --json --controller; do
+for w in status agents tensors plan step trace watch version completion --json --controller; do
   grep -qx -- "$w" <<<"$got" || fail "completing 'wbctl ' lacks $w: $got"
 done
 got=$(complete_words plan --dr)
@@ -59,4 +60,12 @@ got=$(complete_words step --max)
 [ "$got" = "--max-staleness" ] || fail "step flags: $got"
 got=$(complete_words completion "")
 [ "$got" = "bash" ] || fail "completion's shells: $got"
+
+# docs/cli.md documents every subcommand the parser has, and its exit codes.
+for sub in $(complete_words "" | grep -v '^-'); do
+  grep -q "^| \`wbctl $sub" docs/cli.md || fail "docs/cli.md has no row for 'wbctl $sub'"
+done
+for code in 0 1 2 64; do
+  grep -q "^| $code |" docs/cli.md || fail "docs/cli.md does not document exit code $code"
+done
 echo PASS
