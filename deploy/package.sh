@@ -61,6 +61,15 @@ for b in daemon/wb-agent controller/wb-controller; do
   esac
 done
 
+# CUDA: the agent is the CUDA build when the build found nvcc (tools/cuda_configure.bzl, same
+# rule); the CUDA runtime is linked statically, so either way the package needs only the driver.
+if [ -x "${WB_CUDA_ROOT:-/usr/local/cuda}/bin/nvcc" ] && [ "${WB_DISABLE_CUDA:-}" != 1 ]; then
+  CUDA_NOTE="wb-agent is the CUDA build (GPU memory through CUDA IPC; needs the NVIDIA driver
+ only where GPU memory is registered)."
+else
+  CUDA_NOTE="wb-agent is the host-memory build (no CUDA toolkit on the build machine)."
+fi
+
 # 2. The .deb's tree.
 rm -rf "$STAGE"
 deb="$STAGE/deb"
@@ -126,11 +135,12 @@ Description: move model weights from RL trainer GPUs into inference GPUs
  This package holds wb-agent (one per GPU node), wb-controller, the wbctl command line,
  wb-local (a controller and two agents on one machine), their systemd units (not enabled:
  edit /etc/weightbeam/*.yaml first) and example configurations. Built from commit
- $COMMIT.
+ $COMMIT; $CUDA_NOTE
 EOF
 rm -f "$OUT"/weightbeam_*_"$ARCH".deb
 dpkg-deb --root-owner-group -Zxz --build "$deb" "$OUT/$DEB" >/dev/null
 log "package: $OUT/$DEB ($(du -h "$OUT/$DEB" | cut -f1)); Depends: adduser, $shlibs"
+log "package: ${CUDA_NOTE//$'\n '/ }"
 
 # 3. The Python client: sources, generated stubs and the version in one folder, built with
 # Debian's python3-build / setuptools / wheel and no network (--no-isolation).
