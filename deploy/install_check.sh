@@ -9,7 +9,8 @@
 #      /etc/weightbeam configs adapted to loopback (no TLS, no RDMA), `wbctl status` sees both;
 #   4. the wheel into a fresh `--system-site-packages` virtualenv with `pip install --no-index`,
 #      and the installed Python examples (train_loop.py, inference_worker.py) against the
-#      daemons: every commit arrives with the trainer's checksum;
+#      daemons: every commit arrives with the trainer's checksum; then wb-local up / status /
+#      down (the installed ./wb up);
 #   5. `apt-get remove` keeps the conffiles only, `apt-get purge` leaves none of the package's
 #      files.
 # Prints "[wb] install check: PASS|FAIL (N s)", or "SKIPPED (why)" and exits 0 when it cannot
@@ -228,6 +229,26 @@ wait "$worker" || {
 }
 sed 's/^/    /' "$work/trainer.log" "$work/worker.log" >&2
 
+for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+pids=()
+
+# wb-local, the installed ./wb up: up, status sees both agents, down removes its state.
+if ! in_root wb-local up >"$work/wb-local.log" 2>&1; then
+  cat "$work/wb-local.log" >&2
+  fail "wb-local up"
+fi
+in_root wb-local status >"$work/wb-local-status.log" 2>&1 || true
+in_root wb-local down >>"$work/wb-local.log" 2>&1 || fail "wb-local down"
+if ! grep -q "examples/python/inference_worker.py" "$work/wb-local.log" ||
+  ! grep -q '^train-0 ' "$work/wb-local-status.log" ||
+  ! grep -q '^infer-0 ' "$work/wb-local-status.log" ||
+  ! grep -q "stopped 3 process(es)" "$work/wb-local.log" || [ -e "$root/tmp/wb-local-0" ]; then
+  cat "$work/wb-local.log" "$work/wb-local-status.log" >&2
+  fail "wb-local up / status / down"
+fi
+log "install check: wb-local up, status (both agents), down"
+
 # 5. remove keeps the conffiles, purge leaves nothing of the package.
 leftovers() {  # the package's files (not directories) still in the root, sorted
   local f
@@ -235,9 +256,6 @@ leftovers() {  # the package's files (not directories) still in the root, sorted
     if [ -e "$root$f" ] && [ ! -d "$root$f" ]; then echo "$f"; fi
   done <"$work/files" | sort
 }
-for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-pids=()
 in_root apt-get remove -y -q weightbeam >"$work/remove.log" 2>&1 || fail "apt-get remove"
 left=$(leftovers | tr '\n' ' ')
 [ "$left" = "/etc/weightbeam/agent.yaml /etc/weightbeam/controller.yaml " ] ||

@@ -48,6 +48,11 @@ alive() {  # alive NAME: the pid in NAME.pid runs one of our binaries
   [ -n "$pid" ] && grep -qa -- "--config" "/proc/$pid/cmdline" 2>/dev/null
 }
 
+if [ ! -x /usr/bin/python3 ]; then
+  echo "wb-local: needs /usr/bin/python3 (apt-get install python3 python3-grpcio python3-protobuf python3-numpy)" >&2
+  exit 1
+fi
+
 free_port() {
   /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
