@@ -128,7 +128,9 @@ log "install check: apt-get install ./$debname: $(grep -cE '^(Setting up|Unpacki
 in_root dpkg -L weightbeam >"$work/files"
 for f in /usr/bin/wb-agent /usr/bin/wb-controller /usr/bin/wbctl /usr/bin/wb-local \
   /lib/systemd/system/wb-agent.service /lib/systemd/system/wb-controller.service \
-  /etc/weightbeam/agent.yaml /etc/weightbeam/controller.yaml; do
+  /etc/weightbeam/agent.yaml /etc/weightbeam/controller.yaml /usr/share/man/man1/wbctl.1.gz \
+  /usr/share/man/man1/wb-agent.1.gz /usr/share/man/man1/wb-controller.1.gz \
+  /usr/share/bash-completion/completions/wbctl; do
   grep -qx "$f" "$work/files" || fail "the package lacks $f"
 done
 conffiles=$(in_root dpkg-query -W -f='${Conffiles}\n' weightbeam | awk 'NF {print $1}' | sort | tr '\n' ' ')

@@ -90,6 +90,35 @@ install -m 0644 client/python/examples/*.py "$deb/usr/share/doc/weightbeam/examp
 install -m 0644 README.md docs/install.md "$deb/usr/share/doc/weightbeam/"
 bazel-bin/client/wbctl completion bash >"$deb/usr/share/bash-completion/completions/wbctl"
 chmod 0644 "$deb/usr/share/bash-completion/completions/wbctl"
+# Man pages from the programs' own --help (help2man), so they say what the parsers accept;
+# wbctl's adds each subcommand's --help and the exit codes of docs/cli.md.
+man="$deb/usr/share/man/man1"
+install -d "$man"
+# On PATH, so that argv[0] (in the usage lines) is the bare program name.
+binpath="$ROOT/bazel-bin/client:$ROOT/bazel-bin/daemon:$ROOT/bazel-bin/controller:$PATH"
+h2m="$STAGE/wbctl.h2m"
+{
+  echo "[SUBCOMMANDS]"
+  for sub in $(PATH=$binpath wbctl --help | sed -n '/^Subcommands:/,$p' | awk 'NR > 1 && NF {print $1}'); do
+    printf '.SS %s\n.nf\n' "$sub"
+    PATH=$binpath wbctl "$sub" --help | sed 's/\\/\\\\/g; s/^\./\\\&./'
+    printf '.fi\n'
+  done
+  echo "[EXIT STATUS]"
+  sed -n 's/^| \([0-9][0-9]*\) | \(.*\) |$/.TP\n\1\n\2/p' docs/cli.md | tr -d '`'
+  printf '[SEE ALSO]\nwb-agent(1), wb-controller(1); /usr/share/doc/weightbeam/install.md\n'
+} >"$h2m"
+PATH=$binpath help2man --no-info --no-discard-stderr --version-string="$VERSION" \
+  --include="$h2m" --name="inspect and drive a weightbeam cluster" wbctl >"$man/wbctl.1"
+PATH=$binpath help2man --no-info --no-discard-stderr --version-string="$VERSION" \
+  --name="the weightbeam agent: moves model weights between training and inference GPUs" \
+  wb-agent >"$man/wb-agent.1"
+PATH=$binpath help2man --no-info --no-discard-stderr --version-string="$VERSION" \
+  --name="the weightbeam controller: plans and coordinates weight transfers" \
+  wb-controller >"$man/wb-controller.1"
+gzip -9n "$man"/*.1
+chmod 0644 "$man"/*.gz
+
 cat >"$deb/usr/share/doc/weightbeam/copyright" <<EOF
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: weightbeam
