@@ -24,6 +24,9 @@ ARCHIVES="$CACHE/apt-archives"
 MIRROR="${WB_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 INCLUDE=python3-venv,python3-grpcio,python3-protobuf,python3-numpy,ca-certificates
 VERSION=$(tr -d ' \n' <VERSION)
+# What deploy/container/Containerfile installs next to the .deb (tests/checks/check_deploy.py
+# keeps the two lists equal), so that this test resolves the image's package set too.
+IMAGE_PACKAGES=(ibverbs-providers)
 start=$SECONDS
 
 log() { printf '[wb] %s\n' "$*" >&2; }
@@ -115,16 +118,16 @@ log "install check: bookworm root ready in $((SECONDS - start)) s"
 # 2. apt-get install ./weightbeam_*.deb, its dependencies from Debian's archive.
 cp "$deb" "$whl" "$root/tmp/"
 debname=$(basename "$deb")
-if ! in_root apt-get install -y -q --no-install-recommends -o DPkg::Options::=--force-unsafe-io "/tmp/$debname" >"$work/apt.log" 2>&1; then
+if ! in_root apt-get install -y -q --no-install-recommends -o DPkg::Options::=--force-unsafe-io "/tmp/$debname" "${IMAGE_PACKAGES[@]}" >"$work/apt.log" 2>&1; then
   in_root apt-get update -q >>"$work/apt.log" 2>&1 || skip "Debian's archive unreachable (apt-get update failed)"
-  if ! in_root apt-get install -y -q --no-install-recommends -o DPkg::Options::=--force-unsafe-io "/tmp/$debname" >>"$work/apt.log" 2>&1; then
+  if ! in_root apt-get install -y -q --no-install-recommends -o DPkg::Options::=--force-unsafe-io "/tmp/$debname" "${IMAGE_PACKAGES[@]}" >>"$work/apt.log" 2>&1; then
     tail -n 20 "$work/apt.log" >&2
     fail "apt-get install ./$debname"
   fi
 fi
 in_root dpkg-query -W -f='${Status} ${Version}\n' weightbeam | grep -q "install ok installed $VERSION" ||
   fail "weightbeam $VERSION is not installed"
-log "install check: apt-get install ./$debname: $(grep -cE '^(Setting up|Unpacking) ' "$work/apt.log" || true) unpack/setup lines, $((SECONDS - start)) s"
+log "install check: apt-get install ./$debname ${IMAGE_PACKAGES[*]}: $(grep -cE '^(Setting up|Unpacking) ' "$work/apt.log" || true) unpack/setup lines, $((SECONDS - start)) s"
 in_root dpkg -L weightbeam >"$work/files"
 for f in /usr/bin/wb-agent /usr/bin/wb-controller /usr/bin/wbctl /usr/bin/wb-local \
   /lib/systemd/system/wb-agent.service /lib/systemd/system/wb-controller.service \

@@ -6,7 +6,9 @@
    .deb installs (/usr/bin/wb-agent, /usr/bin/wb-controller).
 2. The systemd units start the .deb's binaries (ExecStart=/usr/bin/...) with the .deb's
    conffiles (/etc/weightbeam/agent.yaml, /etc/weightbeam/controller.yaml).
-3. The Containerfile installs weightbeam_*_amd64.deb on Debian bookworm.
+3. The Containerfile installs weightbeam_*_amd64.deb on Debian bookworm, with the same other
+   packages as the install test (deploy/install_check.sh's IMAGE_PACKAGES), which therefore
+   resolves the image's package set on the same Debian release.
 
 Run by ./wb test (tests/run_extra.sh); prints each offence, exits 1 if any.
 """
@@ -50,6 +52,15 @@ def main():
         errors.append("deploy/container/Containerfile: not FROM debian:bookworm")
     if "apt-get install" not in container or "weightbeam_*_amd64.deb" not in container:
         errors.append("deploy/container/Containerfile: does not apt-get install the .deb")
+    joined = container.replace("\\\n", " ")  # continuation lines joined
+    m = re.search(r"apt-get install ([^&\n]*)", joined)
+    words = m.group(1).split() if m else []
+    image = {w for w in words if not w.startswith("-") and not w.endswith(".deb")}
+    m = re.search(r"^IMAGE_PACKAGES=\(([^)]*)\)", read("deploy/install_check.sh"), re.M)
+    tested = set(m.group(1).split()) if m else set()
+    if image != tested:
+        errors.append(f"deploy/container/Containerfile installs {sorted(image)} next to the .deb, "
+                      f"deploy/install_check.sh's IMAGE_PACKAGES says {sorted(tested)}")
     for e in errors:
         print(e, file=sys.stderr)
     if not errors:
