@@ -13,12 +13,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/bash_completion.h"
 #include "client/report_format.h"
+#include "client/step_trace.h"
 #include "client/table.h"
 #include "client/weightbeam/controller_client.h"
 #include "common/engines/dry_run.h"
 #include "common/planner/plan.h"
 #include "common/planner/plan_proto.h"
+#include "common/version/build_info.h"
 #include "common/wire/state_words.h"
 
 namespace v1 = weightbeam::v1;
@@ -39,6 +42,14 @@ std::string Json(const google::protobuf::Message& m) {
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "wbctl: %s\n", std::string(s.message()).c_str());
   return 2;
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return absl::InvalidArgumentError("cannot write " + path);
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) return absl::InternalError("cannot write " + path);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -87,6 +98,9 @@ int main(int argc, char** argv) {
   gpr_set_log_function([](gpr_log_func_args*) {});
   CLI::App app{"wbctl: inspect and drive a weightbeam cluster"};
   app.require_subcommand(1);
+  // Global flags are accepted after the subcommand too (`wbctl plan --dry-run ... --json`): every
+  // subcommand added below hands the options it does not know to the app.
+  app.fallthrough();
   std::string controller;
   bool json = false;
   const char* env = std::getenv("WB_CONTROLLER");
@@ -143,10 +157,50 @@ int main(int argc, char** argv) {
   step->add_option("--max-staleness", max_staleness,
                    "wait (within the step timeout) until no inference replica left out would be "
                    "more than this many versions behind (docs/elastic.md)");
+  std::string step_trace_file;
+  step->add_option("--trace", step_trace_file,
+                   "also write the step as a Chrome/Perfetto trace (JSON) to this file");
+  auto* trace = app.add_subcommand(
+      "trace", "write the controller's recent steps as a Chrome/Perfetto trace (JSON)");
+  std::string trace_file;
+  trace->add_option("FILE", trace_file, "where to write the trace")->required();
+  int trace_last = 10;
+  trace->add_option("--last", trace_last, "this many of the most recent steps (default 10)")
+      ->check(CLI::PositiveNumber);
   auto* watch = app.add_subcommand("watch", "print step results as they happen");
   int count = 0;
   watch->add_option("--count", count, "stop after this many steps (0: forever)");
-  CLI11_PARSE(app, argc, argv);
+  auto* version_cmd = app.add_subcommand("version", "print wbctl's version and git commit");
+  auto* completion = app.add_subcommand("completion", "print a shell completion script");
+  std::string shell;
+  completion->add_option("SHELL", shell, "bash")->required()->check(CLI::IsMember({"bash"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help prints and exits 0; a usage error is CLI11's message and exit code 64 (EX_USAGE),
+    // apart from 1 (nothing to show) and 2 (the command failed): docs/cli.md.
+    return app.exit(e) == 0 ? 0 : 64;
+  }
+
+  if (*completion) {
+    wb::client::CompletionHints hints;
+    hints.choices = {{"--engine", {"vllm", "sglang"}},
+                     {"--delta", {"on", "off", "config"}},
+                     {"completion", {"bash"}}};
+    hints.file_flags = {"--ca", "--cert", "--key", "--token-file", "--model", "--trace", "trace"};
+    std::printf("%s", wb::client::BashCompletion(app, "wbctl", hints).c_str());
+    return 0;
+  }
+
+  if (*version_cmd) {
+    if (json) {
+      std::printf("{\"program\":\"wbctl\",\"version\":\"%s\",\"commit\":\"%s\"}\n",
+                  wb::version::Number(), wb::version::Commit());
+    } else {
+      std::printf("%s\n", wb::version::Line("wbctl").c_str());
+    }
+    return 0;
+  }
 
   if (*plan && dry_run) {
     try {
@@ -271,6 +325,29 @@ int main(int argc, char** argv) {
     if (progress.joinable()) progress.join();
     if (!r.ok()) return Fail(r.status());
     std::printf("%s", json ? (Json(*r) + "\n").c_str() : wb::client::FormatStep(*r).c_str());
+    if (!step_trace_file.empty()) {
+      if (auto s = WriteFile(step_trace_file, wb::client::StepTraceJson({*r})); !s.ok()) {
+        return Fail(s);
+      }
+    }
+    return 0;
+  }
+  if (*trace) {
+    auto s = client->Status();
+    if (!s.ok()) return Fail(s.status());
+    std::vector<v1::StepResult> steps(s->recent_steps().begin(), s->recent_steps().end());
+    if (steps.empty()) {
+      std::fprintf(stderr, "wbctl: no steps yet\n");
+      return 1;
+    }
+    if (static_cast<int>(steps.size()) > trace_last) {
+      steps.erase(steps.begin(), steps.end() - trace_last);
+    }
+    if (auto w = WriteFile(trace_file, wb::client::StepTraceJson(steps)); !w.ok()) return Fail(w);
+    std::printf(
+        "%s: %zu step(s), versions %llu-%llu (open in ui.perfetto.dev or chrome://tracing)\n",
+        trace_file.c_str(), steps.size(), static_cast<unsigned long long>(steps.front().version()),
+        static_cast<unsigned long long>(steps.back().version()));
     return 0;
   }
   if (*watch) {

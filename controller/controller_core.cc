@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/process/malloc_arenas.h"
+#include "common/version/version.h"
 
 namespace wb::controller {
 
@@ -661,7 +662,7 @@ std::shared_ptr<const std::map<int, ReplicaView>> ControllerCore::Census() const
 
 v1::StatusResponse ControllerCore::Status() const {
   v1::StatusResponse s;
-  s.set_version("0.1.0");
+  s.set_version(wb::version::Number());
   s.set_epoch(membership_.epoch());
   const auto now = Clock::now();
   for (const auto& a : membership_.Snapshot()) {

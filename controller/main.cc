@@ -14,6 +14,7 @@
 #include "common/process/logging.h"
 #include "common/process/malloc_arenas.h"
 #include "common/process/mutex_mode.h"
+#include "common/version/build_info.h"
 #include "config/config.h"
 #include "controller/agent_plans.h"
 #include "controller/controller_core.h"
@@ -33,7 +34,7 @@ int main(int argc, char** argv) {
   app.add_flag("--version", version, "print the version and exit");
   CLI11_PARSE(app, argc, argv);
   if (version) {
-    std::printf("wb-controller 0.1.0\n");
+    std::printf("%s\n", wb::version::Line("wb-controller").c_str());
     return 0;
   }
   wb::config::ControllerConfig config;

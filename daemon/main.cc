@@ -9,6 +9,7 @@
 #include "common/process/logging.h"
 #include "common/process/malloc_arenas.h"
 #include "common/process/mutex_mode.h"
+#include "common/version/build_info.h"
 #include "config/config.h"
 #include "daemon/service/agent_node.h"
 
@@ -30,7 +31,7 @@ int main(int argc, char** argv) {
   app.add_flag("--version", version, "print the version and exit");
   CLI11_PARSE(app, argc, argv);
   if (version) {
-    std::printf("wb-agent 0.1.0\n");
+    std::printf("%s\n", wb::version::Line("wb-agent").c_str());
     return 0;
   }
 

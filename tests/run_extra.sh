@@ -10,6 +10,19 @@ log "repository checks (tests/checks): layers, paths a reader can follow, --help
 if tests/checks/check_layers.sh; then log "layers: PASS"; else log "layers: FAIL"; failed=1; fi
 if tests/checks/check_paths.py; then log "paths: PASS"; else log "paths: FAIL"; failed=1; fi
 if tests/checks/check_help.sh; then log "help: PASS"; else log "help: FAIL"; failed=1; fi
+if tests/checks/check_deploy.py; then log "deploy: PASS"; else log "deploy: FAIL"; failed=1; fi
+if tests/checks/check_dashboard.py; then log "dashboard: PASS"; else log "dashboard: FAIL"; failed=1; fi
+
+# The install test (./wb package --check, docs/install.md): the .deb, wheel and sdist built into
+# .cache/test-dist, then installed into a fresh Debian bookworm root (cached in
+# ~/.cache/weightbeam; SKIPPED without debootstrap or Debian's archive). WB_SKIP_INSTALL=1 skips.
+if [ "${WB_SKIP_INSTALL:-0}" = 1 ]; then
+  log "install: SKIPPED (WB_SKIP_INSTALL=1)"
+else
+  log "install test (./wb package --check): .deb and wheel into a fresh Debian bookworm root"
+  if deploy/package.sh --check --out .cache/test-dist; then log "install: PASS"; else log "install: FAIL"; failed=1; fi
+  rm -rf .cache/test-dist
+fi
 
 log "end-to-end demo (./wb demo): Qwen3-0.6B shape over tcp, verified bit for bit"
 if tests/demo/demo.sh --steps 3; then log "demo: PASS"; else log "demo: FAIL"; failed=1; fi

@@ -17,6 +17,7 @@
 #include "common/grpc/credentials.h"
 #include "common/grpc/message_limits.h"
 #include "common/net/socket_util.h"
+#include "common/version/version.h"
 #include "daemon/executor/op_bounds.h"
 #include "daemon/executor/op_preparer.h"
 #include "daemon/gpu/cuda_probe.h"
@@ -31,8 +32,6 @@ namespace wb::service {
 namespace v1 = weightbeam::v1;
 
 namespace {
-
-constexpr char kVersion[] = "0.1.0";
 
 std::string HostOf(const std::string& host_port) {
   auto colon = host_port.rfind(':');
@@ -292,7 +291,7 @@ v1::AgentInfo AgentNode::Info() const {
   for (const auto& t : transports_) {
     for (const auto& nic : t->Nics()) *info.add_nics() = nic;
   }
-  info.set_version(kVersion);
+  info.set_version(wb::version::Number());
   std::string why;
   info.set_supports_gpu_memory(GpuMemorySupported(&why));
   for (const auto& g : gpu::ProbeGpus().gpus) *info.add_gpus() = g;

@@ -29,7 +29,7 @@ check() {
     failed=1
   fi
 }
-for verb in "" demo test build deps cluster gpu-check fmt vm; do
+for verb in "" demo up down package test build deps cluster gpu-check fmt vm; do
   check ./wb $verb --help
 done
 check ./wb cluster --agents 8 -h

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/report_format.h"
+#include "client/step_trace.h"
 #include "client/table.h"
 #include "client/weightbeam/controller_client.h"
 #include "tests/demo/demo_roles.h"
@@ -83,6 +84,9 @@ int main(int argc, char** argv) {
                  "serve /metrics on 127.0.0.1: controller,trainer-node,inference-node ports")
       ->delimiter(',')
       ->expected(3);
+  std::string trace_file;
+  app.add_option("--trace", trace_file,
+                 "write the steps as a Chrome/Perfetto trace (JSON) to this file (wbctl trace)");
   app.add_option("--hold-seconds", hold_seconds,
                  "after the steps, keep every process up this long (or until SIGTERM/SIGINT), "
                  "e.g. for a metrics scraper");
@@ -207,6 +211,7 @@ int main(int argc, char** argv) {
   bool pass = true;
   std::string failure;
   v1::StepResult last;
+  std::vector<v1::StepResult> results;
   for (int v = 1; v <= steps && pass; ++v) {
     for (auto& t : trainers) t->Send(absl::StrCat("perturb ", v));
     for (auto& t : trainers) {
@@ -243,9 +248,23 @@ int main(int argc, char** argv) {
                 verdict.c_str(), delta_cols.c_str());
     std::fflush(stdout);
     last = *step;
+    results.push_back(*step);
   }
   if (last.agents_size() > 0) {
     std::printf("\nlast step, per sending agent:\n%s", wb::client::FormatStep(last).c_str());
+  }
+  if (!trace_file.empty() && !results.empty()) {
+    // A trace that cannot be written is said, not a failure of the demo (e.g. a read-only root).
+    std::FILE* f = std::fopen(trace_file.c_str(), "w");
+    const std::string json = wb::client::StepTraceJson(results);
+    if (f != nullptr && std::fwrite(json.data(), 1, json.size(), f) == json.size() &&
+        std::fclose(f) == 0) {
+      std::printf("\ntimeline of the %zu steps: %s (open in ui.perfetto.dev or chrome://tracing)\n",
+                  results.size(), trace_file.c_str());
+    } else {
+      if (f != nullptr) std::fclose(f);
+      std::printf("\n(could not write the trace to %s)\n", trace_file.c_str());
+    }
   }
   std::printf("\n");
   if (hold_seconds > 0) {

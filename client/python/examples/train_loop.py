@@ -20,9 +20,15 @@ Without torch this script runs the same loop with NumPy arrays standing in for B
 Run it against a running controller and agent, e.g.
   /usr/bin/python3 client/python/examples/train_loop.py --socket /run/weightbeam/agent.sock \
       --controller 127.0.0.1:7100 --steps 3
+or on one machine after `./wb up` (which prints the command lines), next to
+inference_worker.py: each step prints the SHA-256 of the weights it pushed, and with
+--checksum-dir writes it there (v<version>.sha256) for the worker to check what it received.
 """
 
 import argparse
+import hashlib
+import os
+import time
 
 import numpy as np
 
@@ -56,6 +62,25 @@ def make_parameters(buffer):
     return params
 
 
+def region(name):
+    """(offset, bytes) of parameter `name` in the buffer: 64-byte aligned, in SHAPES order."""
+    offset = 0
+    for n, shape in SHAPES.items():
+        if n == name:
+            return offset, nbytes(shape)
+        offset += (nbytes(shape) + 63) // 64 * 64
+    raise KeyError(name)
+
+
+def checksum(buffer):
+    """SHA-256 of every parameter's bytes, in SHAPES order (inference_worker.py computes the
+    same over what it received)."""
+    h = hashlib.sha256()
+    for name in SHAPES:
+        h.update(buffer.memoryview(*region(name)))
+    return h.hexdigest()
+
+
 def optimizer_step(params, rng):
     """Stands in for loss.backward(); optimizer.step(): updates the weights in place."""
     for p in params.values():
@@ -75,6 +100,10 @@ def main():
     parser.add_argument("--inference-replicas", type=int, default=1)
     parser.add_argument("--inference-tp", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--interval", type=float, default=0.0,
+                        help="seconds between steps (time for a worker to look at each version)")
+    parser.add_argument("--checksum-dir",
+                        help="write each pushed version's checksum here (v<version>.sha256)")
     args = parser.parse_args()
 
     buffer = weightbeam.SharedBuffer(sum((nbytes(s) + 63) // 64 * 64 for s in SHAPES.values()),
@@ -93,7 +122,15 @@ def main():
 
     rng = np.random.default_rng(1)
     for version in range(1, args.steps + 1):
+        if version > 1 and args.interval > 0:
+            time.sleep(args.interval)
         optimizer_step(params, rng)
+        digest = checksum(buffer)
+        if args.checksum_dir and args.rank == 0:
+            path = os.path.join(args.checksum_dir, f"v{version}.sha256")
+            with open(path + ".tmp", "w") as f:
+                f.write(digest + "\n")
+            os.replace(path + ".tmp", path)
         # --- weightbeam: push this version. Rank 0 drives. With several ranks, all must have
         # finished their optimizer step before step() starts, and none may change its weights
         # until it returns (agents read registered memory in place): a barrier on each side,
@@ -101,7 +138,8 @@ def main():
         if args.rank == 0:
             try:
                 result = ctl.step(version)
-                print(f"step {version}: {result.bytes} bytes in {result.seconds:.3f} s")
+                print(f"step {version}: {result.bytes} bytes in {result.seconds:.3f} s, "
+                      f"sha256 {digest}", flush=True)
             except weightbeam.StepFailed as e:
                 print(f"step {version} not pushed: {e}")  # training goes on; next step retries
 

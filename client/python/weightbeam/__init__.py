@@ -19,6 +19,12 @@ from weightbeam.local_session import Event, LocalSession  # noqa: E402
 from weightbeam.controller_client import ControllerClient  # noqa: E402
 from weightbeam import engines  # noqa: E402,F401
 
+try:  # written into the wheel and sdist by `./wb package` (deploy/package.sh)
+    from weightbeam._version import __commit__, __version__  # noqa: E402
+except ImportError:  # a source checkout
+    __version__, __commit__ = "0+source", "unknown"
+
 __all__ = [
     "ControllerClient", "Event", "LocalSession", "SharedBuffer", "StepFailed", "WeightbeamError",
+    "__version__",
 ]
