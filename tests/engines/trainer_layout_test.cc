@@ -85,23 +85,27 @@ class Coverage {
       const bool two_d = p.box.size() == 2;
       const int64_t rows = two_d ? p.box[0].size : 1;
       const int64_t cols = p.box.back().size;
-      std::vector<int>& counts = counts_[p.source];
+      // Row-major strides of the trainer tensor; the box's rows and columns map onto its last
+      // dims, the leading dims hold the offset.
+      std::vector<int64_t> stride(t.shape.size(), 1);
+      for (size_t d = t.shape.size() - 1; d-- > 0;) stride[d] = stride[d + 1] * t.shape[d + 1];
       bool inside = true, once = true;
+      int64_t base = 0;
+      for (size_t d = 0; d < t.shape.size(); ++d) {
+        base += p.offset[d] * stride[d];
+        inside = inside && p.offset[d] >= 0 && p.offset[d] < t.shape[d];
+      }
+      if (two_d) inside = inside && p.offset[lead] + rows <= t.shape[lead];
+      inside = inside && p.offset.back() + cols <= t.shape.back();
+      std::vector<int>& counts = counts_[p.source];
+      const int64_t row_stride = two_d ? stride[lead] : 0;
       for (int64_t r = 0; r < rows && inside && once; ++r) {
+        const int64_t src0 =
+            two_d ? (p.box[0].start + r) * p.source_shape[1] + p.box[1].start : p.box[0].start;
+        const int64_t dst0 = base + r * row_stride;
         for (int64_t k = 0; k < cols; ++k) {
-          const int64_t src = two_d ? (p.box[0].start + r) * p.source_shape[1] + p.box[1].start + k
-                                    : p.box[0].start + k;
-          std::vector<int64_t> at = p.offset;
-          if (two_d) at[lead] += r;
-          at.back() += k;
-          int64_t dst = 0;
-          for (size_t d = 0; d < t.shape.size(); ++d) {
-            inside = inside && at[d] < t.shape[d];
-            dst = dst * t.shape[d] + at[d];
-          }
-          if (!inside) break;
-          once = ++local[static_cast<size_t>(dst)] == 1;
-          ++counts[static_cast<size_t>(src)];
+          once = once && ++local[static_cast<size_t>(dst0 + k)] == 1;
+          ++counts[static_cast<size_t>(src0 + k)];
         }
       }
       CHECK(inside);
