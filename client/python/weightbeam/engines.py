@@ -1,10 +1,11 @@
 """Register an inference engine's parameters (vLLM, SGLang) or a trainer's shards (Hugging Face
 FSDP shards, Megatron-core parameters, DTensor local shards) with one call per worker.
 
-The layout (which box of which HF tensor lands where in which engine parameter, FP8 scales,
-vocab padding) is computed by the node agent from the model's config.json (the Local
-``EngineLayout`` / ``SourceLayout`` / ``TrainerLayout`` RPCs, served from the C++ ``common/engines``): this module
-only checks the given tensors against it and registers each part as a view of its parameter.
+The layout (which box of which HF tensor lands where in which engine parameter or trainer tensor,
+FP8 scales, vocab padding) is computed by the node agent from the model's config.json (the Local
+``EngineLayout`` / ``SourceLayout`` / ``TrainerLayout`` RPCs, served from the C++
+``common/engines``): this module only checks the given tensors against it and registers each part
+as a view of its tensor (docs/trainers.md for the trainer dialects).
 
     named = dict(model.named_parameters())          # engine names, on this rank
     register_engine_params(session, named, "config.json", "vllm", tp=4, tp_rank=rank)
