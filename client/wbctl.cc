@@ -56,7 +56,15 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
 
 // `wbctl plan --dry-run`: the planner on layouts built from config.json (common/engines).
 int DryRunPlan(const std::string& model_path, const std::string& engine_name,
-               wb::engines::DeploymentOptions options, bool json) {
+               const std::string& trainer_dialect, wb::engines::DeploymentOptions options,
+               bool json) {
+  auto dialect = wb::engines::ParseTrainerDialect(trainer_dialect);
+  if (!dialect.ok()) return Fail(dialect.status());
+  options.trainer = *dialect;
+  if (options.trainer == wb::engines::TrainerDialect::kMegatron) {
+    const auto& m = options.megatron;
+    options.trainers = m.tp * m.pp * m.dp;
+  }
   if (model_path.empty()) return Fail(absl::InvalidArgumentError("--dry-run needs --model"));
   auto config = wb::engines::LoadModelConfig(model_path);
   if (!config.ok()) return Fail(config.status());
@@ -80,14 +88,15 @@ int DryRunPlan(const std::string& model_path, const std::string& engine_name,
                     "\",\"nic\":\"", n.nic, "\",\"bytes\":", n.bytes, ",\"ops\":", n.ops, "}");
     t.Add({n.agent, n.nic, wb::client::HumanBytes(n.bytes), absl::StrCat(n.ops)});
   }
-  const std::string out =
-      absl::StrCat("{\"model\":\"", model_path, "\",\"engine\":\"", engine_name,
-                   "\",\"plan\":", Json(summary), ",\"sender_nics\":[", nic_json, "]}");
+  const std::string out = absl::StrCat(
+      "{\"model\":\"", model_path, "\",\"engine\":\"", engine_name, "\",\"trainer\":\"",
+      trainer_dialect, "\",\"plan\":", Json(summary), ",\"sender_nics\":[", nic_json, "]}");
   if (!json) {
-    std::printf("dry run: %s on %s, %d trainers -> %d inference GPUs (tp %d, ep %d, %s)\n%s\n%s\n",
-                model_path.c_str(), engine_name.c_str(), options.trainers, options.inference_gpus,
-                options.tp, options.ep, options.fp8 ? "fp8" : "bf16",
-                wb::client::FormatPlan(summary).c_str(), t.Render().c_str());
+    std::printf(
+        "dry run: %s on %s, %d %s trainers -> %d inference GPUs (tp %d, ep %d, %s)\n%s\n%s\n",
+        model_path.c_str(), engine_name.c_str(), options.trainers, trainer_dialect.c_str(),
+        options.inference_gpus, options.tp, options.ep, options.fp8 ? "fp8" : "bf16",
+        wb::client::FormatPlan(summary).c_str(), t.Render().c_str());
   }
   std::printf("%s\n", out.c_str());
   return 0;
@@ -145,6 +154,20 @@ int main(int argc, char** argv) {
   plan->add_option("--engine", engine_name, "vllm | sglang (--dry-run)")
       ->check(CLI::IsMember({"vllm", "sglang"}));
   plan->add_option("--trainers", deployment.trainers, "training GPUs, FSDP (--dry-run)");
+  std::string trainer_dialect = "fsdp";
+  plan->add_option("--trainer", trainer_dialect,
+                   "fsdp | megatron: the trainers' layout (--dry-run)")
+      ->capture_default_str();
+  plan->add_option("--trainer-tp", deployment.megatron.tp, "megatron tensor parallel (--dry-run)");
+  plan->add_option("--trainer-pp", deployment.megatron.pp, "megatron pipeline stages (--dry-run)");
+  plan->add_option("--trainer-ep", deployment.megatron.ep, "megatron expert parallel (--dry-run)");
+  plan->add_option("--trainer-etp", deployment.megatron.etp,
+                   "megatron expert tensor parallel (--dry-run)");
+  plan->add_option("--trainer-stage-layers", deployment.stage_layer_counts,
+                   "megatron layers per stage, comma-separated (uneven pipeline; --dry-run)")
+      ->delimiter(',');
+  plan->add_option("--trainer-dp", deployment.megatron.dp,
+                   "megatron data-parallel copies, each a source (--dry-run)");
   plan->add_option("--inference-gpus", deployment.inference_gpus, "inference GPUs (--dry-run)");
   plan->add_option("--tp", deployment.tp, "tensor-parallel size of the engine (--dry-run)");
   plan->add_option("--ep", deployment.ep, "expert-parallel size of the engine (--dry-run)");
@@ -204,7 +227,7 @@ int main(int argc, char** argv) {
 
   if (*plan && dry_run) {
     try {
-      return DryRunPlan(model_path, engine_name, deployment, json);
+      return DryRunPlan(model_path, engine_name, trainer_dialect, deployment, json);
     } catch (const std::bad_alloc&) {
       return Fail(absl::ResourceExhaustedError(
           "out of memory planning this deployment; plan fewer GPUs or a smaller model"));

@@ -55,7 +55,75 @@ const TensorMemory* Find(const std::map<std::string, TensorMemory>& m, const std
   return it == m.end() ? nullptr : &it->second;
 }
 
+// Every trainer tensor that holds something, as views of its memory (a tensor with one part
+// filling it registers densely).
+absl::Status RegisterTrainerTensors(LocalSession& session,
+                                    const std::map<std::string, TensorMemory>& given,
+                                    const std::vector<engines::TrainerTensor>& tensors,
+                                    const std::string& where) {
+  std::map<std::string, const engines::TrainerTensor*> listed;
+  for (const engines::TrainerTensor& t : tensors) listed[t.name] = &t;
+  for (const auto& [name, memory] : given) {
+    if (listed.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "trainer tensor '", name, "' (", where,
+          "): the layout does not list it (a layer of another stage or an expert of another EP "
+          "rank?)"));
+    }
+  }
+  std::vector<Registration> all;
+  for (const engines::TrainerTensor& t : tensors) {
+    if (t.parts.empty()) continue;
+    const TensorMemory* memory = Find(given, t.name);
+    if (auto s = CheckMemory("trainer tensor", t.name, memory, t.shape, t.dtype); !s.ok()) {
+      return s;
+    }
+    for (const engines::ParamPart& part : t.parts) {
+      Registration r;
+      r.tensor.name = part.source;
+      r.tensor.dtype = t.dtype;
+      r.tensor.global_shape = part.source_shape;
+      bool dense = t.parts.size() == 1 && part.box.size() == t.shape.size();
+      for (size_t d = 0; d < part.box.size(); ++d) {
+        r.tensor.shard.push_back({part.box[d].start, part.box[d].size});
+        dense = dense && part.offset[d] == 0 && part.box[d].size == t.shape[d];
+      }
+      if (!dense) {
+        r.tensor.view_shape = t.shape;
+        r.tensor.view_offset = part.offset;
+        r.tensor.view_buffer = t.name;
+      }
+      r.memory = *memory;
+      all.push_back(std::move(r));
+    }
+  }
+  return RegisterAll(session, all);
+}
+
 }  // namespace
+
+absl::Status RegisterMegatronParams(LocalSession& session,
+                                    const std::map<std::string, TensorMemory>& params,
+                                    const engines::ModelConfig& config,
+                                    const engines::MegatronOptions& options) {
+  absl::StatusOr<std::vector<engines::TrainerTensor>> tensors =
+      engines::MegatronLayout(config, options);
+  if (!tensors.ok()) return tensors.status();
+  return RegisterTrainerTensors(
+      session, params, *tensors,
+      absl::StrCat("megatron tp ", options.tp_rank, "/", options.tp, " pp ", options.pp_rank, "/",
+                   options.pp, " ep ", options.ep_rank, "/", options.ep));
+}
+
+absl::Status RegisterDTensorParams(LocalSession& session,
+                                   const std::map<std::string, TensorMemory>& shards,
+                                   const engines::ModelConfig& config,
+                                   const engines::DTensorOptions& options) {
+  absl::StatusOr<std::vector<engines::TrainerTensor>> tensors =
+      engines::DTensorLayout(config, options);
+  if (!tensors.ok()) return tensors.status();
+  return RegisterTrainerTensors(session, shards, *tensors, "dtensor");
+}
 
 absl::Status RegisterEngineParams(LocalSession& session,
                                   const std::map<std::string, TensorMemory>& params,

@@ -1,5 +1,6 @@
 // One call per worker to register an inference engine's parameters (vLLM, SGLang names) or a
-// trainer's Hugging Face FSDP shards, with the layouts of common/engines: each engine
+// trainer's tensors (Hugging Face FSDP shards, Megatron-core parameters, DTensor local shards),
+// with the layouts of common/engines: each engine
 // parameter becomes one view per HF part, FP8 scales included. Every given memory is checked
 // against the config before anything is registered.
 #pragma once
@@ -12,6 +13,7 @@
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
 #include "common/engines/engine_layout.h"
+#include "common/engines/trainer_layout.h"
 
 namespace wb::client {
 
@@ -41,5 +43,21 @@ absl::Status RegisterHfShards(LocalSession& session,
                               const std::map<std::string, TensorMemory>& shards,
                               const engines::ModelConfig& config, int rank, int world,
                               int64_t align_rows);
+
+// Registers a Megatron-core rank's parameters under Megatron names (engines::MegatronLayout):
+// each HF box a tensor holds becomes a view of it. A name the layout does not list (a layer of
+// another stage, an expert of another EP rank), a missing tensor or a wrong length is one
+// InvalidArgument naming it, and nothing is registered.
+absl::Status RegisterMegatronParams(LocalSession& session,
+                                    const std::map<std::string, TensorMemory>& params,
+                                    const engines::ModelConfig& config,
+                                    const engines::MegatronOptions& options);
+
+// Registers a DTensor rank's local shards (engines::DTensorLayout); tensors of which the rank
+// holds nothing may be absent. Same checks and all-or-nothing as above.
+absl::Status RegisterDTensorParams(LocalSession& session,
+                                   const std::map<std::string, TensorMemory>& shards,
+                                   const engines::ModelConfig& config,
+                                   const engines::DTensorOptions& options);
 
 }  // namespace wb::client

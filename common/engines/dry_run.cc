@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -48,10 +49,109 @@ std::vector<planner::AgentLayout> Agents(const char* prefix, int gpus, const Dep
   return out;
 }
 
+// Megatron ranks as trainer entries: every part a view of its trainer tensor (one region per
+// tensor), a tensor with one part filling it dense. Ranks with the same (tp, pp, ep, etp)
+// ranks (data-parallel copies) share one computed layout.
+absl::Status MegatronEntries(const ModelConfig& config, const DeploymentOptions& o,
+                             uint64_t max_entries, uint64_t* region, uint64_t* entries,
+                             std::vector<planner::AgentLayout>* trainers) {
+  const MegatronOptions& m = o.megatron;
+  if (m.tp * m.dp % (m.ep * m.etp) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("megatron: ep ", m.ep, " x etp ", m.etp,
+                                                   " must divide tp ", m.tp, " x dp ", m.dp,
+                                                   " (a stage's ranks regrouped for the experts)"));
+  }
+  std::vector<std::vector<int64_t>> stages;
+  if (!o.stage_layer_counts.empty()) {
+    int64_t next = 0;
+    for (int64_t n : o.stage_layer_counts) {
+      stages.emplace_back();
+      for (int64_t k = 0; k < n && k < config.layers; ++k) stages.back().push_back(next++);
+    }
+    if (static_cast<int>(stages.size()) != m.pp || next != config.layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "megatron: ", o.stage_layer_counts.size(), " stage layer counts adding up to ", next,
+          "; pp ", m.pp, " stages of the ", config.layers, " layers expected"));
+    }
+  }
+  std::map<std::tuple<int, int, int, int>, std::vector<TrainerTensor>> layouts;
+  for (int d = 0; d < m.dp; ++d) {
+    for (int p = 0; p < m.pp; ++p) {
+      for (int t = 0; t < m.tp; ++t) {
+        const int rank = (d * m.pp + p) * m.tp + t;
+        const int i = d * m.tp + t;
+        MegatronOptions r = m;
+        r.tp_rank = t, r.pp_rank = p, r.dp_rank = d;
+        if (!stages.empty()) {
+          r.stage_layers_given = true;
+          r.stage_layers = stages[p];
+        }
+        r.etp_rank = i % m.etp;
+        r.ep_rank = (i / m.etp) % m.ep;
+        auto [it, fresh] = layouts.try_emplace({t, p, r.ep_rank, r.etp_rank});
+        if (fresh) {
+          absl::StatusOr<std::vector<TrainerTensor>> l = MegatronLayout(config, r);
+          if (!l.ok()) return l.status();
+          it->second = *std::move(l);
+        }
+        std::vector<planner::TensorEntry>& held = (*trainers)[rank / o.gpus_per_agent].tensors;
+        for (const TrainerTensor& tensor : it->second) {
+          const uint64_t bytes = Volume(tensor.shape) * planner::DTypeBytes(tensor.dtype);
+          for (const ParamPart& part : tensor.parts) {
+            planner::TensorEntry e;
+            e.name = part.source;
+            e.dtype = tensor.dtype;
+            e.shape = part.source_shape;
+            e.shard = part.box;
+            bool dense = tensor.parts.size() == 1 && part.box.size() == tensor.shape.size();
+            for (size_t k = 0; dense && k < part.box.size(); ++k) {
+              dense = part.offset[k] == 0 && part.box[k].size == tensor.shape[k];
+            }
+            if (!dense) {
+              e.view.shape = tensor.shape;
+              e.view.offset = part.offset;
+              e.view.buffer = tensor.name;
+            }
+            e.owner = {planner::Role::kTrainer, rank, 0};
+            e.region = *region;
+            e.region_bytes = bytes;
+            e.gpu = rank % o.gpus_per_agent;
+            held.push_back(std::move(e));
+            if (++*entries > max_entries) {
+              return absl::ResourceExhaustedError(absl::StrCat(
+                  "the trainers' layouts would hold more than ", max_entries, " tensor entries"));
+            }
+          }
+          ++*region;
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelConfig& config,
-                                                                    const DeploymentOptions& o) {
+absl::StatusOr<TrainerDialect> ParseTrainerDialect(absl::string_view name) {
+  if (name == "fsdp") return TrainerDialect::kFsdp;
+  if (name == "megatron") return TrainerDialect::kMegatron;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown trainer '", name, "'; expected fsdp or megatron"));
+}
+
+absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(
+    const ModelConfig& config, const DeploymentOptions& options) {
+  DeploymentOptions o = options;
+  if (o.trainer == TrainerDialect::kMegatron) {
+    const MegatronOptions& m = o.megatron;
+    if (m.tp < 1 || m.pp < 1 || m.dp < 1 || m.ep < 1 || m.etp < 1 ||
+        static_cast<int64_t>(m.tp) * m.pp * m.dp > planner::kMaxDeploymentGpus) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "megatron tp ", m.tp, ", pp ", m.pp, ", ep ", m.ep, ", etp ", m.etp, ", dp ", m.dp,
+          ": each at least 1, tp x pp x dp at most ", planner::kMaxDeploymentGpus));
+    }
+    o.trainers = m.tp * m.pp * m.dp;
+  }
   if (o.trainers < 1 || o.inference_gpus < 1 || o.tp < 1 || o.gpus_per_agent < 1) {
     return absl::InvalidArgumentError(
         "trainers, inference GPUs, tp and GPUs per node must be >= 1");
@@ -86,7 +186,14 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(const ModelC
                      " inference GPUs), more than this machine's memory takes; plan fewer GPUs"));
   };
   std::vector<planner::AgentLayout> trainers = Agents("trainer", o.trainers, o);
-  const std::vector<SourceTensor> sources = SourceTensors(config);
+  if (o.trainer == TrainerDialect::kMegatron) {
+    if (absl::Status st = MegatronEntries(config, o, max_entries, &region, &entries, &trainers);
+        !st.ok()) {
+      return st;
+    }
+  }
+  const std::vector<SourceTensor> sources =
+      o.trainer == TrainerDialect::kFsdp ? SourceTensors(config) : std::vector<SourceTensor>();
   const std::vector<int> first_ranks = FsdpFirstRanks(sources, o.trainers, o.align_rows);
   for (size_t i = 0; i < sources.size(); ++i) {
     const SourceTensor& t = sources[i];

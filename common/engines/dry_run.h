@@ -1,4 +1,5 @@
-// Planning from config.json without a cluster: the trainer layouts (FSDP dim-0 shards) and the
+// Planning from config.json without a cluster: the trainer layouts (FSDP dim-0 shards, or
+// Megatron-core ranks from trainer_layout.h, every data-parallel copy a source) and the
 // inference layouts (every rank's engine parameters as views, from EngineLayout) of a whole
 // deployment, ready for the planner. Used by `wbctl plan --dry-run` and plan_bench --model.
 #pragma once
@@ -6,16 +7,28 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/engines/engine_layout.h"
+#include "common/engines/trainer_layout.h"
 #include "common/planner/layout.h"
 #include "common/planner/plan.h"
 
 namespace wb::engines {
 
+enum class TrainerDialect { kFsdp, kMegatron };
+
+// absl::StatusOr of "fsdp" / "megatron".
+absl::StatusOr<TrainerDialect> ParseTrainerDialect(absl::string_view name);
+
 struct DeploymentOptions {
   Engine engine = Engine::kVllm;
-  int trainers = 8;        // training GPUs, one FSDP group
-  int inference_gpus = 8;  // inference_gpus / tp engine replicas
+  TrainerDialect trainer = TrainerDialect::kFsdp;
+  int trainers = 8;  // training GPUs, one FSDP group (Megatron: set to tp x pp x dp)
+  // Megatron: tp, pp, ep, etp, dp sizes (the ranks are ignored). Global rank (d * pp + p) * tp
+  // + t; its expert ranks regroup a stage's tp x dp ranks as etp (fastest), ep, expert-dp.
+  MegatronOptions megatron;
+  std::vector<int64_t> stage_layer_counts;  // megatron: layers per stage; empty: uniform
+  int inference_gpus = 8;                   // inference_gpus / tp engine replicas
   int tp = 8;
   // vLLM: ep = dp * tp (ep / tp replicas form one EP group); SGLang: ep divides tp.
   int ep = 1;

@@ -1,5 +1,5 @@
-// The Local EngineLayout / SourceLayout RPCs' answers, from common/engines (the agent serves
-// them; any client may call them instead of linking the layout code).
+// The Local EngineLayout / SourceLayout / TrainerLayout RPCs' answers, from common/engines (the
+// agent serves them; any client may call them instead of linking the layout code).
 #pragma once
 
 #include "absl/status/statusor.h"
@@ -12,5 +12,8 @@ absl::StatusOr<weightbeam::v1::EngineLayoutResponse> AnswerEngineLayout(
 
 absl::StatusOr<weightbeam::v1::SourceLayoutResponse> AnswerSourceLayout(
     const weightbeam::v1::SourceLayoutRequest& request);
+
+absl::StatusOr<weightbeam::v1::TrainerLayoutResponse> AnswerTrainerLayout(
+    const weightbeam::v1::TrainerLayoutRequest& request);
 
 }  // namespace wb::engines

@@ -129,6 +129,13 @@ bool Planner::CheckFp8Entry(Problems* out, int32_t n, EntryRef ref, const Box& d
   return true;
 }
 
+Placement SourcePlacement(const TensorEntry& holder, const Box& slice_box) {
+  if (holder.view.empty()) return DensePlacement(slice_box);
+  Placement p = EntryPlacement(holder);
+  p.held = slice_box;  // the same box, in destination coordinates (a fusion part's offset)
+  return p;
+}
+
 void Planner::SliceBox(const Slice& slice, int fdim, int64_t offset, Box* out) const {
   Box& sb = *out;  // only its first ndim dimensions are set: callers read no further
   if (slice.ndim <= 2) {
@@ -197,6 +204,8 @@ void Planner::GenerateShard(GenShard* g) {
           const EntryRef holder = holders_[it->holder_begin];
           SliceBox(*it, fdim, part.offset, &sb);
           if (!Intersect(dbox, sb, &b)) continue;
+          // The first holder's placement: ChooseSources picks only among holders placed alike.
+          const Placement src_place = SourcePlacement(E(holder), sb);
           if (fp8) {
             for (int d = 0; d < 2; ++d) {
               // A view part was checked whole (CheckFp8View): its own end may be ragged.
@@ -223,14 +232,15 @@ void Planner::GenerateShard(GenShard* g) {
             Run r;
             r.rows = b.size[0];
             r.row_elems = b.size[1];
-            r.src_offset = (b.start[0] - sb.start[0]) * sb.size[1] + (b.start[1] - sb.start[1]);
-            r.src_stride = sb.size[1];
+            r.src_offset = src_place.base + (b.start[0] - sb.start[0]) * src_place.stride[0] +
+                           (b.start[1] - sb.start[1]) * src_place.stride[1];
+            r.src_stride = src_place.stride[0];
             r.dst_offset = dplace.base + (b.start[0] - dbox.start[0]) * dplace.stride[0] +
                            (b.start[1] - dbox.start[1]) * dplace.stride[1];
             r.dst_stride = dplace.stride[0];
             runs.push_back(r);
           } else {
-            BoxRuns(b, DensePlacement(sb), dplace, &runs);
+            BoxRuns(b, src_place, dplace, &runs);
           }
           for (const Run& r : runs) {
             PlannedOp op;
@@ -309,7 +319,8 @@ void Planner::CountShard(GenShard* g, size_t nkeys) {
           uint64_t n_runs = 1;  // 1-D, 2-D and FP8 boxes are always a single op
           if (!fp8 && dbox.ndim > 2) {
             runs.clear();
-            BoxRuns(b, DensePlacement(sb), EntryPlacement(E(dref)), &runs);
+            BoxRuns(b, SourcePlacement(E(holders_[it->holder_begin]), sb), EntryPlacement(E(dref)),
+                    &runs);
             n_runs = runs.size();
           }
           const int32_t sender = holders_[it->holder_begin].agent;

@@ -261,10 +261,7 @@ bool Planner::CheckEntry(Problems* out, EntryRef ref, int64_t* volume) {
   *volume = held;
   uint64_t need = static_cast<uint64_t>(*volume * DTypeBytes(t.dtype));
   if (!t.view.empty()) {
-    if (t.owner.role == Role::kTrainer) {
-      return fail(absl::StrCat("a view into buffer ", t.view.buffer.str(),
-                               " on a source; views place destinations only"));
-    }
+    // Sources may be views too (a trainer's own tensor holding boxes of several HF tensors).
     const std::string bad = CheckView(t);
     if (!bad.empty()) return fail(absl::StrCat("view of buffer ", t.view.buffer.str(), ": ", bad));
     need = static_cast<uint64_t>(DTypeBytes(t.dtype));

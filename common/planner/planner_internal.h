@@ -140,6 +140,13 @@ inline uint64_t HashString(std::string_view s) {
   return h;
 }
 
+// Where a source holder keeps `slice_box` (its held box in destination coordinates): dense, or
+// in its view's buffer. Holders of one slice are alternatives only when placed alike.
+Placement SourcePlacement(const TensorEntry& holder, const Box& slice_box);
+inline bool SamePlace(const BufferView& a, const BufferView& b) {
+  return a.shape == b.shape && a.offset == b.offset;
+}
+
 inline bool IsFloat(DType d) {
   return d == weightbeam::v1::DTYPE_F32 || d == weightbeam::v1::DTYPE_F16 ||
          d == weightbeam::v1::DTYPE_BF16;

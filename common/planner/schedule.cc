@@ -95,9 +95,13 @@ void Planner::ChooseSources() {
     PlannedOp& op = pending_[i].op;
     const Slice& s = slices_[pending_[i].slice];
     EntryRef best = holders_[s.holder_begin];
+    const TensorEntry& first = E(best);
     double best_load = load[tensor_dev_[best.agent][best.tensor]];
     for (int32_t h = 1; h < s.holder_count; ++h) {
       EntryRef c = holders_[s.holder_begin + h];
+      // The op's source offsets are the first holder's: a holder whose view places the slice
+      // elsewhere in its buffer is no alternative.
+      if (!SamePlace(E(c).view, first.view)) continue;
       double l = load[tensor_dev_[c.agent][c.tensor]];
       if (l < best_load) best = c, best_load = l;
     }

@@ -190,4 +190,10 @@ grpc::ServerUnaryReactor* LocalService::SourceLayout(grpc::CallbackServerContext
   return Finish(ctx, engines::AnswerSourceLayout(*req), resp);
 }
 
+grpc::ServerUnaryReactor* LocalService::TrainerLayout(grpc::CallbackServerContext* ctx,
+                                                      const v1::TrainerLayoutRequest* req,
+                                                      v1::TrainerLayoutResponse* resp) {
+  return Finish(ctx, engines::AnswerTrainerLayout(*req), resp);
+}
+
 }  // namespace wb::local

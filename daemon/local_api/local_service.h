@@ -40,6 +40,9 @@ class LocalService final : public weightbeam::v1::Local::CallbackService {
   grpc::ServerUnaryReactor* SourceLayout(grpc::CallbackServerContext* ctx,
                                          const weightbeam::v1::SourceLayoutRequest* req,
                                          weightbeam::v1::SourceLayoutResponse* resp) override;
+  grpc::ServerUnaryReactor* TrainerLayout(grpc::CallbackServerContext* ctx,
+                                          const weightbeam::v1::TrainerLayoutRequest* req,
+                                          weightbeam::v1::TrainerLayoutResponse* resp) override;
 
   int active_sessions() const { return active_sessions_.load(); }
 

@@ -37,6 +37,19 @@ std::string BufferKey(const v1::TensorSpec& spec, const v1::MemoryHandle& h) {
                       h.cuda_ipc().length(), ":", h.cuda_ipc().ipc_handle());
 }
 
+// Two view parts of one name whose boxes of the tensor share no element: a trainer tensor (a
+// Megatron linear_qkv) may hold several boxes of one HF tensor, each registered as a view.
+bool DisjointViewParts(const v1::TensorSpec& a, const v1::TensorSpec& b) {
+  if (!a.has_view() || !b.has_view() || a.shard_size() == 0 || a.shard_size() != b.shard_size()) {
+    return false;
+  }
+  for (int d = 0; d < a.shard_size(); ++d) {
+    const v1::DimSlice &x = a.shard(d), &y = b.shard(d);
+    if (x.start() + x.size() <= y.start() || y.start() + y.size() <= x.start()) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 RegionRegistry::RegionRegistry(std::vector<transport::Transport*> transports, MemoryOpener opener)
@@ -79,7 +92,7 @@ absl::Status RegionRegistry::CheckConflicts(uint64_t session, const v1::Owner& o
     const RegisteredTensor& t = *by_region_.at(id);
     const bool same_owner = t.owner.role() == owner.role() &&
                             t.owner.replica() == owner.replica() && t.owner.rank() == owner.rank();
-    if (same_owner) {
+    if (same_owner && !DisjointViewParts(spec, t.spec)) {
       return absl::AlreadyExistsError(absl::StrCat("tensor '", spec.name(),
                                                    "' is already registered by ", OwnerName(owner),
                                                    " (pid ", t.owner.pid(), ")"));

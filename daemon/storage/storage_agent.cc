@@ -117,6 +117,12 @@ absl::StatusOr<std::vector<ShardBuffer>> StorageAgent::Buffers(
           absl::StrCat("tensor '", reg->spec.name(), "' is in GPU memory (", reg->location,
                        "); the storage path reads and writes host memory only"));
     }
+    if (reg->spec.has_view()) {
+      return absl::UnimplementedError(
+          absl::StrCat("tensor '", reg->spec.name(), "' is a part of '", reg->spec.view().buffer(),
+                       "' (a trainer layout's view); the storage path publishes dense shards only "
+                       "(register_hf_shards)"));
+    }
     ShardBuffer b;
     b.spec = reg->spec;
     b.rank = reg->owner.rank();

@@ -62,7 +62,19 @@ int Run(int argc, char** argv) {
   app.add_option("--engine", engine_name, "with a config.json: vllm | sglang");
   app.add_option("--trainers", tr.ranks, "training GPUs");
   app.add_option("--trainer-replicas", tr.replicas, "data-parallel trainer replicas (HSDP)");
-  app.add_option("--trainer-ep", tr.ep, "expert-parallel groups per trainer replica");
+  app.add_option("--trainer-ep", tr.ep,
+                 "expert-parallel groups per trainer replica (megatron: the ep size)");
+  std::string trainer_dialect = "fsdp";
+  wb::engines::MegatronOptions megatron;
+  app.add_option("--trainer", trainer_dialect, "with a config.json: fsdp | megatron");
+  app.add_option("--trainer-tp", megatron.tp, "megatron tensor parallel");
+  app.add_option("--trainer-pp", megatron.pp, "megatron pipeline stages");
+  app.add_option("--trainer-etp", megatron.etp, "megatron expert tensor parallel");
+  app.add_option("--trainer-dp", megatron.dp, "megatron data-parallel copies (each a source)");
+  std::vector<int64_t> stage_layer_counts;
+  app.add_option("--trainer-stage-layers", stage_layer_counts,
+                 "megatron layers per stage, comma-separated (uneven pipeline)")
+      ->delimiter(',');
   app.add_option("--inference-gpus", inf.gpus, "inference GPUs");
   app.add_option("--tp", inf.tp, "tensor-parallel ranks per inference replica");
   app.add_option("--ep", inf.ep, "expert-parallel groups per inference replica (divides tp)");
@@ -130,9 +142,21 @@ int Run(int argc, char** argv) {
       std::cerr << engine.status() << "\n";
       return 2;
     }
+    auto dialect = wb::engines::ParseTrainerDialect(trainer_dialect);
+    if (!dialect.ok()) {
+      std::cerr << dialect.status() << "\n";
+      return 2;
+    }
     wb::engines::DeploymentOptions d;
     d.engine = *engine;
+    d.trainer = *dialect;
     d.trainers = tr.ranks;
+    d.megatron = megatron;
+    d.megatron.ep = tr.ep;
+    d.stage_layer_counts = stage_layer_counts;
+    if (d.trainer == wb::engines::TrainerDialect::kMegatron) {
+      tr.ranks = d.trainers = megatron.tp * megatron.pp * megatron.dp;
+    }
     d.inference_gpus = inf.gpus;
     d.tp = inf.tp;
     d.ep = inf.ep;
@@ -178,6 +202,13 @@ int Run(int argc, char** argv) {
   j["trainers"] = tr.ranks;
   j["trainer_replicas"] = tr.replicas;
   j["trainer_ep"] = tr.ep;
+  if (from_config) j["trainer"] = trainer_dialect;
+  if (trainer_dialect == "megatron") {
+    j["trainer_tp"] = megatron.tp;
+    j["trainer_pp"] = megatron.pp;
+    j["trainer_etp"] = megatron.etp;
+    j["trainer_dp"] = megatron.dp;
+  }
   j["inference_gpus"] = inf.gpus;
   j["tp"] = inf.tp;
   j["ep"] = inf.ep;

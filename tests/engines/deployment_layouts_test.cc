@@ -139,3 +139,40 @@ TEST_CASE("deployment layouts refuse more GPUs than kMaxDeploymentGpus") {
   o.trainers = wb::planner::kMaxDeploymentGpus + 1;
   CHECK_FALSE(wb::engines::DeploymentLayouts(Load("qwen3"), o).ok());
 }
+
+namespace {
+
+// Megatron trainers in the dry run: every data-parallel copy holds the same entries (its own
+// owner and regions), the plan covers every destination and the copies share the sending.
+TEST_CASE("dry run: Megatron trainers, data-parallel copies as alternative sources") {
+  const wb::engines::ModelConfig c = Load("qwen3_moe");
+  DeploymentOptions o;
+  o.trainer = wb::engines::TrainerDialect::kMegatron;
+  o.megatron.tp = 2, o.megatron.pp = 2, o.megatron.ep = 2, o.megatron.dp = 2;
+  o.inference_gpus = 4, o.tp = 2, o.gpus_per_agent = 2, o.nics_per_agent = 1;
+  auto agents = wb::engines::DeploymentLayouts(c, o);
+  INFO(agents.status().ToString());
+  REQUIRE(agents.ok());
+  // 8 trainer GPUs on 4 agents: copy d's ranks (d * pp + p) * tp + t on agents 2d, 2d + 1.
+  REQUIRE(agents->size() == 6);
+  CHECK((*agents)[0].tensors.size() == (*agents)[2].tensors.size());
+  CHECK((*agents)[1].tensors.size() == (*agents)[3].tensors.size());
+  wb::planner::PlanOptions po;
+  auto plan = wb::planner::BuildPlan(*agents, po);
+  INFO(plan.status().ToString());
+  REQUIRE(plan.ok());
+  const double copy0 = plan->stats.send_bytes[0] + plan->stats.send_bytes[1];
+  const double copy1 = plan->stats.send_bytes[2] + plan->stats.send_bytes[3];
+  INFO("copy 0 sends " << copy0 << " B, copy 1 " << copy1 << " B");
+  CHECK(copy0 > 0);
+  CHECK(std::max(copy0, copy1) / std::min(copy0, copy1) <= 1.05);
+  o.megatron.ep = 4;  // ep x etp must divide tp x dp
+  o.megatron.dp = 1;
+  auto bad = wb::engines::DeploymentLayouts(c, o);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message() ==
+        "megatron: ep 4 x etp 1 must divide tp 2 x dp 1 (a stage's ranks regrouped for the "
+        "experts)");
+}
+
+}  // namespace

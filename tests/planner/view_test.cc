@@ -3,6 +3,7 @@
 // padding and FP8 buffers with their block scales. A tiny executor in this file applies the
 // plan's ops to byte buffers; every byte is compared with a reference built by loops from the
 // engines' loader rules (narrow by rank, concatenate in order), not from the views.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <functional>
@@ -45,7 +46,7 @@ class Memory {
       for (size_t t = 0; t < agents[a].tensors.size(); ++t) {
         const TensorEntry& e = agents[a].tensors[t];
         std::vector<uint8_t>& bytes = Of(a, t);
-        bytes.assign(e.region_bytes, kUntouched);
+        if (bytes.empty()) bytes.assign(e.region_bytes, kUntouched);  // parts share a buffer
         if (e.owner.role == Role::kTrainer) FillSource(e, &bytes);
       }
     }
@@ -53,10 +54,11 @@ class Memory {
 
   std::vector<uint8_t>& Of(size_t a, size_t t) { return bufs_[Key(agents_[a], t)]; }
 
-  // The buffer `buffer` of inference `rank` on `agent` (replica 0).
-  const std::vector<uint8_t>& Buffer(const std::string& agent, int rank,
-                                     const std::string& buffer) {
-    std::string key = agent + "/0/" + std::to_string(rank) + "/" + buffer;
+  // The buffer `buffer` of inference `rank` of `replica` on `agent`.
+  const std::vector<uint8_t>& Buffer(const std::string& agent, int rank, const std::string& buffer,
+                                     int replica = 0) {
+    std::string key =
+        agent + "/" + std::to_string(replica) + "/" + std::to_string(rank) + "/" + buffer;
     REQUIRE(bufs_.count(key) == 1);
     return bufs_[key];
   }
@@ -112,18 +114,30 @@ class Memory {
            "/" + e.view.buffer.str();
   }
 
-  // A trainer's dense shard of its global tensor.
+  // A trainer's shard of its global tensor: dense, or placed by its view (a trainer tensor
+  // holding boxes of several tensors). Element positions from loops over the view's offset and
+  // shape, not from the planner's placement code.
   static void FillSource(const TensorEntry& e, std::vector<uint8_t>* bytes) {
     const size_t n = e.shape.size();
     std::vector<int64_t> start(n, 0), size = e.shape;
     for (size_t d = 0; d < e.shard.size(); ++d)
       start[d] = e.shard[d].start, size[d] = e.shard[d].size;
+    int64_t volume = 1;
+    for (int64_t d : size) volume *= d;
     std::vector<int64_t> idx(n, 0);
-    for (size_t k = 0; k * 2 < bytes->size(); ++k) {
+    for (int64_t k = 0; k < volume; ++k) {
       int64_t g = 0;
       for (size_t d = 0; d < n; ++d) g = g * e.shape[d] + start[d] + idx[d];
       const uint16_t v = Value(e.name, g);
-      std::memcpy(bytes->data() + k * 2, &v, 2);
+      int64_t at = k;
+      if (!e.view.empty()) {
+        const size_t lead = e.view.shape.size() - n;
+        at = 0;
+        for (size_t d = 0; d < e.view.shape.size(); ++d) {
+          at = at * e.view.shape[d] + e.view.offset[d] + (d < lead ? 0 : idx[d - lead]);
+        }
+      }
+      std::memcpy(bytes->data() + at * 2, &v, 2);
       for (size_t d = n; d-- > 0;) {
         if (++idx[d] < size[d]) break;
         idx[d] = 0;
@@ -407,7 +421,7 @@ TEST_CASE("views: overlapping parts of one buffer are refused, naming the buffer
                                   kK + " at [8:12, 0:16] and " + kV + " at [8:12, 0:16]"));
 }
 
-TEST_CASE("views: a part that does not fit its buffer, or a view on a source, is refused") {
+TEST_CASE("views: a part that does not fit its buffer is refused, on either side") {
   LayoutBuilder b;
   b.Src("train-0", 0, kK, {8, 16});
   b.Dst("infer-0", 0, 0, kK, {8, 16}, {{0, 4}, {0, 16}}).View("infer-0", {6, 16}, {4, 0}, kQkv);
@@ -415,9 +429,86 @@ TEST_CASE("views: a part that does not fit its buffer, or a view on a source, is
                                                   ": the shard spans [4, 4 + 4) of buffer "
                                                   "dimension 0 whose extent is 6"));
   LayoutBuilder c;
-  c.Src("train-0", 0, kK, {8, 16}).View("train-0", {8, 16}, {0, 0}, "x");
+  c.Src("train-0", 0, kK, {8, 16}).View("train-0", {8, 8}, {0, 0}, "x");
   c.Dst("infer-0", 0, 0, kK, {8, 16});
-  CHECK_THAT(Problems(c.Build()), Catch::Contains("views place destinations only"));
+  CHECK_THAT(Problems(c.Build()),
+             Catch::Contains("view of buffer x: the shard spans [0, 0 + 16) of buffer dimension 1 "
+                             "whose extent is 8"));
+}
+
+// Megatron-style sources: each trainer tensor linear_qkv holds, per query group, [q heads; k;
+// v] of its TP rank (tp 2, one group each), as views; `copies` data-parallel copies of them.
+// Destinations: vLLM-style fused qkv_proj [q; k; v] at tp 1 on `replicas` replicas.
+constexpr int64_t kGroupRows = 16;  // 2 q heads + k + v, head dim 4
+LayoutBuilder MegatronQkv(int copies, int replicas, int skip_rank = -1) {
+  LayoutBuilder b;
+  for (int c = 0; c < copies; ++c) {
+    for (int r = 0; r < 2; ++r) {
+      const int rank = c * 2 + r;
+      if (rank == skip_rank) continue;
+      const std::string agent = "train-" + std::to_string(c);
+      b.Src(agent, rank, kQ, {16, kH}, {{r * 8, 8}, {0, kH}}, DTYPE_BF16, c, r);
+      b.View(agent, {kGroupRows, kH}, {0, 0}, "linear_qkv");
+      b.Src(agent, rank, kK, {8, kH}, {{r * 4, 4}, {0, kH}}, DTYPE_BF16, c, r);
+      b.View(agent, {kGroupRows, kH}, {8, 0}, "linear_qkv");
+      b.Src(agent, rank, kV, {8, kH}, {{r * 4, 4}, {0, kH}}, DTYPE_BF16, c, r);
+      b.View(agent, {kGroupRows, kH}, {12, 0}, "linear_qkv");
+    }
+  }
+  for (int k = 0; k < replicas; ++k) {
+    const std::string agent = "infer-" + std::to_string(k);
+    b.Dst(agent, k, 0, kQ, {16, kH}).View(agent, {32, kH}, {0, 0}, kQkv);
+    b.Dst(agent, k, 0, kK, {8, kH}).View(agent, {32, kH}, {16, 0}, kQkv);
+    b.Dst(agent, k, 0, kV, {8, kH}).View(agent, {32, kH}, {24, 0}, kQkv);
+  }
+  return b;
+}
+
+// The fused buffer every replica must hold: [q; k; v] rows of the global tensors.
+void CheckFusedQkv(Memory& mem, int replicas) {
+  for (int k = 0; k < replicas; ++k) {
+    std::string key = "infer-" + std::to_string(k);
+    const std::vector<uint16_t> got = Bf16s(mem.Buffer(key, 0, kQkv, k));
+    REQUIRE(got.size() == static_cast<size_t>(32 * kH));
+    for (int64_t row = 0; row < 32; ++row) {
+      const std::string& name = row < 16 ? kQ : row < 24 ? kK : kV;
+      const int64_t src_row = row < 16 ? row : row < 24 ? row - 16 : row - 24;
+      for (int64_t c = 0; c < kH; ++c) {
+        INFO("replica " << k << " row " << row << " column " << c);
+        REQUIRE(got[static_cast<size_t>(row * kH + c)] == Value(name, src_row * kH + c));
+      }
+    }
+  }
+}
+
+TEST_CASE("views on sources: Megatron's per-group linear_qkv lands bit for bit in [q; k; v]") {
+  const std::vector<AgentLayout> agents = MegatronQkv(1, 1).Build();
+  const Plan plan = MustPlan(agents);
+  Memory mem(agents);
+  mem.Apply(plan);
+  CheckFusedQkv(mem, 1);
+}
+
+TEST_CASE("views on sources: data-parallel copies share the sending, a missing one is no gap") {
+  const int replicas = 8;
+  const std::vector<AgentLayout> agents = MegatronQkv(2, replicas).Build();
+  const Plan plan = MustPlan(agents);
+  Memory mem(agents);
+  mem.Apply(plan);
+  CheckFusedQkv(mem, replicas);
+  std::map<std::string, uint64_t> sent;
+  for (const auto& [agent, op] : testing::AllOps(agents, plan)) sent[agent] += op.DstBytes();
+  REQUIRE(sent.size() == 2);
+  const double hi = std::max(sent["train-0"], sent["train-1"]);
+  const double lo = std::min(sent["train-0"], sent["train-1"]);
+  INFO("train-0 " << sent["train-0"] << " B, train-1 " << sent["train-1"] << " B");
+  CHECK(hi / lo <= 1.05);
+  // Copy 1's tp rank 1 never registers: copy 0 supplies its part, nothing is missing.
+  const std::vector<AgentLayout> partial = MegatronQkv(2, replicas, /*skip_rank=*/3).Build();
+  const Plan fallback = MustPlan(partial);
+  Memory mem2(partial);
+  mem2.Apply(fallback);
+  CheckFusedQkv(mem2, replicas);
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
-"""Register an inference engine's parameters (vLLM, SGLang) or a trainer's Hugging Face shards
-with one call per worker.
+"""Register an inference engine's parameters (vLLM, SGLang) or a trainer's shards (Hugging Face
+FSDP shards, Megatron-core parameters, DTensor local shards) with one call per worker.
 
-The layout (which box of which HF tensor lands where in which engine parameter, FP8 scales,
-vocab padding) is computed by the node agent from the model's config.json (the Local
-``EngineLayout`` / ``SourceLayout`` RPCs, served from the C++ ``common/engines``): this module
-only checks the given tensors against it and registers each part as a view of its parameter.
+The layout (which box of which HF tensor lands where in which engine parameter or trainer tensor,
+FP8 scales, vocab padding) is computed by the node agent from the model's config.json (the Local
+``EngineLayout`` / ``SourceLayout`` / ``TrainerLayout`` RPCs, served from the C++
+``common/engines``): this module only checks the given tensors against it and registers each part
+as a view of its tensor (docs/trainers.md for the trainer dialects).
 
     named = dict(model.named_parameters())          # engine names, on this rank
     register_engine_params(session, named, "config.json", "vllm", tp=4, tp_rank=rank)
@@ -106,6 +107,114 @@ def register_hf_shards(session, named_shards, config, rank, world, align_rows=1)
             name=t.name, dtype=_DTYPE_NAMES[t.dtype], global_shape=list(t.shape),
             shard=[(t.rows.start, t.rows.size)] + [(0, d) for d in t.shape[1:]],
             buffer=named_shards[t.name]))
+    return _register_all(session, registrations)
+
+
+def megatron_layout(session, config, tp=1, tp_rank=0, pp=1, pp_rank=0, ep=1, ep_rank=0, etp=1,
+                    etp_rank=0, dp=1, dp_rank=0, layers=None, vocab_divisible_by=128,
+                    sequential_experts=False):
+    """Every tensor Megatron-core rank (tp_rank, pp_rank, ep_rank, etp_rank) holds, as
+    ``TrainerTensor`` messages (name, dtype, shape, parts). ``layers``: this stage's global
+    layers (uneven splits, virtual pipeline chunks), numbered locally from 0; None: the uniform
+    split num_hidden_layers / pp."""
+    m = local_pb2.MegatronParallel(
+        tp=int(tp), tp_rank=int(tp_rank), pp=int(pp), pp_rank=int(pp_rank), ep=int(ep),
+        ep_rank=int(ep_rank), etp=int(etp), etp_rank=int(etp_rank), dp=int(dp),
+        dp_rank=int(dp_rank), stage_layers_given=layers is not None,
+        stage_layers=[int(x) for x in (layers or [])],
+        vocab_divisible_by=int(vocab_divisible_by), sequential_experts=bool(sequential_experts))
+    request = local_pb2.TrainerLayoutRequest(config_json=config_json(config), megatron=m)
+    return list(_unary(session, "TrainerLayout", request).tensors)
+
+
+def dtensor_layout(session, config, mesh, coords, placements, fused_experts=False):
+    """Every tensor a DTensor rank holds. ``placements``: one placement string for every tensor
+    ("R,S(0)") or a list of (pattern, placements) pairs, first match wins ('*' matches any
+    characters; unmatched tensors are replicated). Per mesh dim: R (Replicate), S(d) (Shard,
+    torch.chunk pieces), SS(d) (_StridedShard: cut after the plain shards, TP-major)."""
+    if isinstance(placements, str):
+        placements = [("*", placements)]
+    rules = [local_pb2.PlacementRule(pattern=p, placements=_placement_text(q))
+             for p, q in placements]
+    d = local_pb2.DTensorMesh(mesh=[int(x) for x in mesh], coords=[int(x) for x in coords],
+                              rules=rules, fused_experts=bool(fused_experts))
+    request = local_pb2.TrainerLayoutRequest(config_json=config_json(config), dtensor=d)
+    return list(_unary(session, "TrainerLayout", request).tensors)
+
+
+def register_megatron_params(session, named_params, config, tp=1, tp_rank=0, pp=1, pp_rank=0,
+                             ep=1, ep_rank=0, etp=1, etp_rank=0, dp=1, dp_rank=0, layers=None,
+                             vocab_divisible_by=128, sequential_experts=False):
+    """Registers a Megatron-core rank's parameters as they are (``model.named_parameters()``
+    names, plus the routers' ``expert_bias`` buffers, float32): each HF box a tensor holds
+    becomes one view of it. Every data-parallel copy registers too (its ranks are alternative
+    sources). A name the layout does not list (a layer of another stage, an expert of another
+    EP rank) or a wrong shape / dtype raises one WeightbeamError naming it, and nothing is
+    registered. Returns the number of parts registered."""
+    tensors = megatron_layout(session, config, tp, tp_rank, pp, pp_rank, ep, ep_rank, etp,
+                              etp_rank, dp, dp_rank, layers, vocab_divisible_by,
+                              sequential_experts)
+    where = (f"megatron tp {tp_rank}/{tp} pp {pp_rank}/{pp} ep {ep_rank}/{ep} "
+             f"etp {etp_rank}/{etp}")
+    return _register_trainer(session, named_params, tensors, where,
+                             lambda name: _megatron_stray(name, tensors, pp_rank, ep_rank))
+
+
+def register_dtensor_params(session, named_local_shards, config, mesh, coords, placements,
+                            fused_experts=False):
+    """Registers a DTensor rank's local shards (``dtensor.to_local()`` under Hugging Face names,
+    or the Transformers-v5 fused ``mlp.experts.gate_up_proj`` / ``down_proj`` with
+    ``fused_experts``); ``mesh``, ``coords`` and ``placements`` as for ``dtensor_layout``.
+    Tensors of which this rank holds nothing may be absent. Same checks and all-or-nothing as
+    register_megatron_params."""
+    tensors = dtensor_layout(session, config, mesh, coords, placements, fused_experts)
+    where = f"dtensor mesh {list(mesh)} coordinates {list(coords)}"
+    return _register_trainer(session, named_local_shards, tensors, where, lambda name: None)
+
+
+def _placement_text(p):
+    return p if isinstance(p, str) else ",".join(p)
+
+
+def _megatron_stray(name, tensors, pp_rank, ep_rank):
+    """Why a Megatron name is not this rank's, when the name says so."""
+    layers = {int(t.name.split(".")[2]) for t in tensors if t.name.startswith("decoder.layers.")}
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] == "decoder" and parts[1] == "layers" and parts[2].isdigit() \
+            and int(parts[2]) not in layers:
+        return (f"layer {parts[2]} of another stage: pp rank {pp_rank} holds {len(layers)} "
+                "layer(s), numbered from 0")
+    if ".experts." in name:
+        return f"an expert of another EP rank: ep rank {ep_rank} does not hold it"
+    return None
+
+
+def _register_trainer(session, named, tensors, where, stray):
+    by_name = {t.name: t for t in tensors}
+    for name in named:
+        if name not in by_name:
+            why = stray(name) or "the layout does not list it"
+            raise WeightbeamError(f"trainer tensor '{name}' ({where}): {why}",
+                                  "INVALID_ARGUMENT")
+    registrations = []
+    for t in tensors:
+        shape = list(t.shape)
+        if not t.parts or 0 in shape:
+            continue
+        if t.name not in named:
+            raise WeightbeamError(
+                f"trainer tensor '{t.name}' ({where}): {_DTYPE_NAMES[t.dtype]} {shape} expected "
+                "but not in the given tensors", "INVALID_ARGUMENT")
+        _check_tensor(t.name, named[t.name], shape, t.dtype, "trainer tensor")
+        tensor = named[t.name]
+        for part in t.parts:
+            box = [(b.start, b.size) for b in part.box]
+            dense = len(t.parts) == 1 and all(o == 0 for o in part.offset) and \
+                [s for _, s in box] == shape
+            registrations.append(dict(
+                name=part.source, dtype=_DTYPE_NAMES[t.dtype],
+                global_shape=list(part.source_shape), shard=box, buffer=tensor,
+                view=None if dense else (shape, list(part.offset), t.name)))
     return _register_all(session, registrations)
 
 
