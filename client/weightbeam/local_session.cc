@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -28,6 +29,9 @@ struct LocalSession::Impl {
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream;
   absl::Mutex mu;  // one request at a time on the stream
   uint64_t next_id = 1;
+  // Devices RegisterCuda registered tensors on (SourcesReady synchronizes them).
+  absl::Mutex devices_mu;
+  std::set<int> cuda_devices ABSL_GUARDED_BY(devices_mu);
 
   // Event watching: a reader thread fills `events`.
   std::unique_ptr<grpc::ClientContext> watch_ctx;
@@ -254,7 +258,24 @@ absl::Status LocalSession::RegisterCuda(const TensorInfo& tensor, void* device_p
   auto* reg = req.mutable_register_()->add_tensors();
   FillSpec(tensor, reg->mutable_spec());
   *reg->mutable_memory()->mutable_cuda_ipc() = std::move(*ipc);
-  return impl_->Call(std::move(req)).status();
+  if (auto s = impl_->Call(std::move(req)).status(); !s.ok()) return s;
+  absl::MutexLock lock(&impl_->devices_mu);
+  impl_->cuda_devices.insert(device);
+  return absl::OkStatus();
+}
+
+absl::Status LocalSession::SourcesReady() {
+  std::set<int> devices;
+  {
+    absl::MutexLock lock(&impl_->devices_mu);
+    devices = impl_->cuda_devices;
+  }
+  for (int device : devices) {
+    if (auto s = gpu::SynchronizeDevice(device); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("sources ready: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void LocalSession::SetCallTimeout(std::chrono::milliseconds timeout) {

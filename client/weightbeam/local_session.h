@@ -75,6 +75,11 @@ class LocalSession {
   // error says so and names the tensor.
   absl::Status RegisterCuda(const TensorInfo& tensor, void* device_ptr, uint64_t length,
                             int device);
+  // Call after the optimizer step, before the step starts (rank 0 before Step(), the other
+  // ranks before the barrier that precedes it): waits until every stream of this process on
+  // each device it registered GPU tensors on is idle, so the agent never reads weights the
+  // trainer's kernels are still writing (docs/clients.md). Ok at once without GPU tensors.
+  absl::Status SourcesReady();
   absl::Status Unregister(const std::string& name);
   // How long one request (register, unregister) may wait for the agent's answer (default
   // 120 s). When it passes the call fails with DEADLINE_EXCEEDED and the session is closed:

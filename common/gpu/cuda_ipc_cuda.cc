@@ -18,33 +18,63 @@ absl::Status CudaError(cudaError_t err, const std::string& what) {
       absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
 }
 
-using GetAddressRangeFn = CUresult (*)(CUdeviceptr* base, size_t* size, CUdeviceptr ptr);
-
-absl::StatusOr<GetAddressRangeFn> AddressRangeFn() {
+// A driver function through the runtime (no link against libcuda).
+template <typename F>
+absl::StatusOr<F> DriverFn(const char* name, int version) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found;
-  cudaError_t err = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 3020,
-                                                     cudaEnableDefault, &found);
-  if (err != cudaSuccess) return CudaError(err, "looking up cuMemGetAddressRange");
+  cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &found);
+  if (err != cudaSuccess) return CudaError(err, absl::StrCat("looking up ", name));
   if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
-    return absl::InternalError("the CUDA driver has no cuMemGetAddressRange");
+    return absl::InternalError(absl::StrCat("the CUDA driver has no ", name));
   }
-  return reinterpret_cast<GetAddressRangeFn>(fn);
+  return reinterpret_cast<F>(fn);
 }
 
-// Runs fn with `device` current, restoring the caller's device afterwards.
+using GetAddressRangeFn = CUresult (*)(CUdeviceptr* base, size_t* size, CUdeviceptr ptr);
+using PointerAttributeFn = CUresult (*)(void* data, CUpointer_attribute attribute, CUdeviceptr ptr);
+using CtxGetCurrentFn = CUresult (*)(CUcontext* ctx);
+using CtxSetCurrentFn = CUresult (*)(CUcontext ctx);
+
+absl::StatusOr<GetAddressRangeFn> AddressRangeFn() {
+  return DriverFn<GetAddressRangeFn>("cuMemGetAddressRange", 3020);
+}
+
+// Runs fn with `device` current, then puts back the context the calling thread had (none
+// included: restoring "device 0" by cudaSetDevice would create a context on GPU 0 in a thread
+// that never had one).
 template <typename Fn>
 absl::Status OnDevice(int device, Fn fn) {
-  int previous = 0;
-  if (cudaError_t err = cudaGetDevice(&previous); err != cudaSuccess) {
-    return CudaError(err, "cudaGetDevice");
+  static const auto get = DriverFn<CtxGetCurrentFn>("cuCtxGetCurrent", 4000);
+  static const auto set = DriverFn<CtxSetCurrentFn>("cuCtxSetCurrent", 4000);
+  if (!get.ok()) return get.status();
+  if (!set.ok()) return set.status();
+  CUcontext previous = nullptr;
+  if (CUresult r = (*get)(&previous); r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cuCtxGetCurrent failed with CUresult ", r));
   }
   if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
     return CudaError(err, absl::StrCat("cudaSetDevice(", device, ")"));
   }
   absl::Status status = fn();
-  cudaSetDevice(previous);
+  (*set)(previous);
   return status;
+}
+
+// The identity of `device` (UUID and PCI bus id), which every process agrees on.
+absl::Status FillIdentity(int device, DeviceIdentity* id) {
+  cudaDeviceProp prop;
+  if (cudaError_t err = cudaGetDeviceProperties(&prop, device); err != cudaSuccess) {
+    return CudaError(err, absl::StrCat("cudaGetDeviceProperties(", device, ")"));
+  }
+  id->ordinal = device;
+  id->uuid.assign(prop.uuid.bytes, sizeof(prop.uuid.bytes));
+  char bus_id[32] = {};
+  if (cudaError_t err = cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device); err != cudaSuccess) {
+    return CudaError(err, absl::StrCat("cudaDeviceGetPCIBusId(", device, ")"));
+  }
+  id->pci_bus_id = bus_id;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -61,8 +91,30 @@ absl::StatusOr<weightbeam::v1::CudaIpc> GetIpcHandle(const void* ptr, size_t len
   }
   absl::StatusOr<GetAddressRangeFn> range_fn = AddressRangeFn();
   if (!range_fn.ok()) return range_fn.status();
+  static const auto attribute_fn = DriverFn<PointerAttributeFn>("cuPointerGetAttribute", 4000);
+  if (!attribute_fn.ok()) return attribute_fn.status();
+  DeviceIdentity identity;
+  if (auto s = FillIdentity(attr.device, &identity); !s.ok()) return s;
   weightbeam::v1::CudaIpc ipc;
   absl::Status s = OnDevice(attr.device, [&]() -> absl::Status {
+    // VMM mappings and pool allocations have no legacy IPC handle: refuse them with what to
+    // change, not with cudaIpcGetMemHandle's "invalid argument".
+    const auto dptr = reinterpret_cast<CUdeviceptr>(ptr);
+    int legacy_ipc = 1;
+    if (CUresult r =
+            (*attribute_fn)(&legacy_ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, dptr);
+        r != CUDA_SUCCESS) {
+      return absl::InternalError(absl::StrCat(
+          "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE) failed with CUresult ", r));
+    }
+    if (!legacy_ipc) {
+      CUmemoryPool pool = nullptr;
+      const bool from_pool =
+          (*attribute_fn)(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, dptr) == CUDA_SUCCESS &&
+          pool != nullptr;
+      return absl::FailedPreconditionError(
+          NotIpcCapableMessage(reinterpret_cast<uintptr_t>(ptr), attr.device, from_pool));
+    }
     CUdeviceptr base = 0;
     size_t size = 0;
     if (CUresult r = (*range_fn)(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
@@ -84,10 +136,21 @@ absl::StatusOr<weightbeam::v1::CudaIpc> GetIpcHandle(const void* ptr, size_t len
     ipc.set_offset(offset);
     ipc.set_length(length);
     ipc.set_device(attr.device);
+    ipc.set_device_uuid(identity.uuid);
+    ipc.set_pci_bus_id(identity.pci_bus_id);
     return absl::OkStatus();
   });
   if (!s.ok()) return s;
   return ipc;
+}
+
+absl::Status SynchronizeDevice(int device) {
+  return OnDevice(device, [&]() -> absl::Status {
+    if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
+      return CudaError(err, absl::StrCat("cudaDeviceSynchronize on cuda:", device));
+    }
+    return absl::OkStatus();
+  });
 }
 
 IpcOps CudaIpcOps() {
@@ -122,6 +185,17 @@ IpcOps CudaIpcOps() {
     });
     if (!s.ok()) return s;
     return static_cast<uint64_t>(size);
+  };
+  ops.devices = []() -> absl::StatusOr<std::vector<DeviceIdentity>> {
+    int count = 0;
+    if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+      return CudaError(err, "cudaGetDeviceCount");
+    }
+    std::vector<DeviceIdentity> table(count);
+    for (int i = 0; i < count; ++i) {
+      if (auto s = FillIdentity(i, &table[i]); !s.ok()) return s;
+    }
+    return table;
   };
   ops.close = [](void* base, int device) -> absl::Status {
     return OnDevice(device, [&]() -> absl::Status {

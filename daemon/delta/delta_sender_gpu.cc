@@ -47,7 +47,7 @@ absl::StatusOr<OpOutcome> DeltaSender::ProcessOnDevice(const v1::TransferOp& op,
   if (step.verify) {
     // Verification is a test mode: the hash is computed on the host, from a copy.
     std::vector<uint8_t> host(l.flat_bytes);
-    if (auto s = gpu::CopyDeviceToHost(host.data(), device_flat, l.flat_bytes); !s.ok()) {
+    if (auto s = gpu::CopyDeviceToHost(host.data(), device_flat, l.flat_bytes, device); !s.ok()) {
       return fail(absl::Status(
           s.code(), absl::StrCat("delta encode on cuda:", device, ": verify copy: ", s.message())));
     }
@@ -69,6 +69,9 @@ absl::StatusOr<OpOutcome> DeltaSender::ProcessOnDevice(const v1::TransferOp& op,
   }
   auto enc = gpu.Encode(st.gpu_shadow, device_flat, l.flat_bytes, l.elem_size);
   if (!enc.ok()) {
+    // The shadow may be half refreshed (a source that changed between the kernel passes, a
+    // CUDA error): the next step seeds it again instead of comparing against it.
+    st.valid = false;
     return fail(absl::Status(enc.status().code(),
                              absl::StrCat("change detection: ", enc.status().message())));
   }

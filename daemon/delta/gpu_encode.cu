@@ -12,6 +12,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "common/gpu/device_health.h"
 #include "daemon/delta/gpu_encode.h"
 #include "daemon/delta/gpu_encode_geometry.h"
 
@@ -37,6 +38,12 @@ struct Totals {
   uint64_t count;
   uint64_t max_gap;
 };
+// Filled by the write pass (zeroed before it).
+struct WriteCheck {
+  unsigned long long written;      // records found
+  unsigned long long moved_tiles;  // tiles that disagree with the count pass
+};
+static_assert(sizeof(Totals) + sizeof(WriteCheck) == 4 * sizeof(uint64_t), "scratch layout");
 
 // Scan element: records so far and the last change so far (+ 1). Indices increase along the
 // buffer, so "last so far" is a maximum.
@@ -211,29 +218,49 @@ __device__ __forceinline__ void Store(uint8_t* base, uint64_t i, uint64_t v) {
   reinterpret_cast<T*>(base)[i] = static_cast<T>(v);
 }
 
+// `capacity`: the records the gap and value buffers hold (the count pass's total): never stored
+// past, whatever this pass finds. Each block compares its tile with the count pass's summary
+// (count, first and last change) and checks that its gaps fit W bytes; a disagreement (the
+// source changed between the passes) is counted in check->moved_tiles, and check->written sums
+// the records found, for the host to compare (WritePassError).
 template <int E, int W>
 __global__ void __launch_bounds__(g::kThreads)
     WriteTileRecords(uint8_t* shadow, const uint8_t* next, uint64_t bytes, bool aligned,
                      const TileSummary* tiles, const TileScan* scans, uint8_t* gaps,
-                     uint8_t* values) {
-  if (tiles[blockIdx.x].count == 0) return;  // the whole block: nothing changed here
+                     uint8_t* values, uint64_t capacity, WriteCheck* check) {
+  // A tile without changes in pass 1 is skipped whole: neither its records nor its shadow
+  // units are written, so a change that appeared there since is simply not sent (and the
+  // shadow keeps the old bytes, consistent with what the receiver holds).
+  if (tiles[blockIdx.x].count == 0) return;
   using Scan = cub::BlockScan<Progress, g::kThreads>;
   __shared__ typename Scan::TempStorage tmp;
+  __shared__ unsigned long long block_first;
+  __shared__ int gap_overflow;
+  if (threadIdx.x == 0) {
+    block_first = ~0ull;
+    gap_overflow = 0;
+  }
   const uint64_t unit0 = blockIdx.x * g::kUnitsPerTile + threadIdx.x * g::kUnitsPerThread;
   uint32_t masks[g::kUnitsPerThread];
   uint4 units[g::kUnitsPerThread];
   CompareUnits<E>(shadow, next, bytes, aligned, unit0, masks, units);
   Progress mine{0, 0};
+  uint64_t first = ~uint64_t{0};
 #pragma unroll
   for (int u = 0; u < g::kUnitsPerThread; ++u) {
     if (masks[u] == 0) continue;
+    if (mine.count == 0) first = (unit0 + u) * (16 / E) + (__ffs(masks[u]) - 1);
     mine.count += __popc(masks[u]);
     mine.last_plus1 = (unit0 + u) * (16 / E) + (31 - __clz(masks[u])) + 1;  // highest set bit
   }
+  __syncthreads();  // block_first and gap_overflow are initialised
+  if (mine.count != 0) atomicMin(&block_first, static_cast<unsigned long long>(first));
   const TileScan start = scans[blockIdx.x];
-  Progress at;
-  Scan(tmp).ExclusiveScan(mine, at, Progress{start.offset, start.last_plus1}, CombineProgress());
+  Progress at, block;
+  Scan(tmp).ExclusiveScan(mine, at, Progress{start.offset, start.last_plus1}, CombineProgress(),
+                          block);
   uint64_t r = at.count;
+  constexpr uint64_t kMaxGap = W == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * W)) - 1;
   uint64_t prev = at.last_plus1 == 0 ? 0 : at.last_plus1 - 1;
   using G = typename std::conditional<
       W == 1, uint8_t,
@@ -248,8 +275,11 @@ __global__ void __launch_bounds__(g::kThreads)
     for (uint32_t m = masks[u]; m != 0; m &= m - 1) {
       const int j = __ffs(m) - 1;
       const uint64_t idx = (unit0 + u) * (16 / E) + j;
-      Store<G>(gaps, r, idx - prev);
-      Store<V>(values, r, UnitElement<E>(units[u], j));
+      if (idx - prev > kMaxGap) gap_overflow = 1;
+      if (r < capacity) {
+        Store<G>(gaps, r, idx - prev);
+        Store<V>(values, r, UnitElement<E>(units[u], j));
+      }
       prev = idx;
       ++r;
     }
@@ -262,6 +292,17 @@ __global__ void __launch_bounds__(g::kThreads)
       for (int k = 0; k < 16 && byte + k < bytes; ++k) shadow[byte + k] = next[byte + k];
     }
   }
+  __syncthreads();  // every thread's atomicMin and gap check are in
+  if (threadIdx.x == 0) {
+    // `block` (the aggregate, without the scan's initial value): this pass's count and last
+    // change of the tile.
+    const TileSummary& was = tiles[blockIdx.x];
+    atomicAdd(&check->written, static_cast<unsigned long long>(block.count));
+    if (block.count != was.count || block.last_plus1 != was.last_plus1 ||
+        block_first != was.first || gap_overflow != 0) {
+      atomicAdd(&check->moved_tiles, 1ull);
+    }
+  }
 }
 
 bool Failed(cudaError_t e, const char* what, int device, std::string* error) {
@@ -269,6 +310,7 @@ bool Failed(cudaError_t e, const char* what, int device, std::string* error) {
   cudaGetLastError();
   *error = std::string(what) + " on CUDA device " + std::to_string(device) + ": " +
            cudaGetErrorString(e);
+  gpu::NoteCudaError(device, e, *error);
   return true;
 }
 
@@ -279,32 +321,38 @@ void LaunchCount(uint64_t tiles, cudaStream_t s, const uint8_t* shadow, const ui
                                                                      summaries);
 }
 
+// The write pass's arguments past the launch geometry.
+struct WriteArgs {
+  uint8_t* shadow;
+  const uint8_t* next;
+  uint64_t bytes;
+  bool aligned;
+  const TileSummary* summaries;
+  const TileScan* scans;
+  uint8_t* gaps;
+  uint8_t* values;
+  uint64_t capacity;
+  WriteCheck* check;
+};
+
 template <int E, int W>
-void LaunchWrite(uint64_t tiles, cudaStream_t s, uint8_t* shadow, const uint8_t* next,
-                 uint64_t bytes, bool aligned, const TileSummary* summaries, const TileScan* scans,
-                 uint8_t* gaps, uint8_t* values) {
+void LaunchWrite(uint64_t tiles, cudaStream_t s, const WriteArgs& a) {
   WriteTileRecords<E, W><<<static_cast<unsigned>(tiles), g::kThreads, 0, s>>>(
-      shadow, next, bytes, aligned, summaries, scans, gaps, values);
+      a.shadow, a.next, a.bytes, a.aligned, a.summaries, a.scans, a.gaps, a.values, a.capacity,
+      a.check);
 }
 
 template <int E>
-void LaunchWriteWidth(int width, uint64_t tiles, cudaStream_t s, uint8_t* shadow,
-                      const uint8_t* next, uint64_t bytes, bool aligned,
-                      const TileSummary* summaries, const TileScan* scans, uint8_t* gaps,
-                      uint8_t* values) {
+void LaunchWriteWidth(int width, uint64_t tiles, cudaStream_t s, const WriteArgs& a) {
   switch (width) {
     case 1:
-      return LaunchWrite<E, 1>(tiles, s, shadow, next, bytes, aligned, summaries, scans, gaps,
-                               values);
+      return LaunchWrite<E, 1>(tiles, s, a);
     case 2:
-      return LaunchWrite<E, 2>(tiles, s, shadow, next, bytes, aligned, summaries, scans, gaps,
-                               values);
+      return LaunchWrite<E, 2>(tiles, s, a);
     case 4:
-      return LaunchWrite<E, 4>(tiles, s, shadow, next, bytes, aligned, summaries, scans, gaps,
-                               values);
+      return LaunchWrite<E, 4>(tiles, s, a);
     default:
-      return LaunchWrite<E, 8>(tiles, s, shadow, next, bytes, aligned, summaries, scans, gaps,
-                               values);
+      return LaunchWrite<E, 8>(tiles, s, a);
   }
 }
 
@@ -324,6 +372,10 @@ DeviceEncoder::~DeviceEncoder() {
 }
 
 EncodeCode DeviceEncoder::Prepare(std::string* error) {
+  if (std::string why = gpu::DeviceUnusableReason(device_); !why.empty()) {
+    *error = why;
+    return EncodeCode::kCudaError;
+  }
   if (Failed(cudaSetDevice(device_), "cudaSetDevice", device_, error)) {
     return EncodeCode::kCudaError;
   }
@@ -421,31 +473,48 @@ EncodeCode DeviceEncoder::WriteRecords(uint8_t* shadow, const uint8_t* next, uin
   const uint64_t tiles = g::TileCount(bytes);
   auto* summaries = static_cast<TileSummary*>(scratch_);
   auto* scans = reinterpret_cast<TileScan*>(summaries + tiles);
+  auto* check = reinterpret_cast<WriteCheck*>(reinterpret_cast<Totals*>(scans + tiles) + 1);
   auto s = static_cast<cudaStream_t>(stream_);
-  const bool aligned = Aligned(shadow, next);
-  auto* gaps = static_cast<uint8_t*>(gaps_);
-  auto* values = static_cast<uint8_t*>(values_);
+  const WriteArgs args{shadow,
+                       next,
+                       bytes,
+                       Aligned(shadow, next),
+                       summaries,
+                       scans,
+                       static_cast<uint8_t*>(gaps_),
+                       static_cast<uint8_t*>(values_),
+                       count,
+                       check};
+  if (Failed(cudaMemsetAsync(check, 0, sizeof(WriteCheck), s), "clearing the write check", device_,
+             error)) {
+    return EncodeCode::kCudaError;
+  }
   switch (elem_size) {
     case 1:
-      LaunchWriteWidth<1>(index_width, tiles, s, shadow, next, bytes, aligned, summaries, scans,
-                          gaps, values);
+      LaunchWriteWidth<1>(index_width, tiles, s, args);
       break;
     case 2:
-      LaunchWriteWidth<2>(index_width, tiles, s, shadow, next, bytes, aligned, summaries, scans,
-                          gaps, values);
+      LaunchWriteWidth<2>(index_width, tiles, s, args);
       break;
     default:
-      LaunchWriteWidth<4>(index_width, tiles, s, shadow, next, bytes, aligned, summaries, scans,
-                          gaps, values);
+      LaunchWriteWidth<4>(index_width, tiles, s, args);
       break;
   }
+  WriteCheck host_check{};
   if (Failed(cudaGetLastError(), "launching the delta write kernel", device_, error) ||
-      Failed(cudaMemcpyAsync(gaps_host, gaps, count * index_width, cudaMemcpyDeviceToHost, s),
+      Failed(cudaMemcpyAsync(gaps_host, args.gaps, count * index_width, cudaMemcpyDeviceToHost, s),
              "copying the delta gaps", device_, error) ||
-      Failed(cudaMemcpyAsync(values_host, values, count * elem_size, cudaMemcpyDeviceToHost, s),
-             "copying the delta values", device_, error) ||
+      Failed(
+          cudaMemcpyAsync(values_host, args.values, count * elem_size, cudaMemcpyDeviceToHost, s),
+          "copying the delta values", device_, error) ||
+      Failed(cudaMemcpyAsync(&host_check, check, sizeof(host_check), cudaMemcpyDeviceToHost, s),
+             "copying the write check", device_, error) ||
       Failed(cudaStreamSynchronize(s), "the delta write kernel", device_, error)) {
     return EncodeCode::kCudaError;
+  }
+  *error = g::WritePassError(count, host_check.written, host_check.moved_tiles);
+  if (!error->empty()) {
+    return EncodeCode::kSourceChanged;
   }
   return EncodeCode::kOk;
 }
@@ -495,8 +564,9 @@ EncodeCode DeviceEncoder::AllocateShadow(uint64_t bytes, bool host, void** devic
   return EncodeCode::kOk;
 }
 
-void DeviceEncoder::FreeShadow(void* device_ptr, bool host) {
+void DeviceEncoder::FreeShadow(void* device_ptr, bool host, int device) {
   if (device_ptr == nullptr) return;
+  if (cudaSetDevice(device) != cudaSuccess) return;
   if (host) {
     cudaFreeHost(device_ptr);
   } else {

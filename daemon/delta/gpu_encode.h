@@ -10,7 +10,10 @@
 
 namespace wb::delta::cuda {
 
-enum class EncodeCode { kOk, kBuiltWithoutCuda, kCudaError };
+// kSourceChanged: the source changed between the count and the write pass (the write pass
+// found other changes than the count pass); nothing past the buffers was written, but the
+// records and the shadow are torn: the op fails and the shadow must be seeded again.
+enum class EncodeCode { kOk, kBuiltWithoutCuda, kCudaError, kSourceChanged };
 
 struct ChangeCounts {
   uint64_t count = 0;    // changed elements
@@ -33,7 +36,8 @@ class DeviceEncoder {
                           ChangeCounts* counts, std::string* error);
   // Pass 2, right after CountChanges on the same buffers: writes counts->count gaps of
   // `index_width` bytes to `gaps_host` and the values to `values_host` (host memory), and makes
-  // the shadow equal `next`.
+  // the shadow equal `next`. The kernel stores at most `count` records whatever it finds, and
+  // checks its tiles against pass 1: kSourceChanged when they disagree.
   EncodeCode WriteRecords(uint8_t* shadow, const uint8_t* next, uint64_t bytes, int elem_size,
                           uint64_t count, int index_width, uint8_t* gaps_host, uint8_t* values_host,
                           std::string* error);
@@ -44,7 +48,8 @@ class DeviceEncoder {
   // Shadow memory on this encoder's device: device memory, or pinned host memory mapped into
   // the device's address space (`*device_ptr` is what the kernels read). Free with FreeShadow.
   EncodeCode AllocateShadow(uint64_t bytes, bool host, void** device_ptr, std::string* error);
-  static void FreeShadow(void* device_ptr, bool host);
+  // Frees with `device` current (never through a context on GPU 0 made for the purpose).
+  static void FreeShadow(void* device_ptr, bool host, int device);
   // Copies between any two buffers (cudaMemcpyDefault), e.g. to seed or read back a shadow.
   EncodeCode Copy(void* dst, const void* src, uint64_t bytes, std::string* error);
 

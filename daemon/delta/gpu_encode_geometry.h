@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace wb::delta::gpu_geometry {
 
@@ -28,10 +29,26 @@ constexpr uint64_t TilesPerScanThread(uint64_t tiles) {
   return (tiles + kScanThreads - 1) / kScanThreads;
 }
 // Device scratch for one encode of `bytes` bytes (the records go to separate buffers).
+// Per tile a summary and a scan entry, then the totals (count, largest gap) and the write
+// pass's check (records written, tiles that disagree with the count pass).
 constexpr uint64_t EncodeScratchBytes(uint64_t bytes) {
-  return TileCount(bytes) * (kSummaryBytes + kScanBytes) + 2 * sizeof(uint64_t);
+  return TileCount(bytes) * (kSummaryBytes + kScanBytes) + 4 * sizeof(uint64_t);
 }
-// Elements per 16-byte unit.
+
+// The write pass against the count pass. `counted`: records the count pass found (the gap and
+// value buffers hold exactly that many; the kernel never stores past them). `written`: records
+// the write pass found. `moved_tiles`: tiles whose changes (count, first or last) differ from
+// the count pass's, or whose gaps no longer fit the index width. They agree only when the source
+// did not change between the passes; else the encoding is torn and the op must fail. Returns ""
+// when they agree, else the error (the .cu file's, host-tested).
+inline std::string WritePassError(uint64_t counted, uint64_t written, uint64_t moved_tiles) {
+  if (counted == written && moved_tiles == 0) return "";
+  return "the source changed while it was being encoded (count pass: " + std::to_string(counted) +
+         " changes, write pass: " + std::to_string(written) + ", " + std::to_string(moved_tiles) +
+         " tiles moved); the trainer must not write a step's sources until they have been read "
+         "(docs/clients.md)";
+}
+
 constexpr int ElemsPerUnit(int elem_size) { return static_cast<int>(kUnitBytes) / elem_size; }
 
 // The scatter kernel: a grid-stride loop over records, at most 65535 blocks of 256 threads.

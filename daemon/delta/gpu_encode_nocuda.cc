@@ -27,7 +27,7 @@ EncodeCode DeviceEncoder::RefreshShadow(uint8_t*, const uint8_t*, uint64_t, std:
 EncodeCode DeviceEncoder::AllocateShadow(uint64_t, bool, void**, std::string* error) {
   return NoCuda(error);
 }
-void DeviceEncoder::FreeShadow(void*, bool) {}
+void DeviceEncoder::FreeShadow(void*, bool, int) {}
 EncodeCode DeviceEncoder::Copy(void*, const void*, uint64_t, std::string* error) {
   return NoCuda(error);
 }

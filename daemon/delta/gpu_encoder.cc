@@ -16,6 +16,8 @@ absl::Status FromCode(cuda::EncodeCode code, const std::string& error, int devic
     case cuda::EncodeCode::kBuiltWithoutCuda:
       return absl::FailedPreconditionError(
           absl::StrCat("delta encode on cuda:", device, ": ", error));
+    case cuda::EncodeCode::kSourceChanged:
+      return absl::AbortedError(absl::StrCat("delta encode on cuda:", device, ": ", error));
     default:
       return absl::InternalError(absl::StrCat("delta encode on cuda:", device, ": ", error));
   }
@@ -30,10 +32,11 @@ absl::Status GpuEncodeAvailable() {
 
 GpuShadow& GpuShadow::operator=(GpuShadow&& other) noexcept {
   if (this != &other) {
-    cuda::DeviceEncoder::FreeShadow(data_, placement_ == ShadowPlacement::kHostMapped);
+    cuda::DeviceEncoder::FreeShadow(data_, placement_ == ShadowPlacement::kHostMapped, device_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     placement_ = other.placement_;
+    device_ = other.device_;
   }
   return *this;
 }
@@ -50,6 +53,7 @@ absl::StatusOr<GpuShadow> GpuShadow::Allocate(cuda::DeviceEncoder& encoder, uint
   shadow.data_ = static_cast<uint8_t*>(p);
   shadow.size_ = bytes;
   shadow.placement_ = placement;
+  shadow.device_ = encoder.device();
   return shadow;
 }
 

@@ -37,7 +37,7 @@ class GpuShadow {
   GpuShadow(const GpuShadow&) = delete;
   GpuShadow& operator=(const GpuShadow&) = delete;
   ~GpuShadow() {
-    cuda::DeviceEncoder::FreeShadow(data_, placement_ == ShadowPlacement::kHostMapped);
+    cuda::DeviceEncoder::FreeShadow(data_, placement_ == ShadowPlacement::kHostMapped, device_);
   }
 
   uint8_t* data() const { return data_; }
@@ -48,6 +48,7 @@ class GpuShadow {
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
   ShadowPlacement placement_ = ShadowPlacement::kDevice;
+  int device_ = 0;
 };
 
 class GpuDeltaEncoder {
@@ -61,7 +62,8 @@ class GpuDeltaEncoder {
 
   // EncodeDelta with `next` in device memory: the same kind, packed bytes and changed_elems as
   // the CPU codec (dense: the exact count, which is also the CPU's lower bound), and the shadow
-  // equal to `next` afterwards.
+  // equal to `next` afterwards. Aborted when `next` changed while it was read (the two kernel
+  // passes disagree): the shadow is then torn and must be seeded again before the next Encode.
   absl::StatusOr<DeltaEncoding> Encode(GpuShadow& shadow, const uint8_t* next, uint64_t bytes,
                                        int elem_size);
 

@@ -3,6 +3,7 @@
 
 #include <map>
 
+#include "common/gpu/device_health.h"
 #include "daemon/delta/gpu_encode_geometry.h"
 #include "daemon/delta/gpu_scatter.h"
 
@@ -25,8 +26,10 @@ __global__ void ScatterKernel(uint8_t* base, const uint64_t* offsets, const uint
 
 bool Failed(cudaError_t e, const char* what, int device, std::string* error) {
   if (e == cudaSuccess) return false;
+  cudaGetLastError();  // clear it, so the next launch is not blamed for it
   *error = std::string(what) + " on CUDA device " + std::to_string(device) + ": " +
            cudaGetErrorString(e);
+  gpu::NoteCudaError(device, e, *error);
   return true;
 }
 
@@ -57,6 +60,10 @@ ScatterCode DeviceScatter::Scatter(int device, void* base, const uint64_t* offse
   if (count == 0) return ScatterCode::kOk;
   std::lock_guard<std::mutex> lock(mu_);
   if (!state_) state_ = new State;
+  if (std::string why = gpu::DeviceUnusableReason(device); !why.empty()) {
+    *error = why;
+    return ScatterCode::kCudaError;
+  }
   if (Failed(cudaSetDevice(device), "cudaSetDevice", device, error)) {
     return ScatterCode::kCudaError;
   }

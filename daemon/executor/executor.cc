@@ -190,7 +190,11 @@ absl::Status Executor::BuildWrites(const Job& job, std::vector<transport::WriteO
   } else {
     auto it = job.source->transport_regions.find(tname);
     if (it == job.source->transport_regions.end()) {
-      return absl::InternalError(absl::StrCat(OpName(op), ": source not registered with ", tname));
+      // A transport that declined the source (GPU memory it cannot pin) says why.
+      auto declined = job.source->declined.find(tname);
+      return absl::FailedPreconditionError(
+          absl::StrCat(OpName(op), ": source not registered with ", tname,
+                       declined != job.source->declined.end() ? ": " + declined->second : ""));
     }
     local_region = it->second;
     base = op.src_offset();

@@ -45,7 +45,7 @@ absl::StatusOr<HostSourceRows> HostSourceRows::Read(const v1::TransferOp& op,
   if (!rows.copy_) {
     return fail(absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", span, " bytes")));
   }
-  if (auto s = gpu::CopyAnyToAny(rows.copy_.get(), src, span); !s.ok()) return fail(s);
+  if (auto s = gpu::CopyAnyToAny(rows.copy_.get(), src, span, device); !s.ok()) return fail(s);
   rows.rebased_ = std::make_unique<v1::TransferOp>(op);
   rows.rebased_->set_src_offset(0);
   rows.base_ = rows.copy_.get();

@@ -14,6 +14,10 @@ struct GpuProbe {
   std::vector<weightbeam::v1::GpuInfo> gpus;
   // Empty when `gpus` could be listed; else "built without CUDA" or "no CUDA device (...)".
   std::string unavailable_reason;
+  // The newest CUDA version the installed driver supports (cudaDriverGetVersion, 0: no driver)
+  // and the runtime this build links (cudaRuntimeGetVersion), as 1000 * major + 10 * minor.
+  int driver_cuda_version = 0;
+  int runtime_cuda_version = 0;
 };
 
 GpuProbe ProbeGpus();

@@ -8,6 +8,9 @@ namespace wb::gpu {
 
 GpuProbe ProbeGpus() {
   GpuProbe probe;
+  cudaDriverGetVersion(&probe.driver_cuda_version);
+  cudaRuntimeGetVersion(&probe.runtime_cuda_version);
+  cudaGetLastError();
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {

@@ -43,8 +43,11 @@ class DeviceBuffer {
 };
 
 // Synchronous copies (they wait for the copy, and for earlier work on the default stream).
-absl::Status CopyHostToDevice(void* device_dst, const void* host_src, size_t bytes);
-absl::Status CopyDeviceToHost(void* host_dst, const void* device_src, size_t bytes);
+// `device` >= 0: set current first (agent threads must never fall back to GPU 0's context).
+absl::Status CopyHostToDevice(void* device_dst, const void* host_src, size_t bytes,
+                              int device = -1);
+absl::Status CopyDeviceToHost(void* host_dst, const void* device_src, size_t bytes,
+                              int device = -1);
 
 // Asynchronous copies on `stream` (a cudaStream_t; nullptr = default stream).
 absl::Status CopyHostToDeviceAsync(void* device_dst, const void* host_src, size_t bytes,

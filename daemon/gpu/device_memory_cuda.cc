@@ -81,17 +81,29 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 DeviceBuffer::~DeviceBuffer() { Reset(); }
 
 void DeviceBuffer::Reset() {
-  if (data_ != nullptr) cudaFree(data_);
+  // The owning device first: a thread that never set it would free through (and create) a
+  // context on GPU 0.
+  if (data_ != nullptr && cudaSetDevice(device_) == cudaSuccess) cudaFree(data_);
   data_ = nullptr;
   size_ = 0;
 }
 
-absl::Status CopyHostToDevice(void* device_dst, const void* host_src, size_t bytes) {
+absl::Status CopyHostToDevice(void* device_dst, const void* host_src, size_t bytes, int device) {
+  if (device >= 0) {
+    if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
+      return CudaError(err, absl::StrCat("cudaSetDevice(", device, ")"));
+    }
+  }
   return CopyStatus(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice),
                     "host -> device", bytes);
 }
 
-absl::Status CopyDeviceToHost(void* host_dst, const void* device_src, size_t bytes) {
+absl::Status CopyDeviceToHost(void* host_dst, const void* device_src, size_t bytes, int device) {
+  if (device >= 0) {
+    if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
+      return CudaError(err, absl::StrCat("cudaSetDevice(", device, ")"));
+    }
+  }
   return CopyStatus(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost),
                     "device -> host", bytes);
 }

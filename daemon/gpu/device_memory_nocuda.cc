@@ -19,8 +19,8 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept { return *t
 DeviceBuffer::~DeviceBuffer() = default;
 void DeviceBuffer::Reset() {}
 
-absl::Status CopyHostToDevice(void*, const void*, size_t) { return NoCuda(); }
-absl::Status CopyDeviceToHost(void*, const void*, size_t) { return NoCuda(); }
+absl::Status CopyHostToDevice(void*, const void*, size_t, int) { return NoCuda(); }
+absl::Status CopyDeviceToHost(void*, const void*, size_t, int) { return NoCuda(); }
 absl::Status CopyHostToDeviceAsync(void*, const void*, size_t, void*) { return NoCuda(); }
 absl::Status CopyDeviceToHostAsync(void*, const void*, size_t, void*) { return NoCuda(); }
 absl::Status SynchronizeStream(void*) { return NoCuda(); }

@@ -22,8 +22,9 @@ absl::Status StagingAvailable();
 absl::Status CheckDeviceRange(const void* ptr, uint64_t length, int device);
 
 // Copies between two ranges either of which may be device memory (cudaMemcpy with unified
-// addressing; host ranges may be pageable). Synchronous.
-absl::Status CopyAnyToAny(void* dst, const void* src, uint64_t bytes);
+// addressing; host ranges may be pageable) with `device` current (the device of the GPU side;
+// never left to the thread's default, which would make a context on GPU 0). Synchronous.
+absl::Status CopyAnyToAny(void* dst, const void* src, uint64_t bytes, int device);
 
 // One ring of pinned buffers and, per device used, a stream and one event per buffer. Used by
 // one thread at a time (the tcp transport keeps one per connection thread).

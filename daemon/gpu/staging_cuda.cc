@@ -7,22 +7,44 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/gpu/device_health.h"
 #include "daemon/gpu/device_memory.h"
 #include "daemon/gpu/staging.h"
 
 namespace wb::gpu {
 namespace {
 
-absl::Status CudaError(cudaError_t err, const std::string& what) {
+// `device`: the device the failed call ran on (-1: none), marked unusable when the error is
+// sticky.
+absl::Status CudaError(cudaError_t err, const std::string& what, int device = -1) {
   cudaGetLastError();  // do not leave the error behind for the next runtime call
-  return absl::InternalError(absl::StrCat("GPU staging: ", what, ": ", cudaGetErrorName(err), " (",
-                                          cudaGetErrorString(err), ")"));
+  const std::string text = absl::StrCat("GPU staging: ", what, ": ", cudaGetErrorName(err), " (",
+                                        cudaGetErrorString(err), ")");
+  if (device >= 0) NoteCudaError(device, err, text);
+  return absl::InternalError(text);
 }
 
+// Sets `device` current on this thread. Every runtime call that needs a context must follow
+// one: a thread that never set its device would create (and keep) a context on GPU 0.
+absl::Status UseDevice(int device) {
+  if (std::string why = DeviceUnusableReason(device); !why.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("GPU staging: ", why));
+  }
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    return CudaError(e, absl::StrCat("cudaSetDevice(", device, ")"), device);
+  }
+  return absl::OkStatus();
+}
+
+// Pinned host memory, freed with the device it was allocated under current (cudaFreeHost on a
+// thread without a current device would create a context on GPU 0).
 struct PinnedBuffer {
   uint8_t* data = nullptr;
+  int device = -1;
   ~PinnedBuffer() {
-    if (data != nullptr) cudaFreeHost(data);
+    if (data == nullptr) return;
+    if (device >= 0) cudaSetDevice(device);
+    cudaFreeHost(data);
   }
 };
 
@@ -40,12 +62,16 @@ class DeviceEngine : public CopyEngine {
   absl::Status Init() {
     if (cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
         e != cudaSuccess) {
-      return CudaError(e, absl::StrCat("cudaStreamCreate on cuda:", device_));
+      return CudaError(e, absl::StrCat("cudaStreamCreate on cuda:", device_), device_);
     }
-    events_.resize(buffers_.size(), nullptr);
+    // Blocking-sync events: a wait sleeps in the driver instead of spinning a CPU core (one per
+    // tcp connection thread). The last one marks the end of the stream's work (WaitAll).
+    events_.resize(buffers_.size() + 1, nullptr);
     for (auto& ev : events_) {
-      if (cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming); e != cudaSuccess) {
-        return CudaError(e, absl::StrCat("cudaEventCreate on cuda:", device_));
+      if (cudaError_t e =
+              cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventBlockingSync);
+          e != cudaSuccess) {
+        return CudaError(e, absl::StrCat("cudaEventCreate on cuda:", device_), device_);
       }
     }
     return absl::OkStatus();
@@ -59,7 +85,7 @@ class DeviceEngine : public CopyEngine {
             cudaMemcpyAsync(buffers_[buffer], device_src, bytes, cudaMemcpyDeviceToHost, stream_);
         e != cudaSuccess) {
       return CudaError(
-          e, absl::StrCat("device -> pinned copy of ", bytes, " bytes on cuda:", device_));
+          e, absl::StrCat("device -> pinned copy of ", bytes, " bytes on cuda:", device_), device_);
     }
     return Record(buffer);
   }
@@ -68,27 +94,28 @@ class DeviceEngine : public CopyEngine {
             cudaMemcpyAsync(device_dst, buffers_[buffer], bytes, cudaMemcpyHostToDevice, stream_);
         e != cudaSuccess) {
       return CudaError(
-          e, absl::StrCat("pinned -> device copy of ", bytes, " bytes on cuda:", device_));
+          e, absl::StrCat("pinned -> device copy of ", bytes, " bytes on cuda:", device_), device_);
     }
     return Record(buffer);
   }
   absl::Status WaitBuffer(int buffer) override {
     if (cudaError_t e = cudaEventSynchronize(events_[buffer]); e != cudaSuccess) {
-      return CudaError(e, absl::StrCat("waiting for a staged copy on cuda:", device_));
+      return CudaError(e, absl::StrCat("waiting for a staged copy on cuda:", device_), device_);
     }
     return absl::OkStatus();
   }
+  // Not cudaStreamSynchronize: without cudaDeviceScheduleBlockingSync it spins; an event
+  // recorded at the end of the stream with cudaEventBlockingSync sleeps.
   absl::Status WaitAll() override {
-    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) {
-      return CudaError(e, absl::StrCat("cudaStreamSynchronize on cuda:", device_));
-    }
-    return absl::OkStatus();
+    const int last = static_cast<int>(buffers_.size());
+    if (auto s = Record(last); !s.ok()) return s;
+    return WaitBuffer(last);
   }
 
  private:
   absl::Status Record(int buffer) {
     if (cudaError_t e = cudaEventRecord(events_[buffer], stream_); e != cudaSuccess) {
-      return CudaError(e, absl::StrCat("cudaEventRecord on cuda:", device_));
+      return CudaError(e, absl::StrCat("cudaEventRecord on cuda:", device_), device_);
     }
     return absl::OkStatus();
   }
@@ -106,16 +133,24 @@ class CudaStaging : public DeviceStaging {
   // Engines first: their streams must be idle before the pinned buffers go.
   ~CudaStaging() override { engines_.clear(); }
 
-  absl::Status Init() {
-    pinned_.resize(options_.depth);
-    for (auto& b : pinned_) {
+  // The pinned ring is allocated on first use, under the first device used (cudaHostAlloc
+  // needs a current context; allocating at creation would make one on GPU 0). Portable: every
+  // device's engine uses it.
+  absl::Status AllocatePinned(int device) {
+    if (!pinned_.empty()) return absl::OkStatus();
+    std::vector<PinnedBuffer> ring(options_.depth);
+    for (auto& b : ring) {
       void* p = nullptr;
       if (cudaError_t e = cudaHostAlloc(&p, options_.chunk_bytes, cudaHostAllocPortable);
           e != cudaSuccess) {
-        return CudaError(e, absl::StrCat("cudaHostAlloc of ", options_.chunk_bytes, " bytes"));
+        return CudaError(
+            e, absl::StrCat("cudaHostAlloc of ", options_.chunk_bytes, " bytes on cuda:", device),
+            device);
       }
       b.data = static_cast<uint8_t*>(p);
+      b.device = device;
     }
+    pinned_ = std::move(ring);
     return absl::OkStatus();
   }
 
@@ -135,9 +170,8 @@ class CudaStaging : public DeviceStaging {
 
  private:
   absl::StatusOr<DeviceEngine*> EngineFor(int device) {
-    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-      return CudaError(e, absl::StrCat("cudaSetDevice(", device, ")"));
-    }
+    if (auto s = UseDevice(device); !s.ok()) return s;
+    if (auto s = AllocatePinned(device); !s.ok()) return s;
     auto it = engines_.find(device);
     if (it != engines_.end()) return it->second.get();
     std::vector<uint8_t*> buffers;
@@ -158,6 +192,7 @@ absl::Status StagingAvailable() { return CudaAvailable(); }
 
 absl::Status CheckDeviceRange(const void* ptr, uint64_t length, int device) {
   if (auto s = CudaAvailable(); !s.ok()) return s;
+  if (auto s = UseDevice(device); !s.ok()) return s;
   cudaPointerAttributes attr{};
   if (cudaError_t e = cudaPointerGetAttributes(&attr, ptr); e != cudaSuccess) {
     return absl::InvalidArgumentError(
@@ -191,10 +226,11 @@ absl::Status CheckDeviceRange(const void* ptr, uint64_t length, int device) {
   return absl::OkStatus();
 }
 
-absl::Status CopyAnyToAny(void* dst, const void* src, uint64_t bytes) {
+absl::Status CopyAnyToAny(void* dst, const void* src, uint64_t bytes, int device) {
   if (bytes == 0) return absl::OkStatus();
+  if (auto s = UseDevice(device); !s.ok()) return s;
   if (cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault); e != cudaSuccess) {
-    return CudaError(e, absl::StrCat("copy of ", bytes, " bytes"));
+    return CudaError(e, absl::StrCat("copy of ", bytes, " bytes on cuda:", device), device);
   }
   return absl::OkStatus();
 }
@@ -204,7 +240,6 @@ absl::StatusOr<std::unique_ptr<DeviceStaging>> DeviceStaging::Create(
   if (auto s = ValidateStagingOptions(options); !s.ok()) return s;
   if (auto s = CudaAvailable(); !s.ok()) return s;
   auto staging = std::make_unique<CudaStaging>(options);
-  if (auto s = staging->Init(); !s.ok()) return s;
   return std::unique_ptr<DeviceStaging>(std::move(staging));
 }
 

@@ -10,7 +10,7 @@ absl::Status NoCuda() { return absl::FailedPreconditionError("built without CUDA
 
 absl::Status StagingAvailable() { return NoCuda(); }
 absl::Status CheckDeviceRange(const void*, uint64_t, int) { return NoCuda(); }
-absl::Status CopyAnyToAny(void*, const void*, uint64_t) { return NoCuda(); }
+absl::Status CopyAnyToAny(void*, const void*, uint64_t, int) { return NoCuda(); }
 
 absl::StatusOr<std::unique_ptr<DeviceStaging>> DeviceStaging::Create(
     const StagingOptions& options) {

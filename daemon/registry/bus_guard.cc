@@ -43,4 +43,6 @@ bool RunBusGuarded(const std::function<void()>& copy) {
   return true;
 }
 
+bool InsideBusGuard() { return t_guard != nullptr; }
+
 }  // namespace wb::registry

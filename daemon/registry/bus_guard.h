@@ -13,4 +13,8 @@ namespace wb::registry {
 // outside a guard keeps its default action.
 bool RunBusGuarded(const std::function<void()>& copy);
 
+// True while this thread runs inside RunBusGuarded. Code that must never be left by siglongjmp
+// (a CUDA driver call: it would leave the driver's locks held) checks it in tests.
+bool InsideBusGuard();
+
 }  // namespace wb::registry

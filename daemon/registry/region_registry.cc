@@ -161,6 +161,13 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
                                                          : transport::Access::kSource;
   for (transport::Transport* tr : transports_) {
     auto desc = tr->Register(t->memory, access);
+    if (!desc.ok() && transport::IsDeclined(desc.status())) {
+      // This transport cannot take this region (GPU memory it cannot pin); the others may.
+      t->declined[tr->Name()] = std::string(desc.status().message());
+      spdlog::info("tensor '{}' ({}): not registered with {}: {}", spec.name(), t->location,
+                   tr->Name(), std::string(desc.status().message()));
+      continue;
+    }
     if (!desc.ok()) {
       Release(*t);
       return absl::Status(desc.status().code(),
@@ -173,6 +180,13 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
       if (key.transport().empty()) key.set_transport(tr->Name());
       *t->descriptor.add_keys() = key;
     }
+  }
+  if (t->transport_regions.empty() && !t->declined.empty()) {
+    std::string why;
+    for (const auto& [name, reason] : t->declined)
+      absl::StrAppend(&why, why.empty() ? "" : "; ", reason);
+    return absl::FailedPreconditionError(absl::StrCat("tensor '", spec.name(), "' (", t->location,
+                                                      "): no transport can register it: ", why));
   }
   t->descriptor.set_length(t->memory.length);
   v1::TensorLayout layout;

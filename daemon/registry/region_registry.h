@@ -60,6 +60,9 @@ struct RegisteredTensor {
   std::shared_ptr<MemoryHold> hold;
   // transport name -> the region id that transport assigned
   std::map<std::string, uint64_t> transport_regions;
+  // transport name -> why it declined this region (transport::DeclineRegion); routes over it
+  // cannot reach the tensor.
+  std::map<std::string, std::string> declined;
   weightbeam::v1::RegionDescriptor descriptor;  // merged keys of all transports
   // For a part of a buffer (a spec with a view): the memory range it shares with the
   // buffer's other parts; empty otherwise.
@@ -71,7 +74,8 @@ class RegionRegistry {
   RegionRegistry(std::vector<transport::Transport*> transports, MemoryOpener opener);
 
   // Validates, opens the memory and registers it with every transport (destinations for
-  // inference owners, sources for trainers). Errors name the tensor and leave nothing behind.
+  // inference owners, sources for trainers); a transport that declines the region is left out
+  // (at least one must take it). Errors name the tensor and leave nothing behind.
   absl::StatusOr<weightbeam::v1::TensorLayout> Register(
       uint64_t session, const weightbeam::v1::Owner& owner,
       const weightbeam::v1::TensorRegistration& registration, const Caller& caller = {});

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <string>
 
+#include "common/gpu/device_health.h"
+#include "daemon/transform/copy_plan.h"
 #include "daemon/transform/cuda_kernels.h"
 #include "daemon/transform/float_bits.h"
 
@@ -196,7 +198,10 @@ dim3 ElementGrid(uint64_t rows, uint64_t cols) {
 }
 
 LaunchCode Fail(cudaError_t err, const char* what, std::string* error) {
+  cudaGetLastError();  // clear it, so the next launch is not blamed for it
   *error = std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+  int device = -1;
+  if (cudaGetDevice(&device) == cudaSuccess) gpu::NoteCudaError(device, err, *error);
   return LaunchCode::kCudaError;
 }
 
@@ -223,10 +228,33 @@ LaunchCode LaunchTransform(const TransformDesc& d, const void* src_v, void* dst_
         const size_t width = d.cols * (d.src_dtype == DType::kF32      ? 4
                                        : d.src_dtype == DType::kF8E4M3 ? 1
                                                                        : 2);
-        const cudaError_t err = cudaMemcpy2DAsync(dst, std::max<size_t>(d.dst_stride, width), src,
-                                                  std::max<size_t>(d.src_stride, width), width,
-                                                  d.rows, cudaMemcpyDeviceToDevice, stream);
-        if (err != cudaSuccess) return Fail(err, "cudaMemcpy2DAsync", error);
+        const SameDtypeCopy plan = PlanSameDtypeCopy(d.rows, width, d.src_stride, d.dst_stride);
+        switch (plan.shape) {
+          case CopyShape::kFlat:
+            if (cudaError_t err =
+                    cudaMemcpyAsync(dst, src, width * d.rows, cudaMemcpyDeviceToDevice, stream);
+                err != cudaSuccess) {
+              return Fail(err, "cudaMemcpyAsync", error);
+            }
+            break;
+          case CopyShape::kPitched:
+            if (cudaError_t err = cudaMemcpy2DAsync(dst, plan.dst_pitch, src, plan.src_pitch, width,
+                                                    d.rows, cudaMemcpyDeviceToDevice, stream);
+                err != cudaSuccess) {
+              return Fail(err, "cudaMemcpy2DAsync", error);
+            }
+            break;
+          case CopyShape::kPerRow:
+            for (uint64_t r = 0; r < d.rows; ++r) {
+              if (cudaError_t err =
+                      cudaMemcpyAsync(dst + r * plan.dst_pitch, src + r * plan.src_pitch, width,
+                                      cudaMemcpyDeviceToDevice, stream);
+                  err != cudaSuccess) {
+                return Fail(err, "cudaMemcpyAsync (one row)", error);
+              }
+            }
+            break;
+        }
         return LaunchCode::kOk;
       } else {
         CastLauncher launch = PickCast(d.src_dtype, d.dst_dtype);

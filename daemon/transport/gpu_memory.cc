@@ -1,6 +1,7 @@
 #include "daemon/transport/gpu_memory.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/gpu/device_health.h"
 #include "daemon/gpu/staging.h"
 
 namespace wb::transport {
@@ -10,6 +11,9 @@ bool SoftwareGpuMemorySupported() { return gpu::StagingAvailable().ok(); }
 absl::Status CheckGpuMemory(const std::string& transport, const MemoryRef& mem) {
   const std::string context =
       absl::StrCat(transport, " transport: GPU memory (cuda:", mem.device, "): ");
+  if (std::string why = gpu::DeviceUnusableReason(mem.device); !why.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(context, why));
+  }
   if (absl::Status s = gpu::StagingAvailable(); !s.ok()) {
     // Without the toolkit this build cannot do it at all; without a device this host cannot.
     const bool built_without = s.message() == "built without CUDA";

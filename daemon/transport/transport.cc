@@ -4,9 +4,23 @@
 #include <mutex>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace wb::transport {
+namespace {
+constexpr char kDeclinedPayload[] = "type.weightbeam.dev/transport.declined";
+}  // namespace
+
+absl::Status DeclineRegion(const std::string& why) {
+  absl::Status s = absl::UnavailableError(why);
+  s.SetPayload(kDeclinedPayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsDeclined(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kDeclinedPayload).has_value();
+}
 
 absl::Status Peer::WriteBatch(std::vector<WriteOp> ops, std::chrono::milliseconds timeout) {
   // Shared with the callback: it may still run after a timeout made us return.

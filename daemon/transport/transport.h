@@ -79,6 +79,14 @@ using ArrivalCallback = std::function<void(const std::string& peer, uint64_t bat
 // Called on the receiving side for each write refused by the step fence.
 using FenceCallback = std::function<void(const std::string& peer, uint64_t step)>;
 
+// A transport that cannot register one region (GPU memory it cannot pin here: rdma without
+// dma-buf or nvidia-peermem) while the others can returns DeclineRegion(why) from Register: the
+// registry then registers the tensor with the other transports (RegisteredTensor::declined
+// keeps why), and a route that needs this transport fails naming it. Any other error fails
+// the registration on every transport.
+absl::Status DeclineRegion(const std::string& why);
+bool IsDeclined(const absl::Status& status);
+
 class Transport {
  public:
   virtual ~Transport() = default;

@@ -25,11 +25,26 @@ TEST_CASE("encode geometry: 16 KiB tiles, scratch per tile, grid limits", "[gpu]
   // A 1 GiB buffer: 65536 tiles, 64 per scan thread, 3 MiB of scratch.
   CHECK(g::TilesPerScanThread(65536) == 64);
   CHECK(g::TilesPerScanThread(1) == 1);
-  CHECK(g::EncodeScratchBytes(uint64_t{1} << 30) == 65536 * 48 + 16);
+  // + totals (count, largest gap) and the write pass's check (written, moved tiles).
+  CHECK(g::EncodeScratchBytes(uint64_t{1} << 30) == 65536 * 48 + 32);
   CHECK(g::TileCount(uint64_t{32} << 40) > g::kMaxTiles);  // 32 TiB: refused, not wrapped
   CHECK(g::ElemsPerUnit(1) == 16);
   CHECK(g::ElemsPerUnit(2) == 8);
   CHECK(g::ElemsPerUnit(4) == 4);
+}
+
+TEST_CASE("the write pass fails the op when it disagrees with the count pass", "[gpu][geometry]") {
+  CHECK(g::WritePassError(0, 0, 0).empty());
+  CHECK(g::WritePassError(1000, 1000, 0).empty());
+  // More changes found than the buffers were sized for (the kernel stored only 1000).
+  const std::string more = g::WritePassError(1000, 1500, 3);
+  CHECK(more.find("count pass: 1000 changes, write pass: 1500") != std::string::npos);
+  CHECK(more.find("source changed") != std::string::npos);
+  // Fewer: the buffers hold stale bytes past the last record.
+  CHECK(!g::WritePassError(1000, 10, 1).empty());
+  // The same total, but changes moved between tiles (or a gap outgrew the index width): the
+  // records' positions are wrong even though no buffer overflowed.
+  CHECK(g::WritePassError(1000, 1000, 2).find("2 tiles moved") != std::string::npos);
 }
 
 TEST_CASE("scatter geometry: at least one block, at most 65535", "[gpu][geometry]") {

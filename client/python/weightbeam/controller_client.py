@@ -74,12 +74,17 @@ class ControllerClient:
                                              delta=choice)
         return self._unary(self._stub.Plan, request, "Plan", wait_s + 60).summary
 
-    def step(self, version, timeout_s=0, max_staleness=None):
+    def step(self, version, timeout_s=0, max_staleness=None, ready=()):
         """Pushes ``version`` to the inference side and returns the StepResult once committed.
+        ``ready``: this process's trainer LocalSessions; their sources_ready() runs first, so
+        that no agent reads weights the optimizer is still writing (other ranks call their own
+        before the barrier that precedes this call).
         A failed step raises StepFailed with the controller's message (agent and cause) and the
         result. ``timeout_s`` 0 uses the controller's configured step timeout. With
         ``max_staleness`` the step first waits (within its timeout) until no inference replica
         left out of it would be more than that many versions behind (docs/elastic.md)."""
+        for session in ready:
+            session.sources_ready()
         request = controller_pb2.StepRequest(version=int(version),
                                              timeout_ms=int(timeout_s * 1000))
         if max_staleness is not None:

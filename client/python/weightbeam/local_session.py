@@ -65,13 +65,14 @@ class LocalSession(ClosesOnExit):
         self._events = queue.Queue()
         self._watch_call = None
         self._watcher = None
+        self._ready = {}  # tensor name -> what sources_ready() waits for before a step
         self._call(local_pb2.SessionRequest(hello=types_pb2.Owner(
             role=_ROLES[role], rank=rank, replica=replica, pid=os.getpid())))
 
     # ---- registration -------------------------------------------------------------------
 
     def register(self, name, dtype, global_shape, shard=None, buffer=None, offset=None,
-                 length=None, view=None):
+                 length=None, view=None, ready=None):
         """Registers a tensor held in shared memory; returns the agent's TensorLayout.
 
         ``shard``: None for a full tensor, else one (start, size) per dimension; the memory holds
@@ -81,12 +82,16 @@ class LocalSession(ClosesOnExit):
         (one entry per buffer dim). ``buffer``: a SharedBuffer (``offset`` bytes in,
         ``length`` defaulting to what the shape needs), a NumPy view of one, or a host torch
         tensor made with ``torch.frombuffer`` on one; a CUDA tensor goes to register_cuda.
+        ``ready``: what sources_ready() waits for before a step may read this tensor (an object
+        with ``synchronize()``, e.g. a torch.cuda.Stream or Event, or a callable); CUDA tensors
+        wait for their whole device by default.
         The agent's refusal (shape mismatch, duplicate name...) raises WeightbeamError.
         """
         if buffer is None:
             raise ValueError(f"tensor '{name}': no buffer given")
         if _is_cuda(buffer):
-            return self.register_cuda(name, dtype, global_shape, shard, tensor=buffer, view=view)
+            return self.register_cuda(name, dtype, global_shape, shard, tensor=buffer, view=view,
+                                      ready=ready)
         spec = _spec(name, dtype, global_shape, shard, view)
         if isinstance(buffer, SharedBuffer):
             shm, offset = buffer, 0 if offset is None else int(offset)
@@ -107,30 +112,63 @@ class LocalSession(ClosesOnExit):
             offset, length = start, nbytes
         memory = types_pb2.MemoryHandle(host_shm=types_pb2.HostShm(
             shm_name=shm.shm_name, offset=offset, length=int(length)))
-        return self._register(spec, memory)
+        layout = self._register(spec, memory)
+        if ready is not None:
+            self._ready[name] = _waiter(ready)
+        return layout
 
     def register_cuda(self, name, dtype, global_shape, shard=None, tensor=None, device_ptr=None,
-                      length=None, device=None, view=None):
+                      length=None, device=None, view=None, ready=None):
         """Registers GPU memory through a CUDA IPC handle: a CUDA torch tensor, or a raw
         ``device_ptr`` + ``length``. Needs libcudart here and an agent built with CUDA; without
-        CUDA it raises WeightbeamError("CUDA not available: ...")."""
+        CUDA it raises WeightbeamError("CUDA not available: ...").
+
+        The agent reads the memory on its own streams, so the trainer's kernels that write it
+        must be finished before a step: sources_ready() waits for ``ready`` (a torch.cuda.Stream
+        or Event, anything with ``synchronize()``, or a callable) or, by default, for every
+        stream of this process on the tensor's device (cudaDeviceSynchronize)."""
         if tensor is not None:
             device_ptr, nbytes = _pointer_and_size(tensor)
             length = nbytes if length is None else length
         if device_ptr is None or length is None:
             raise ValueError(f"tensor '{name}': give a CUDA tensor or device_ptr and length")
         spec = _spec(name, dtype, global_shape, shard, view)
-        handle, offset, dev = cuda_ipc.get_ipc_handle(int(device_ptr), int(length))
+        handle, offset, dev, uuid, bus_id = cuda_ipc.get_ipc_handle(int(device_ptr), int(length))
         if device is not None and int(device) != dev:
             raise WeightbeamError(
                 f"tensor '{name}': pointer is on cuda:{dev}, not cuda:{device}", "INVALID_ARGUMENT")
+        # The device goes by its UUID (and PCI bus id): the agent's ordinals are not ours.
         memory = types_pb2.MemoryHandle(cuda_ipc=types_pb2.CudaIpc(
-            ipc_handle=handle, offset=offset, length=int(length), device=dev))
-        return self._register(spec, memory)
+            ipc_handle=handle, offset=offset, length=int(length), device=dev, device_uuid=uuid,
+            pci_bus_id=bus_id))
+        layout = self._register(spec, memory)
+        if ready is not None:
+            self._ready[name] = _waiter(ready)
+        else:
+            def sync_device(d=dev):
+                cuda_ipc.synchronize_device(d)
+            sync_device._wb_key = ("device", dev)  # once per device, however many tensors
+            self._ready[name] = sync_device
+        return layout
+
+    def sources_ready(self):
+        """Call after the optimizer step and before the step is started (rank 0's
+        ``ctl.step(version, ready=[session])``, or before the barrier that precedes it on the
+        other ranks): waits until the writes of every tensor this session registered are
+        finished (see register_cuda's ``ready``), so the agent never reads torn weights. Each
+        distinct waiter runs once."""
+        seen = set()
+        for wait in list(self._ready.values()):
+            key = getattr(wait, "_wb_key", wait)
+            if key in seen:
+                continue
+            seen.add(key)
+            wait()
 
     def unregister(self, name):
         """Withdraws a tensor this session registered."""
         self._call(local_pb2.SessionRequest(unregister=local_pb2.UnregisterTensors(names=[name])))
+        self._ready.pop(name, None)
 
     def publish(self, version):
         """Storage path (the agent runs with ``storage.role: publish``; trainer sessions):
@@ -270,6 +308,19 @@ def _spec_bytes(spec):
     for d in dims:
         n *= d
     return n * itemsize(spec.dtype)
+
+
+def _waiter(ready):
+    """A callable that waits for ``ready`` (something with synchronize(), or a callable); the
+    same stream registered for many tensors is waited for once."""
+    if hasattr(ready, "synchronize"):
+        def wait():
+            ready.synchronize()
+        wait._wb_key = id(ready)
+        return wait
+    if callable(ready):
+        return ready
+    raise TypeError(f"ready={ready!r}: expected a stream or event (synchronize()) or a callable")
 
 
 def _is_cuda(obj):

@@ -11,9 +11,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/gpu/staging.h"
-#include "daemon/registry/bus_guard.h"
 #include "daemon/transport/gpu_memory.h"
+#include "daemon/transport/local/guarded_copy.h"
 #include "daemon/transport/region_table.h"
 #include "daemon/transport/step_fence.h"
 
@@ -36,6 +35,8 @@ class LocalEngine {
   RegionTable& regions() { return regions_; }
   // The receiving side's step fence, checked in-process before each copy.
   StepFence& fence() { return fence_; }
+  // GPU copies; used only on the worker thread (the staging ring is single-threaded).
+  DeviceCopies& device_copies() { return *device_copies_; }
 
   void Post(std::function<void()> task) {
     {
@@ -70,6 +71,7 @@ class LocalEngine {
 
   RegionTable regions_;
   StepFence fence_{"local"};
+  std::unique_ptr<DeviceCopies> device_copies_ = CudaDeviceCopies();
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
@@ -144,42 +146,24 @@ class LocalPeer : public Peer {
         pins.emplace_back(std::move(*src), std::move(*dst));
         bytes += op.length;
       }
-      // A SIGBUS (an owner shrank its shm object) ends the copies; volatile: read after the
-      // guard's siglongjmp.
-      volatile size_t copied = 0;
-      absl::Status gpu_error;
-      const bool intact = registry::RunBusGuarded([&] {
-        for (; copied < checked.size(); copied = copied + 1) {
-          const size_t i = copied;
-          const RegionTable::Pin& src = pins[i].first;
-          const RegionTable::Pin& dst = pins[i].second;
-          if (src.kind() == MemoryKind::kHost && dst.kind() == MemoryKind::kHost) {
-            std::memmove(dst.data(), src.data(), checked[i].first.length);
-            continue;
-          }
-          // GPU memory on either side: one copy by the CUDA driver (device to device directly;
-          // to or from host memory staged by the driver, since no network waits to overlap).
-          if (auto st = gpu::CopyAnyToAny(dst.data(), src.data(), checked[i].first.length);
-              !st.ok()) {
-            gpu_error = absl::Status(
-                st.code(), absl::StrCat("local peer '", peer, "': write ", i, ": ", st.message()));
-            return;
-          }
+      // Host memory only under the SIGBUS guard (an owner may shrink its shm object), CUDA only
+      // outside it (guarded_copy.h).
+      for (size_t i = 0; i < checked.size(); ++i) {
+        const RegionTable::Pin& src = pins[i].first;
+        const RegionTable::Pin& dst = pins[i].second;
+        if (auto st = CopyGuarded({dst.data(), dst.kind(), dst.device()},
+                                  {src.data(), src.kind(), src.device()}, checked[i].first.length,
+                                  engine->device_copies());
+            !st.ok()) {
+          pins.clear();
+          passes.clear();
+          done(absl::Status(
+              st.code(), absl::StrCat("local peer '", peer, "': write ", i, ": ", st.message())));
+          return;
         }
-      });
+      }
       pins.clear();
       passes.clear();
-      if (!gpu_error.ok()) {
-        done(gpu_error);
-        return;
-      }
-      if (!intact) {
-        done(absl::FailedPreconditionError(
-            absl::StrCat("local peer '", peer, "': write ", size_t{copied},
-                         " hit memory that is gone (SIGBUS: a ",
-                         "shared-memory object was shrunk after registration)")));
-        return;
-      }
       done(absl::OkStatus());
       if (auto arrival = engine->arrival()) arrival(this_name, bytes);
     });

@@ -12,6 +12,10 @@ namespace wb::transport::rdma {
 
 // True when this build can register CUDA memory (compiled with CUDA).
 bool CudaRegistrationCompiled();
+// Whether GPU memory can be registered on this host at all: a CUDA build, and nvidia-peermem
+// loaded or a device that supports dma-buf (checked without creating a context). Registration
+// of each region may still be declined (an IPC-imported range the driver will not export).
+bool CudaRegistrationPossible();
 
 absl::StatusOr<MrPtr> RegisterMemory(ibv_pd* pd, const MemoryRef& mem, int access);
 

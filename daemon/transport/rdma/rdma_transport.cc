@@ -155,7 +155,7 @@ RdmaTransport::~RdmaTransport() {
 
 Capabilities RdmaTransport::caps() const {
   Capabilities caps;
-  caps.gpu_memory = CudaRegistrationCompiled();
+  caps.gpu_memory = CudaRegistrationPossible();
   caps.remote = true;
   caps.max_write_bytes = 0;
   return caps;
@@ -191,6 +191,9 @@ absl::StatusOr<weightbeam::v1::RegionDescriptor> RdmaTransport::Register(const M
   weightbeam::v1::RegionDescriptor desc;
   for (const Rail& rail : state_->engine->rails()) {
     absl::StatusOr<MrPtr> mr = RegisterMemory(rail.pd.get(), mem, flags);
+    if (!mr.ok() && IsDeclined(mr.status())) {
+      return DeclineRegion(absl::StrCat(mr.status().message(), " (on ", rail.name, ")"));
+    }
     if (!mr.ok()) {
       return absl::Status(mr.status().code(), absl::StrCat("registering ", mem.length, " bytes on ",
                                                            rail.name, ": ", mr.status().message()));
