@@ -61,9 +61,24 @@ grpc::ServerUnaryReactor* ControllerService::RegisterAgent(grpc::CallbackServerC
     return s.ok() && !health.incarnation_digest().empty() &&
            health.incarnation_digest() == identity::IncarnationDigest(req->incarnation());
   };
+  // Asked when the name is held and the caller registers from elsewhere: is the holder still
+  // there? Without waiting for a connection: a refused one means nothing listens there.
+  auto holder_answer = [&](const std::string& endpoint) -> std::optional<std::string> {
+    core_->agent_channels().ResetBackoff(endpoint);
+    grpc::ClientContext call;
+    call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    v1::HealthResponse health;
+    const grpc::Status s =
+        core_->agent_channels().Get(endpoint)->Health(&call, v1::HealthRequest(), &health);
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return std::nullopt;
+    }
+    return s.ok() ? health.incarnation_digest() : std::string();
+  };
   if (auto s = core_->membership().Register(req->agent(), std::move(*mutable_req->mutable_layout()),
                                             req->incarnation(), PeerHost(ctx->peer()),
-                                            endpoint_answers_as_caller);
+                                            endpoint_answers_as_caller, holder_answer);
       !s.ok()) {
     return Done(ctx, ToGrpc(s));
   }

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/identity/incarnation_digest.h"
 #include "common/process/malloc_arenas.h"
 #include "common/tensor/tensor_checks.h"
 
@@ -48,9 +49,10 @@ Membership::Membership(uint64_t epoch, std::chrono::milliseconds heartbeat_timeo
 
 absl::Status Membership::Register(const v1::AgentInfo& info, v1::AgentLayout layout,
                                   const std::string& incarnation, const std::string& caller_host,
-                                  const std::function<bool()>& endpoint_answers_as_caller) {
+                                  const std::function<bool()>& endpoint_answers_as_caller,
+                                  const HolderAnswer& holder_answer) {
   bool held = false, restart_claimed = false;
-  std::string holder;
+  std::string holder, holder_incarnation;
   {
     absl::MutexLock lock(&mu_);
     auto it = agents_.find(info.name());
@@ -60,14 +62,39 @@ absl::Status Membership::Register(const v1::AgentInfo& info, v1::AgentLayout lay
     // every step meanwhile, with the old plan and introductions pointing at a process gone.
     restart_claimed = held && !caller_host.empty() && it->second.caller_host == caller_host &&
                       it->second.info.control_endpoint() == info.control_endpoint();
-    if (held) holder = it->second.info.control_endpoint();
+    if (held) {
+      holder = it->second.info.control_endpoint();
+      holder_incarnation = it->second.incarnation;
+    }
   }
   // The claim is believed only if the process listening on that endpoint answers with the
   // registering incarnation's digest (asked outside the lock: it is a network call). A live old
   // process still holds the port and answers with its own.
   const bool restarted =
       restart_claimed && endpoint_answers_as_caller && endpoint_answers_as_caller();
-  if (held && !restarted) {
+  // Elsewhere (a restart on a new address): the holder is gone when nothing answers at its
+  // endpoint, or another incarnation does; waiting for its heartbeat timeout would keep the
+  // restarted agent out (and its replica or every step with it) for nothing.
+  bool holder_gone = false;
+  if (held && !restart_claimed && holder_answer) {
+    const std::optional<std::string> answer = holder_answer(holder);
+    holder_gone = !answer.has_value() ||
+                  (!answer->empty() && *answer != identity::IncarnationDigest(holder_incarnation));
+    if (holder_gone) {
+      absl::MutexLock lock(&mu_);
+      auto it = agents_.find(info.name());
+      // Another registration may have taken the name meanwhile: only the probed one goes.
+      holder_gone = it != agents_.end() && it->second.incarnation == holder_incarnation;
+    }
+    if (holder_gone) {
+      spdlog::warn(
+          "agent '{}' registers from {}; {} at {}: its old incarnation is gone, the name is "
+          "released",
+          info.name(), info.control_endpoint(),
+          answer.has_value() ? "another incarnation answers" : "nothing answers", holder);
+    }
+  }
+  if (held && !restarted && !holder_gone) {
     spdlog::warn(
         "refused RegisterAgent for '{}' from {}: a live agent at {} holds the name{}", info.name(),
         info.control_endpoint(), holder,
@@ -95,9 +122,10 @@ absl::Status Membership::Register(const v1::AgentInfo& info, v1::AgentLayout lay
     r.lost = false;
     ++layout_version_;
     spdlog::info("agent {} registered{} from {} ({} tensors, {} NICs)", info.name(),
-                 restarted  ? " again: restarted (new incarnation at the same endpoint)"
-                 : rejoined ? " again"
-                            : "",
+                 restarted     ? " again: restarted (new incarnation at the same endpoint)"
+                 : holder_gone ? " again: restarted elsewhere (its old incarnation is gone)"
+                 : rejoined    ? " again"
+                               : "",
                  info.control_endpoint(), tensors, info.nics_size());
   }
   Release(std::move(old));

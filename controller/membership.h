@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,11 +48,18 @@ class Membership {
   // the same host with the same control endpoint and `endpoint_answers_as_caller()` (called
   // without the lock) confirms that the process listening there is the one registering: that
   // is the agent restarted (its old process no longer holds the port), and it takes its place
-  // at once. Every registration bumps the layout version, so the next step plans again and
-  // reloads plans and introductions.
+  // at once. Any other conflicting registration (another endpoint or host) asks the holder's
+  // endpoint with `holder_answer(endpoint)` (without the lock): nullopt when nothing answers
+  // there (connection refused, no answer in time), else the incarnation digest it answered
+  // with ("" when it gave none). The name is released at once when nothing answers or a
+  // different incarnation answers; it stays refused while the holder answers as itself.
+  // Every registration bumps the layout version, so the next step plans again and reloads
+  // plans and introductions.
+  using HolderAnswer = std::function<std::optional<std::string>(const std::string& endpoint)>;
   absl::Status Register(const weightbeam::v1::AgentInfo& info, weightbeam::v1::AgentLayout layout,
                         const std::string& incarnation, const std::string& caller_host = "",
-                        const std::function<bool()>& endpoint_answers_as_caller = nullptr);
+                        const std::function<bool()>& endpoint_answers_as_caller = nullptr,
+                        const HolderAnswer& holder_answer = nullptr);
   // A heartbeat from another incarnation than the registered one is answered "register again"
   // and does not keep the registered agent alive.
   weightbeam::v1::HeartbeatResponse Heartbeat(const weightbeam::v1::HeartbeatRequest& req);

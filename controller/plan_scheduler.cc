@@ -37,7 +37,7 @@ void PlanScheduler::Submit(v1::PlanRequest req, std::function<bool()> cancelled,
   w.done = std::move(done);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (waiting_.size() < max_waiting_ && !stopping_) {
+    if (waiting_.size() + settling_ < max_waiting_ && !stopping_) {
       waiting_.push_back(std::move(w));
       cv_.notify_all();
       return;
@@ -74,12 +74,19 @@ void PlanScheduler::Run() {
     if (stopping_) break;
     std::deque<Waiting> batch;
     batch.swap(waiting_);
+    settling_ = batch.size();
     lock.unlock();
     std::deque<Waiting> kept;
     for (auto& w : batch) {
-      if (!Settle(w)) kept.push_back(std::move(w));
+      const bool settled = Settle(w);
+      if (!settled) kept.push_back(std::move(w));
+      if (settled) {
+        std::lock_guard<std::mutex> one(mu_);
+        --settling_;
+      }
     }
     lock.lock();
+    settling_ = 0;
     // Those that arrived meanwhile go after the older ones.
     for (auto& w : waiting_) kept.push_back(std::move(w));
     waiting_.swap(kept);

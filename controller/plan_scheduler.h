@@ -46,7 +46,10 @@ class PlanScheduler {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Waiting> waiting_;  // guarded by mu_
-  bool stopping_ = false;        // guarded by mu_
+  // Taken out of waiting_ by the scheduler's pass (a PlanNow may run for seconds): they still
+  // count against max_waiting_. Guarded by mu_.
+  size_t settling_ = 0;
+  bool stopping_ = false;  // guarded by mu_
   std::thread thread_;
 };
 

@@ -27,7 +27,7 @@ fi
 log "end-to-end demo (./wb demo): Qwen3-0.6B shape over tcp, verified bit for bit"
 if tests/demo/demo.sh --steps 3; then log "demo: PASS"; else log "demo: FAIL"; failed=1; fi
 
-log "cluster in miniature (./wb cluster, short): 4 agents in network namespaces, shaped links"
+log "cluster in miniature (./wb cluster, short): 8 agents in network namespaces, shaped links, every scenario"
 if [ "$(id -u)" -ne 0 ] || ! ip netns list >/dev/null 2>&1; then
   log "cluster: SKIPPED (needs root and ip netns)"
 elif tests/cluster/short.sh; then log "cluster: PASS"; else log "cluster: FAIL"; failed=1; fi
@@ -40,6 +40,20 @@ fi
 if [ -x tests/rxe/run_suite.sh ]; then
   log "RDMA suite inside the Soft-RoCE VM"
   # The rdma-vs-ib_write_bw benchmark is left to `tests/rxe/run_suite.sh` (see README).
-  if tests/rxe/run_suite.sh --no-bench; then log "RDMA VM suite: PASS"; else log "RDMA VM suite: FAIL"; failed=1; fi
+  vm_out=$(mktemp)
+  if tests/rxe/run_suite.sh --no-bench 2>&1 | tee "$vm_out"; [ "${PIPESTATUS[0]}" -eq 0 ]; then
+    log "RDMA VM suite: PASS"
+  else
+    log "RDMA VM suite: FAIL"
+    failed=1
+  fi
+  # The step fence over rdma, counted on its own (the suite runs it as a named section).
+  if grep -q '^rdma fence case: PASS' "$vm_out"; then
+    log "rdma step fence case (VM): PASS"
+  else
+    log "rdma step fence case (VM): FAIL"
+    failed=1
+  fi
+  rm -f "$vm_out"
 fi
 exit $failed

@@ -50,6 +50,26 @@ bool DisjointViewParts(const v1::TensorSpec& a, const v1::TensorSpec& b) {
   return false;
 }
 
+// The memory object a handle points into (one shm object, one CUDA allocation) and the range
+// of it the handle covers.
+struct ObjectRange {
+  std::string key;
+  uint64_t offset = 0, length = 0;
+};
+ObjectRange ObjectOf(const v1::MemoryHandle& h) {
+  if (h.has_host_shm()) {
+    std::string name = h.host_shm().shm_name();
+    if (!name.empty() && name[0] == '/') name.erase(0, 1);  // shm_open's "/x" and "x" are one
+    return {absl::StrCat("shm:", name), h.host_shm().offset(), h.host_shm().length()};
+  }
+  return {absl::StrCat("cuda:", h.cuda_ipc().device(), ":", h.cuda_ipc().ipc_handle()),
+          h.cuda_ipc().offset(), h.cuda_ipc().length()};
+}
+
+std::string RangeText(uint64_t offset, uint64_t length) {
+  return absl::StrCat("[", offset, ", ", offset + length, ")");
+}
+
 }  // namespace
 
 RegionRegistry::RegionRegistry(std::vector<transport::Transport*> transports, MemoryOpener opener)
@@ -63,7 +83,31 @@ void RegionRegistry::Changed() {
 
 absl::Status RegionRegistry::CheckConflicts(uint64_t session, const v1::Owner& owner,
                                             const v1::TensorSpec& spec,
-                                            const std::string& buffer_key) const {
+                                            const std::string& buffer_key,
+                                            const v1::MemoryHandle& memory) const {
+  // Two destinations of different tensors never share a byte: two senders would write it and
+  // the commit would hold whichever landed last. Parts of one buffer (views) share its memory
+  // by design and are checked element by element below; a replicated tensor's copy (the same
+  // name) may be the same bytes, whose writes are the same values.
+  if (owner.role() == v1::ROLE_INFERENCE) {
+    const ObjectRange mine = ObjectOf(memory);
+    if (auto same = by_object_.find(mine.key); same != by_object_.end()) {
+      for (uint64_t id : same->second) {
+        const RegisteredTensor& other = *by_region_.at(id);
+        if (other.spec.name() == spec.name()) continue;
+        if (!buffer_key.empty() && other.buffer_key == buffer_key) continue;
+        if (mine.offset >= other.object_offset + other.object_length ||
+            other.object_offset >= mine.offset + mine.length) {
+          continue;
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", spec.name(), "': its memory ", RangeText(mine.offset, mine.length),
+            " overlaps destination tensor '", other.spec.name(), "' (", OwnerName(other.owner),
+            ", bytes ", RangeText(other.object_offset, other.object_length),
+            ") in the same memory object: two destinations may not share bytes"));
+      }
+    }
+  }
   // Parts of one buffer agree on its dtype and shape and never share an element.
   if (auto parts = by_buffer_.find(buffer_key); !buffer_key.empty() && parts != by_buffer_.end()) {
     for (uint64_t id : parts->second) {
@@ -105,6 +149,7 @@ void RegionRegistry::IndexLocked(const RegisteredTensor& t) {
   by_name_[t.spec.name()].push_back(t.region_id);
   by_session_[t.session].push_back(t.region_id);
   if (!t.buffer_key.empty()) by_buffer_[t.buffer_key].push_back(t.region_id);
+  if (!t.object_key.empty()) by_object_[t.object_key].push_back(t.region_id);
 }
 
 void RegionRegistry::UnindexLocked(const RegisteredTensor& t) {
@@ -124,6 +169,7 @@ void RegionRegistry::UnindexLocked(const RegisteredTensor& t) {
   drop(by_name_, t.spec.name(), t.region_id);
   drop(by_session_, t.session, t.region_id);
   if (!t.buffer_key.empty()) drop(by_buffer_, t.buffer_key, t.region_id);
+  if (!t.object_key.empty()) drop(by_object_, t.object_key, t.region_id);
 }
 
 absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
@@ -142,7 +188,8 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
   const std::string buffer_key = BufferKey(spec, registration.memory());
   {
     absl::MutexLock lock(&mu_);
-    if (auto s = CheckConflicts(session, owner, spec, buffer_key); !s.ok()) return s;
+    if (auto s = CheckConflicts(session, owner, spec, buffer_key, registration.memory()); !s.ok())
+      return s;
   }
   auto opened = opener_(registration.memory(), caller);
   if (!opened.ok()) {
@@ -153,6 +200,12 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
   t->session = session;
   t->spec = spec;
   t->buffer_key = buffer_key;
+  if (owner.role() == v1::ROLE_INFERENCE) {
+    ObjectRange object = ObjectOf(registration.memory());
+    t->object_key = std::move(object.key);
+    t->object_offset = object.offset;
+    t->object_length = object.length;
+  }
   t->owner = owner;
   t->memory = opened->ref;
   t->location = opened->location;
@@ -193,7 +246,7 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
   {
     absl::MutexLock lock(&mu_);
     // Re-check: another session may have registered the same name meanwhile.
-    if (auto s = CheckConflicts(session, owner, spec, buffer_key); !s.ok()) {
+    if (auto s = CheckConflicts(session, owner, spec, buffer_key, registration.memory()); !s.ok()) {
       Release(*t);
       return s;
     }

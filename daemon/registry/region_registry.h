@@ -67,6 +67,10 @@ struct RegisteredTensor {
   // For a part of a buffer (a spec with a view): the memory range it shares with the
   // buffer's other parts; empty otherwise.
   std::string buffer_key;
+  // Destinations only: the memory object (shm name, CUDA allocation) and the byte range of it
+  // the handle covers; no two destinations of different tensors may share a byte.
+  std::string object_key;
+  uint64_t object_offset = 0, object_length = 0;
 };
 
 class RegionRegistry {
@@ -93,8 +97,8 @@ class RegionRegistry {
 
  private:
   absl::Status CheckConflicts(uint64_t session, const weightbeam::v1::Owner& owner,
-                              const weightbeam::v1::TensorSpec& spec,
-                              const std::string& buffer_key) const
+                              const weightbeam::v1::TensorSpec& spec, const std::string& buffer_key,
+                              const weightbeam::v1::MemoryHandle& memory) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(const RegisteredTensor& t);
   void IndexLocked(const RegisteredTensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -111,6 +115,8 @@ class RegionRegistry {
   std::unordered_map<uint64_t, std::vector<uint64_t>> by_session_ ABSL_GUARDED_BY(mu_);
   // buffer key -> region ids of the parts registered in that memory range.
   std::unordered_map<std::string, std::vector<uint64_t>> by_buffer_ ABSL_GUARDED_BY(mu_);
+  // memory object -> region ids of the destinations registered in it.
+  std::unordered_map<std::string, std::vector<uint64_t>> by_object_ ABSL_GUARDED_BY(mu_);
   uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> on_change_;

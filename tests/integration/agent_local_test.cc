@@ -255,6 +255,47 @@ TEST_CASE("parts of one buffer share its memory; overlaps and bad views are refu
   CHECK(session->Register(part("v.weight", 2, 6, 10), *buf, 0, 192).ok());
 }
 
+TEST_CASE("two destination tensors over the same bytes are refused, naming both") {
+  AgentUnderTest agent;
+  InferenceSide side = InferenceSide::Open(agent, "alias");
+  SharedBuffer* buf = &side.buffer;
+  LocalSession* session = &side.session;
+  // w.a: bytes [0, 2048) of the buffer.
+  REQUIRE(session->Register(Bf16("w.a", {32, 32}), *buf, 0, 2048).ok());
+
+  SECTION("a second tensor over part of the first one's bytes") {
+    auto s = session->Register(Bf16("w.b", {32, 32}), *buf, 1024, 2048);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(Message(s), Catch::Contains("tensor 'w.b'") && Catch::Contains("'w.a'") &&
+                               Catch::Contains("[1024, 3072)") && Catch::Contains("[0, 2048)"));
+  }
+  SECTION("a tensor inside the first one's bytes, registered in a batch") {
+    auto s = session->RegisterBatch({{Bf16("w.c", {4}), 8, 8}}, *buf);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(Message(s), Catch::Contains("tensor 'w.c'") && Catch::Contains("'w.a'"));
+  }
+  SECTION("another worker's destination over the same bytes") {
+    auto other = LocalSession::Connect(agent.socket, Identity{v1::ROLE_INFERENCE, 0, 1});
+    REQUIRE(other.ok());
+    auto s = other->Register(Bf16("w.d", {32, 32}), *buf, 0, 2048);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(Message(s), Catch::Contains("tensor 'w.d'") && Catch::Contains("'w.a'"));
+  }
+  // Refusals leave nothing behind; a neighbour that only touches the first one's end is fine,
+  // and trainer sources may share bytes (they are only read).
+  CHECK(session->Register(Bf16("w.e", {32, 32}), *buf, 2048, 2048).ok());
+  auto trainer = LocalSession::Connect(agent.socket, Identity{v1::ROLE_TRAINER, 0, 0});
+  REQUIRE(trainer.ok());
+  auto src = SharedBuffer::Create(4096, "alias-src");
+  REQUIRE(src.ok());
+  CHECK(trainer->Register(Bf16("w.a", {32, 32}), *src, 0, 2048).ok());
+  CHECK(trainer->Register(Bf16("w.e", {32, 32}), *src, 1024, 2048).ok());
+  int tensors = 0;
+  const v1::AgentLayout layout = agent.Layout();
+  for (const auto& t : layout.tensors()) tensors += t.owner().role() == v1::ROLE_INFERENCE;
+  CHECK(tensors == 2);
+}
+
 TEST_CASE("a second agent on the same socket is refused clearly") {
   AgentUnderTest agent;
   std::string log = agent.dir + "/second.log";

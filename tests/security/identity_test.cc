@@ -1,7 +1,9 @@
 // Identity without TLS (issue 14, class 5) with real processes: in the default insecure mode a
 // RegisterAgent under a live agent's name from another endpoint must not take its place, and
-// ListTensors must not hand out the region keys that authorize remote writes.
+// ListTensors must not hand out the region keys that authorize remote writes; an agent restarted
+// on another address gets its name back as soon as nothing answers at the old one (issue 31).
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -17,6 +19,7 @@
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
 using wb::testing::Cluster;
+using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -26,6 +29,18 @@ std::unique_ptr<v1::Controller::Stub> Stub(const Cluster& cluster) {
 }
 
 }  // namespace
+
+// The control endpoint the controller holds for `agent`, or "" when it lists none.
+std::string HeldEndpoint(v1::Controller::Stub* stub, const std::string& agent) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::StatusResponse resp;
+  if (!stub->Status(&ctx, v1::StatusRequest(), &resp).ok()) return "";
+  for (const auto& a : resp.agents()) {
+    if (a.info().name() == agent) return a.info().control_endpoint();
+  }
+  return "";
+}
 
 TEST_CASE("a live agent's name cannot be taken and region keys are not listed", "[security]") {
   Cluster cluster(wb::testing::Runfile(""), {});
@@ -102,4 +117,46 @@ TEST_CASE("a live agent's name cannot be taken and region keys are not listed", 
     CHECK(hresp.reregister());
     real_agents_commit(0x42);
   }
+}
+
+TEST_CASE("an agent restarted on a new address takes its name at once when the old one is gone",
+          "[security]") {
+  wb::testing::ClusterOptions options;
+  // The old wait for a name (the holder's heartbeat timeout): far beyond what is allowed below.
+  options.heartbeat_timeout_ms = 20000;
+  Cluster cluster(wb::testing::Runfile(""), options);
+  auto stub = Stub(cluster);
+  const std::string old_address = cluster.agent_address("inference-node");
+  REQUIRE(wb::testing::WaitUntil(
+      [&] { return HeldEndpoint(stub.get(), "inference-node") == old_address; },
+      std::chrono::seconds(20)));
+
+  // SIGKILLed and started again on another address (a rescheduled pod): nothing answers at the
+  // old endpoint any more, so the controller lets the new incarnation in at its first tries.
+  cluster.KillAgent("inference-node", SIGKILL);
+  const auto t0 = Clock::now();
+  REQUIRE(cluster.MoveAgent("inference-node"));
+  const std::string new_address = cluster.agent_address("inference-node");
+  REQUIRE(new_address != old_address);
+  const bool moved = wb::testing::WaitUntil(
+      [&] { return HeldEndpoint(stub.get(), "inference-node") == new_address; },
+      std::chrono::seconds(8));
+  INFO("controller holds " << HeldEndpoint(stub.get(), "inference-node") << " after "
+                           << std::chrono::duration<double>(Clock::now() - t0).count() << " s");
+  CHECK(moved);
+  CHECK_THAT(cluster.Log("controller"), Catch::Contains("nothing answers at " + old_address));
+
+  // The new incarnation answers at its endpoint: another process under its name from yet
+  // another address is refused, again and again.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    v1::RegisterAgentRequest req;
+    req.mutable_agent()->set_name("inference-node");
+    req.mutable_agent()->set_control_endpoint("127.0.0.1:1");
+    req.set_incarnation("impostor-incarnation");
+    v1::RegisterAgentResponse resp;
+    grpc::Status st = wb::testing::CallWithin(std::chrono::seconds(10), stub.get(),
+                                              &v1::Controller::Stub::RegisterAgent, req, &resp);
+    wb::testing::CheckRefused(st, grpc::StatusCode::ALREADY_EXISTS, "held by a live agent");
+  }
+  CHECK(HeldEndpoint(stub.get(), "inference-node") == new_address);
 }

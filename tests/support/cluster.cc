@@ -87,6 +87,12 @@ bool Cluster::AddAgent(const std::string& name) {
   return StartAgent(name);
 }
 
+bool Cluster::MoveAgent(const std::string& name) {
+  agent_ports_[name] = FreePort();
+  tcp_ports_[name] = FreePort();
+  return StartAgent(name);
+}
+
 void Cluster::KillAgent(const std::string& name, int sig) {
   agents_.at(name)->Signal(sig);
   if (sig == SIGKILL) agents_.at(name)->Wait(std::chrono::seconds(5));

@@ -36,6 +36,8 @@ class Cluster {
   bool StartAgent(const std::string& agent);
   // Starts an agent the options did not name (a node added mid-run), on a port of its own.
   bool AddAgent(const std::string& agent);
+  // Starts an agent again on new ports (a restart on another address: a new pod IP).
+  bool MoveAgent(const std::string& agent);
   Process* agent(const std::string& name) { return agents_.at(name).get(); }
   Process* controller() { return controller_.get(); }
   void KillAgent(const std::string& name, int sig);

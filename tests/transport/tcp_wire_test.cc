@@ -3,9 +3,11 @@
 #include <sys/socket.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/net/socket_util.h"
@@ -202,6 +204,73 @@ TEST_CASE("forgetting a peer closes its connections and retires its token", "[tc
   net::UniqueFd again = Dial(receiver);
   SendHello(again.get(), token);
   CHECK_FALSE(ReadFrame(again.get()).has_value());
+}
+
+// Waits (up to 5 s) until the receiver has read everything sent on `fd` so far: a write 4 bytes
+// past the end is NACKed only after every frame before it was handled.
+void Sync(int fd, const Receiver& receiver, uint64_t step = 0) {
+  FrameHeader probe = WriteTo(receiver, receiver.memory.size() - 4, 8, ~uint64_t{0});
+  probe.step = step;
+  SendFrame(fd, probe, "12345678");
+  NextFrameOf(fd, FrameType::kNack);
+}
+
+TEST_CASE("a peer's unfinished batches are bounded and dropped when their step is over",
+          "[tcp][security]") {
+  Receiver receiver;
+  const std::string token = TokenFor(receiver);
+
+  SECTION("fresh batch ids that never FLUSH keep at most the bound") {
+    net::UniqueFd fd = DialIntroduced(receiver, token);
+    const uint64_t batches = 4 * TcpReceiver::kMaxOpenBatchesPerPeer;
+    for (uint64_t id = 1; id <= batches; ++id) {
+      SendFrame(fd.get(), WriteTo(receiver, id % 1000, 1, id), "w");
+    }
+    Sync(fd.get(), receiver);
+    CHECK(receiver.transport->OpenBatches() <= TcpReceiver::kMaxOpenBatchesPerPeer);
+    // The latest batches are the ones kept: a FLUSH still completes normally.
+    SendFrame(fd.get(), FlushOf(batches));
+    CHECK(NextFrameOf(fd.get(), FrameType::kAck).first.batch_id == batches);
+  }
+
+  SECTION("moving the step fence drops the batches it cut") {
+    net::UniqueFd fd = DialIntroduced(receiver, token);
+    REQUIRE(receiver.transport->OpenStep(7).ok());
+    FrameHeader landed = WriteTo(receiver, 0, 4, 100);
+    landed.step = 7;
+    SendFrame(fd.get(), landed, "land");
+    FrameHeader refused = WriteTo(receiver, 8, 4, 101);
+    refused.step = 6;  // an older step's write: NACKed, its batch marked refused
+    SendFrame(fd.get(), refused, "late");
+    NextFrameOf(fd.get(), FrameType::kNack);
+    Sync(fd.get(), receiver, 7);
+    CHECK(receiver.transport->OpenBatches() >= 2);
+    // Step 7 is aborted and step 8 begins: neither FLUSH will ever come.
+    REQUIRE(receiver.transport->OpenStep(8).ok());
+    CHECK(receiver.transport->OpenBatches() == 0);
+    FrameHeader next = WriteTo(receiver, 16, 4, 102);
+    next.step = 8;
+    SendFrame(fd.get(), next, "next");
+    Sync(fd.get(), receiver, 8);
+    REQUIRE(receiver.transport->CloseStep(false).ok());
+    CHECK(receiver.transport->OpenBatches() == 0);
+  }
+
+  SECTION("a peer whose connections all closed leaves nothing behind") {
+    {
+      net::UniqueFd fd = DialIntroduced(receiver, token);
+      for (uint64_t id = 1; id <= 10; ++id) {
+        SendFrame(fd.get(), WriteTo(receiver, id, 1, id), "a");
+      }
+      Sync(fd.get(), receiver);
+      CHECK(receiver.transport->OpenBatches() >= 10);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (receiver.transport->OpenBatches() != 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    CHECK(receiver.transport->OpenBatches() == 0);
+  }
 }
 
 TEST_CASE("Connect fails clearly when the peer does not know our token", "[tcp]") {

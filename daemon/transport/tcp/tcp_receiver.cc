@@ -117,8 +117,9 @@ void TcpReceiver::ForgetPeer(const std::string& peer) {
       token_to_peer_.erase(it->second);
       peer_to_token_.erase(it);
     }
-    for (auto it = batches_.begin(); it != batches_.end();) {
-      it = it->first.first == peer ? batches_.erase(it) : std::next(it);
+    for (auto it = batches_.lower_bound({peer, 0});
+         it != batches_.end() && it->first.first == peer;) {
+      EraseBatchLocked(it++);
     }
   }
   std::lock_guard<std::mutex> lock(conns_mu_);
@@ -127,17 +128,76 @@ void TcpReceiver::ForgetPeer(const std::string& peer) {
   }
 }
 
+size_t TcpReceiver::OpenBatches() {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  return batches_.size();
+}
+
 void TcpReceiver::SetArrivalCallback(ArrivalCallback cb) {
   std::lock_guard<std::mutex> lock(peers_mu_);
   arrival_ = std::move(cb);
 }
 
 absl::Status TcpReceiver::OpenStep(uint64_t step) {
-  return fence_.Open(step, [this, step] { CutLanding(true, step); });
+  absl::Status st = fence_.Open(step, [this, step] { CutLanding(true, step); });
+  DropFencedBatches();
+  return st;
 }
 
 absl::Status TcpReceiver::CloseStep() {
-  return fence_.Close([this] { CutLanding(false, 0); });
+  absl::Status st = fence_.Close([this] { CutLanding(false, 0); });
+  DropFencedBatches();
+  return st;
+}
+
+TcpReceiver::BatchProgress& TcpReceiver::BatchLocked(const BatchKey& key) {
+  auto it = batches_.find(key);
+  if (it != batches_.end()) return it->second;
+  size_t& open = open_batches_[key.first];
+  if (open >= kMaxOpenBatchesPerPeer) {
+    // The peer's lowest batch id: a sender numbers its batches in order, so its oldest.
+    static std::atomic<uint64_t> evicted{0};
+    if (PowerOfTwo(++evicted)) {
+      spdlog::warn(
+          "tcp transport: '{}' has {} batches without their FLUSH (max {}): forgetting the "
+          "oldest ({} so far)",
+          key.first, open, kMaxOpenBatchesPerPeer, evicted.load());
+    }
+    EraseBatchLocked(batches_.lower_bound({key.first, 0}));
+  }
+  ++open_batches_[key.first];
+  BatchProgress& progress = batches_[key];
+  progress.epoch = fence_epoch_;
+  return progress;
+}
+
+void TcpReceiver::EraseBatchLocked(std::map<BatchKey, BatchProgress>::iterator it) {
+  auto open = open_batches_.find(it->first.first);
+  if (open != open_batches_.end() && --open->second == 0) open_batches_.erase(open);
+  batches_.erase(it);
+}
+
+void TcpReceiver::DropFencedBatches() {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  ++fence_epoch_;
+  for (auto it = batches_.begin(); it != batches_.end();) {
+    if (it->second.epoch < fence_epoch_) {
+      EraseBatchLocked(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void TcpReceiver::ConnectionEnded(const std::string& peer) {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  auto live = live_connections_.find(peer);
+  if (live == live_connections_.end() || --live->second > 0) return;
+  live_connections_.erase(live);
+  for (auto it = batches_.lower_bound({peer, 0});
+       it != batches_.end() && it->first.first == peer;) {
+    EraseBatchLocked(it++);
+  }
 }
 
 void TcpReceiver::CutLanding(bool keep_any, uint64_t keep) {
@@ -331,6 +391,10 @@ absl::Status TcpReceiver::Handshake(Connection* conn) {
     std::lock_guard<std::mutex> lock(conns_mu_);
     conn->peer = peer;
   }
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    ++live_connections_[peer];
+  }
   // Authenticated: from now on receives are bounded by the write timeout.
   if (auto st = net::TuneSocket(conn->fd.get(), options_.socket_buffer_bytes,
                                 options_.write_timeout, options_.write_timeout);
@@ -368,7 +432,7 @@ absl::Status TcpReceiver::HandleWrite(Connection* conn, const FrameHeader& heade
   if (auto admitted = fence_.Admit(header.step, conn->peer, &pass); !admitted.ok()) {
     {
       std::lock_guard<std::mutex> lock(peers_mu_);
-      batches_[{conn->peer, header.batch_id}].rejected = true;
+      BatchLocked({conn->peer, header.batch_id}).rejected = true;
     }
     if (auto st =
             SendControl(conn, FrameType::kNack, header.batch_id, std::string(admitted.message()));
@@ -384,7 +448,7 @@ absl::Status TcpReceiver::HandleWrite(Connection* conn, const FrameHeader& heade
                  std::string(pin.status().message()));
     {
       std::lock_guard<std::mutex> lock(peers_mu_);
-      batches_[{conn->peer, header.batch_id}].rejected = true;
+      BatchLocked({conn->peer, header.batch_id}).rejected = true;
     }
     if (auto st = SendControl(conn, FrameType::kNack, header.batch_id,
                               std::string(pin.status().message()));
@@ -417,7 +481,7 @@ absl::Status TcpReceiver::HandleWrite(Connection* conn, const FrameHeader& heade
                                                  : std::strerror(err)));
   }
   std::lock_guard<std::mutex> lock(peers_mu_);
-  batches_[{conn->peer, header.batch_id}].bytes += header.length;
+  BatchLocked({conn->peer, header.batch_id}).bytes += header.length;
   return absl::OkStatus();
 }
 
@@ -426,14 +490,14 @@ absl::Status TcpReceiver::HandleFlush(Connection* conn, const FrameHeader& heade
   uint64_t bytes = 0;
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
-    auto key = std::make_pair(conn->peer, header.batch_id);
-    BatchProgress& progress = batches_[key];
+    const BatchKey key(conn->peer, header.batch_id);
+    BatchProgress& progress = BatchLocked(key);
     if (++progress.parts_seen >= header.aux) {
       if (!progress.rejected) {
         arrival = arrival_;
         bytes = progress.bytes;
       }
-      batches_.erase(key);
+      EraseBatchLocked(batches_.find(key));
     }
   }
   // Acknowledge first: the sender's batch completes without waiting for our callback.
@@ -470,6 +534,9 @@ void TcpReceiver::Serve(Connection* conn) {
                   std::string(status.message()));
   }
   ::shutdown(conn->fd.get(), SHUT_RDWR);
+  // Batches of a peer with no connection left never see their FLUSH (the sender failed them).
+  // Before `finished`: the connection may be reaped (its thread joined) right after.
+  if (!conn->peer.empty()) ConnectionEnded(conn->peer);
   conn->finished = true;
 }
 

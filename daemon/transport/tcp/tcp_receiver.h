@@ -50,6 +50,13 @@ class TcpReceiver {
   uint64_t RefusedWrites(uint64_t step) const { return fence_.Refused(step); }
   void SetFenceCallback(FenceCallback cb) { fence_.SetCallback(std::move(cb)); }
 
+  // Batches whose FLUSH has not arrived yet (every peer): the receiver's bookkeeping, bounded.
+  size_t OpenBatches();
+  // At most this many per peer: a sender has a handful in flight per connection; a peer that
+  // never sends FLUSH (or sends fresh batch ids) loses its oldest entries, which only feed the
+  // received-bytes metric.
+  static constexpr size_t kMaxOpenBatchesPerPeer = 1024;
+
  private:
   struct Connection {
     net::UniqueFd fd;
@@ -70,7 +77,9 @@ class TcpReceiver {
     uint32_t parts_seen = 0;
     uint64_t bytes = 0;
     bool rejected = false;
+    uint64_t epoch = 0;  // fence_epoch_ when the batch was first seen
   };
+  using BatchKey = std::pair<std::string, uint64_t>;  // (peer, batch id)
 
   void AcceptLoop();
   void Serve(Connection* conn);
@@ -90,6 +99,16 @@ class TcpReceiver {
   // Shuts down the connections landing a write of a step other than `keep` (any, when
   // `keep_any` is false).
   void CutLanding(bool keep_any, uint64_t keep);
+  // The batch's bookkeeping, made when first seen; the peer's oldest entry goes when it has
+  // kMaxOpenBatchesPerPeer already. Requires peers_mu_.
+  BatchProgress& BatchLocked(const BatchKey& key);
+  void EraseBatchLocked(std::map<BatchKey, BatchProgress>::iterator it);
+  // Drops the batches first seen before the fence last moved: their FLUSH will never come (a
+  // step cut or aborted) or no longer matters. Takes peers_mu_.
+  void DropFencedBatches();
+  // One of `peer`'s authenticated connections ended: when it was the last, its batches go
+  // (their FLUSH can no longer come). Takes peers_mu_.
+  void ConnectionEnded(const std::string& peer);
 
   const std::shared_ptr<RegionTable> regions_;
   const TcpOptions options_;
@@ -105,7 +124,10 @@ class TcpReceiver {
   std::mutex peers_mu_;
   std::map<std::string, std::string> token_to_peer_;
   std::map<std::string, std::string> peer_to_token_;
-  std::map<std::pair<std::string, uint64_t>, BatchProgress> batches_;
+  std::map<BatchKey, BatchProgress> batches_;
+  std::map<std::string, size_t> open_batches_;      // peer -> its entries in batches_
+  uint64_t fence_epoch_ = 0;                        // bumped each time the fence moves
+  std::map<std::string, size_t> live_connections_;  // peer -> its authenticated connections
   ArrivalCallback arrival_;
 };
 

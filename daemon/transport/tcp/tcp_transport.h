@@ -45,6 +45,9 @@ class TcpTransport : public Transport {
   uint64_t RefusedWrites(uint64_t step) const override { return receiver_->RefusedWrites(step); }
   void SetFenceCallback(FenceCallback cb) override { receiver_->SetFenceCallback(std::move(cb)); }
 
+  // Incoming batches still waiting for their FLUSH (TcpReceiver::OpenBatches).
+  size_t OpenBatches() const { return receiver_->OpenBatches(); }
+
   // host:port peers connect to.
   const std::string& endpoint() const { return endpoint_; }
 
