@@ -131,7 +131,13 @@ for ((k = 0; k < HALF; k++)); do
 done
 log "$((AGENTS + 2)) namespaces ($PREFIX-*), $((AGENTS + 1)) veth pairs (MTU $MTU) on a bridge in $SW, subnet $SUBNET.0/24"
 
+# The committed steps' timeline goes to .cache/cluster-trace.json unless --timeline says otherwise.
+timeline=()
+case " $* " in
+  *" --timeline "* | *" --timeline="*) ;;
+  *) mkdir -p "$ROOT/.cache" 2>/dev/null && timeline=(--timeline "$ROOT/.cache/cluster-trace.json") ;;
+esac
 ip netns exec "$PREFIX-ctl" "$BIN/tests/cluster/wb-cluster" --ns-prefix "$PREFIX" --subnet "$SUBNET" \
-  --bin-dir "$BIN" "$@"
+  --bin-dir "$BIN" "${timeline[@]}" "$@"
 rc=$?
 exit $rc

@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/report_format.h"
+#include "client/step_trace.h"
 #include "client/table.h"
 #include "client/weightbeam/controller_client.h"
 #include "tests/cluster/cluster_model.h"
@@ -193,6 +194,7 @@ struct Options {
   bool keep_logs = false;
   int trace_ms = 0;
   double switch_queue_ms = 250;
+  std::string timeline;  // the committed steps as a Chrome/Perfetto trace (wbctl trace)
 };
 
 class Cluster {
@@ -245,6 +247,7 @@ class Cluster {
   double nominal_gbps_ = 1.0;  // what the agents' tcp rails report to the planner
   uint32_t version_ = 0;
   std::vector<std::string> json_;
+  std::vector<weightbeam::v1::StepResult> committed_;  // for --timeline
   bool all_verified_ = true;
 };
 
@@ -469,6 +472,7 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
     // Surviving workers see abort(v); they say nothing until the next commit.
     return false;
   }
+  committed_.push_back(*step);
   const bool delta_step = step->delta_ops() > 0;
   // Bytes per agent: sent from the step, received from the plan (dense), wire from the links.
   std::map<std::string, LinkBytes> per;
@@ -715,6 +719,13 @@ int Cluster::Main() {
     for (const auto& j : json_) f << j << "\n";
   }
   for (const auto& j : json_) std::printf("%s\n", j.c_str());
+  if (!o_.timeline.empty() && !committed_.empty()) {
+    std::ofstream f(o_.timeline);
+    f << wb::client::StepTraceJson(committed_);
+    std::printf(f.good() ? "timeline of the %zu committed steps: %s (ui.perfetto.dev)\n"
+                         : "(could not write the timeline of %zu steps to %s)\n",
+                committed_.size(), o_.timeline.c_str());
+  }
   std::fflush(stdout);
   return pass ? 0 : 1;
 }
@@ -751,6 +762,8 @@ int main(int argc, char** argv) {
                  "queue of a switch port toward an agent, in ms of the link rate");
   app.add_option("--trace-ms", o.trace_ms, "print per-link rates every N ms during steps");
   app.add_option("--json-out", o.json_out, "also append the JSON lines to this file");
+  app.add_option("--timeline", o.timeline,
+                 "write the committed steps as a Chrome/Perfetto trace (JSON) to this file");
   CLI11_PARSE(app, argc, argv);
   if (role == "trainer") return wb::cluster::RunTrainer(o.shape, rank, socket);
   if (role == "inference") return wb::cluster::RunInference(o.shape, replica, rank, socket);
