@@ -117,7 +117,7 @@ absl::StatusOr<std::vector<ShardBuffer>> StorageAgent::Buffers(
           absl::StrCat("tensor '", reg->spec.name(), "' is in GPU memory (", reg->location,
                        "); the storage path reads and writes host memory only"));
     }
-    if (reg->spec.has_view()) {
+    if (role == v1::ROLE_TRAINER && reg->spec.has_view()) {
       return absl::UnimplementedError(
           absl::StrCat("tensor '", reg->spec.name(), "' is a part of '", reg->spec.view().buffer(),
                        "' (a trainer layout's view); the storage path publishes dense shards only "

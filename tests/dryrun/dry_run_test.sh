@@ -26,4 +26,14 @@ expect_error() {  # expect_error WORD args...
 echo '{"architectures":["FooForCausalLM"],"hidden_size":64}' > "$TEST_TMPDIR/foo.json"
 expect_error "unknown architecture" --model "$TEST_TMPDIR/foo.json" --engine vllm --trainers 4 --inference-gpus 8 --tp 4
 expect_error "tp 3" --model $M/qwen3.json --engine vllm --trainers 4 --inference-gpus 6 --tp 3
+# Megatron-core trainers (tp x pp x dp GPUs, every data-parallel copy a source).
+out=$($W plan --dry-run --model $M/qwen3_moe.json --engine vllm --trainer megatron --trainer-tp 2 \
+  --trainer-pp 2 --trainer-ep 2 --trainer-dp 2 --inference-gpus 4 --tp 2 --fp8) \
+  || fail "megatron dry run exited $?"
+grep -qF "8 megatron trainers" <<<"$out" || fail "megatron dry run lacks its trainers: $out"
+grep -qF '"trainer":"megatron"' <<<"$out" || fail "megatron dry run lacks the trainer field"
+expect_error "num_query_groups" --model $M/llama.json --engine vllm --trainer megatron \
+  --trainer-tp 4 --inference-gpus 2 --tp 2
+expect_error "expected fsdp or megatron" --model $M/llama.json --engine vllm --trainer deepspeed \
+  --inference-gpus 2 --tp 2
 echo PASS
