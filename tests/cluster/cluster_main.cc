@@ -15,9 +15,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -46,6 +49,10 @@ namespace {
 
 using Child = wb::demo::LineChild;  // speaks the line protocol on its stdin/stdout
 using wb::demo::SelfPath;
+
+// How long the driver waits for a child's line: nothing it reads may block for good (a worker
+// whose replica was skipped says nothing; a killed agent's workers exit).
+constexpr std::chrono::seconds kLineTimeout{120};
 
 // Runs a shell command; its output (stdout) or "" on failure, with *ok set.
 std::string Run(const std::string& cmd, bool* ok = nullptr) {
@@ -118,23 +125,54 @@ class Network {
 
   // tbf on both ends of the agent's veth: egress of eth0 in its namespace (what it sends) and
   // egress of its port on the bridge (what it receives). Burst: 10 ms of the rate, at least
-  // 128 KiB (veth hands tbf 64 KiB GSO packets); queue: 50 ms of the rate.
+  // 128 KiB (veth hands tbf 64 KiB GSO packets).
+  // The agent's own egress queue stands for a host's NIC queue: it must hold what the agent's
+  // sockets may hand it (TCP small queues: about two 64 KiB GSO packets per connection, 16
+  // connections from one trainer to four inference agents), else it drops locally. A TCP
+  // socket whose every segment is in flight and acknowledged (between two jobs) and whose next
+  // send is dropped there arms the window-probe timer; probes that cannot leave for local
+  // congestion are retried every 500 ms and each counts against tcp_retries2 (15), so after
+  // ~7.5 s of a full queue the kernel aborts the connection (ETIMEDOUT: "send failed:
+  // Connection timed out") although the link moves. 50 ms of a 50 Mbit/s link (~440 KB) was
+  // far too small; half a second of the rate, at least 8 MiB, never drops (TSQ bounds what the
+  // sockets queue). The switch port keeps its configured queue.
   absl::Status Shape(Link& link, double mbit) {
     const double bytes_per_s = mbit * 1e6 / 8;
     const uint64_t burst = std::max<uint64_t>(128 << 10, static_cast<uint64_t>(bytes_per_s / 100));
-    auto tbf = [&](double queue_s) {
+    auto tbf = [&](uint64_t queue_bytes) {
       return absl::StrCat(" root tbf rate ", static_cast<uint64_t>(mbit * 1000), "kbit burst ",
-                          burst, " limit ", burst + static_cast<uint64_t>(bytes_per_s * queue_s));
+                          burst, " limit ", burst + queue_bytes);
     };
+    const uint64_t host_queue =
+        std::max<uint64_t>(8 << 20, static_cast<uint64_t>(bytes_per_s * 0.5));
     bool ok1 = false, ok2 = false;
-    std::string e1 = Run("tc -n " + link.ns + " qdisc replace dev eth0" + tbf(0.05), &ok1);
-    std::string e2 =
-        Run("tc -n " + Ns("sw") + " qdisc replace dev " + link.port + tbf(switch_queue_s), &ok2);
+    std::string e1 = Run("tc -n " + link.ns + " qdisc replace dev eth0" + tbf(host_queue), &ok1);
+    std::string e2 = Run("tc -n " + Ns("sw") + " qdisc replace dev " + link.port +
+                             tbf(static_cast<uint64_t>(bytes_per_s * switch_queue_s)),
+                         &ok2);
     if (!ok1 || !ok2) {
       return absl::InternalError(absl::StrCat("tc on ", link.agent, "'s link: ", e1, e2));
     }
     link.mbit = mbit;
     return absl::OkStatus();
+  }
+
+  // What the agent's own egress queue dropped (tbf on eth0 in its namespace) and how many of its
+  // TCP connections the kernel gave up on (retransmissions or window probes unanswered or not
+  // sent: TcpExtTCPAbortOnTimeout), since the namespace was made.
+  std::pair<uint64_t, uint64_t> Drops(const Link& link) const {
+    uint64_t dropped = 0, aborted = 0;
+    const std::string tc = Run("tc -n " + link.ns + " -s qdisc show dev eth0");
+    if (auto at = tc.find("dropped "); at != std::string::npos) {
+      dropped = std::strtoull(tc.c_str() + at + 8, nullptr, 10);
+    }
+    std::istringstream in(Run("ip netns exec " + link.ns + " nstat -saz TcpExtTCPAbortOnTimeout"));
+    std::string name;
+    uint64_t value = 0;
+    while (in >> name) {
+      if (name == "TcpExtTCPAbortOnTimeout" && in >> value) aborted = value;
+    }
+    return {dropped, aborted};
   }
 
   // Bytes through every switch port: rx = what the agent sent, tx = what it received.
@@ -227,9 +265,14 @@ class Cluster {
   std::vector<std::unique_ptr<Child>*> WorkersOf(int node);
 
   // One step: perturb, Step, verify, report. `fault` runs on a thread while the step is in
-  // flight. Returns false when the step failed (reported as such).
+  // flight. Returns false when the step failed (reported as such). Workers of replicas the step
+  // skipped are not asked; the result is in last_step_ (unset when the step failed).
   bool RunStep(const std::string& scenario, const std::function<void()>& fault = nullptr,
                const std::string& note = "");
+  // Worker g's answer for version v: "verified v ...", skipping abort lines and answers for
+  // older versions; "" when it is gone or says nothing within `timeout`.
+  std::string VerifiedLine(size_t g, uint32_t v, std::chrono::milliseconds timeout);
+  bool KillScenario();
   bool Scenario(const std::string& name);
 
   Options o_;
@@ -249,6 +292,8 @@ class Cluster {
   std::vector<std::string> json_;
   std::vector<weightbeam::v1::StepResult> committed_;  // for --timeline
   bool all_verified_ = true;
+  std::optional<v1::StepResult> last_step_;
+  std::string last_error_;
 };
 
 absl::Status Cluster::SetUp() {
@@ -330,7 +375,7 @@ absl::Status Cluster::StartTrainers() {
         std::make_unique<Child>(argv, absl::StrCat(dir_, "/trainer-rank-", r, ".log")));
   }
   for (auto& t : trainers_) {
-    if (t->Receive().rfind("ready ", 0) != 0) {
+    if (t->ReceiveWithin(kLineTimeout).value_or("").rfind("ready ", 0) != 0) {
       return absl::UnavailableError(
           absl::StrCat("a trainer rank did not register its tensors (see ", dir_, ")"));
     }
@@ -372,7 +417,8 @@ absl::Status Cluster::StartWorkers(int node) {
   }
   for (int g = node * shape().gpus_per_node; g < (node + 1) * shape().gpus_per_node; ++g) {
     unsigned long long b = 0;
-    if (std::sscanf(workers_[g]->Receive().c_str(), "ready %llu", &b) != 1) {
+    if (std::sscanf(workers_[g]->ReceiveWithin(kLineTimeout).value_or("").c_str(), "ready %llu",
+                    &b) != 1) {
       return absl::UnavailableError(absl::StrCat("inference worker ", g,
                                                  " did not register its tensors (see ", dir_,
                                                  "/worker-", g, ".log)"));
@@ -402,9 +448,11 @@ absl::Status Cluster::MakePlan(v1::DeltaChoice delta) {
 bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& fault,
                       const std::string& note) {
   const uint32_t v = ++version_;
+  last_step_.reset();
+  last_error_.clear();
   for (auto& t : trainers_) t->Send(absl::StrCat("perturb ", v));
   for (auto& t : trainers_) {
-    if (t->Receive() != absl::StrCat("ok ", v)) {
+    if (t->ReceiveWithin(kLineTimeout).value_or("") != absl::StrCat("ok ", v)) {
       std::printf("FAIL: a trainer rank did not apply version %u\n", v);
       all_verified_ = false;
       return false;
@@ -462,6 +510,7 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
   for (pid_t p : pids) cpu1 += CpuSeconds(p);
   if (!step.ok()) {
     const std::string err(step.status().message());
+    last_error_ = err;
     std::printf("\n[%s] version %u FAILED after %.2f s: %s\n", scenario.c_str(), v, wall,
                 err.c_str());
     json_.push_back(absl::StrCat("{\"scenario\":", Json(scenario), ",\"agents\":", AgentCount(),
@@ -505,12 +554,20 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
                     b.wire_out);
     absl::StrAppend(&wire_in_json, wire_in_json.empty() ? "" : ",", Json(l.agent), ":", b.wire_in);
   }
-  // Every inference worker checks every byte it holds.
-  int verified = 0;
+  last_step_ = *step;
+  // Every inference worker of a committed replica checks every byte it holds; those of a
+  // skipped replica are not asked (they saw abort, or their agent is gone).
+  const std::set<int> committed(step->committed_replicas().begin(),
+                                step->committed_replicas().end());
+  int verified = 0, expected = 0;
   uint64_t checked = 0;
   std::string failure;
   for (size_t g = 0; g < workers_.size(); ++g) {
-    const std::string line = workers_[g]->ReceiveSkippingAborts();
+    if (!committed.empty() && !committed.count(static_cast<int>(g) / shape().inference_tp())) {
+      continue;
+    }
+    ++expected;
+    const std::string line = VerifiedLine(g, v, kLineTimeout);
     unsigned long long b = 0;
     if (std::sscanf(line.c_str(), ("verified " + std::to_string(v) + " PASS %llu").c_str(), &b) ==
             1 &&
@@ -518,13 +575,18 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
       ++verified;
       checked += b;
     } else if (failure.empty()) {
-      failure = line.empty() ? absl::StrCat("worker ", g, " exited") : line;
+      failure = line.empty() ? absl::StrCat("worker ", g, " exited or did not answer") : line;
       if (b != 0 && b != worker_bytes_[g]) {
         absl::StrAppend(&failure, " (checked ", b, " of ", worker_bytes_[g], " bytes)");
       }
     }
   }
-  const bool ok = verified == static_cast<int>(workers_.size());
+  const bool ok = verified == expected && expected > 0;
+  std::string skipped;
+  for (const auto& r : step->skipped_replicas()) {
+    absl::StrAppend(&skipped, skipped.empty() ? "" : "; ", "replica ", r.replica(), " (",
+                    absl::StrJoin(r.agents(), ", "), "): ", r.reason());
+  }
   all_verified_ = all_verified_ && ok;
   const double seconds = step->seconds();
   const double predicted = plan_.predicted_step_seconds() * nominal_gbps_ / (o_.link_mbit / 8000.0);
@@ -534,12 +596,12 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
   std::printf(
       "\n[%s] version %u (%s%s): %s in %.2f s; link-limited ideal %.2f s (%s); "
       "efficiency %.3f; predicted %.2f s (%+.1f%%); agents used %.2f cores (host %.0f%% "
-      "busy); verified %d/%zu workers (%s)%s\n%s",
+      "busy); verified %d/%d workers (%s)%s%s\n%s",
       scenario.c_str(), v, kind.c_str(), note.empty() ? "" : ", see notes",
       HumanBytes(step->bytes()).c_str(), seconds, ideal, bottleneck.c_str(), ideal / seconds,
-      predicted, (predicted / seconds - 1) * 100, cores, host_busy * 100, verified, workers_.size(),
+      predicted, (predicted / seconds - 1) * 100, cores, host_busy * 100, verified, expected,
       HumanBytes(checked).c_str(), ok ? "" : (" MISMATCH: " + failure).c_str(),
-      table.Render().c_str());
+      skipped.empty() ? "" : ("; skipped " + skipped).c_str(), table.Render().c_str());
   std::fflush(stdout);
   json_.push_back(absl::StrCat(
       "{\"scenario\":", Json(scenario), ",\"agents\":", AgentCount(), ",\"link_mbit\":",
@@ -551,8 +613,10 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
       ",\"efficiency\":", Num(ideal / seconds), ",\"predicted_seconds\":", Num(predicted),
       ",\"prediction_error\":", Num(predicted / seconds - 1),
       ",\"agent_cpu_cores\":", Num(cores, 2), ",\"host_cpu_busy\":", Num(host_busy, 2),
-      ",\"verified\":", ok ? "true" : "false", ",\"verified_bytes\":", checked, ",\"wire_out\":{",
-      wire_out_json, "},\"wire_in\":{", wire_in_json, "}", note, "}"));
+      ",\"verified\":", ok ? "true" : "false", ",\"verified_bytes\":", checked,
+      ",\"committed_replicas\":", step->committed_replicas_size(),
+      ",\"skipped_replicas\":", step->skipped_replicas_size(), ",\"wire_out\":{", wire_out_json,
+      "},\"wire_in\":{", wire_in_json, "}", note, "}"));
   return ok;
 }
 
@@ -586,68 +650,139 @@ bool Cluster::Scenario(const std::string& name) {
     }
     std::printf("%s's link now %.0f Mbit/s (the others %.0f)\n", slow.agent.c_str(), slow.mbit,
                 o_.link_mbit);
+    // Three steps: a slow link must never fail a step before its deadline, the first or a later
+    // one (each starts on the connections the previous one left).
     bool ok = true;
-    for (int s = 0; s < std::max(1, o_.steps - 1); ++s) {
+    for (int s = 0; s < 3; ++s) {
+      const auto before = net_.Drops(slow);
       ok = RunStep(name, nullptr,
                    absl::StrCat(",\"slow_agent\":", Json(slow.agent),
                                 ",\"slow_mbit\":", Num(slow.mbit, 0))) &&
            ok;
+      const auto after = net_.Drops(slow);
+      const uint64_t dropped = after.first - before.first, aborted = after.second - before.second;
+      std::printf(
+          "%s's egress queue dropped %llu packet(s) in this step; the kernel aborted %llu of its "
+          "TCP connection(s) on a timeout%s\n",
+          slow.agent.c_str(), static_cast<unsigned long long>(dropped),
+          static_cast<unsigned long long>(aborted),
+          dropped || aborted ? " (FAIL: a host queue that drops starves sockets until the kernel "
+                               "gives up on them)"
+                             : "");
+      std::fflush(stdout);
+      ok = ok && dropped == 0 && aborted == 0;
     }
     (void)net_.Shape(slow, o_.link_mbit);
     return ok;
   }
-  if (name == "kill") {
-    // SIGKILL one inference agent 40% into a step: the step must fail naming it; restart it
-    // and its workers (a dead inference agent fails steps until it is back), then the next
-    // step must commit and verify.
-    const int node = shape().inference_nodes > 1 ? 1 : 0;
-    const int agent = shape().trainer_nodes + node;
-    const std::string victim = links_[agent].agent;
-    const double predicted =
-        plan_.predicted_step_seconds() * nominal_gbps_ / (o_.link_mbit / 8000.0);
-    const double delay = std::max(0.3, 0.4 * predicted);
-    double killed_at = 0;
-    const double t0 = Now();
-    bool failed_ok = !RunStep(
-        name,
-        [&] {
-          std::this_thread::sleep_for(std::chrono::duration<double>(delay));
-          killed_at = Now();
-          agents_[agent]->Signal(SIGKILL);
-        },
-        absl::StrCat(",\"killed\":", Json(victim), ",\"killed_after_seconds\":", Num(delay, 2)));
-    const double failed_after = Now() - killed_at;
-    std::string last = json_.back();
-    const bool named = last.find(victim) != std::string::npos;
-    std::printf(
-        "killed %s %.2f s into the step; the step %s %.2f s after the kill; error %s "
-        "the agent\n",
-        victim.c_str(), delay, failed_ok ? "failed" : "COMMITTED (unexpected)", failed_after,
-        named ? "names" : "does NOT name");
-    // Its workers lose their agent and exit; the others saw abort.
-    for (auto* w : WorkersOf(node)) (*w)->Receive();
-    const double r0 = Now();
-    auto s = StartAgent(agent);
-    if (s.ok()) s = StartWorkers(node);
-    if (!s.ok()) {
-      std::printf("FAIL: restart: %s\n", std::string(s.message()).c_str());
-      return false;
-    }
-    std::printf("restarted %s and its %d workers in %.2f s (%.2f s after the kill)\n",
-                victim.c_str(), shape().gpus_per_node, Now() - r0, Now() - t0 - delay);
-    // The controller re-plans on the changed layout at the next step; until the restarted
-    // agent's layout is in, a step fails with "cannot plan" (the version is retried).
-    bool ok = false;
-    for (int attempt = 0; attempt < 20 && !ok; ++attempt) {
-      ok = RunStep(name, nullptr, absl::StrCat(",\"after_restart_of\":", Json(victim)));
-      if (!ok) std::this_thread::sleep_for(std::chrono::seconds(1));
-    }
-    auto status = client_->Status();
-    if (status.ok() && status->has_plan()) plan_ = status->plan();
-    return failed_ok && named && ok;
-  }
+  if (name == "kill") return KillScenario();
   std::printf("unknown scenario %s (balanced, slow-link, kill, delta, all)\n", name.c_str());
   return false;
+}
+
+std::string Cluster::VerifiedLine(size_t g, uint32_t v, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return "";
+    std::optional<std::string> line = workers_[g]->ReceiveWithin(left);
+    if (!line) return "";
+    if (line->rfind("aborted ", 0) == 0) continue;
+    unsigned u = 0;
+    if (std::sscanf(line->c_str(), "verified %u ", &u) == 1 && u < v) continue;  // an older one
+    return *line;
+  }
+}
+
+// SIGKILL one inference agent 40% into a step. With two or more replicas (the elastic fleet,
+// docs/elastic.md) the step commits to the others and lists the victim's replica as skipped;
+// with one replica there is nothing to commit to and the step fails naming the victim. Then
+// the agent and its workers are restarted, and within a few steps the replica catches up: a
+// step commits to every replica and every worker verifies every byte. Every wait is bounded.
+bool Cluster::KillScenario() {
+  const int node = shape().inference_nodes > 1 ? 1 : 0;
+  const int agent = shape().trainer_nodes + node;
+  const std::string victim = links_[agent].agent;
+  const int tp = shape().inference_tp();
+  std::set<int> victim_replicas;
+  for (int g = node * shape().gpus_per_node; g < (node + 1) * shape().gpus_per_node; ++g) {
+    victim_replicas.insert(g / tp);
+  }
+  const bool elastic = shape().inference_replicas() > static_cast<int>(victim_replicas.size());
+  const double predicted = plan_.predicted_step_seconds() * nominal_gbps_ / (o_.link_mbit / 8000.0);
+  const double delay = std::max(0.3, 0.4 * predicted);
+  double killed_at = 0;
+  const double t0 = Now();
+  const bool committed = RunStep(
+      "kill",
+      [&] {
+        std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+        killed_at = Now();
+        agents_[agent]->Signal(SIGKILL);
+      },
+      absl::StrCat(",\"killed\":", Json(victim), ",\"killed_after_seconds\":", Num(delay, 2)));
+  const double answered_after = Now() - killed_at;
+  bool ok = true;
+  if (elastic) {
+    // The step commits to the healthy replicas; the victim's are listed as skipped, naming it.
+    bool listed = false;
+    if (last_step_) {
+      for (const auto& r : last_step_->skipped_replicas()) {
+        const bool names =
+            std::find(r.agents().begin(), r.agents().end(), victim) != r.agents().end() ||
+            r.reason().find(victim) != std::string::npos;
+        listed = listed || (victim_replicas.count(r.replica()) && names);
+      }
+    }
+    std::printf(
+        "killed %s %.2f s into the step; the step %s %.2f s after the kill; its replica %s "
+        "listed as skipped\n",
+        victim.c_str(), delay,
+        committed    ? "committed to the other replica(s)"
+        : last_step_ ? "committed but did not verify"
+                     : ("FAILED (" + last_error_ + ")").c_str(),
+        answered_after, listed ? "is" : "is NOT");
+    ok = committed && listed;
+  } else {
+    // One replica: nothing is left to commit to.
+    const bool named = !committed && last_error_.find(victim) != std::string::npos;
+    std::printf(
+        "killed %s %.2f s into the step (the only replica); the step %s %.2f s after the kill; "
+        "error %s the agent\n",
+        victim.c_str(), delay, committed ? "COMMITTED (unexpected)" : "failed", answered_after,
+        named ? "names" : "does NOT name");
+    ok = named;
+  }
+  // The victim's workers lost their agent and exit ("gone ..."): bounded, never blocking.
+  for (auto* w : WorkersOf(node)) (void)(*w)->ReceiveWithin(std::chrono::seconds(10));
+  const double r0 = Now();
+  auto s = StartAgent(agent);
+  if (s.ok()) s = StartWorkers(node);
+  if (!s.ok()) {
+    std::printf("FAIL: restart: %s\n", std::string(s.message()).c_str());
+    return false;
+  }
+  std::printf("restarted %s and its %d workers in %.2f s (%.2f s after the kill)\n", victim.c_str(),
+              shape().gpus_per_node, Now() - r0, Now() - t0 - delay);
+  // Catch-up: the controller re-plans on the changed layout; until the restarted agent's layout
+  // is in, a step skips its replica (or, with one replica, fails). Within 20 steps one must
+  // commit to every replica, every worker verifying.
+  bool caught_up = false;
+  int attempts = 0;
+  for (; attempts < 20 && !caught_up; ++attempts) {
+    const bool step_ok =
+        RunStep("kill", nullptr, absl::StrCat(",\"after_restart_of\":", Json(victim)));
+    caught_up = step_ok && last_step_ &&
+                last_step_->committed_replicas_size() == shape().inference_replicas();
+    if (!caught_up) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  std::printf("after the restart: %s %s in %d step(s)\n", victim.c_str(),
+              caught_up ? "caught up (every replica committed and verified)" : "did NOT catch up",
+              attempts);
+  auto status = client_->Status();
+  if (status.ok() && status->has_plan()) plan_ = status->plan();
+  return ok && caught_up;
 }
 
 int Cluster::Main() {

@@ -1,9 +1,14 @@
 #include "tests/demo/line_child.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
 
 namespace wb::demo {
 
@@ -28,7 +33,7 @@ LineChild::LineChild(std::vector<std::string> argv, const std::string& log) {
   close(in[0]);
   close(out[1]);
   to_ = fdopen(in[1], "w");
-  from_ = fdopen(out[0], "r");
+  from_ = out[0];
 }
 
 LineChild::~LineChild() {
@@ -38,7 +43,7 @@ LineChild::~LineChild() {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
   }
-  if (from_) fclose(from_);
+  if (from_ >= 0) close(from_);
 }
 
 void LineChild::Send(const std::string& line) {
@@ -47,11 +52,46 @@ void LineChild::Send(const std::string& line) {
 }
 
 std::string LineChild::Receive() {
-  char buf[4096];
-  if (!std::fgets(buf, sizeof(buf), from_)) return "";
-  std::string s(buf);
-  while (!s.empty() && s.back() == '\n') s.pop_back();
-  return s;
+  return ReceiveWithin(std::chrono::milliseconds::max()).value_or("");
+}
+
+std::optional<std::string> LineChild::ReceiveWithin(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = timeout == std::chrono::milliseconds::max() ? Clock::time_point::max()
+                                                                    : Clock::now() + timeout;
+  for (;;) {
+    if (auto nl = input_.find('\n'); nl != std::string::npos) {
+      std::string line = input_.substr(0, nl);
+      input_.erase(0, nl + 1);
+      return line;
+    }
+    if (eof_ || from_ < 0) {
+      std::string rest;
+      rest.swap(input_);
+      return rest;  // "" when the child is gone
+    }
+    int wait_ms = -1;
+    if (deadline != Clock::time_point::max()) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return std::nullopt;
+      wait_ms = static_cast<int>(std::min<int64_t>(left, 1000));
+    }
+    pollfd p{from_, POLLIN, 0};
+    const int ready = poll(&p, 1, wait_ms);
+    if (ready < 0 && errno != EINTR) {
+      eof_ = true;
+      continue;
+    }
+    if (ready <= 0) continue;
+    char buf[4096];
+    const ssize_t n = read(from_, buf, sizeof(buf));
+    if (n > 0) {
+      input_.append(buf, static_cast<size_t>(n));
+    } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+      eof_ = true;
+    }
+  }
 }
 
 std::string LineChild::ReceiveSkippingAborts() {
