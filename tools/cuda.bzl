@@ -1,4 +1,7 @@
-"""cuda_library: .cu files compiled by nvcc into a static archive (sm_80, sm_90).
+"""cuda_library: .cu files compiled by nvcc into a static archive.
+
+Architectures: SASS for sm_80 (A100) and sm_90 (H100, H200), and compute_90 PTX embedded, which
+the driver JIT-compiles for newer GPUs (Blackwell: sm_100, sm_120) on first load.
 
 Without a CUDA toolkit the `fallback_srcs` (CPU code that reports "no CUDA") are built
 instead, so every target still builds on CPU-only machines.
@@ -9,7 +12,8 @@ instead, so every target still builds on CPU-only machines.
 
 load("@local_cuda//:defs.bzl", "HAVE_CUDA", "NVCC")
 
-CUDA_ARCH_FLAGS = "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90"
+CUDA_ARCH_FLAGS = ("-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 " +
+                   "-gencode arch=compute_90,code=compute_90")
 
 def cuda_library(name, cu_srcs, hdrs = [], fallback_srcs = [], deps = [], cu_hdrs = [], nvcc_copts = [], **kwargs):
     if not HAVE_CUDA:

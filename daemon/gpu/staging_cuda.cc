@@ -108,7 +108,12 @@ class DeviceEngine : public CopyEngine {
   // recorded at the end of the stream with cudaEventBlockingSync sleeps.
   absl::Status WaitAll() override {
     const int last = static_cast<int>(buffers_.size());
-    if (auto s = Record(last); !s.ok()) return s;
+    if (auto s = Record(last); !s.ok()) {
+      // Still wait for what was enqueued (no copy may outlive its buffers), the spinning way.
+      cudaStreamSynchronize(stream_);
+      cudaGetLastError();
+      return s;
+    }
     return WaitBuffer(last);
   }
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # ./wb gpu-check: builds with CUDA, then runs every GPU test and benchmark and prints one table
 # (check, result, figure). Without a GPU it builds, lists the checks (one `check:` line each),
-# says why there is no GPU and exits 0. On a GPU machine run it first; paste its table into the
-# closing note (docs/gpu.md).
+# says why there is no GPU and exits 0. When nvidia-smi lists GPUs that the CUDA runtime of this
+# build cannot use (a driver older than the runtime needs, most often), it fails loudly with
+# the driver and runtime versions and exits 2. On a GPU machine run it first; paste its table
+# into the closing note (docs/gpu.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 log() { printf '\033[1m[wb]\033[0m %s\n' "$*" >&2; }
@@ -13,7 +15,10 @@ CHECKS=(
   "cuda-build|every .cu file compiled with nvcc (no stand-ins); devices listed"
   "staging-host|staging pipeline, kernel geometry and executor GPU-source host tests (no GPU needed)"
   "transform-kernels|CUDA transforms bit-exact with the CPU (golden + random); GB/s, % of HBM"
-  "cuda-ipc|CUDA IPC: a handle exported here opened in another process"
+  "gpus-visible|the CUDA runtime sees every GPU nvidia-smi lists (driver new enough)"
+  "cuda-ipc|CUDA IPC: a handle exported here opened in another process (device found by UUID)"
+  "cuda-ipc-renumbered|the same, the other process seeing the GPUs in another order (2+ GPUs)"
+  "python-cuda-ipc|the Python client's export opened by the C++ side; cudaMallocAsync refused"
   "dma-buf|the driver exports device memory as dma-buf (rdma GPUDirect path)"
   "delta-encode|GPU delta encode bit-identical to the CPU codec; GB/s, % of HBM, both shadows"
   "delta-scatter|GPU delta scatter equal to the host apply; GB/s"
@@ -32,6 +37,7 @@ BIN_TARGETS=(
   //tests/gpu:gpu_probe //tests/gpu:dmabuf_probe //tests/bench:transform_bench
   //tests/bench:delta_scatter_bench //tests/bench:delta_encode_gpu_bench
   //tests/transport:transport_suite //tests/demo:wb-demo //daemon:wb-agent //controller:wb-controller
+  //tests/transform:ipc_open_helper //client/python:stubs
 )
 
 log "building the GPU tests and benchmarks with CUDA"
@@ -47,13 +53,35 @@ fi
 
 probe=$(bazel-bin/tests/gpu/gpu_probe)
 probe_rc=$?
+# What the driver itself lists: GPUs the runtime cannot use must not pass for "no GPU".
+smi_gpus=0
+smi_driver=""
+smi_mig=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+  smi_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  smi_mig=$(nvidia-smi -L 2>/dev/null | grep -c 'MIG ')
+  smi_driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
+fi
+versions=$(sed -n 's/^versions: //p' <<<"$probe")
 if [ "$probe_rc" -ne 0 ]; then
+  if [ "$smi_gpus" -gt 0 ]; then
+    log "gpu-check: FAILED: nvidia-smi lists $smi_gpus GPU(s) but this build's CUDA runtime can use none"
+    echo "$probe" | sed -n 1p
+    echo "driver: ${smi_driver:-unknown} (nvidia-smi); ${versions:-runtime version unknown}"
+    echo "The CUDA 13 runtime needs driver r580 or newer. On an older driver (535-570): install"
+    echo "the CUDA forward-compatibility package (cuda-compat-13-0, datacenter GPUs only), or build"
+    echo "with an older toolkit (WB_CUDA_ROOT=/usr/local/cuda-12.x ./wb gpu-check). docs/gpu.md,"
+    echo "'Supported drivers'."
+    exit 2
+  fi
   for c in "${CHECKS[@]}"; do echo "check: ${c%%|*} - ${c#*|}"; done
   reason=${probe#gpus: 0 (}
+  reason=${reason%%$'\n'*}
   echo "no GPU: ${reason%)}; nothing above was run (build only)."
   exit 0
 fi
 echo "$probe"
+runtime_gpus=$(sed -n 's/^gpus: \([0-9]*\).*/\1/p' <<<"$probe")
 
 ROWS=()
 failed=0
@@ -83,11 +111,36 @@ print(" ".join(out[:6]))'
 }
 LOGS=$(mktemp -d)
 
-row cuda-build PASS "$(echo "$probe" | sed -n 2p | cut -c1-60)"
+row cuda-build PASS "$(echo "$probe" | sed -n 3p | cut -c1-60)"
+if [ "$smi_gpus" -eq 0 ]; then
+  row gpus-visible SKIPPED "no nvidia-smi; $versions"
+elif [ -n "${CUDA_VISIBLE_DEVICES:-}" ] || [ "$smi_mig" -gt 0 ]; then
+  row gpus-visible SKIPPED "CUDA_VISIBLE_DEVICES or MIG: runtime $runtime_gpus, nvidia-smi $smi_gpus"
+elif [ "$runtime_gpus" -lt "$smi_gpus" ]; then
+  row gpus-visible FAIL "runtime sees $runtime_gpus of $smi_gpus GPUs; driver $smi_driver; $versions"
+else
+  row gpus-visible PASS "$runtime_gpus GPUs; driver $smi_driver; $versions"
+fi
 row staging-host "$(run_catch staging bash -c 'bazel-bin/tests/gpu/staging_pipeline_test && bazel-bin/tests/gpu/delta_gpu_host_test && bazel-bin/tests/executor/gpu_source_test')" ""
 r=$(run_catch transform bazel-bin/tests/transform/transform_cuda_test)
 row transform-kernels "$r" "$(bazel-bin/tests/bench/transform_bench 2>/dev/null | figures)"
+# From the repository root, as a user would: the test finds ipc_open_helper in its runfiles.
 row cuda-ipc "$(run_catch ipc bazel-bin/tests/transform/gpu_helpers_test)" ""
+if [ "${runtime_gpus:-0}" -ge 2 ]; then
+  # The child sees the GPUs in reverse order: ordinals differ, the UUID still finds the device.
+  order=$(seq $((runtime_gpus - 1)) -1 0 | paste -sd,)
+  row cuda-ipc-renumbered "$(run_catch ipc2 env WB_TEST_IPC_CHILD_VISIBLE_DEVICES="$order" \
+    bazel-bin/tests/transform/gpu_helpers_test '[cuda]')" "child CUDA_VISIBLE_DEVICES=$order"
+else
+  row cuda-ipc-renumbered SKIPPED "one GPU"
+fi
+pydir=$(mktemp -d)
+cp -r client/python/weightbeam "$pydir/" && cp -r bazel-bin/client/python/weightbeam/v1 "$pydir/weightbeam/"
+pyout=$(PYTHONPATH="$pydir" PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 tests/gpu/python_ipc_check.py \
+  bazel-bin/tests/transform/ipc_open_helper 2>&1)
+case $? in 0) r=PASS ;; 3) r=SKIPPED ;; *) r=FAIL ;; esac
+echo "$pyout" >"$LOGS/python-ipc.log"
+row python-cuda-ipc "$r" ""
 dmabuf=$(bazel-bin/tests/gpu/dmabuf_probe)
 case $? in 0) r=PASS ;; 2) r=REFUSED ;; *) r=FAIL ;; esac
 row dma-buf "$r" "$dmabuf"
