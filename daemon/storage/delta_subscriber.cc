@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <deque>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/planner/name_rules.h"
 #include "common/tensor/dtype.h"
@@ -151,6 +152,7 @@ PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer> &destinations,
   }
   const uint64_t reported_floor = std::max(held_, skip_through_);
   for (auto v = versions->begin(); v != versions->end();) {
+    std::vector<std::string> unusable;
     for (auto m = v->second.begin(); m != v->second.end();) {
       if (m->second.error.empty()) {
         ++m;
@@ -158,12 +160,26 @@ PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer> &destinations,
       }
       still_present.insert(m->second.error);
       if (v->first > reported_floor && !reported_.count(m->second.error)) {
-        const std::string reason =
-            absl::StrCat("version ", v->first, " refused: ", m->second.error);
-        result.refused.emplace_back(v->first, reason);
-        if (hooks.refused) hooks.refused(v->first, reason);
+        unusable.push_back(m->second.error);
       }
       m = v->second.erase(m);
+    }
+    // Beside a complete set of usable manifests, an unusable one is only ignored (the version
+    // is applied from the usable ones); otherwise the watchers hear why the version is refused.
+    const bool usable = static_cast<int>(v->second.size()) >= options_.writers;
+    for (const auto &error : unusable) {
+      if (usable) {
+        // "<name>: <why>", as the ignored names are reported.
+        const std::string what = absl::StartsWith(error, options_.dir + "/")
+                                     ? error.substr(options_.dir.size() + 1)
+                                     : error;
+        result.ignored.push_back(what);
+        if (hooks.ignored) hooks.ignored(what);
+        continue;
+      }
+      const std::string reason = absl::StrCat("version ", v->first, " refused: ", error);
+      result.refused.emplace_back(v->first, reason);
+      if (hooks.refused) hooks.refused(v->first, reason);
     }
     v = v->second.empty() ? versions->erase(v) : std::next(v);
   }
@@ -251,14 +267,23 @@ PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer> &destinations,
 absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
                                     const std::vector<ShardBuffer> &destinations,
                                     const SubscriberHooks &hooks) {
-  // Re-read the manifests: they are small, and this sees the version as it is now.
+  // Re-read the manifests: they are small, and this sees the version as it is now. Unusable
+  // ones (malformed, or without a valid MAC under a storage key) are left out as Poll leaves
+  // them out: a stray or forged manifest beside a genuine version never blocks it.
   auto versions = ListVersions(options_.dir, options_.manifest_key);
   if (!versions.ok()) return versions.status();
-  const auto &manifests = (*versions)[v];
+  std::map<std::string, Manifest> manifests;
+  for (auto &[writer, m] : (*versions)[v]) {
+    if (m.error.empty()) manifests.emplace(writer, std::move(m));
+  }
+  if (static_cast<int>(manifests.size()) < options_.writers) {
+    return absl::DataLossError(absl::StrCat("version ", v, " has ", manifests.size(),
+                                            " usable manifest(s) now, ", options_.writers,
+                                            " expected (changed since it was listed)"));
+  }
   std::deque<SafetensorsFile> files;
   std::map<std::string, std::vector<Source>> sources;
   for (const auto &[writer, m] : manifests) {
-    if (!m.error.empty()) return absl::DataLossError(m.error);
     if (!m.anchor && m.base_version != base) {
       return absl::FailedPreconditionError(
           absl::StrCat("writer '", writer, "' wrote a delta on version ", m.base_version,
