@@ -2,12 +2,14 @@
 // every file of one, maps stored names to destinations (renames, fusions), then writes each
 // destination shard (FP8 ones quantised from a BF16 copy) between begin and commit.
 #include <algorithm>
+#include <cstring>
 #include <deque>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/planner/name_rules.h"
 #include "common/tensor/dtype.h"
+#include "daemon/registry/bus_guard.h"
 #include "daemon/storage/delta_store.h"
 #include "daemon/storage/manifest_mac.h"
 #include "daemon/storage/safetensors.h"
@@ -88,6 +90,21 @@ absl::StatusOr<Fp8Target> PlanFp8(const ShardBuffer &d, const std::vector<ShardB
   t.scales = reinterpret_cast<float *>(t.scale->data.data()) +
              (b0 - srect.start[0]) * srect.size[1] + (b1 - srect.start[1]);
   return t;
+}
+
+// Copies between registered memory and our own under the SIGBUS guard; false when the
+// registered side was cut short (the owner shrank its shared-memory object).
+bool GuardedCopy(void *dst, const void *src, size_t n) {
+  return registry::RunBusGuarded([&] { std::memcpy(dst, src, n); });
+}
+
+// The error of a destination whose memory is gone.
+absl::Status Gone(const ShardBuffer &d, const char *what) {
+  return absl::DataLossError(absl::StrCat(
+      "destination tensor '", d.spec.name(), "' (rank ", d.rank, "): its memory could not be ",
+      what,
+      " (SIGBUS: its owner shrank the shared-memory object under the registered range); "
+      "re-register it"));
 }
 
 std::string WhyNotApplicable(const std::map<std::string, Manifest> &manifests, uint64_t held_) {
@@ -388,17 +405,26 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
   if (hooks.begin) {
     if (auto s = hooks.begin(v); !s.ok()) return s;
   }
+  // The destinations are the inference processes' shared memory: every access is one guarded
+  // copy between it and memory of our own (GuardedCopy), so an owner that shrank its object
+  // refuses the version instead of killing the agent.
+  std::vector<uint8_t> scratch, scale_scratch;
   for (const auto &d : destinations) {
     if (scale_ids.count(d.id)) continue;
     const Box rect = BoxOf(d.spec);
     auto f = fp8.find(d.id);
-    uint8_t *out = d.data.data();
+    uint8_t *out = nullptr;
     int elem = tensor::DTypeBytes(d.spec.dtype());
     if (f != fp8.end()) {  // BF16 records land in the copy, which is quantised below
       auto &shadow = fp8_shadows_[d.id];
       shadow.resize(rect.Volume() * 2);
       out = shadow.data();
       elem = 2;
+    } else {
+      // Sparse records patch what the destination holds: read it first.
+      scratch.resize(d.data.size());
+      if (!GuardedCopy(scratch.data(), d.data.data(), d.data.size())) return Gone(d, "read");
+      out = scratch.data();
     }
     for (const Source &s : sources[d.spec.name()]) {
       Box in;
@@ -410,10 +436,24 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
       }
     }
     if (f != fp8.end()) {
+      // Quantised into our own copies of the FP8 tensor and of its whole scale tensor, which
+      // then go out in two copies.
+      const ShardBuffer &scale = *f->second.scale;
+      scratch.resize(d.data.size());
+      scale_scratch.resize(scale.data.size());
+      if (!GuardedCopy(scale_scratch.data(), scale.data.data(), scale.data.size())) {
+        return Gone(scale, "read");
+      }
+      float *scales = reinterpret_cast<float *>(scale_scratch.data()) +
+                      (f->second.scales - reinterpret_cast<float *>(scale.data.data()));
       // Checked by PlanFp8 before anything was written; cannot fail here.
-      (void)transform::ApplyTransformCpu(f->second.desc, out, d.data.data(), f->second.scales,
+      (void)transform::ApplyTransformCpu(f->second.desc, out, scratch.data(), scales,
                                          options_.threads);
+      if (!GuardedCopy(scale.data.data(), scale_scratch.data(), scale.data.size())) {
+        return Gone(scale, "written");
+      }
     }
+    if (!GuardedCopy(d.data.data(), scratch.data(), d.data.size())) return Gone(d, "written");
   }
   if (hooks.commit) return hooks.commit(v);
   return absl::OkStatus();

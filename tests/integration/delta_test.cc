@@ -5,8 +5,13 @@
 // expected destination bytes on its own and compares them bit for bit. A commit that fails
 // with its deltas half applied, and a destination scribbled on by its owner, are both followed
 // by a dense anchor step that puts every byte right (the second one retries the same version).
-// Delta mode is then switched off and on again for later plans. A replica over two agents
-// whose second agent's commit fails announces the version on neither.
+// Delta mode is then switched off and on again for later plans. A destination shrunk
+// (ftruncate) under the receiving agent fails its commit, not the agent; a replica over two
+// agents whose second agent's commit fails announces the version on neither.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -224,6 +229,68 @@ TEST_CASE("delta mode: Adam steps land bit for bit, anchors heal a failed and a 
   check_anchor(commit(12));
   trainer.Step();
   check_delta(commit(13));
+}
+
+// The inference process shrinks (ftruncate) its shared-memory object after registering: the
+// receiving agent's verification (a delta step that changed nothing: no slot writes, every
+// destination hashed) and its delta apply then touch memory past the object's end. Each commit
+// fails naming the tensor and the cause, the agent lives on, and once the object has its size
+// back the next anchor restores every byte.
+TEST_CASE("delta mode: a destination shrunk under the agent fails the commit, not the agent") {
+  wb::testing::ClusterOptions opts;
+  opts.extra_controller_yaml = "delta:\n  enabled: true\n  anchor_every: 100\n  verify: true\n";
+  Cluster cluster(wb::testing::Runfile(""), opts);
+  Trainer trainer = OpenTrainer(cluster.socket("trainer-node"));
+  Inference inference = OpenInference(cluster.socket("inference-node"));
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  REQUIRE(wb::testing::PlanOneToOne(&ctl).delta().enabled());
+  const uint64_t size = kElems * 3 + kScaleBytes;
+  // The owner's own view of its object: resized through a second descriptor.
+  auto resize = [&](uint64_t bytes) {
+    const int fd = shm_open(inference.buffer.shm_name().c_str(), O_RDWR, 0);
+    REQUIRE(fd >= 0);
+    REQUIRE(ftruncate(fd, static_cast<off_t>(bytes)) == 0);
+    close(fd);
+  };
+  auto commit = [&](uint64_t v) {
+    auto step = ctl.Step(v);
+    INFO("version " << v << ": " << (step.ok() ? "" : std::string(step.status().message())));
+    REQUIRE(step.ok());
+    CHECK(NextEvent(inference).kind() == v1::Event::KIND_BEGIN);
+    CHECK(NextEvent(inference).kind() == v1::Event::KIND_COMMIT);
+    CheckBitForBit(trainer, inference, v);
+    return *step;
+  };
+  auto shrunk_step = [&](uint64_t v) {
+    auto step = ctl.Step(v);
+    REQUIRE_FALSE(step.ok());
+    CHECK(NextEvent(inference).kind() == v1::Event::KIND_BEGIN);
+    CHECK(NextEvent(inference).kind() == v1::Event::KIND_ABORT);
+    CHECK(cluster.agent("inference-node")->running());
+    return std::string(step.status().message());
+  };
+  CHECK(commit(1).delta_anchor());
+  trainer.Step();
+  CHECK_FALSE(commit(2).delta_anchor());
+
+  // Verification: nothing changed since version 2, so no delta writes; the hashes read.
+  resize(0);
+  CHECK_THAT(shrunk_step(3), Catch::Contains("agent inference-node: commit failed") &&
+                                 Catch::Contains("verification: destination tensor") &&
+                                 Catch::Contains("SIGBUS"));
+  resize(size);
+  trainer.Step();
+  CHECK(commit(4).delta_anchor());
+
+  // Apply: the deltas of a training step land past the end.
+  resize(kElems);  // a.weight's first half only
+  trainer.Step();
+  CHECK_THAT(shrunk_step(5), Catch::Contains("agent inference-node: commit failed") &&
+                                 Catch::Contains("destination tensor 'a.weight'") &&
+                                 Catch::Contains("SIGBUS"));
+  resize(size);
+  trainer.Step();
+  CHECK(commit(6).delta_anchor());
 }
 
 // One inference replica over two agents (tensor parallel: rank 0 holds a.weight's first rows on
