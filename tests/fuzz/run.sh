@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of the tcp frame header parser, the YAML config loader, registration
 # requests, plan ops as a sending agent checks them, storage manifests, step-link frames and
-# model config.json -> engine / source layouts, built
-# outside Bazel with Debian's clang + libFuzzer (ASan + UBSan) against Debian's absl/yaml-cpp.
+# config.json -> layouts, built outside Bazel with Debian's clang + libFuzzer (ASan + UBSan)
+# against Debian's absl/yaml-cpp.
 #
 #   tests/fuzz/run.sh [--seconds N]
 #                     [--target frame|config|registration|plan_op|manifest|steplink|model_config]
@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
     --target) targets=("$2"); shift 2 ;;
     --target=*) targets=("${1#*=}"); shift ;;
     --build-only) build_only=1; shift ;;
-    -h | --help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
