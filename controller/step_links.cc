@@ -25,8 +25,17 @@ namespace {
 // The opener's bounds: OpenStepLink, then connecting and the handshake (each).
 constexpr std::chrono::milliseconds kGrantTimeout{3000};
 constexpr std::chrono::milliseconds kConnectTimeout{2000};
-// An agent that did not answer OpenStepLink is asked again no sooner than this.
+// An agent that did not answer OpenStepLink, or whose link could not be made (a handshake that
+// met a long command on the agent's link thread, a port not reachable yet), is asked again no
+// sooner than this, doubled after each failure in a row up to kMaxRetryAfter.
 constexpr std::chrono::milliseconds kRetryAfter{1000};
+constexpr std::chrono::milliseconds kMaxRetryAfter{30000};
+// What one link's reader takes per wake-up: an agent flooding frames (valid ones included)
+// cannot keep the driving thread; epoll (level-triggered) reports the rest on the next pass.
+constexpr size_t kReadPerWake = 256 << 10;
+// Before a fan-out's commands go out, at most this long is spent on what arrived since the
+// last one (late replies, links that ended).
+constexpr std::chrono::milliseconds kDrainBudget{20};
 constexpr uint32_t kLinkEvents = EPOLLIN | EPOLLRDHUP;
 
 // The handshake on a blocking socket: the hello out, the agent's sealed empty frame back.
@@ -90,10 +99,11 @@ class StepLinks::Link {
     return Watch(epoll_fd, false);
   }
 
-  // Reads what has arrived and hands each reply to its waiter.
-  absl::Status Read() {
+  // Reads what has arrived, at most kReadPerWake bytes and nothing more once `deadline` has
+  // passed, and hands each reply to its waiter.
+  absl::Status Read(Clock::time_point deadline) {
     char buf[64 * 1024];
-    while (true) {
+    for (size_t taken = 0; taken < kReadPerWake; taken += sizeof(buf)) {
       const ssize_t got = ::recv(fd_.get(), buf, sizeof(buf), MSG_DONTWAIT);
       if (got == 0) return absl::UnavailableError("the agent closed its step link");
       if (got < 0) {
@@ -114,7 +124,9 @@ class StepLinks::Link {
       // A short read took all there was: epoll (level-triggered) reports whatever comes next,
       // so no second recv just to see EAGAIN.
       if (static_cast<size_t>(got) < sizeof(buf)) return absl::OkStatus();
+      if (Clock::now() >= deadline) return absl::OkStatus();
     }
+    return absl::OkStatus();  // more is there: the next pass takes it
   }
 
  private:
@@ -186,6 +198,7 @@ void StepLinks::Reset(const std::string& endpoint) {
   absl::MutexLock lock(&mu_);
   no_link_.erase(endpoint);
   retry_at_.erase(endpoint);
+  failures_.erase(endpoint);
 }
 
 size_t StepLinks::open_links() const {
@@ -300,16 +313,30 @@ void StepLinks::Open(const std::vector<std::string>& endpoints) {
         made[i] = std::make_unique<Link>(endpoints[i], std::move(*fd), std::move(*cipher));
       });
   for (size_t i = 0; i < endpoints.size(); ++i) {
-    if (!failed[i].empty()) NoLink(endpoints[i], failed[i], refused[i]);
+    if (!failed[i].empty() && refused[i]) NoLink(endpoints[i], failed[i], true);
   }
   const auto now = Clock::now();
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < endpoints.size(); ++i) {
-    opening_.erase(endpoints[i]);
-    if (retry[i]) retry_at_[endpoints[i]] = now + kRetryAfter;
+    const std::string& e = endpoints[i];
+    opening_.erase(e);
     if (made[i]) {
-      linked_.insert(endpoints[i]);
+      failures_.erase(e);
+      linked_.insert(e);
       ready_.push_back(std::move(made[i]));
+      continue;
+    }
+    if (refused[i] || (failed[i].empty() && !retry[i])) continue;
+    // Not made this time: asked again after a backoff (the stream carries its commands).
+    const int n = std::min(++failures_[e], 16);
+    const auto wait =
+        std::min<std::chrono::milliseconds>(kRetryAfter * (1 << (n - 1)), kMaxRetryAfter);
+    retry_at_[e] = now + wait;
+    if (!failed[i].empty()) {
+      spdlog::warn(
+          "agent at {}: no step link ({}); its step commands go on the gRPC step stream; "
+          "trying again in {} ms",
+          e, failed[i], wait.count());
     }
   }
 }
@@ -376,7 +403,7 @@ bool StepLinks::Poll(Clock::time_point deadline, bool wait) {
     absl::Status s;
     if (events[i].events & EPOLLOUT) s = link->Flush(epoll_fd_);
     if (s.ok() && (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
-      s = link->Read();
+      s = link->Read(deadline);
     }
     if (!s.ok()) Drop(link, std::string(s.message()));
   }
@@ -394,8 +421,10 @@ std::vector<StepLinks::Answer> StepLinks::Send(const std::vector<std::string>& e
   absl::MutexLock lock(&drive_mu_);
   if (epoll_fd_ >= 0) {
     Install();
-    // Links that ended (or late replies) since the last fan-out are known before they are used.
-    for (int i = 0; i < 64 && Poll(deadline, false); ++i) {
+    // Links that ended (or late replies) since the last fan-out are known before they are used;
+    // within a small budget, so that no link's traffic delays the commands.
+    const auto drain_by = std::min(deadline, Clock::now() + kDrainBudget);
+    for (int i = 0; i < 64 && Clock::now() < drain_by && Poll(drain_by, false); ++i) {
     }
   }
   std::vector<Link*> used(n, nullptr);

@@ -8,10 +8,13 @@
 // `not_sent` (the caller sends it on the gRPC step stream) and the agent is handed to the
 // opener thread, which asks it for a link (Agent.OpenStepLink, admitted like every controller
 // call), connects and completes the handshake; the next fan-out uses the link. An agent that
-// refuses links (step links off, an older build), whose link port cannot be reached or whose
-// handshake fails is remembered until it registers again (Reset); one that did not answer is
-// asked again a second later. A link that breaks fails its commands (UNAVAILABLE), one that
-// does not answer by the deadline fails them with DEADLINE_EXCEEDED and is closed.
+// refuses links (step links off, an older build) is remembered until it registers again
+// (Reset); one that did not answer, whose link port cannot be reached or whose handshake fails
+// (say it met a long command on the agent's one link thread) is asked again after a backoff
+// (1 s, doubled after each failure in a row, at most 30 s). A link that breaks fails its
+// commands (UNAVAILABLE), one that does not answer by the deadline fails them with
+// DEADLINE_EXCEEDED and is closed. Reading is bounded per link and wake-up, and stops at the
+// fan-out's deadline: an agent flooding frames cannot hold the driving thread.
 #pragma once
 
 #include <atomic>
@@ -56,8 +59,7 @@ class StepLinks {
   // Opens links to these agents in the background, where none is open or being opened and they
   // may have one.
   void Request(const std::vector<std::string>& endpoints);
-  // Whether commands for `endpoint` are tried on a link (false once it refused one or its link
-  // could not be made).
+  // Whether commands for `endpoint` are tried on a link (false once it refused one).
   bool Links(const std::string& endpoint) const;
   // The agent at `endpoint` registered again: try a link again.
   void Reset(const std::string& endpoint);
@@ -96,6 +98,7 @@ class StepLinks {
   std::set<std::string> opening_ ABSL_GUARDED_BY(mu_);  // requested, not yet done
   std::deque<std::string> requests_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::chrono::steady_clock::time_point> retry_at_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> failures_ ABSL_GUARDED_BY(mu_);  // links not made, in a row
   std::vector<std::unique_ptr<Link>> ready_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread opener_;

@@ -86,6 +86,16 @@ std::vector<std::string> ReplicaBook::Drop(const std::map<std::string, std::stri
   return {newly.begin(), newly.end()};
 }
 
+bool ReplicaBook::Solo(const std::string& agent) const {
+  auto it = replicas_of_.find(agent);
+  if (it == replicas_of_.end()) return true;
+  for (int r : it->second) {
+    auto agents = replicas_.find(r);
+    if (agents != replicas_.end() && agents->second.size() > 1) return false;
+  }
+  return true;
+}
+
 std::vector<std::string> ReplicaBook::LiveReceivers() const {
   std::vector<std::string> out;
   for (const auto& a : receivers_) {
@@ -232,28 +242,53 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
     result->set_delta_anchor(spec.anchor);
   }
 
-  // Phase 3: commit on the receivers still in the step.
-  auto failed = CommitOnReceivers(spec, book.LiveReceivers(), result);
+  // Phase 3: commit on the receivers still in the step. An agent that is a whole replica by
+  // itself commits and announces at once; the agents of a replica spread over several prepare
+  // first, and announce only once all of them have (a failing one drops the replica, and its
+  // prepared agents are aborted without ever having announced the version).
+  const std::vector<std::string> committing = book.LiveReceivers();
+  std::set<std::string> prepare;
+  for (const auto& a : committing) {
+    if (!book.Solo(a)) prepare.insert(a);
+  }
+  auto failed = CommitOnReceivers(spec, committing, result, prepare);
+  std::vector<std::string> errors;
   if (!failed.empty()) {
-    std::vector<std::string> errors;
     for (const auto& [agent, why] : failed) {
       errors.push_back(absl::StrCat("agent ", agent, ": commit failed: ", why));
     }
     const std::string why = absl::StrJoin(errors, "; ");
     std::map<std::string, std::string> as_commit;
     for (const auto& [agent, e] : failed) as_commit[agent] = absl::StrCat("commit failed: ", e);
-    book.Drop(as_commit);
-    // Failed receivers tell their watchers; in delta mode the senders drop their shadows.
-    std::vector<std::string> to_abort;
-    for (const auto& [agent, e] : failed) to_abort.push_back(agent);
+    // The failed receivers and the prepared agents of their replicas tell their watchers; in
+    // delta mode the senders drop their shadows.
+    std::vector<std::string> to_abort = book.Drop(as_commit);
     if (spec.delta) to_abort.insert(to_abort.end(), spec.senders.begin(), spec.senders.end());
     AbortEverywhere(spec.version, to_abort, why, spec.step_id);
-    book.Fill(result);
-    if (book.live() < spec.min_replicas) return BelowFloor(spec, book, "committed to", "");
-    spdlog::warn("step {}: {}", spec.version, why);
-    return absl::OkStatus();
+  }
+  // Announce on the prepared agents whose replicas are still whole.
+  std::vector<std::string> announcing;
+  for (const auto& a : book.LiveReceivers()) {
+    if (prepare.count(a)) announcing.push_back(a);
+  }
+  if (auto unannounced = AnnounceOnReceivers(spec, announcing); !unannounced.empty()) {
+    // Lost between the two rounds (it died, or the step was aborted there meanwhile): its
+    // replica is dropped; the others of that replica announced already (docs/reliability.md).
+    std::map<std::string, std::string> as_announce;
+    for (const auto& [agent, e] : unannounced) {
+      errors.push_back(absl::StrCat("agent ", agent, ": announce failed: ", e));
+      as_announce[agent] = absl::StrCat("announce failed: ", e);
+    }
+    book.Drop(as_announce);
+    std::vector<std::string> lost;
+    for (const auto& [agent, e] : unannounced) lost.push_back(agent);
+    AbortEverywhere(spec.version, lost, absl::StrJoin(errors, "; "), spec.step_id);
   }
   book.Fill(result);
+  if (!errors.empty()) {
+    if (book.live() < spec.min_replicas) return BelowFloor(spec, book, "committed to", "");
+    spdlog::warn("step {}: {}", spec.version, absl::StrJoin(errors, "; "));
+  }
   return absl::OkStatus();
 }
 
@@ -342,7 +377,8 @@ std::map<std::string, std::string> StepProtocol::UnreachableReceivers(
 }
 
 std::map<std::string, std::string> StepProtocol::CommitOnReceivers(
-    const StepSpec& spec, const std::vector<std::string>& receivers, v1::StepResult* result) {
+    const StepSpec& spec, const std::vector<std::string>& receivers, v1::StepResult* result,
+    const std::set<std::string>& prepare) {
   // Each sender's hashes go to their destination: one pass over all of them, not one per
   // receiver (that made a commit O(senders x receivers)).
   std::map<std::string, std::vector<const v1::OpHash*>> hashes_for;
@@ -356,6 +392,7 @@ std::map<std::string, std::string> StepProtocol::CommitOnReceivers(
     c.request.set_version(spec.version);
     c.request.set_step_nonce(spec.nonce);
     c.request.set_step_id(spec.step_id);
+    c.request.set_prepare(prepare.count(a) > 0);
     if (spec.delta && !spec.anchor) c.request.set_delta_base_version(spec.delta_base_version);
     if (auto it = hashes_for.find(a); it != hashes_for.end()) {
       for (const v1::OpHash* h : it->second) *c.request.add_expected_hashes() = *h;
@@ -364,6 +401,25 @@ std::map<std::string, std::string> StepProtocol::CommitOnReceivers(
   }
   // The hashes travelled to the receivers; the step result does not need them.
   for (auto& report : *result->mutable_agents()) report.clear_hashes();
+  std::map<std::string, std::string> failed;
+  for (const auto& r : fleet_->Commit(calls, QuickCallTimeout(spec))) {
+    if (!r.status.ok()) failed[r.agent] = CallError(r.status);
+  }
+  return failed;
+}
+
+std::map<std::string, std::string> StepProtocol::AnnounceOnReceivers(
+    const StepSpec& spec, const std::vector<std::string>& receivers) {
+  if (receivers.empty()) return {};
+  std::vector<AgentCall<v1::CommitRequest>> calls;
+  calls.reserve(receivers.size());
+  for (const auto& a : receivers) {
+    AgentCall<v1::CommitRequest> c{a, {}};
+    c.request.set_version(spec.version);
+    c.request.set_step_id(spec.step_id);
+    c.request.set_announce(true);
+    calls.push_back(std::move(c));
+  }
   std::map<std::string, std::string> failed;
   for (const auto& r : fleet_->Commit(calls, QuickCallTimeout(spec))) {
     if (!r.status.ok()) failed[r.agent] = CallError(r.status);

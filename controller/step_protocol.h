@@ -2,7 +2,9 @@
 // on the senders (the barrier: every sender answers), commit on the receivers. The commit policy
 // (docs/elastic.md): a receiving replica that fails in any phase is dropped from the step (its
 // agents aborted) and the step goes on with the others while at least `min_replicas` remain; a
-// failing sender fails the step. Errors name the agent and the cause.
+// failing sender fails the step. Errors name the agent and the cause. A replica spread over
+// several agents commits in two rounds (prepare on each, then announce), so its watchers see
+// commit(v) on all of its agents or on none.
 #pragma once
 
 #include <chrono>
@@ -62,6 +64,9 @@ class ReplicaBook {
   size_t live() const { return replicas_.size() - dropped_.size(); }
   size_t total() const { return replicas_.size(); }
   bool excluded(const std::string& agent) const { return excluded_.count(agent) > 0; }
+  // Whether `agent` is all of every replica it holds part of: no other agent's failure can
+  // drop it, so it may commit and announce in one call.
+  bool Solo(const std::string& agent) const;
   // Adds the committed and skipped replicas to `result`.
   void Fill(weightbeam::v1::StepResult* result) const;
   // "replica 1 (agent inference-1: begin failed: ...); replica 2 (...)".
@@ -96,9 +101,15 @@ class StepProtocol {
                                                       const std::vector<std::string>& receivers);
   absl::Status ExecuteOnSenders(const StepSpec& spec, const std::vector<std::string>& skip,
                                 weightbeam::v1::StepResult* result);
+  // Agents in `prepare` commit without announcing (CommitRequest.prepare); AnnounceOnReceivers
+  // then announces on them (CommitRequest.announce) once every agent of their replicas has
+  // prepared.
   std::map<std::string, std::string> CommitOnReceivers(const StepSpec& spec,
                                                        const std::vector<std::string>& receivers,
-                                                       weightbeam::v1::StepResult* result);
+                                                       weightbeam::v1::StepResult* result,
+                                                       const std::set<std::string>& prepare = {});
+  std::map<std::string, std::string> AnnounceOnReceivers(const StepSpec& spec,
+                                                         const std::vector<std::string>& receivers);
   // After a sender failed: the receivers among `receivers` that do not answer a health check
   // (agent -> why), i.e. the ones the failure is most likely about.
   std::map<std::string, std::string> UnreachableReceivers(

@@ -45,7 +45,7 @@ class Reader {
       Fail(absl::StrCat("'", key, "' is ", it->dump(), ", expected a positive integer"));
       return 0;
     }
-    return it->get<int64_t>();
+    return Capped(key, it->get<int64_t>());
   }
 
   int64_t NonNegative(const char* key) {
@@ -55,7 +55,16 @@ class Reader {
       Fail(absl::StrCat("'", key, "' is ", it->dump(), ", expected an integer >= 0"));
       return 0;
     }
-    return it->get<int64_t>();
+    return Capped(key, it->get<int64_t>());
+  }
+
+  // Sizes past kMaxConfigSize are refused (layouts loop over layers and experts and multiply
+  // sizes; beyond it no real model goes).
+  int64_t Capped(const char* key, int64_t value) {
+    if (value <= kMaxConfigSize) return value;
+    Fail(absl::StrCat("'", key, "' is ", value, ", over the limit of ", kMaxConfigSize,
+                      " (engines::kMaxConfigSize)"));
+    return 0;
   }
 
   bool Bool(const char* key, bool fallback) {
@@ -196,7 +205,27 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text, absl::strin
     }
   }
   if (!r.error().empty()) return absl::InvalidArgumentError(r.error());
+  if (const uint64_t n = TensorBound(c); n > kMaxConfigTensors) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": num_hidden_layers ", c.layers,
+        c.experts > 0
+            ? absl::StrCat(" with ",
+                           c.family == Family::kDeepseek ? "n_routed_experts " : "num_experts ",
+                           c.experts)
+            : "",
+        " make up to ", n, " tensors, over the limit of ", kMaxConfigTensors,
+        " per model (engines::kMaxConfigTensors)"));
+  }
   return c;
+}
+
+uint64_t TensorBound(const ModelConfig& c) {
+  // Per layer: attention, norms and biases (16 at most), then either a dense MLP or the
+  // router, every expert and the shared experts; each may come with an FP8 scale tensor.
+  const uint64_t experts = static_cast<uint64_t>(std::max<int64_t>(c.experts, 0));
+  const uint64_t per_layer = 16 + (experts > 0 ? 2 + 3 * experts + 3 : 3);
+  const uint64_t layers = static_cast<uint64_t>(std::max<int64_t>(c.layers, 0));
+  return 2 * (3 + layers * per_layer);  // sizes are capped: no overflow
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path) {

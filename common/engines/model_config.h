@@ -58,8 +58,22 @@ struct ModelConfig {
   bool IsMoeLayer(int64_t layer) const;
 };
 
+// The limits of every config.json weightbeam turns into a layout (the agent's EngineLayout and
+// SourceLayout, wbctl, the dry run, the client helpers all parse through ParseModelConfig):
+// no size field above kMaxConfigSize, and no model whose layouts could hold more than
+// kMaxConfigTensors tensors (TensorBound). Real models stay far below both (DeepSeek-V3 and
+// Kimi-K2: under 150,000 tensors with FP8 scales); past them a request is refused naming the
+// field and the limit instead of looping or allocating without end.
+inline constexpr int64_t kMaxConfigSize = int64_t{1} << 20;
+inline constexpr uint64_t kMaxConfigTensors = uint64_t{1} << 20;
+
+// An upper bound on the tensors of any layout of `config` (engine parameters, FP8 scales and
+// Hugging Face sources alike).
+uint64_t TensorBound(const ModelConfig& config);
+
 // Parses config.json text. `source` names the file in errors ("config.json: ..."). An unknown
-// architecture, a missing or non-positive size field is one error naming the key.
+// architecture, a missing, non-positive or too large size field is one error naming the key;
+// so is a model past kMaxConfigTensors.
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json, absl::string_view source);
 
 // Reads and parses a config.json file.

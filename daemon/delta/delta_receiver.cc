@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/parallel/parallel_for.h"
+#include "daemon/registry/bus_guard.h"
 
 namespace wb::delta {
 
@@ -21,6 +22,15 @@ namespace {
 
 std::string OpName(const std::string& src_agent, const v1::TransferOp& op) {
   return absl::StrCat("op ", op.op_id(), " from ", src_agent, " (tensor ", op.dst_tensor(), ")");
+}
+
+// A host destination cut short under us (SIGBUS inside the guard).
+absl::Status ShrunkError(const std::string& agent, const std::string& src_agent,
+                         const v1::TransferOp& op) {
+  return absl::DataLossError(absl::StrCat(
+      "destination tensor '", op.dst_tensor(), "' on agent ", agent, " (", OpName(src_agent, op),
+      "): its memory could not be accessed (SIGBUS: its owner shrank the shared-memory object "
+      "under the registered range); re-register it"));
 }
 
 // Slots applied (and hashed) at once: a few threads, fewer on smaller machines.
@@ -162,7 +172,12 @@ absl::Status DeltaReceiver::ApplySlot(const Incoming& in, uint64_t version, uint
   const DestinationMemory scale_mem = MemoryOf(scales.get());
   absl::Status s;
   if (!dst_mem.on_device && !scale_mem.on_device) {
-    s = ApplyToDestination(packed, in.layout, dst_mem.addr, scale_mem.addr);  // host fast path
+    // Host fast path, into the inference process's shared memory: under the SIGBUS guard (it
+    // may have shrunk its object since it registered).
+    if (!registry::RunBusGuarded(
+            [&] { s = ApplyToDestination(packed, in.layout, dst_mem.addr, scale_mem.addr); })) {
+      s = ShrunkError(agent_, in.src_agent, in.op);
+    }
   } else {
     auto list = ResolveDelta(packed, in.layout);
     s = list.ok() ? gpu_.Scatter(*list, dst_mem, scale_mem, in.op.dst_tensor()) : list.status();
@@ -187,7 +202,13 @@ absl::StatusOr<uint64_t> DeltaReceiver::DestinationHash(const Incoming& in) cons
   const DestinationMemory dst_mem = MemoryOf(dst.get());
   const DestinationMemory scale_mem = MemoryOf(scales.get());
   if (!dst_mem.on_device && !scale_mem.on_device) {
-    return HashDestination(in.layout, dst_mem.addr, scale_mem.addr);
+    uint64_t hash = 0;
+    if (!registry::RunBusGuarded(
+            [&] { hash = HashDestination(in.layout, dst_mem.addr, scale_mem.addr); })) {
+      return absl::DataLossError(
+          absl::StrCat("verification: ", ShrunkError(agent_, in.src_agent, in.op).message()));
+    }
+    return hash;
   }
   return gpu_.Hash(in.layout, dst_mem, scale_mem, in.op.dst_tensor());
 }

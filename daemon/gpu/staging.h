@@ -47,6 +47,9 @@ class DeviceStaging {
 class LazyStaging {
  public:
   explicit LazyStaging(StagingOptions options = {}) : options_(options) {}
+  // A staging made by the caller (tests: one over host memory, so that the tcp transport's GPU
+  // path runs without a device).
+  explicit LazyStaging(std::unique_ptr<DeviceStaging> staging) : staging_(std::move(staging)) {}
   absl::StatusOr<DeviceStaging*> Get() {
     if (!staging_) {
       auto created = DeviceStaging::Create(options_);

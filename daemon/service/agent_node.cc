@@ -445,6 +445,9 @@ absl::Status AgentNode::CheckNewer(uint64_t version) {
 
 absl::Status AgentNode::BeginStep(uint64_t version, uint64_t step_id, uint64_t plan_id) {
   if (auto s = CheckNewer(version); !s.ok()) return s;
+  // A version prepared and never announced nor aborted (the controller lost it, or restarted):
+  // the next step supersedes it.
+  WithdrawPrepared(absl::StrCat("superseded by version ", version, " before it was announced"));
   {
     absl::MutexLock lock(&mu_);
     if (plan_id != 0 && plan_id != introduced_plan_) {
@@ -513,9 +516,58 @@ absl::Status AgentNode::CloseFenceForCommit(uint64_t version, uint64_t step_id) 
 }
 
 absl::Status AgentNode::CommitStep(uint64_t version, uint64_t step_id) {
-  if (auto s = CheckNewer(version); !s.ok()) return s;
-  if (auto s = CloseFenceForCommit(version, step_id); !s.ok()) return s;
+  v1::CommitRequest req;
+  req.set_version(version);
+  req.set_step_id(step_id);
+  return CommitStep(req);
+}
+
+absl::Status AgentNode::CommitStep(const v1::CommitRequest& req) {
+  if (req.announce()) return Announce(req.version(), req.step_id());
+  if (auto s = CheckNewer(req.version()); !s.ok()) return s;
+  if (auto s = CloseFenceForCommit(req.version(), req.step_id()); !s.ok()) return s;
+  return Conclude(req);
+}
+
+absl::Status AgentNode::Conclude(const v1::CommitRequest& req) {
+  if (!req.prepare()) return Advance(v1::Event::KIND_COMMIT, req.version());
+  absl::MutexLock lock(&mu_);
+  if (req.version() <= committed_version_) {
+    metrics_.Error(AgentMetrics::kCommitRefused);
+    return absl::FailedPreconditionError(absl::StrCat("version ", req.version(),
+                                                      " is not newer than the committed version ",
+                                                      committed_version_));
+  }
+  prepared_ = true;
+  prepared_step_ = req.step_id();
+  prepared_version_ = req.version();
+  return absl::OkStatus();
+}
+
+absl::Status AgentNode::Announce(uint64_t version, uint64_t step_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!prepared_ || prepared_version_ != version || prepared_step_ != step_id) {
+      metrics_.Error(AgentMetrics::kCommitRefused);
+      return absl::FailedPreconditionError(
+          absl::StrCat("agent ", config_.name, ": version ", version,
+                       " was not prepared here (aborted since, or never committed); refusing "
+                       "to announce it"));
+    }
+    prepared_ = false;
+  }
   return Advance(v1::Event::KIND_COMMIT, version);
+}
+
+void AgentNode::WithdrawPrepared(const std::string& reason) {
+  uint64_t withdrawn = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!prepared_) return;
+    prepared_ = false;
+    withdrawn = prepared_version_;
+  }
+  Publish(v1::Event::KIND_ABORT, withdrawn, reason);
 }
 
 absl::Status AgentNode::Advance(v1::Event::Kind kind, uint64_t version) {
@@ -547,6 +599,7 @@ absl::Status AgentNode::Commit(uint64_t version) {
 }
 
 absl::Status AgentNode::Commit(const v1::CommitRequest& req) {
+  if (req.announce()) return Announce(req.version(), req.step_id());
   {
     absl::MutexLock lock(&mu_);
     if (req.version() <= committed_version_) {
@@ -575,7 +628,7 @@ absl::Status AgentNode::Commit(const v1::CommitRequest& req) {
   spdlog::info("version {}: applied {} delta slot(s), {} bytes patching {} bytes in {:.3f} s{}",
                req.version(), stats.slots_applied, stats.payload_bytes, stats.dense_bytes,
                stats.seconds, expected.empty() ? "" : ", destinations verified");
-  return Advance(v1::Event::KIND_COMMIT, req.version());
+  return Conclude(req);
 }
 
 absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint64_t step_id) {
@@ -598,6 +651,13 @@ absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint6
         spdlog::error("aborting version {}: {} step fence: {}", version, t->Name(),
                       std::string(s.message()));
       }
+    }
+  }
+  {
+    // A prepared version is withdrawn: its watchers get the abort below, never the commit.
+    absl::MutexLock lock(&mu_);
+    if (prepared_ && (step_id != 0 ? prepared_step_ == step_id : prepared_version_ == version)) {
+      prepared_ = false;
     }
   }
   Publish(v1::Event::KIND_ABORT, version, reason);

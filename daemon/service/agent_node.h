@@ -65,6 +65,9 @@ class AgentNode {
   // to (it restarted after the plan was made) is refused, so the controller leaves it out.
   absl::Status BeginStep(uint64_t version, uint64_t step_id, uint64_t plan_id = 0);
   absl::Status CommitStep(uint64_t version, uint64_t step_id);
+  // The same for a request: with `prepare` the commit is done but not announced, and a later
+  // request with `announce` announces it (an Abort, or the next Begin, withdraws it instead).
+  absl::Status CommitStep(const weightbeam::v1::CommitRequest& req);
   // Delta mode: applies this attempt's delta slots (and checks hashes) before committing.
   absl::Status Commit(const weightbeam::v1::CommitRequest& req);
   // Cancels the step's execution here and closes its fence if it is the open one (a late
@@ -96,6 +99,12 @@ class AgentNode {
   // Commit's side of the fence: the step must still be open here with none of its writes
   // refused; then the fence closes.
   absl::Status CloseFenceForCommit(uint64_t version, uint64_t step_id);
+  // The end of a commit whose work is done: announced at once, or held (prepare) until
+  // Announce.
+  absl::Status Conclude(const weightbeam::v1::CommitRequest& req);
+  absl::Status Announce(uint64_t version, uint64_t step_id);
+  // A prepared version not announced: withdrawn (abort(v) to the watchers) with `reason`.
+  void WithdrawPrepared(const std::string& reason);
   void Publish(weightbeam::v1::Event::Kind kind, uint64_t version, const std::string& reason);
   absl::Status StartMetrics();
   absl::Status StartStorage();
@@ -139,6 +148,10 @@ class AgentNode {
   bool step_open_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t open_step_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t open_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // A step committed with `prepare` and not yet announced (or withdrawn).
+  bool prepared_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t prepared_step_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t prepared_version_ ABSL_GUARDED_BY(mu_) = 0;
   // Serializes fence moves (Begin, Commit, Abort) so the transports see them in one order.
   absl::Mutex fence_mu_;  // taken before mu_
   std::atomic<bool> shutting_down_{false};

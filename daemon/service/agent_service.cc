@@ -77,7 +77,7 @@ grpc::ServerUnaryReactor* AgentService::Begin(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* AgentService::Commit(grpc::CallbackServerContext* ctx,
                                                const v1::CommitRequest* req, v1::CommitResponse*) {
   if (auto a = guard_.AdmitController(*ctx, "Agent.Commit"); !a.ok()) return Refuse(ctx, a);
-  if (req->step_nonce() == 0) return Done(ctx, node_->CommitStep(req->version(), req->step_id()));
+  if (req->step_nonce() == 0 || req->announce()) return Done(ctx, node_->CommitStep(*req));
   // Delta mode: applying the deltas takes a while; do it off the callback thread.
   auto* reactor = ctx->DefaultReactor();
   long_calls_.Submit([this, reactor, req] { reactor->Finish(ToGrpc(node_->Commit(*req))); });

@@ -25,9 +25,8 @@ void RunStepCommand(AgentNode* node, executor::WorkerPool* long_calls, ExecuteOn
       return;
     }
     case v1::StepCommand::kCommit:
-      if (command.commit().step_nonce() == 0) {
-        reply(StepReplyFor(
-            seq, node->CommitStep(command.commit().version(), command.commit().step_id())));
+      if (command.commit().step_nonce() == 0 || command.commit().announce()) {
+        reply(StepReplyFor(seq, node->CommitStep(command.commit())));
         return;
       }
       // Delta mode: applying the deltas takes a while; off the calling thread.

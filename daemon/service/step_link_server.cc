@@ -267,21 +267,29 @@ bool StepLinkServer::Authenticate(const std::shared_ptr<Conn>& c) {
   {
     absl::MutexLock lock(&grants_mu_);
     auto it = grants_.find(id);
-    if (it != grants_.end()) {
-      grant = std::move(it->second);
-      grants_.erase(it);  // one connection per grant
-    }
+    if (it != grants_.end()) grant = it->second;
   }
   if (!grant || Clock::now() - grant->issued > options_.grant_lifetime) {
     spdlog::warn("step link from {}: unknown, used or expired link id; closing it", c->peer);
     return false;
   }
+  // The key proof first: the id travels in clear, so a connection replaying it without the key
+  // must not use the grant up (only the one that proves the key does).
   auto cipher = steplink::LinkCipher::Create(grant->key, steplink::Direction::kToController);
   if (!cipher.ok()) return false;
   c->cipher.emplace(std::move(*cipher));
   if (!c->cipher->OpenEmptyFrame(std::string_view(c->hello).substr(steplink::kLinkIdBytes)).ok()) {
     spdlog::warn("step link from {}: the hello does not prove the link's key; closing it", c->peer);
     return false;
+  }
+  {
+    absl::MutexLock lock(&grants_mu_);
+    auto it = grants_.find(id);
+    if (it == grants_.end() || it->second.issued != grant->issued) {
+      spdlog::warn("step link from {}: link id used meanwhile; closing it", c->peer);
+      return false;
+    }
+    grants_.erase(it);  // one connection per grant
   }
   c->authenticated = true;
   c->hello.clear();

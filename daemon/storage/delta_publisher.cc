@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/tensor/dtype.h"
 #include "daemon/delta/delta_codec.h"
+#include "daemon/registry/bus_guard.h"
 #include "daemon/storage/delta_store.h"
 #include "daemon/storage/manifest_mac.h"
 #include "daemon/storage/safetensors.h"
@@ -22,6 +23,22 @@ namespace wb::storage {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+namespace {
+
+// Copies out of registered memory under the SIGBUS guard; false when it was cut short.
+bool GuardedCopy(void *dst, const void *src, size_t n) {
+  return registry::RunBusGuarded([&] { std::memcpy(dst, src, n); });
+}
+
+absl::Status Gone(const ShardBuffer &s) {
+  return absl::DataLossError(absl::StrCat(
+      "tensor '", s.spec.name(), "' (rank ", s.rank,
+      "): its memory could not be read (SIGBUS: "
+      "its owner shrank the shared-memory object under the registered range); re-register it"));
+}
+
+}  // namespace
 
 DeltaPublisher::DeltaPublisher(StoreOptions options) : options_(std::move(options)) {}
 
@@ -88,6 +105,7 @@ absl::StatusOr<PublishResult> DeltaPublisher::Publish(uint64_t version,
   auto remove_written = [&] {
     for (const auto &f : result.files) ::unlink((options_.dir + "/" + f).c_str());
   };
+  std::vector<uint8_t> scratch;  // a source's bytes while its delta is encoded
   for (const auto &[rank, shards] : by_rank) {
     std::deque<std::vector<uint8_t>> owned;  // index buffers and packed deltas, kept alive
     std::vector<TensorToWrite> tensors;
@@ -106,13 +124,23 @@ absl::StatusOr<PublishResult> DeltaPublisher::Publish(uint64_t version,
       const std::vector<int64_t> global = GlobalShape(s->spec);
       result.dense_bytes += s->data.size();
       bool sparse = false;
-      if (anchor) {
-        shadows_[s->id].assign(s->data.begin(), s->data.end());
-      } else if (elem == 8) {  // the codec handles 1-, 2- and 4-byte elements
-        std::memcpy(shadows_[s->id].data(), s->data.data(), s->data.size());
+      // The sources are the trainers' shared memory: read once, by a guarded copy into memory
+      // of our own (the shadow, or the scratch buffer a delta is encoded from), so an owner
+      // that shrank its object fails this version instead of killing the agent.
+      std::vector<uint8_t> &shadow = shadows_[s->id];
+      if (anchor || elem == 8) {  // the codec handles 1-, 2- and 4-byte elements
+        shadow.resize(s->data.size());
+        if (!GuardedCopy(shadow.data(), s->data.data(), s->data.size())) {
+          remove_written();
+          return Gone(*s);
+        }
       } else {
-        auto enc =
-            delta::EncodeDelta(absl::MakeSpan(shadows_[s->id]), s->data, elem, options_.threads);
+        scratch.resize(s->data.size());
+        if (!GuardedCopy(scratch.data(), s->data.data(), s->data.size())) {
+          remove_written();
+          return Gone(*s);
+        }
+        auto enc = delta::EncodeDelta(absl::MakeSpan(shadow), scratch, elem, options_.threads);
         if (!enc.ok()) {
           remove_written();
           return absl::Status(enc.status().code(), absl::StrCat("tensor '", s->spec.name(),
@@ -142,7 +170,8 @@ absl::StatusOr<PublishResult> DeltaPublisher::Publish(uint64_t version,
           result.changed_elements += enc->changed_elems;
         }
       }
-      if (!sparse) tensors.push_back({s->spec.name(), dtype, Sizes(rect), s->data});
+      // The shadow holds this version's bytes now, whichever branch ran.
+      if (!sparse) tensors.push_back({s->spec.name(), dtype, Sizes(rect), shadow});
       meta["shard:" + s->spec.name()] = json{
           {"dtype", dtype},
           {"global_shape", global},

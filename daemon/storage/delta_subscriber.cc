@@ -2,11 +2,14 @@
 // every file of one, maps stored names to destinations (renames, fusions), then writes each
 // destination shard (FP8 ones quantised from a BF16 copy) between begin and commit.
 #include <algorithm>
+#include <cstring>
 #include <deque>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/planner/name_rules.h"
 #include "common/tensor/dtype.h"
+#include "daemon/registry/bus_guard.h"
 #include "daemon/storage/delta_store.h"
 #include "daemon/storage/manifest_mac.h"
 #include "daemon/storage/safetensors.h"
@@ -89,6 +92,21 @@ absl::StatusOr<Fp8Target> PlanFp8(const ShardBuffer &d, const std::vector<ShardB
   return t;
 }
 
+// Copies between registered memory and our own under the SIGBUS guard; false when the
+// registered side was cut short (the owner shrank its shared-memory object).
+bool GuardedCopy(void *dst, const void *src, size_t n) {
+  return registry::RunBusGuarded([&] { std::memcpy(dst, src, n); });
+}
+
+// The error of a destination whose memory is gone.
+absl::Status Gone(const ShardBuffer &d, const char *what) {
+  return absl::DataLossError(absl::StrCat(
+      "destination tensor '", d.spec.name(), "' (rank ", d.rank, "): its memory could not be ",
+      what,
+      " (SIGBUS: its owner shrank the shared-memory object under the registered range); "
+      "re-register it"));
+}
+
 std::string WhyNotApplicable(const std::map<std::string, Manifest> &manifests, uint64_t held_) {
   for (const auto &[writer, m] : manifests) {
     if (!m.error.empty()) return m.error;
@@ -151,6 +169,7 @@ PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer> &destinations,
   }
   const uint64_t reported_floor = std::max(held_, skip_through_);
   for (auto v = versions->begin(); v != versions->end();) {
+    std::vector<std::string> unusable;
     for (auto m = v->second.begin(); m != v->second.end();) {
       if (m->second.error.empty()) {
         ++m;
@@ -158,12 +177,26 @@ PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer> &destinations,
       }
       still_present.insert(m->second.error);
       if (v->first > reported_floor && !reported_.count(m->second.error)) {
-        const std::string reason =
-            absl::StrCat("version ", v->first, " refused: ", m->second.error);
-        result.refused.emplace_back(v->first, reason);
-        if (hooks.refused) hooks.refused(v->first, reason);
+        unusable.push_back(m->second.error);
       }
       m = v->second.erase(m);
+    }
+    // Beside a complete set of usable manifests, an unusable one is only ignored (the version
+    // is applied from the usable ones); otherwise the watchers hear why the version is refused.
+    const bool usable = static_cast<int>(v->second.size()) >= options_.writers;
+    for (const auto &error : unusable) {
+      if (usable) {
+        // "<name>: <why>", as the ignored names are reported.
+        const std::string what = absl::StartsWith(error, options_.dir + "/")
+                                     ? error.substr(options_.dir.size() + 1)
+                                     : error;
+        result.ignored.push_back(what);
+        if (hooks.ignored) hooks.ignored(what);
+        continue;
+      }
+      const std::string reason = absl::StrCat("version ", v->first, " refused: ", error);
+      result.refused.emplace_back(v->first, reason);
+      if (hooks.refused) hooks.refused(v->first, reason);
     }
     v = v->second.empty() ? versions->erase(v) : std::next(v);
   }
@@ -251,14 +284,23 @@ PollResult DeltaSubscriber::Poll(const std::vector<ShardBuffer> &destinations,
 absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
                                     const std::vector<ShardBuffer> &destinations,
                                     const SubscriberHooks &hooks) {
-  // Re-read the manifests: they are small, and this sees the version as it is now.
+  // Re-read the manifests: they are small, and this sees the version as it is now. Unusable
+  // ones (malformed, or without a valid MAC under a storage key) are left out as Poll leaves
+  // them out: a stray or forged manifest beside a genuine version never blocks it.
   auto versions = ListVersions(options_.dir, options_.manifest_key);
   if (!versions.ok()) return versions.status();
-  const auto &manifests = (*versions)[v];
+  std::map<std::string, Manifest> manifests;
+  for (auto &[writer, m] : (*versions)[v]) {
+    if (m.error.empty()) manifests.emplace(writer, std::move(m));
+  }
+  if (static_cast<int>(manifests.size()) < options_.writers) {
+    return absl::DataLossError(absl::StrCat("version ", v, " has ", manifests.size(),
+                                            " usable manifest(s) now, ", options_.writers,
+                                            " expected (changed since it was listed)"));
+  }
   std::deque<SafetensorsFile> files;
   std::map<std::string, std::vector<Source>> sources;
   for (const auto &[writer, m] : manifests) {
-    if (!m.error.empty()) return absl::DataLossError(m.error);
     if (!m.anchor && m.base_version != base) {
       return absl::FailedPreconditionError(
           absl::StrCat("writer '", writer, "' wrote a delta on version ", m.base_version,
@@ -363,17 +405,26 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
   if (hooks.begin) {
     if (auto s = hooks.begin(v); !s.ok()) return s;
   }
+  // The destinations are the inference processes' shared memory: every access is one guarded
+  // copy between it and memory of our own (GuardedCopy), so an owner that shrank its object
+  // refuses the version instead of killing the agent.
+  std::vector<uint8_t> scratch, scale_scratch;
   for (const auto &d : destinations) {
     if (scale_ids.count(d.id)) continue;
     const Box rect = BoxOf(d.spec);
     auto f = fp8.find(d.id);
-    uint8_t *out = d.data.data();
+    uint8_t *out = nullptr;
     int elem = tensor::DTypeBytes(d.spec.dtype());
     if (f != fp8.end()) {  // BF16 records land in the copy, which is quantised below
       auto &shadow = fp8_shadows_[d.id];
       shadow.resize(rect.Volume() * 2);
       out = shadow.data();
       elem = 2;
+    } else {
+      // Sparse records patch what the destination holds: read it first.
+      scratch.resize(d.data.size());
+      if (!GuardedCopy(scratch.data(), d.data.data(), d.data.size())) return Gone(d, "read");
+      out = scratch.data();
     }
     for (const Source &s : sources[d.spec.name()]) {
       Box in;
@@ -385,10 +436,24 @@ absl::Status DeltaSubscriber::Apply(uint64_t v, uint64_t base,
       }
     }
     if (f != fp8.end()) {
+      // Quantised into our own copies of the FP8 tensor and of its whole scale tensor, which
+      // then go out in two copies.
+      const ShardBuffer &scale = *f->second.scale;
+      scratch.resize(d.data.size());
+      scale_scratch.resize(scale.data.size());
+      if (!GuardedCopy(scale_scratch.data(), scale.data.data(), scale.data.size())) {
+        return Gone(scale, "read");
+      }
+      float *scales = reinterpret_cast<float *>(scale_scratch.data()) +
+                      (f->second.scales - reinterpret_cast<float *>(scale.data.data()));
       // Checked by PlanFp8 before anything was written; cannot fail here.
-      (void)transform::ApplyTransformCpu(f->second.desc, out, d.data.data(), f->second.scales,
+      (void)transform::ApplyTransformCpu(f->second.desc, out, scratch.data(), scales,
                                          options_.threads);
+      if (!GuardedCopy(scale.data.data(), scale_scratch.data(), scale.data.size())) {
+        return Gone(scale, "written");
+      }
     }
+    if (!GuardedCopy(d.data.data(), scratch.data(), d.data.size())) return Gone(d, "written");
   }
   if (hooks.commit) return hooks.commit(v);
   return absl::OkStatus();

@@ -56,16 +56,24 @@ class FakeAgentFleet : public AgentFleet {
   }
 
   // What `agent` received, in arrival order: "begin 7", "execute 7", "commit 7", "abort 7"
-  // (health checks are left out; see Received).
+  // (health checks are left out; see Received). A two-phase commit's rounds read "prepare 7"
+  // and "announce 7".
   std::vector<std::string> Events(const std::string& agent) const {
     absl::MutexLock lock(&mu_);
     std::vector<std::string> out;
     for (const auto& e : log_) {
       if (e.agent == agent && e.phase != Phase::kHealth) {
-        out.push_back(absl::StrCat(PhaseName(e.phase), " ", e.version));
+        out.push_back(absl::StrCat(e.tag.empty() ? PhaseName(e.phase) : e.tag, " ", e.version));
       }
     }
     return out;
+  }
+  // What the watchers of `agent` saw, as a real agent tells them: "commit 7" when a commit that
+  // is not a prepare succeeds (or an announce does), "abort 7" for every abort.
+  std::vector<std::string> Watched(const std::string& agent) const {
+    absl::MutexLock lock(&mu_);
+    auto it = watched_.find(agent);
+    return it == watched_.end() ? std::vector<std::string>() : it->second;
   }
   // Every execute request `agent` received, in order.
   std::vector<weightbeam::v1::ExecuteRequest> ExecuteRequestsOf(const std::string& agent) const {
@@ -77,7 +85,9 @@ class FakeAgentFleet : public AgentFleet {
   std::vector<std::string> Log() const {
     absl::MutexLock lock(&mu_);
     std::vector<std::string> out;
-    for (const auto& e : log_) out.push_back(absl::StrCat(e.agent, " ", PhaseName(e.phase)));
+    for (const auto& e : log_) {
+      out.push_back(absl::StrCat(e.agent, " ", e.tag.empty() ? PhaseName(e.phase) : e.tag));
+    }
     return out;
   }
   bool Received(const std::string& agent, Phase phase) const {
@@ -150,6 +160,7 @@ class FakeAgentFleet : public AgentFleet {
     Phase phase;
     uint64_t version;
     std::string reason;  // aborts
+    std::string tag;     // commits: "prepare" or "announce" (two-phase), else empty
   };
 
   bool ReceivedLocked(const std::string& agent, Phase phase) const
@@ -172,6 +183,8 @@ class FakeAgentFleet : public AgentFleet {
   void Remember(const std::string& agent, const weightbeam::v1::CommitRequest& r, Event* e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     commits_[agent] = r;
+    if (r.prepare()) e->tag = "prepare";
+    if (r.announce()) e->tag = "announce";
   }
   void Remember(const std::string& agent, const weightbeam::v1::AbortRequest& r, Event* e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -195,6 +208,20 @@ class FakeAgentFleet : public AgentFleet {
   }
   template <typename Resp>
   static void Fill(const Reply&, Resp*) {}
+  // What the agent tells its watchers once a call ended with `status`.
+  void Tell(const std::string& agent, const weightbeam::v1::CommitRequest& r,
+            const grpc::Status& status) {
+    if (!status.ok() || r.prepare()) return;
+    absl::MutexLock lock(&mu_);
+    watched_[agent].push_back(absl::StrCat("commit ", r.version()));
+  }
+  void Tell(const std::string& agent, const weightbeam::v1::AbortRequest& r, const grpc::Status&) {
+    absl::MutexLock lock(&mu_);
+    watched_[agent].push_back(absl::StrCat("abort ", r.version()));
+  }
+  template <typename Req>
+  void Tell(const std::string&, const Req&, const grpc::Status&) {}
+
   template <typename Req>
   static uint64_t VersionOf(const Req& r) {
     return r.version();
@@ -225,6 +252,7 @@ class FakeAgentFleet : public AgentFleet {
     std::this_thread::sleep_for(reply.delay);
     result->status = reply.answer ? reply.answer() : reply.status;
     if (result->status.ok()) Fill(reply, &result->response);
+    Tell(call.agent, call.request, result->status);
   }
 
   template <typename Req, typename Resp>
@@ -248,6 +276,7 @@ class FakeAgentFleet : public AgentFleet {
   std::map<std::string, std::vector<weightbeam::v1::ExecuteRequest>> all_executes_
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, weightbeam::v1::CommitRequest> commits_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<std::string>> watched_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, Phase>, std::chrono::milliseconds> timeouts_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -3,21 +3,26 @@
 // agents without links sends nothing on links (not_sent, for the stream) and opens them in the
 // background; answers then come back in order on one link kept across fan-outs; a stalled agent
 // ends at the deadline and gets a new link later; an agent whose listener goes away fails its
-// command with the link's end; agents that refuse links (older builds, links off) or whose port
-// cannot be reached stay on the stream until Reset.
+// command with the link's end; agents that refuse links (older builds, links off) stay on the
+// stream until Reset, and one whose port cannot be reached or whose handshake meets a long
+// command is tried again after a backoff; an agent flooding replies does not hold a fan-out.
 #include "controller/step_links.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/net/socket_util.h"
+#include "common/steplink/link_cipher.h"
 #include "daemon/service/step_link_server.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
 
@@ -38,6 +43,10 @@ class FakeLinkAgent final : public v1::Agent::CallbackService {
     o.host = "127.0.0.1";
     auto s = service::StepLinkServer::Start(o, [this](v1::StepCommand c, auto reply) {
       ++ran_;
+      // A long command (an execute) holds the agent's one link thread, handshakes included.
+      if (const int ms = block_first_ms_.exchange(0); ms > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      }
       if (stall_-- > 0) {
         held_.push_back(std::move(reply));  // never answered (kept so nothing replies late)
         return;
@@ -71,6 +80,8 @@ class FakeLinkAgent final : public v1::Agent::CallbackService {
 
   int grants() const { return grants_; }
   int ran() const { return ran_; }
+  // The next command holds the link thread this long before it answers.
+  void BlockNext(std::chrono::milliseconds ms) { block_first_ms_ = static_cast<int>(ms.count()); }
   service::StepLinkServer* links() { return links_.get(); }
 
  private:
@@ -78,9 +89,78 @@ class FakeLinkAgent final : public v1::Agent::CallbackService {
   std::atomic<int> stall_;
   const grpc::StatusCode refuse_;
   const uint32_t port_override_;
-  std::atomic<int> grants_{0}, ran_{0};
+  std::atomic<int> grants_{0}, ran_{0}, block_first_ms_{0};
   std::vector<std::function<void(v1::StepReply)>> held_;
   std::unique_ptr<service::StepLinkServer> links_;
+};
+
+// A hostile agent: grants a link on a listener of its own, completes the handshake, then floods
+// the controller with valid sealed replies nobody asked for (`frames` of them, sealed up front
+// so that the flood is never slower than the controller's reading).
+class FloodAgent final : public v1::Agent::CallbackService {
+ public:
+  explicit FloodAgent(size_t frames) {
+    auto l = net::ListenTcp({"127.0.0.1", 0}, &port_);
+    REQUIRE(l.ok());
+    listener_ = std::move(*l);
+    id_ = std::string(steplink::kLinkIdBytes, 'i');
+    key_ = std::string(steplink::kKeyBytes, 'k');
+    auto cipher = steplink::LinkCipher::Create(key_, steplink::Direction::kToController);
+    REQUIRE(cipher.ok());
+    cipher_.emplace(std::move(*cipher));
+    REQUIRE(cipher_->Seal("", &flood_).ok());  // the acknowledgement
+    v1::StepReply junk;
+    junk.set_seq(0);
+    const std::string plain = junk.SerializeAsString();
+    flood_.reserve(flood_.size() + frames * (steplink::kLengthBytes + steplink::kTagBytes));
+    bool sealed = true;
+    for (size_t i = 0; i < frames; ++i) sealed = cipher_->Seal(plain, &flood_).ok() && sealed;
+    REQUIRE(sealed);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FloodAgent() override {
+    stop_ = true;
+    if (conn_ >= 0) ::shutdown(conn_, SHUT_RDWR);
+    ::shutdown(listener_.get(), SHUT_RDWR);
+    thread_.join();
+    if (conn_ >= 0) ::close(conn_);
+  }
+
+  grpc::ServerUnaryReactor* OpenStepLink(grpc::CallbackServerContext* ctx,
+                                         const v1::OpenStepLinkRequest*,
+                                         v1::OpenStepLinkResponse* resp) override {
+    resp->set_port(port_);
+    resp->set_link_id(id_);
+    resp->set_key(key_);
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+  // Whether the whole flood went out (the controller read all but what the buffers hold).
+  bool flooded() const { return flooded_; }
+
+ private:
+  void Serve() {
+    conn_ = ::accept(listener_.get(), nullptr, nullptr);
+    if (conn_ < 0) return;
+    std::string hello(steplink::kHelloBytes, '\0');
+    size_t got = 0;
+    int error = 0;
+    if (net::RecvExact(conn_, hello.data(), hello.size(), &got, &error) != net::RecvOutcome::kOk ||
+        hello.compare(0, steplink::kLinkIdBytes, id_) != 0 ||
+        !cipher_->OpenEmptyFrame(std::string_view(hello).substr(steplink::kLinkIdBytes)).ok()) {
+      return;
+    }
+    flooded_ = net::SendAll(conn_, flood_.data(), flood_.size()).ok() && !stop_;
+  }
+
+  uint16_t port_ = 0;
+  net::UniqueFd listener_;
+  std::string id_, key_, flood_;
+  std::optional<steplink::LinkCipher> cipher_;
+  std::atomic<int> conn_{-1};
+  std::atomic<bool> stop_{false}, flooded_{false};
+  std::thread thread_;
 };
 
 // An agent of an older build: no OpenStepLink.
@@ -244,9 +324,9 @@ TEST_CASE("agents without links come back not_sent and are remembered until Rese
   const std::vector<std::string> endpoints = {old->endpoint, off->endpoint, unreachable->endpoint,
                                               fine->endpoint};
   OpenLinks(&links, endpoints, 1);
-  REQUIRE(WaitFor([&] {
-    return !links.Links(endpoints[0]) && !links.Links(endpoints[1]) && !links.Links(endpoints[2]);
-  }));
+  REQUIRE(WaitFor([&] { return !links.Links(endpoints[0]) && !links.Links(endpoints[1]); }));
+  // The unreachable port is not given up on: asked again, after a backoff.
+  CHECK(links.Links(endpoints[2]));
   CHECK(links.Links(endpoints[3]));
   auto commands = Commands(4);
   auto answers = links.Send(endpoints, &commands, std::chrono::seconds(10));
@@ -257,12 +337,61 @@ TEST_CASE("agents without links come back not_sent and are remembered until Rese
   CHECK(answers[3].status.error_message() == "fine");
   CHECK(off->agent()->ran() == 0);
   CHECK(unreachable->agent()->ran() == 0);
-  // Known now: later fan-outs do not ask again.
+  // Known now: later fan-outs do not ask again (a link that could not be made is tried again,
+  // but only after a backoff).
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   CHECK(off->agent()->grants() == 1);
   CHECK(unreachable->agent()->grants() == 1);
   links.Reset(off->endpoint);
   CHECK(links.Links(off->endpoint));
+}
+
+TEST_CASE("an agent flooding sealed replies does not hold the fan-out past its deadline") {
+  auto ok = Serve(std::make_unique<FakeLinkAgent>("ok", 0));
+  auto flood = Serve(std::make_unique<FloodAgent>(4'000'000));  // 80 MB of valid frames
+  auto* flooder = static_cast<FloodAgent*>(flood->service.get());
+  AgentChannels channels;
+  StepLinks links(&channels);
+  const std::vector<std::string> endpoints = {ok->endpoint, flood->endpoint};
+  OpenLinks(&links, endpoints, 2);
+  auto commands = Commands(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto answers = links.Send(endpoints, &commands, std::chrono::milliseconds(300));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("the fan-out took " << seconds << " s");
+  // Back at the deadline with most of the flood still unread, the well-behaved agent answered.
+  CHECK_FALSE(flooder->flooded());
+  CHECK(seconds < 2.0);
+  CHECK(answers[0].status.error_message() == "ok");
+  CHECK(answers[1].status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+}
+
+TEST_CASE("a link whose handshake meets a long command is made again after a backoff") {
+  auto slow = Serve(std::make_unique<FakeLinkAgent>("slow", 0));
+  AgentChannels channels;
+  StepLinks links(&channels);
+  OpenLinks(&links, {slow->endpoint}, 1);
+  // The command holds the agent's link thread for 3 s: it misses the deadline, its link is
+  // closed, and the next link's handshake waits on that thread longer than the controller does.
+  slow->agent()->BlockNext(std::chrono::milliseconds(3000));
+  auto commands = Commands(1);
+  auto answers = links.Send({slow->endpoint}, &commands, std::chrono::milliseconds(200));
+  CHECK(answers[0].status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+  commands = Commands(1);
+  answers = links.Send({slow->endpoint}, &commands, std::chrono::seconds(1));
+  CHECK(answers[0].not_sent);
+  REQUIRE(WaitFor([&] { return slow->agent()->grants() == 2; }));
+  // Once the command is over, a link is made again (as later fan-outs ask for one).
+  CHECK(WaitFor([&] {
+    links.Request({slow->endpoint});
+    return links.Has(slow->endpoint);
+  }));
+  CHECK(links.Links(slow->endpoint));
+  commands = Commands(1);
+  answers = links.Send({slow->endpoint}, &commands, std::chrono::seconds(10));
+  CHECK_FALSE(answers[0].not_sent);
+  CHECK(answers[0].status.error_message() == "slow");
 }
 
 }  // namespace

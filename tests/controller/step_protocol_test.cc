@@ -482,6 +482,53 @@ TEST_CASE("a replica spread over two agents is dropped whole when one of them fa
   CHECK(fleet.Events("r0") == Strings{"begin 24", "commit 24"});
 }
 
+// A replica over two agents (tensor-parallel ranks on two nodes): receivers r1 and r2 hold
+// replica 1, r0 holds replica 0.
+StepSpec TwoAgentReplica(uint64_t version) {
+  StepSpec spec = Spec(version);
+  spec.receivers = {"r0", "r1", "r2"};
+  spec.replicas = {{0, {"r0"}}, {1, {"r1", "r2"}}};
+  return spec;
+}
+
+TEST_CASE("a replica over two agents announces a version on both of them or on neither") {
+  FakeAgentFleet fleet;
+  SECTION("one agent's commit fails: the other's watchers never see commit(v)") {
+    fleet.Script("r2", Phase::kCommit,
+                 Failing(grpc::StatusCode::FAILED_PRECONDITION,
+                         "agent r2: 1 write(s) of version 27 were refused by the step fence"));
+  }
+  SECTION("one agent's commit outlasts the commit timeout (a long delta apply)") {
+    fleet.Script("r2", Phase::kCommit, Reply{milliseconds(60000)});
+  }
+  const v1::StepResult result = RunDroppingReplica1(&fleet, TwoAgentReplica(27));
+  CHECK(result.skipped_replicas(0).agents_size() == 2);
+  CHECK_THAT(result.skipped_replicas(0).reason(), Catch::Contains("agent r2: commit failed"));
+  // Replica 1's agents both withdraw version 27; replica 0 (one agent) commits in one call.
+  CHECK(fleet.Watched("r1") == Strings{"abort 27"});
+  CHECK(fleet.Watched("r2") == Strings{"abort 27"});
+  CHECK(fleet.Watched("r0") == Strings{"commit 27"});
+  CHECK(fleet.Events("r0") == Strings{"begin 27", "commit 27"});
+}
+
+TEST_CASE("a replica over two agents announces only after both prepared") {
+  FakeAgentFleet fleet;
+  StepProtocol protocol(&fleet);
+  v1::StepResult result;
+  REQUIRE(protocol.Run(TwoAgentReplica(28), &result).ok());
+  CHECK(Committed(result) == std::vector<int>{0, 1});
+  for (const std::string a : {"r1", "r2"}) {
+    CHECK(fleet.Events(a) == Strings{"begin 28", "prepare 28", "announce 28"});
+    CHECK(fleet.Watched(a) == Strings{"commit 28"});
+  }
+  // Both prepared before either announced.
+  const Strings log = fleet.Log();
+  for (const std::string a : {"r1", "r2"}) {
+    CHECK(At(log, a + " prepare") < At(log, "r1 announce"));
+    CHECK(At(log, a + " prepare") < At(log, "r2 announce"));
+  }
+}
+
 TEST_CASE("a delta step tells the receivers the base version its deltas apply on") {
   FakeAgentFleet fleet;
   StepProtocol protocol(&fleet);

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of the tcp frame header parser, the YAML config loader, registration
-# requests, plan ops as a sending agent checks them, storage manifests and step-link frames, built
-# outside Bazel with Debian's clang + libFuzzer (ASan + UBSan) against Debian's absl/yaml-cpp.
+# requests, plan ops as a sending agent checks them, storage manifests, step-link frames and
+# config.json -> layouts, built outside Bazel with Debian's clang + libFuzzer (ASan + UBSan)
+# against Debian's absl/yaml-cpp.
 #
-#   tests/fuzz/run.sh [--seconds N] [--target frame|config|registration|plan_op|manifest|steplink]
+#   tests/fuzz/run.sh [--seconds N]
+#                     [--target frame|config|registration|plan_op|manifest|steplink|model_config]
 #                     [--build-only]
 #   (--seconds 0: only replay the seeds, a quick regression check)
 #
@@ -14,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 seconds=20
-targets=(frame config registration plan_op manifest steplink)
+targets=(frame config registration plan_op manifest steplink model_config)
 build_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -23,7 +25,7 @@ while [ $# -gt 0 ]; do
     --target) targets=("$2"); shift 2 ;;
     --target=*) targets=("${1#*=}"); shift ;;
     --build-only) build_only=1; shift ;;
-    -h | --help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -78,11 +80,13 @@ fuzz_target plan_op 256 -lprotobuf tests/fuzz/plan_op_fuzz.cc daemon/executor/op
 fuzz_target manifest 2048 -lcrypto tests/fuzz/manifest_fuzz.cc daemon/storage/store_layout.cc \
   daemon/storage/manifest_mac.cc daemon/storage/safetensors.cc
 fuzz_target steplink 4096 -lcrypto tests/fuzz/steplink_fuzz.cc common/steplink/link_cipher.cc
+fuzz_target model_config 4096 "" tests/fuzz/model_config_fuzz.cc common/engines/model_config.cc \
+  common/engines/engine_layout.cc common/planner/name_rules.cc common/planner/layout.cc
 
 # Recompiles a source when it, a project header, this script or the ignorelist is newer.
 compile() {
   local src="$1" obj="$out/obj/${1//\//_}.o"
-  if [ -f "$obj" ] && [ -z "$(find "$src" config common/tensor common/planner common/steplink daemon/executor daemon/transport daemon/storage tests/fuzz -newer "$obj" \
+  if [ -f "$obj" ] && [ -z "$(find "$src" config common/engines common/tensor common/planner common/steplink daemon/executor daemon/transport daemon/storage tests/fuzz -newer "$obj" \
     \( -name '*.h' -o -path "$src" -o -name run.sh -o -name ubsan_ignore.txt \) -print -quit)" ]
   then
     echo "$obj"
@@ -121,7 +125,7 @@ fi
 failed=0
 for target in "${targets[@]}"; do
   if [ -z "${SOURCES[$target]:-}" ]; then
-    log "unknown target '$target' (frame, config, registration, plan_op, manifest, steplink)"
+    log "unknown target '$target' (frame, config, registration, plan_op, manifest, steplink, model_config)"
     exit 2
   fi
   if ! build "$target"; then

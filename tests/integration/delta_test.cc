@@ -5,7 +5,13 @@
 // expected destination bytes on its own and compares them bit for bit. A commit that fails
 // with its deltas half applied, and a destination scribbled on by its owner, are both followed
 // by a dense anchor step that puts every byte right (the second one retries the same version).
-// Delta mode is then switched off and on again for later plans.
+// Delta mode is then switched off and on again for later plans. A destination shrunk
+// (ftruncate) under the receiving agent fails its commit, not the agent; a replica over two
+// agents whose second agent's commit fails announces the version on neither.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -223,4 +229,148 @@ TEST_CASE("delta mode: Adam steps land bit for bit, anchors heal a failed and a 
   check_anchor(commit(12));
   trainer.Step();
   check_delta(commit(13));
+}
+
+// The inference process shrinks (ftruncate) its shared-memory object after registering: the
+// receiving agent's verification (a delta step that changed nothing: no slot writes, every
+// destination hashed) and its delta apply then touch memory past the object's end. Each commit
+// fails naming the tensor and the cause, the agent lives on, and once the object has its size
+// back the next anchor restores every byte.
+TEST_CASE("delta mode: a destination shrunk under the agent fails the commit, not the agent") {
+  wb::testing::ClusterOptions opts;
+  opts.extra_controller_yaml = "delta:\n  enabled: true\n  anchor_every: 100\n  verify: true\n";
+  Cluster cluster(wb::testing::Runfile(""), opts);
+  Trainer trainer = OpenTrainer(cluster.socket("trainer-node"));
+  Inference inference = OpenInference(cluster.socket("inference-node"));
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  REQUIRE(wb::testing::PlanOneToOne(&ctl).delta().enabled());
+  const uint64_t size = kElems * 3 + kScaleBytes;
+  // The owner's own view of its object: resized through a second descriptor.
+  auto resize = [&](uint64_t bytes) {
+    const int fd = shm_open(inference.buffer.shm_name().c_str(), O_RDWR, 0);
+    REQUIRE(fd >= 0);
+    REQUIRE(ftruncate(fd, static_cast<off_t>(bytes)) == 0);
+    close(fd);
+  };
+  auto commit = [&](uint64_t v) {
+    auto step = ctl.Step(v);
+    INFO("version " << v << ": " << (step.ok() ? "" : std::string(step.status().message())));
+    REQUIRE(step.ok());
+    CHECK(NextEvent(inference).kind() == v1::Event::KIND_BEGIN);
+    CHECK(NextEvent(inference).kind() == v1::Event::KIND_COMMIT);
+    CheckBitForBit(trainer, inference, v);
+    return *step;
+  };
+  auto shrunk_step = [&](uint64_t v) {
+    auto step = ctl.Step(v);
+    REQUIRE_FALSE(step.ok());
+    CHECK(NextEvent(inference).kind() == v1::Event::KIND_BEGIN);
+    CHECK(NextEvent(inference).kind() == v1::Event::KIND_ABORT);
+    CHECK(cluster.agent("inference-node")->running());
+    return std::string(step.status().message());
+  };
+  CHECK(commit(1).delta_anchor());
+  trainer.Step();
+  CHECK_FALSE(commit(2).delta_anchor());
+
+  // Verification: nothing changed since version 2, so no delta writes; the hashes read.
+  resize(0);
+  CHECK_THAT(shrunk_step(3), Catch::Contains("agent inference-node: commit failed") &&
+                                 Catch::Contains("verification: destination tensor") &&
+                                 Catch::Contains("SIGBUS"));
+  resize(size);
+  trainer.Step();
+  CHECK(commit(4).delta_anchor());
+
+  // Apply: the deltas of a training step land past the end.
+  resize(kElems);  // a.weight's first half only
+  trainer.Step();
+  CHECK_THAT(shrunk_step(5), Catch::Contains("agent inference-node: commit failed") &&
+                                 Catch::Contains("destination tensor 'a.weight'") &&
+                                 Catch::Contains("SIGBUS"));
+  resize(size);
+  trainer.Step();
+  CHECK(commit(6).delta_anchor());
+}
+
+// One inference replica over two agents (tensor parallel: rank 0 holds a.weight's first rows on
+// infer-a, rank 1 the rest on infer-b). infer-b's commit of version 3 fails after applying half
+// of its deltas (the test hook): the replica is dropped whole, and infer-a's watcher, whose own
+// commit succeeded, sees abort(3), never commit(3), so the two ranks never serve different
+// versions. The next step (an anchor) commits on both.
+TEST_CASE("a replica over two agents commits a version on both or on neither") {
+  wb::testing::ClusterOptions opts;
+  opts.agents = {"trainer-node", "infer-a", "infer-b"};
+  opts.inference_ranks_per_replica = 2;
+  opts.extra_controller_yaml = "delta:\n  enabled: true\n  anchor_every: 100\n";
+  opts.agent_yaml["infer-b"] = "delta:\n  test_fail_commit_version: 3\n";
+  Cluster cluster(wb::testing::Runfile(""), opts);
+  Trainer trainer = OpenTrainer(cluster.socket("trainer-node"));
+  constexpr int64_t kHalf = kRows / 2;
+  struct Rank {
+    SharedBuffer buffer;
+    LocalSession session;
+  };
+  std::vector<Rank> ranks;
+  constexpr uint64_t kShardBytes = kHalf * kCols * 2;
+  for (int r = 0; r < 2; ++r) {
+    auto buf = SharedBuffer::Create(2 * kShardBytes, "delta-tp");  // a.weight, then b.weight
+    REQUIRE(buf.ok());
+    auto s = LocalSession::Connect(cluster.socket(r == 0 ? "infer-a" : "infer-b"),
+                                   Identity{v1::ROLE_INFERENCE, r, 0});
+    REQUIRE(s.ok());
+    int i = 0;
+    for (const char* name : {"a.weight", "b.weight"}) {
+      TensorInfo info{name, v1::DTYPE_BF16, {kRows, kCols}, {{r * kHalf, kHalf}, {0, kCols}}};
+      auto reg = s->Register(info, *buf, i++ * kShardBytes, kShardBytes);
+      INFO(reg.message());
+      REQUIRE(reg.ok());
+    }
+    REQUIRE(s->Watch().ok());
+    ranks.push_back(Rank{std::move(*buf), std::move(*s)});
+  }
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  REQUIRE(wb::testing::PlanWorld(&ctl, wb::testing::World(1, 1, 2)).delta().enabled());
+  auto events_of = [&](Rank& r) {
+    std::vector<std::string> out;
+    for (int i = 0; i < 2; ++i) {
+      auto e = r.session.NextEvent(std::chrono::seconds(10));
+      REQUIRE(e.ok());
+      out.push_back(v1::Event::Kind_Name(e->kind()) + " " + std::to_string(e->version()));
+    }
+    return out;
+  };
+  auto holds = [&](Rank& r, int rank) {
+    return std::memcmp(r.buffer.data(), trainer.A() + rank * kHalf * kCols, kShardBytes) == 0;
+  };
+  for (uint64_t v = 1; v <= 2; ++v) {
+    if (v > 1) trainer.Step();
+    auto step = ctl.Step(v);
+    INFO((step.ok() ? "" : std::string(step.status().message())));
+    REQUIRE(step.ok());
+    for (int r = 0; r < 2; ++r) {
+      CHECK(events_of(ranks[r]) == std::vector<std::string>{"KIND_BEGIN " + std::to_string(v),
+                                                            "KIND_COMMIT " + std::to_string(v)});
+      CHECK(holds(ranks[r], r));
+    }
+  }
+  trainer.Step();
+  auto failed = ctl.Step(3);
+  REQUIRE_FALSE(failed.ok());
+  CHECK_THAT(
+      std::string(failed.status().message()),
+      Catch::Contains("agent infer-b: commit failed") && Catch::Contains("injected failure"));
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(events_of(ranks[r]) == std::vector<std::string>{"KIND_BEGIN 3", "KIND_ABORT 3"});
+  }
+  trainer.Step();
+  auto healed = ctl.Step(4);
+  INFO((healed.ok() ? "" : std::string(healed.status().message())));
+  REQUIRE(healed.ok());
+  CHECK(healed->delta_anchor());
+  for (int r = 0; r < 2; ++r) {
+    CHECK(events_of(ranks[r]) == std::vector<std::string>{"KIND_BEGIN 4", "KIND_COMMIT 4"});
+    CHECK(holds(ranks[r], r));
+  }
 }

@@ -5,8 +5,11 @@
 // rows, replicated norms, an FP8 block-scaled tensor) see begin/commit from the subscribing agent
 // and check every committed version bit for bit. A truncated and a corrupted file are refused with
 // an abort naming the file, later deltas on the lost base are refused, and the next anchor
-// recovers.
+// recovers. Shared memory shrunk (ftruncate) under the publishing and the subscribing agent fails
+// that version naming the tensor, never the agent.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -357,4 +360,80 @@ TEST_CASE(
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(std::string(refused.status().message()),
              Catch::Contains("this agent subscribes to " + shared));
+}
+
+namespace {
+
+// Resizes the shared-memory object behind `buffer` (as its owner may, at any time).
+void ResizeObject(const SharedBuffer& buffer, uint64_t bytes) {
+  const int fd = shm_open(buffer.shm_name().c_str(), O_RDWR, 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, static_cast<off_t>(bytes)) == 0);
+  close(fd);
+}
+
+}  // namespace
+
+// The owners of registered memory shrink (ftruncate) their shared-memory objects: the
+// publishing agent's reads and the subscribing agent's writes fail that version, naming the
+// tensor and the cause, and both agents live on; once the objects have their size back, the
+// next versions go through.
+TEST_CASE("shared memory shrunk under the storage path fails a version, not the agent") {
+  const std::string dir = wb::testing::TempDir("wb-storage-");
+  const std::string shared = dir + "/bucket";
+  auto pub =
+      StartAgent(dir, "train-site", "  dir: " + shared + "\n  role: publish\n  anchor_every: 2\n");
+  auto sub =
+      StartAgent(dir, "infer-site", "  dir: " + shared + "\n  role: subscribe\n  poll_ms: 50\n");
+  std::vector<Side> inference;
+  for (int r = 0; r < 2; ++r) {
+    inference.push_back(OpenSide(dir + "/infer-site.sock", v1::ROLE_INFERENCE, r));
+  }
+  std::vector<Side> trainers;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(OpenSide(dir + "/train-site.sock", v1::ROLE_TRAINER, r));
+  }
+  const uint64_t trainer_bytes = trainers[1].offsets.back() + 2 * sizeof(float);
+  const uint64_t inference_bytes = inference[1].offsets.back() + 2 * sizeof(float);
+  Truth truth;
+  auto publish = [&](uint32_t v) {
+    TrainStep(trainers, v);
+    truth.Advance(v);
+    auto r = trainers[0].session.Publish(v);
+    INFO((r.ok() ? "" : std::string(r.status().message())));
+    REQUIRE(r.ok());
+    return *r;
+  };
+  CHECK(publish(1).anchor);
+  ExpectCommit(inference, 1);
+  CHECK(Verified(inference, truth));
+
+  // The subscriber's writes: inference rank 1 keeps only its first tensor.
+  ResizeObject(inference[1].buffer, inference[1].offsets[1]);
+  CHECK_FALSE(publish(2).anchor);
+  v1::Event begin = NextEverywhere(inference);
+  CHECK(begin.kind() == v1::Event::KIND_BEGIN);
+  CHECK_THAT(ExpectAbort(inference, 2),
+             Catch::Contains("version 2 refused: destination tensor '") &&
+                 Catch::Contains("(rank 1): its memory could not be") && Catch::Contains("SIGBUS"));
+  CHECK(sub->running());
+  ResizeObject(inference[1].buffer, inference_bytes);
+  CHECK(publish(3).anchor);
+  ExpectCommit(inference, 3);
+  CHECK(Verified(inference, truth));
+
+  // The publisher's reads: trainer rank 1 keeps only its first tensor.
+  ResizeObject(trainers[1].buffer, trainers[1].offsets[1]);
+  auto refused = trainers[0].session.Publish(4);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(std::string(refused.status().message()),
+             Catch::Contains("publishing version 4") &&
+                 Catch::Contains("(rank 1): its memory could not be read") &&
+                 Catch::Contains("SIGBUS"));
+  CHECK(pub->running());
+  ResizeObject(trainers[1].buffer, trainer_bytes);
+  for (uint32_t v = 1; v <= 3; ++v) TrainStep(trainers, v);  // its bytes, back from zero
+  CHECK(publish(5).anchor);                                  // after a failed publish: an anchor
+  ExpectCommit(inference, 5);
+  CHECK(Verified(inference, truth));
 }

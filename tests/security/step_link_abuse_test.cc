@@ -1,6 +1,7 @@
 // The agent's step-link listener (StepLinkServer) under hostile input, in this process: nothing
 // runs for a connection that does not present a granted link id and prove its key; a grant is
-// good for one connection; a forged, replayed or oversized frame on an open link closes it
+// good for one connection, and used up only by one that proves its key (a replayed clear-text id
+// does not burn it); a forged, replayed or oversized frame on an open link closes it
 // before it runs; silent connections are closed at the handshake deadline and capped; and
 // through all of it a proper link still runs its commands.
 #include <arpa/inet.h>
@@ -207,6 +208,28 @@ TEST_CASE("connections without a granted id or the key run nothing") {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   CHECK(s.server->open_links() == 0);
+}
+
+TEST_CASE("a link id replayed without the key does not use up the grant") {
+  Served s;
+  auto g = s.server->Issue();
+  REQUIRE(g.ok());
+  // Someone who saw the clear-text id on the wire sends it first, with a proof it cannot make.
+  auto wrong = LinkCipher::Create(std::string(32, '\x01'), Direction::kToAgent);
+  int rogue = Connect(s.server->port());
+  Write(rogue, Hello(*g, &*wrong));
+  CHECK(ClosedByServer(rogue));
+  ::close(rogue);
+  // The controller's own hello, after it, still opens the link.
+  auto cipher = LinkCipher::Create(g->key, Direction::kToAgent);
+  int fd = Connect(s.server->port());
+  Write(fd, Hello(*g, &*cipher));
+  std::string body, plain;
+  REQUIRE(ReadFrame(fd, &body));
+  REQUIRE(cipher->Open(body, &plain).ok());
+  CHECK(plain.empty());
+  CHECK(RunOn(fd, &*cipher, 1, 9) == "ran 9");
+  ::close(fd);
 }
 
 TEST_CASE("a forged, replayed or oversized frame on an open link closes it unrun") {

@@ -6,7 +6,8 @@
 // (or with another token), a version whose data file was altered after signing, and a manifest
 // altered after signing are refused naming the file, and the destination keeps the bytes of the
 // last good version; genuine versions are applied. A forged version 2^64 - 1 does not make the
-// subscriber skip the genuine versions after it.
+// subscriber skip the genuine versions after it, and an unsigned manifest of another writer
+// dropped beside each genuine version never blocks it.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -352,4 +353,35 @@ TEST_CASE("storage.token_file keys manifests without a control-plane token", "[s
   CHECK_THAT(wb::testing::ReadFile(dir + "/bad.log"),
              Catch::Contains("storage token (storage.token_file or tls.token_file): cannot open " +
                              dir + "/missing"));
+}
+
+// A writer without the token drops its own (unsigned) manifest and file beside every genuine
+// version, under its own name: the genuine versions are applied all the same, and the stray
+// manifest never reaches the watchers as a refusal of that version.
+TEST_CASE("an unsigned manifest beside each signed version never blocks it", "[security]") {
+  const std::string dir = wb::testing::TempDir("wb-stdir-");
+  const std::string shared = dir + "/bucket";
+  std::ofstream(dir + "/token") << "the-cluster-token\n";
+  fs::permissions(dir + "/token", fs::perms::owner_read | fs::perms::owner_write);
+  fs::create_directories(shared);
+  const std::string keyed = "tls:\n  token_file: " + dir + "/token\nstorage:\n  dir: " + shared;
+  auto sub = StartAgent(dir, "infer-site", "sub", keyed + "\n  role: subscribe\n  poll_ms: 50\n");
+  auto pub = StartAgent(dir, "train-site", "pub", keyed + "\n  role: publish\n  anchor_every: 2\n");
+  auto rogue = StartAgent(dir, "rogue-site", "rogue",
+                          "storage:\n  dir: " + dir + "/rogue\n  role: publish\n");
+  Side inference = OpenSide(dir + "/sub.sock", v1::ROLE_INFERENCE);
+  Side trainer = OpenSide(dir + "/pub.sock", v1::ROLE_TRAINER);
+  Side rogue_trainer = OpenSide(dir + "/rogue.sock", v1::ROLE_TRAINER);
+  constexpr uint32_t kGenuine = 0, kForged = 666;
+  for (uint64_t v = 1; v <= 3; ++v) {
+    // The subscriber finds both manifests of the version at once.
+    sub->Signal(SIGSTOP);
+    Publish(trainer, v, kGenuine);
+    Publish(rogue_trainer, v, kForged);
+    CopyVersion(dir + "/rogue", shared, v);
+    sub->Signal(SIGCONT);
+    ExpectCommit(inference, v);
+    CHECK(inference.bytes() == Values(v, kGenuine));
+  }
+  CHECK(sub->running());
 }

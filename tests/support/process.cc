@@ -228,8 +228,8 @@ std::string TempDir(const std::string& prefix) {
   // short directory a harness made and removes, e.g. tests/cluster/cluster.sh) replaces /tmp, so
   // that processes killed before their atexit cleanup leave nothing behind.
   const char* root = getenv("WB_TEMP_ROOT");
-  std::string tmpl = std::string(root != nullptr && *root != '\0' ? root : "/tmp") + "/" + prefix +
-                     "XXXXXX";
+  std::string tmpl =
+      std::string(root != nullptr && *root != '\0' ? root : "/tmp") + "/" + prefix + "XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   char* dir = mkdtemp(buf.data());

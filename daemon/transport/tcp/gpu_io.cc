@@ -30,8 +30,8 @@ absl::Status SendDevicePayload(gpu::LazyStaging& staging, int fd, const uint8_t*
 }
 
 net::RecvOutcome RecvDevicePayload(gpu::LazyStaging& staging, int fd, int device, uint8_t* dst,
-                                   uint64_t length, size_t* received, int* error,
-                                   absl::Status* staging_error) {
+                                   uint64_t length, std::chrono::steady_clock::time_point deadline,
+                                   size_t* received, int* error, absl::Status* staging_error) {
   *received = 0;
   auto ring = staging.Get();
   if (!ring.ok()) {
@@ -42,7 +42,7 @@ net::RecvOutcome RecvDevicePayload(gpu::LazyStaging& staging, int fd, int device
   absl::Status st =
       (*ring)->WriteToDevice(device, dst, length, [&](uint8_t* data, uint64_t, uint64_t bytes) {
         size_t got = 0;
-        outcome = net::RecvExact(fd, data, bytes, &got, error);
+        outcome = net::RecvExactBy(fd, data, bytes, deadline, &got, error);
         *received += got;
         if (outcome != net::RecvOutcome::kOk) return absl::UnavailableError("socket");
         return absl::OkStatus();

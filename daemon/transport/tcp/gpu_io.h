@@ -4,6 +4,7 @@
 // gain a branch at the one place where payload bytes are touched.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -21,11 +22,13 @@ absl::Status SendDevicePayload(gpu::LazyStaging& staging, int fd, const uint8_t*
                                size_t raw_bytes, int device, const uint8_t* src, uint64_t length,
                                const std::function<void()>& progress);
 
-// Receives `length` bytes into device memory at `dst` on `device`. Returns kOk, or the socket
-// outcome that cut the payload off (`*received` bytes had arrived, `*error` holds errno); when
-// the staging itself fails the outcome is kError and `*staging_error` says why.
+// Receives `length` bytes into device memory at `dst` on `device`, all of them by `deadline`
+// (the whole-payload deadline host memory has: a trickling sender cannot keep the region
+// pinned). Returns kOk, or the socket outcome that cut the payload off (kTimedOut once the
+// deadline passed; `*received` bytes had arrived, `*error` holds errno); when the staging
+// itself fails the outcome is kError and `*staging_error` says why.
 net::RecvOutcome RecvDevicePayload(gpu::LazyStaging& staging, int fd, int device, uint8_t* dst,
-                                   uint64_t length, size_t* received, int* error,
-                                   absl::Status* staging_error);
+                                   uint64_t length, std::chrono::steady_clock::time_point deadline,
+                                   size_t* received, int* error, absl::Status* staging_error);
 
 }  // namespace wb::transport::tcp

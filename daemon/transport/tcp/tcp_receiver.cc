@@ -459,8 +459,8 @@ absl::Status TcpReceiver::HandleWrite(Connection* conn, const FrameHeader& heade
   }
   size_t got = 0;
   int err = 0;
-  // Host memory: the whole payload within the write timeout, not merely some progress within
-  // it. GPU memory goes through the pinned staging ring (its own per-chunk timeouts).
+  // The whole payload within the write timeout, not merely some progress within it, into host
+  // memory and through the pinned staging ring into GPU memory alike.
   const auto deadline = std::chrono::steady_clock::now() + options_.write_timeout;
   absl::Status staging_error;
   conn->landing_step = header.step;
@@ -468,7 +468,7 @@ absl::Status TcpReceiver::HandleWrite(Connection* conn, const FrameHeader& heade
   net::RecvOutcome outcome =
       pin->kind() == MemoryKind::kCuda
           ? RecvDevicePayload(conn->staging, conn->fd.get(), pin->device(), pin->data(),
-                              header.length, &got, &err, &staging_error)
+                              header.length, deadline, &got, &err, &staging_error)
           : net::RecvExactBy(conn->fd.get(), pin->data(), header.length, deadline, &got, &err);
   conn->landing = false;
   if (!staging_error.ok()) return staging_error;
