@@ -111,8 +111,11 @@ class RegionRegistry {
   std::unordered_map<uint64_t, std::vector<uint64_t>> by_session_ ABSL_GUARDED_BY(mu_);
   // buffer key -> region ids of the parts registered in that memory range.
   std::unordered_map<std::string, std::vector<uint64_t>> by_buffer_ ABSL_GUARDED_BY(mu_);
-  // memory object -> region ids of the destinations registered in it.
-  std::unordered_map<std::string, std::vector<uint64_t>> by_object_ ABSL_GUARDED_BY(mu_);
+  // memory object -> its destinations by start offset (region ids): a registration looks at the
+  // ranges that start inside its own and the nearest before it, not at every tensor (10^5 in
+  // one buffer).
+  std::unordered_map<std::string, std::multimap<uint64_t, uint64_t>> by_object_
+      ABSL_GUARDED_BY(mu_);
   uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> on_change_;
