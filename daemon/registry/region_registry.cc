@@ -72,13 +72,15 @@ void RegionRegistry::Changed() {
 absl::Status RegionRegistry::CheckConflicts(uint64_t session, const v1::Owner& owner,
                                             const v1::TensorSpec& spec,
                                             const std::string& buffer_key,
-                                            const v1::MemoryHandle& memory) const {
+                                            const v1::MemoryHandle* memory) const {
   // Two destinations of different tensors never share a byte: two senders would write it and
   // the commit would hold whichever landed last. Parts of one buffer (views) share its memory
   // by design and are checked element by element below; a replicated tensor's copy (the same
   // name) may be the same bytes, whose writes are the same values.
-  if (owner.role() == v1::ROLE_INFERENCE) {
-    const ObjectRange mine = ObjectOf(memory);
+  // Only once the caller has opened the memory (its access checked): a refusal names another
+  // owner's tensors, which a caller without access to that memory must not learn.
+  if (owner.role() == v1::ROLE_INFERENCE && memory != nullptr) {
+    const ObjectRange mine = ObjectOf(*memory);
     if (auto same = by_object_.find(mine.key); same != by_object_.end() && mine.length > 0) {
       // Destinations of different names never overlap, so only ranges starting inside this one
       // and those with the nearest start before it can reach into it.
@@ -192,8 +194,7 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
   const std::string buffer_key = BufferKey(spec, registration.memory());
   {
     absl::MutexLock lock(&mu_);
-    if (auto s = CheckConflicts(session, owner, spec, buffer_key, registration.memory()); !s.ok())
-      return s;
+    if (auto s = CheckConflicts(session, owner, spec, buffer_key, nullptr); !s.ok()) return s;
   }
   auto opened = opener_(registration.memory(), caller);
   if (!opened.ok()) {
@@ -236,7 +237,8 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
   {
     absl::MutexLock lock(&mu_);
     // Re-check: another session may have registered the same name meanwhile.
-    if (auto s = CheckConflicts(session, owner, spec, buffer_key, registration.memory()); !s.ok()) {
+    if (auto s = CheckConflicts(session, owner, spec, buffer_key, &registration.memory());
+        !s.ok()) {
       Release(*t);
       return s;
     }

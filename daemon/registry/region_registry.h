@@ -94,7 +94,7 @@ class RegionRegistry {
  private:
   absl::Status CheckConflicts(uint64_t session, const weightbeam::v1::Owner& owner,
                               const weightbeam::v1::TensorSpec& spec, const std::string& buffer_key,
-                              const weightbeam::v1::MemoryHandle& memory) const
+                              const weightbeam::v1::MemoryHandle* memory) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(const RegisteredTensor& t);
   void IndexLocked(const RegisteredTensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
