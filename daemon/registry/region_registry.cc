@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -84,16 +85,24 @@ void RegionRegistry::Changed() {
 absl::Status RegionRegistry::CheckConflicts(uint64_t session, const v1::Owner& owner,
                                             const v1::TensorSpec& spec,
                                             const std::string& buffer_key,
-                                            const v1::MemoryHandle& memory) const {
+                                            const v1::MemoryHandle* memory) const {
   // Two destinations of different tensors never share a byte: two senders would write it and
   // the commit would hold whichever landed last. Parts of one buffer (views) share its memory
   // by design and are checked element by element below; a replicated tensor's copy (the same
   // name) may be the same bytes, whose writes are the same values.
-  if (owner.role() == v1::ROLE_INFERENCE) {
-    const ObjectRange mine = ObjectOf(memory);
-    if (auto same = by_object_.find(mine.key); same != by_object_.end()) {
-      for (uint64_t id : same->second) {
-        const RegisteredTensor& other = *by_region_.at(id);
+  // Only once the caller has opened the memory (its access checked): a refusal names another
+  // owner's tensors, which a caller without access to that memory must not learn.
+  if (owner.role() == v1::ROLE_INFERENCE && memory != nullptr) {
+    const ObjectRange mine = ObjectOf(*memory);
+    if (auto same = by_object_.find(mine.key); same != by_object_.end() && mine.length > 0) {
+      // Destinations of different names never overlap, so only ranges starting inside this one
+      // and those with the nearest start before it can reach into it.
+      const auto& ranges = same->second;
+      auto first = ranges.upper_bound(mine.offset);
+      if (first != ranges.begin()) first = ranges.lower_bound(std::prev(first)->first);
+      const auto last = ranges.lower_bound(mine.offset + mine.length);
+      for (auto r = first; r != last; ++r) {
+        const RegisteredTensor& other = *by_region_.at(r->second);
         if (other.spec.name() == spec.name()) continue;
         if (!buffer_key.empty() && other.buffer_key == buffer_key) continue;
         if (mine.offset >= other.object_offset + other.object_length ||
@@ -149,7 +158,7 @@ void RegionRegistry::IndexLocked(const RegisteredTensor& t) {
   by_name_[t.spec.name()].push_back(t.region_id);
   by_session_[t.session].push_back(t.region_id);
   if (!t.buffer_key.empty()) by_buffer_[t.buffer_key].push_back(t.region_id);
-  if (!t.object_key.empty()) by_object_[t.object_key].push_back(t.region_id);
+  if (!t.object_key.empty()) by_object_[t.object_key].emplace(t.object_offset, t.region_id);
 }
 
 void RegionRegistry::UnindexLocked(const RegisteredTensor& t) {
@@ -169,7 +178,17 @@ void RegionRegistry::UnindexLocked(const RegisteredTensor& t) {
   drop(by_name_, t.spec.name(), t.region_id);
   drop(by_session_, t.session, t.region_id);
   if (!t.buffer_key.empty()) drop(by_buffer_, t.buffer_key, t.region_id);
-  if (!t.object_key.empty()) drop(by_object_, t.object_key, t.region_id);
+  if (auto object = by_object_.find(t.object_key);
+      !t.object_key.empty() && object != by_object_.end()) {
+    auto [from, to] = object->second.equal_range(t.object_offset);
+    for (auto r = from; r != to; ++r) {
+      if (r->second == t.region_id) {
+        object->second.erase(r);
+        break;
+      }
+    }
+    if (object->second.empty()) by_object_.erase(object);
+  }
 }
 
 absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
@@ -188,8 +207,7 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
   const std::string buffer_key = BufferKey(spec, registration.memory());
   {
     absl::MutexLock lock(&mu_);
-    if (auto s = CheckConflicts(session, owner, spec, buffer_key, registration.memory()); !s.ok())
-      return s;
+    if (auto s = CheckConflicts(session, owner, spec, buffer_key, nullptr); !s.ok()) return s;
   }
   auto opened = opener_(registration.memory(), caller);
   if (!opened.ok()) {
@@ -246,7 +264,8 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
   {
     absl::MutexLock lock(&mu_);
     // Re-check: another session may have registered the same name meanwhile.
-    if (auto s = CheckConflicts(session, owner, spec, buffer_key, registration.memory()); !s.ok()) {
+    if (auto s = CheckConflicts(session, owner, spec, buffer_key, &registration.memory());
+        !s.ok()) {
       Release(*t);
       return s;
     }

@@ -98,7 +98,7 @@ class RegionRegistry {
  private:
   absl::Status CheckConflicts(uint64_t session, const weightbeam::v1::Owner& owner,
                               const weightbeam::v1::TensorSpec& spec, const std::string& buffer_key,
-                              const weightbeam::v1::MemoryHandle& memory) const
+                              const weightbeam::v1::MemoryHandle* memory) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(const RegisteredTensor& t);
   void IndexLocked(const RegisteredTensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -115,8 +115,11 @@ class RegionRegistry {
   std::unordered_map<uint64_t, std::vector<uint64_t>> by_session_ ABSL_GUARDED_BY(mu_);
   // buffer key -> region ids of the parts registered in that memory range.
   std::unordered_map<std::string, std::vector<uint64_t>> by_buffer_ ABSL_GUARDED_BY(mu_);
-  // memory object -> region ids of the destinations registered in it.
-  std::unordered_map<std::string, std::vector<uint64_t>> by_object_ ABSL_GUARDED_BY(mu_);
+  // memory object -> its destinations by start offset (region ids): a registration looks at the
+  // ranges that start inside its own and the nearest before it, not at every tensor (10^5 in
+  // one buffer).
+  std::unordered_map<std::string, std::multimap<uint64_t, uint64_t>> by_object_
+      ABSL_GUARDED_BY(mu_);
   uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> on_change_;
