@@ -5,6 +5,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 failed=0
 log() { printf '[wb] %s\n' "$*" >&2; }
+# Seconds each suite took, printed at the end: CI's budget (30 minutes for ./wb test on a fresh
+# 2-core machine) is spent here and in the Bazel build; the figures say where.
+TIMES=()
+mark=$SECONDS
+took() { TIMES+=("$1 $((SECONDS - mark)) s"); mark=$SECONDS; }
 
 log "repository checks (tests/checks): layers, paths a reader can follow, --help with nothing set up"
 if tests/checks/check_layers.sh; then log "layers: PASS"; else log "layers: FAIL"; failed=1; fi
@@ -12,6 +17,7 @@ if tests/checks/check_paths.py; then log "paths: PASS"; else log "paths: FAIL"; 
 if tests/checks/check_help.sh; then log "help: PASS"; else log "help: FAIL"; failed=1; fi
 if tests/checks/check_deploy.py; then log "deploy: PASS"; else log "deploy: FAIL"; failed=1; fi
 if tests/checks/check_dashboard.py; then log "dashboard: PASS"; else log "dashboard: FAIL"; failed=1; fi
+took checks
 
 # The install test (./wb package --check, docs/install.md): the .deb, wheel and sdist built into
 # .cache/test-dist, then installed into a fresh Debian bookworm root (cached in
@@ -33,18 +39,22 @@ else
   esac
   rm -rf .cache/test-dist
 fi
+took install
 
 log "end-to-end demo (./wb demo): Qwen3-0.6B shape over tcp, verified bit for bit"
 if tests/demo/demo.sh --steps 3; then log "demo: PASS"; else log "demo: FAIL"; failed=1; fi
+took demo
 
 log "cluster in miniature (./wb cluster, short): 8 agents in network namespaces, shaped links, every scenario"
 if [ "$(id -u)" -ne 0 ] || ! ip netns list >/dev/null 2>&1; then
   log "cluster: SKIPPED (needs root and ip netns)"
 elif tests/cluster/short.sh; then log "cluster: PASS"; else log "cluster: FAIL"; failed=1; fi
+took cluster
 
 if [ -x tests/fuzz/run.sh ]; then
   log "fuzzing (bounded): tcp frames, config, registrations, plan ops, storage manifests, step-link frames; 15 s each"
   if tests/fuzz/run.sh --seconds 15; then log "fuzz: PASS"; else log "fuzz: FAIL"; failed=1; fi
+  took fuzz
 fi
 
 if [ -x tests/rxe/run_suite.sh ]; then
@@ -65,5 +75,7 @@ if [ -x tests/rxe/run_suite.sh ]; then
     failed=1
   fi
   rm -f "$vm_out"
+  took rdma-vm
 fi
+log "time per suite: $(IFS=,; echo "${TIMES[*]}")"
 exit $failed

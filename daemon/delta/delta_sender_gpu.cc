@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/delta/delta_sender.h"
 #include "daemon/gpu/device_memory.h"
+#include "daemon/gpu/staging.h"
 
 namespace wb::delta {
 
@@ -41,6 +42,12 @@ absl::StatusOr<OpOutcome> DeltaSender::ProcessOnDevice(const v1::TransferOp& op,
   };
   auto encoder = EncoderFor(device);
   if (!encoder.ok()) return fail(encoder.status());
+  // The kernels read the source in place: a range that is not device memory of `device` (host
+  // memory labelled cuda) is refused here, before a kernel faults on it.
+  if (auto s = gpu::CheckDeviceRange(device_flat, l.flat_bytes, device); !s.ok()) {
+    return fail(absl::Status(
+        s.code(), absl::StrCat("delta encode on cuda:", device, ": source: ", s.message())));
+  }
   absl::MutexLock lock(&(*encoder)->mu);
   GpuDeltaEncoder& gpu = (*encoder)->encoder;
   OpOutcome out;

@@ -69,8 +69,12 @@ __device__ __forceinline__ uint32_t FiniteAbsBits(uint32_t v) {
   return a >= 0x7f80u ? 0u : a;
 }
 
+// The sign comes from the input, not the quotient: the device's division returns its one
+// canonical NaN (sign lost), the CPU's keeps the operand's. scale > 0, so for every other value
+// the quotient has the input's sign anyway (-0 and underflow to -0 included).
 __device__ __forceinline__ uint8_t QuantizeBf16(uint32_t v, float scale) {
-  return b::F32ToFp8E4M3Sat(__fdiv_rn(b::Bf16ToF32(static_cast<uint16_t>(v)), scale));
+  const uint8_t q = b::F32ToFp8E4M3Sat(__fdiv_rn(b::Bf16ToF32(static_cast<uint16_t>(v)), scale));
+  return static_cast<uint8_t>((q & 0x7fu) | ((v >> 8) & 0x80u));
 }
 
 template <bool kPaired>
@@ -147,7 +151,11 @@ __global__ void Fp8BlockDequantKernel(const uint8_t* src, uint8_t* dst, const ui
   for (uint64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const float scale =
         reinterpret_cast<const float*>(scales + (r / kTile) * scale_stride)[c / kTile];
-    const float v = __fmul_rn(b::Fp8E4M3ToF32(src[r * src_stride + c]), scale);
+    // NaN passes unscaled: the device's multiply would return its canonical NaN, where the
+    // CPU keeps the operand's sign and payload (0x7fc00000 | sign).
+    const uint8_t q = src[r * src_stride + c];
+    const float raw = b::Fp8E4M3ToF32(q);
+    const float v = (q & 0x7fu) == 0x7fu ? raw : __fmul_rn(raw, scale);
     if (kToF32) {
       reinterpret_cast<float*>(dst + r * dst_stride)[c] = v;
     } else {

@@ -5,10 +5,27 @@
 # build cannot use (a driver older than the runtime needs, most often), it fails loudly with
 # the driver and runtime versions and exits 2. On a GPU machine run it first; paste its table
 # into the closing note (docs/gpu.md).
+#
+# A GPU machine without the build's packages (no Bazel, no gRPC): on a build machine
+#   ./wb gpu-check --bundle DIR     builds, copies every check's binary, runfiles and the
+#                                   shared libraries a CUDA image lacks into DIR
+# then, in a checkout on the GPU machine,
+#   ./wb gpu-check --prebuilt DIR   runs the same checks from DIR, building nothing.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 log() { printf '\033[1m[wb]\033[0m %s\n' "$*" >&2; }
 BAZEL_FLAGS=(--jobs=2)
+BIN=bazel-bin
+MODE=check
+case "${1:-}" in
+  --bundle | --prebuilt)
+    [ $# -eq 2 ] || { log "usage: gpu_check.sh [--bundle DIR | --prebuilt DIR]"; exit 64; }
+    MODE=${1#--}
+    BIN=$2
+    ;;
+  "") ;;
+  *) log "usage: gpu_check.sh [--bundle DIR | --prebuilt DIR]"; exit 64 ;;
+esac
 
 # name | what it proves
 CHECKS=(
@@ -40,18 +57,72 @@ BIN_TARGETS=(
   //tests/transform:ipc_open_helper //client/python:stubs
 )
 
-log "building the GPU tests and benchmarks with CUDA"
-if ! bazel build "${BAZEL_FLAGS[@]}" "${TEST_TARGETS[@]}" "${BIN_TARGETS[@]}" >&2; then
-  log "gpu-check: build FAILED"
-  exit 1
-fi
-# The build must be a CUDA build wherever nvcc exists (the stand-ins would pass every "skip").
-if ! bazel test "${BAZEL_FLAGS[@]}" //tests/gpu:cuda_build_check >&2; then
-  log "gpu-check: FAILED: nvcc is installed but the build used the no-CUDA stand-ins"
-  exit 1
-fi
+build() {
+  log "building the GPU tests and benchmarks with CUDA"
+  if ! bazel build "${BAZEL_FLAGS[@]}" "${TEST_TARGETS[@]}" "${BIN_TARGETS[@]}" >&2; then
+    log "gpu-check: build FAILED"
+    exit 1
+  fi
+  # The build must be a CUDA build wherever nvcc exists (the stand-ins would pass every "skip").
+  if ! bazel test "${BAZEL_FLAGS[@]}" //tests/gpu:cuda_build_check >&2; then
+    log "gpu-check: FAILED: nvcc is installed but the build used the no-CUDA stand-ins"
+    exit 1
+  fi
+}
 
-probe=$(bazel-bin/tests/gpu/gpu_probe)
+# bundle DIR: each target's binary (and runfiles) at its bazel-bin path, stripped, plus in
+# DIR/lib the shared libraries it links that are not the C library, the compiler's runtime or
+# the driver (a CUDA image has those; it has no gRPC, protobuf, spdlog, yaml-cpp or verbs).
+bundle() {
+  local dir=$1 t path elves=()
+  rm -rf "$dir" && mkdir -p "$dir/lib" || exit 1
+  for t in "${TEST_TARGETS[@]}" "${BIN_TARGETS[@]}"; do
+    [ "$t" = //client/python:stubs ] && continue
+    path=${t#//}
+    path=${path/://}
+    mkdir -p "$dir/$(dirname "$path")"
+    cp -L "bazel-bin/$path" "$dir/$path" || exit 1
+    elves+=("bazel-bin/$path")
+    strip --strip-unneeded "$dir/$path" 2>/dev/null  # scripts (sh_test) stay as they are
+    # Runfiles only where they hold data beyond the binary itself and its libraries (the
+    # helper that gpu_helpers_test starts).
+    local extra
+    extra=$(cd "bazel-bin/$path.runfiles" 2>/dev/null && find . -path ./weightbeam/_solib_k8 -prune -o \
+      -type f,l -not -name MANIFEST -not -path "./weightbeam/$path" -print)
+    if [ -n "$extra" ]; then
+      for f in $extra; do
+        mkdir -p "$dir/$path.runfiles/$(dirname "$f")"
+        cp -L "bazel-bin/$path.runfiles/$f" "$dir/$path.runfiles/$f" || exit 1
+        elves+=("bazel-bin/$path.runfiles/$f")
+        strip --strip-unneeded "$dir/$path.runfiles/$f" 2>/dev/null
+      done
+    fi
+  done
+  mkdir -p "$dir/client/python/weightbeam"
+  cp -rL bazel-bin/client/python/weightbeam/v1 "$dir/client/python/weightbeam/" || exit 1
+  # ldd on the originals: their RUNPATH finds Bazel's own libraries (_solib_k8) from bazel-bin.
+  ldd "${elves[@]}" 2>/dev/null |
+    awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libgcc_s|libstdc\+\+|libcuda|libnvidia[^/]*)\.so' |
+    while read -r lib; do cp -L "$lib" "$dir/lib/"; done
+  if ldd "${elves[@]}" 2>/dev/null | grep -q "not found"; then
+    log "bundle: a library is missing: $(ldd "${elves[@]}" 2>/dev/null | grep "not found" | sort -u | head -3)"
+    exit 1
+  fi
+  log "bundle: $(du -sh "$dir" | cut -f1) in $dir; on the GPU machine: ./wb gpu-check --prebuilt $dir"
+}
+
+case $MODE in
+  check) build ;;
+  bundle) build; bundle "$BIN"; exit 0 ;;
+  prebuilt)
+    [ -x "$BIN/tests/gpu/gpu_probe" ] || { log "gpu-check: $BIN holds no bundle (./wb gpu-check --bundle)"; exit 1; }
+    export LD_LIBRARY_PATH="$(cd "$BIN" && pwd)/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    log "gpu-check: running the checks prebuilt in $BIN (nothing built)"
+    ;;
+esac
+
+probe=$(timeout 60 $BIN/tests/gpu/gpu_probe)
 probe_rc=$?
 # What the driver itself lists: GPUs the runtime cannot use must not pass for "no GPU".
 smi_gpus=0
@@ -85,12 +156,15 @@ runtime_gpus=$(sed -n 's/^gpus: \([0-9]*\).*/\1/p' <<<"$probe")
 
 ROWS=()
 failed=0
-row() { ROWS+=("$1|$2|$3"); [ "$2" = FAIL ] && failed=1; return 0; }
+# Each row is also logged as it comes: a run cut short still says how far it got.
+row() { ROWS+=("$1|$2|$3"); log "$1: $2 $3"; [ "$2" = FAIL ] && failed=1; return 0; }
+# Every check is bounded: a hang (a wedged device, an IPC open that never returns) is a FAIL.
+CHECK_TIMEOUT=${WB_GPU_CHECK_TIMEOUT:-180}
 # run_catch NAME CMD...: PASS, FAIL, or SKIPPED when a case reported "skipped:" on a GPU host.
 run_catch() {
   local name=$1 out
   shift
-  out=$("$@" 2>&1)
+  out=$(timeout "$CHECK_TIMEOUT" "$@" 2>&1)
   local rc=$?
   echo "$out" >"$LOGS/$name.log"
   if [ $rc -ne 0 ]; then echo FAIL; elif grep -q "skipped:" <<<"$out"; then echo SKIPPED; else echo PASS; fi
@@ -99,17 +173,20 @@ run_catch() {
 figures() {
   python3 -c '
 import json, sys
-out = []
+gpu, cpu = [], []
 for line in sys.stdin:
     try: d = json.loads(line)
     except Exception: continue
     tag = d.get("path") or d.get("name") or ""
+    out = cpu if d.get("device") == "cpu" else gpu  # the device lines first
     for k, v in d.items():
-        if isinstance(v, (int, float)) and ("gbps" in k or "hbm" in k or "pct" in k) and k != "peak_gbps":
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or k == "peak_gbps": continue
+        if "gbps" in k or "hbm" in k or "pct" in k or k.endswith("_ms"):
             out.append(("%s:" % tag if tag else "") + "%s=%s" % (k, round(v, 3)))
-print(" ".join(out[:6]))'
+print(" ".join((gpu + cpu)[:6]))'
 }
-LOGS=$(mktemp -d)
+LOGS=${WB_GPU_CHECK_LOGS:-$(mktemp -d)}  # WB_GPU_CHECK_LOGS: keep the logs there
+mkdir -p "$LOGS"
 
 row cuda-build PASS "$(echo "$probe" | sed -n 3p | cut -c1-60)"
 if [ "$smi_gpus" -eq 0 ]; then
@@ -121,40 +198,40 @@ elif [ "$runtime_gpus" -lt "$smi_gpus" ]; then
 else
   row gpus-visible PASS "$runtime_gpus GPUs; driver $smi_driver; $versions"
 fi
-row staging-host "$(run_catch staging bash -c 'bazel-bin/tests/gpu/staging_pipeline_test && bazel-bin/tests/gpu/delta_gpu_host_test && bazel-bin/tests/executor/gpu_source_test')" ""
-r=$(run_catch transform bazel-bin/tests/transform/transform_cuda_test)
-row transform-kernels "$r" "$(bazel-bin/tests/bench/transform_bench 2>/dev/null | figures)"
+row staging-host "$(run_catch staging bash -c "$BIN/tests/gpu/staging_pipeline_test && $BIN/tests/gpu/delta_gpu_host_test && $BIN/tests/executor/gpu_source_test")" ""
+r=$(run_catch transform $BIN/tests/transform/transform_cuda_test)
+row transform-kernels "$r" "$(timeout "$CHECK_TIMEOUT" $BIN/tests/bench/transform_bench 2>/dev/null | figures)"
 # From the repository root, as a user would: the test finds ipc_open_helper in its runfiles.
-row cuda-ipc "$(run_catch ipc bazel-bin/tests/transform/gpu_helpers_test)" ""
+row cuda-ipc "$(run_catch ipc $BIN/tests/transform/gpu_helpers_test)" ""
 if [ "${runtime_gpus:-0}" -ge 2 ]; then
   # The child sees the GPUs in reverse order: ordinals differ, the UUID still finds the device.
   order=$(seq $((runtime_gpus - 1)) -1 0 | paste -sd,)
   row cuda-ipc-renumbered "$(run_catch ipc2 env WB_TEST_IPC_CHILD_VISIBLE_DEVICES="$order" \
-    bazel-bin/tests/transform/gpu_helpers_test '[cuda]')" "child CUDA_VISIBLE_DEVICES=$order"
+    $BIN/tests/transform/gpu_helpers_test '[cuda]')" "child CUDA_VISIBLE_DEVICES=$order"
 else
   row cuda-ipc-renumbered SKIPPED "one GPU"
 fi
 pydir=$(mktemp -d)
-cp -r client/python/weightbeam "$pydir/" && cp -r bazel-bin/client/python/weightbeam/v1 "$pydir/weightbeam/"
-pyout=$(PYTHONPATH="$pydir" PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 tests/gpu/python_ipc_check.py \
-  bazel-bin/tests/transform/ipc_open_helper 2>&1)
+cp -r client/python/weightbeam "$pydir/" && cp -r $BIN/client/python/weightbeam/v1 "$pydir/weightbeam/"
+pyout=$(PYTHONPATH="$pydir" PYTHONDONTWRITEBYTECODE=1 timeout "$CHECK_TIMEOUT" python3 tests/gpu/python_ipc_check.py \
+  $BIN/tests/transform/ipc_open_helper 2>&1)
 case $? in 0) r=PASS ;; 3) r=SKIPPED ;; *) r=FAIL ;; esac
 echo "$pyout" >"$LOGS/python-ipc.log"
 row python-cuda-ipc "$r" ""
-dmabuf=$(bazel-bin/tests/gpu/dmabuf_probe)
+dmabuf=$(timeout 60 $BIN/tests/gpu/dmabuf_probe)
 case $? in 0) r=PASS ;; 2) r=REFUSED ;; *) r=FAIL ;; esac
 row dma-buf "$r" "$dmabuf"
-r=$(run_catch encode bazel-bin/tests/gpu/delta_gpu_encode_test)
-row delta-encode "$r" "$(bazel-bin/tests/bench/delta_encode_gpu_bench 2>/dev/null | figures)"
-r=$(run_catch scatter bazel-bin/tests/transform/delta_gpu_test)
-row delta-scatter "$r" "$(bazel-bin/tests/bench/delta_scatter_bench 2>/dev/null | figures)"
-row transport-tcp-gpu "$(run_catch tcp env WB_TEST_TRANSPORT=tcp bazel-bin/tests/transport/transport_suite '[gpu]')" ""
-row transport-local-gpu "$(run_catch local env WB_TEST_TRANSPORT=local bazel-bin/tests/transport/transport_suite '[gpu]')" ""
+r=$(run_catch encode $BIN/tests/gpu/delta_gpu_encode_test)
+row delta-encode "$r" "$(timeout "$CHECK_TIMEOUT" $BIN/tests/bench/delta_encode_gpu_bench 2>/dev/null | figures)"
+r=$(run_catch scatter $BIN/tests/transform/delta_gpu_test)
+row delta-scatter "$r" "$(timeout "$CHECK_TIMEOUT" $BIN/tests/bench/delta_scatter_bench 2>/dev/null | figures)"
+row transport-tcp-gpu "$(run_catch tcp env WB_TEST_TRANSPORT=tcp $BIN/tests/transport/transport_suite '[gpu]')" ""
+row transport-local-gpu "$(run_catch local env WB_TEST_TRANSPORT=local $BIN/tests/transport/transport_suite '[gpu]')" ""
 # demo_gpu NAME ARGS...: wb-demo --gpu; exit 3 is its "no usable GPU" (said on its first line).
 demo_gpu() {
   local name=$1 out rc
   shift
-  out=$(bazel-bin/tests/demo/wb-demo --bin-dir bazel-bin --gpu --layers 2 --steps 3 "$@" 2>&1)
+  out=$(timeout "$CHECK_TIMEOUT" $BIN/tests/demo/wb-demo --bin-dir "$BIN" --gpu --layers 2 --steps 3 "$@" 2>&1)
   rc=$?
   echo "$out" >"$LOGS/$name.log"
   case $rc in 0) echo PASS ;; 3) echo "NO-GPU" ;; *) echo FAIL ;; esac

@@ -2,8 +2,10 @@
 // against the CPU on larger random inputs. Without a device the cases report
 // "skipped: no CUDA device" and only check that the API says why it cannot run.
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "daemon/gpu/device_memory.h"
@@ -36,6 +38,27 @@ std::vector<T> Download(const gpu::DeviceBuffer& buf, size_t n) {
   return host;
 }
 
+// "" when equal; else how many bytes differ and the first few (index, device, host). A plain
+// vector == would print megabytes of bytes on a mismatch.
+std::string Differences(const std::vector<uint8_t>& device, const std::vector<uint8_t>& host) {
+  if (device.size() != host.size()) {
+    return "sizes differ: " + std::to_string(device.size()) + " vs " + std::to_string(host.size());
+  }
+  size_t count = 0;
+  std::string first;
+  char buf[64];
+  for (size_t i = 0; i < device.size(); ++i) {
+    if (device[i] == host[i]) continue;
+    if (++count <= 8) {
+      std::snprintf(buf, sizeof(buf), " [%zu] 0x%02x vs 0x%02x", i, device[i], host[i]);
+      first += buf;
+    }
+  }
+  if (count == 0) return "";
+  return std::to_string(count) + " of " + std::to_string(device.size()) +
+         " bytes differ (device vs host):" + first;
+}
+
 gpu::DeviceBuffer Zeros(size_t bytes) { return Upload(std::vector<uint8_t>(bytes, 0)); }
 
 TEST_CASE("without a device the CUDA path says why it cannot run", "[cuda]") {
@@ -63,7 +86,7 @@ TEST_CASE("CUDA fp8 block quantisation matches golden blocks", "[cuda][fp8]") {
     gpu::DeviceBuffer dst = Zeros(g.rows * g.cols);
     gpu::DeviceBuffer scale = Zeros(4);
     REQUIRE(ApplyTransformCuda(d, src.data(), dst.data(), static_cast<float*>(scale.data())).ok());
-    CHECK(Download<uint8_t>(dst, g.rows * g.cols) == g.expected);
+    CHECK(Differences(Download<uint8_t>(dst, g.rows * g.cols), g.expected) == "");
     CHECK(golden::U(Download<float>(scale, 1)[0]) == golden::U(g.scale));
   }
 }
@@ -131,7 +154,7 @@ TEST_CASE("CUDA fp8 quantisation and dequantisation equal the CPU byte for byte"
     gpu::DeviceBuffer d_scales = Zeros(srows * scols * 4);
     REQUIRE(ApplyTransformCuda(d, d_src.data(), d_dst.data(), static_cast<float*>(d_scales.data()))
                 .ok());
-    CHECK(Download<uint8_t>(d_dst, rows * cols) == cpu);
+    CHECK(Differences(Download<uint8_t>(d_dst, rows * cols), cpu) == "");
     const std::vector<float> gpu_scales = Download<float>(d_scales, srows * scols);
     CHECK(std::memcmp(gpu_scales.data(), cpu_scales.data(), srows * scols * 4) == 0);
 
@@ -145,7 +168,7 @@ TEST_CASE("CUDA fp8 quantisation and dequantisation equal the CPU byte for byte"
       REQUIRE(ApplyTransformCuda(back, d_dst.data(), d_back.data(),
                                  static_cast<float*>(d_scales.data()))
                   .ok());
-      CHECK(Download<uint8_t>(d_back, bytes) == cpu_back);
+      CHECK(Differences(Download<uint8_t>(d_back, bytes), cpu_back) == "");
     }
   }
 }
@@ -172,7 +195,7 @@ TEST_CASE("CUDA casts and copies equal the CPU byte for byte", "[cuda][cast]") {
       REQUIRE(ApplyTransformCpu(d, src.data(), cpu.data()).ok());
       gpu::DeviceBuffer d_dst = Upload(std::vector<uint8_t>(rows * dst_stride, 0x33));
       REQUIRE(ApplyTransformCuda(d, d_src.data(), d_dst.data()).ok());
-      CHECK(Download<uint8_t>(d_dst, rows * dst_stride) == cpu);
+      CHECK(Differences(Download<uint8_t>(d_dst, rows * dst_stride), cpu) == "");
     }
   }
 }

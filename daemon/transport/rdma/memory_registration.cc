@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/transport/gpu_memory.h"
 
 #ifdef WB_HAVE_CUDA
 #include <cuda.h>
@@ -137,21 +138,27 @@ bool CudaRegistrationPossible() {
 
 absl::StatusOr<MrPtr> RegisterMemory(ibv_pd* pd, const MemoryRef& mem, int access) {
   if (mem.kind == MemoryKind::kHost) return RegisterHostMr(pd, mem.addr, mem.length, access);
+  // The range must be device memory of a usable device first: a soft NIC (rxe) pins any host
+  // range, so without this host memory called "cuda" would register through the peermem path.
+  if (absl::Status s = CheckGpuMemory("rdma", mem); !s.ok()) return s;
 #ifdef WB_HAVE_CUDA
   absl::StatusOr<MrPtr> dmabuf = RegisterCudaDmaBuf(pd, mem, access);
   if (dmabuf.ok()) return dmabuf;
-  // nvidia-peermem lets ibv_reg_mr pin GPU memory directly.
-  absl::StatusOr<MrPtr> peermem = RegisterHostMr(pd, mem.addr, mem.length, access);
-  if (peermem.ok()) return peermem;
+  // nvidia-peermem lets ibv_reg_mr pin GPU memory directly; without it ibv_reg_mr cannot.
+  absl::Status peermem_status = absl::UnavailableError("module not loaded");
+  if (PeermemLoaded()) {
+    absl::StatusOr<MrPtr> peermem = RegisterHostMr(pd, mem.addr, mem.length, access);
+    if (peermem.ok()) return peermem;
+    peermem_status = peermem.status();
+  }
   // Declined, not failed: the tensor stays registered with tcp and local, and the planner
   // routes around rdma (a route that needs it names this reason).
   return transport::DeclineRegion(
       absl::StrCat("rdma: cannot register CUDA memory of cuda:", mem.device, " (", mem.length,
                    " bytes): dma-buf: ", dmabuf.status().message(),
-                   "; nvidia-peermem: ", peermem.status().message()));
+                   "; nvidia-peermem: ", peermem_status.message()));
 #else
-  return absl::UnimplementedError(absl::StrCat("cannot register CUDA memory of device ", mem.device,
-                                               ": this build has no CUDA support"));
+  return absl::UnimplementedError("rdma transport: GPU memory: built without CUDA");
 #endif
 }
 
