@@ -164,6 +164,7 @@ void ReadAgent(YamlReader& r, AgentConfig& c) {
     t.ReadBytes("max_frame_bytes", 4096, uint64_t{1} << 32, &c.tcp.max_frame_bytes);
     t.ReadInt("handshake_timeout_ms", 100, 600000, &c.tcp.handshake_timeout_ms);
     t.ReadInt("max_unauthenticated_per_source", 1, 1024, &c.tcp.max_unauthenticated_per_source);
+    t.ReadDouble("gbps", 0, 10000, &c.tcp.gbps);
     t.RejectUnknownKeys();
   }
   {

@@ -26,6 +26,9 @@ struct TcpTransportConfig {
   // are capped (the oldest is closed for a new one).
   int handshake_timeout_ms = 5000;
   int max_unauthenticated_per_source = 16;
+  // GB/s per direction the tcp rail reports to the planner; 0: the link speed the kernel
+  // states for the advertised address's interface, else a nominal 1 GB/s (link_rate.h).
+  double gbps = 0;
 };
 
 struct RdmaTransportConfig {

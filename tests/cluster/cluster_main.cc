@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -287,7 +288,7 @@ class Cluster {
   std::unique_ptr<wb::client::ControllerClient> client_;
   v1::ExpectedWorld world_;
   v1::PlanSummary plan_;
-  double nominal_gbps_ = 1.0;  // what the agents' tcp rails report to the planner
+  double rail_gbps_ = 0;  // what the agents' tcp rails report to the planner (transports.tcp.gbps)
   uint32_t version_ = 0;
   std::vector<std::string> json_;
   std::vector<weightbeam::v1::StepResult> committed_;  // for --timeline
@@ -332,7 +333,8 @@ absl::Status Cluster::SetUp() {
             "name: ", l.agent, "\nlog_level: warn\nlocal_socket: ", Socket(i), "\nlisten: ", l.ip,
             ":7101\ncontroller: ", Ctl(),
             "\nheartbeat_interval_ms: 500\ntransports:\n  tcp:\n    listen: ", l.ip,
-            ":7201\n  local:\n    enabled: false\nexecutor:\n  staging_watermark_bytes: 256MiB\n"));
+            ":7201\n    gbps: ", Num(o_.link_mbit / 8000, 6),
+            "\n  local:\n    enabled: false\nexecutor:\n  staging_watermark_bytes: 256MiB\n"));
     agents_.emplace_back();
     if (auto s = StartAgent(i); !s.ok()) return s;
   }
@@ -432,13 +434,14 @@ absl::Status Cluster::MakePlan(v1::DeltaChoice delta) {
   auto plan = client_->Plan(world_, std::chrono::seconds(120), delta);
   if (!plan.ok()) return plan.status();
   plan_ = *plan;
-  // The planner's rails are what the agents report (tcp: a nominal rate, which takes
-  // precedence over cost_model.nic_gbps); read it back to put the prediction at the shaped rate.
+  // The planner's rails are what the agents report: each agent's tcp rail is configured at the
+  // shaped rate (transports.tcp.gbps), so the plan's prediction needs no rescaling. Read back
+  // to show it.
   auto status = client_->Status();
   if (status.ok()) {
     for (const auto& a : status->agents()) {
       for (const auto& nic : a.info().nics()) {
-        if (nic.transport() == "tcp" && nic.gbps() > 0) nominal_gbps_ = nic.gbps();
+        if (nic.transport() == "tcp" && nic.gbps() > 0) rail_gbps_ = nic.gbps();
       }
     }
   }
@@ -589,7 +592,7 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
   }
   all_verified_ = all_verified_ && ok;
   const double seconds = step->seconds();
-  const double predicted = plan_.predicted_step_seconds() * nominal_gbps_ / (o_.link_mbit / 8000.0);
+  const double predicted = plan_.predicted_step_seconds();
   const double cores = (cpu1 - cpu0) / wall;
   const double host_busy = (host1.first - host0.first) / std::max(1.0, host1.second - host0.second);
   const std::string kind = step->delta_anchor() ? "anchor" : (delta_step ? "delta" : "dense");
@@ -710,7 +713,7 @@ bool Cluster::KillScenario() {
     victim_replicas.insert(g / tp);
   }
   const bool elastic = shape().inference_replicas() > static_cast<int>(victim_replicas.size());
-  const double predicted = plan_.predicted_step_seconds() * nominal_gbps_ / (o_.link_mbit / 8000.0);
+  const double predicted = plan_.predicted_step_seconds();
   const double delay = std::max(0.3, 0.4 * predicted);
   double killed_at = 0;
   const double t0 = Now();
@@ -835,10 +838,19 @@ int Cluster::Main() {
   }
   std::printf("started and registered in %.1f s\n\n%s", Now() - t_setup,
               wb::client::FormatPlan(plan_).c_str());
+  // The agents were configured at the shaped rate; a rail reporting anything else would make
+  // every prediction below wrong by that factor.
+  const double shaped_gbps = o_.link_mbit / 8000.0;
+  if (std::fabs(rail_gbps_ - shaped_gbps) > 1e-6 * shaped_gbps) {
+    std::printf(
+        "FAIL: the tcp rails report %.6g GB/s to the planner, the links are shaped to %.6g\n",
+        rail_gbps_, shaped_gbps);
+    return 1;
+  }
   std::printf(
-      "(the tcp rails report a nominal %.3g GB/s to the planner; predictions below are "
-      "rescaled to the shaped %.0f Mbit/s)\n",
-      nominal_gbps_, o_.link_mbit);
+      "(the tcp rails report %.4g GB/s to the planner, the shaped %.0f Mbit/s, from "
+      "transports.tcp.gbps; predictions are the planner's own)\n",
+      rail_gbps_, o_.link_mbit);
   std::fflush(stdout);
 
   bool pass = true;

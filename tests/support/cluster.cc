@@ -71,7 +71,7 @@ bool Cluster::StartAgent(const std::string& name) {
                         << "\nheartbeat_interval_ms: 200\ntransports:\n  tcp:\n    listen: "
                            "127.0.0.1:"
                         << tcp_ports_.at(name) << "\n"
-                        << options_.extra_agent_yaml
+                        << options_.transports_yaml << options_.extra_agent_yaml
                         << (options_.agent_yaml.count(name) ? options_.agent_yaml.at(name) : "");
   unlink(socket(name).c_str());
   agents_[name] = std::make_unique<Process>(

@@ -17,7 +17,10 @@ struct ClusterOptions {
   int inference_replicas = 1;
   int inference_ranks_per_replica = 1;
   int heartbeat_timeout_ms = 1500;
-  std::string extra_agent_yaml;                   // appended to every agent's file
+  std::string extra_agent_yaml;  // appended to every agent's file
+  // Lines inside every agent's `transports:` block, after tcp's listen line: more `tcp` keys
+  // (4 spaces) or other transports (2 spaces), e.g. "    gbps: 2\n  local:\n    enabled: false\n".
+  std::string transports_yaml;
   std::map<std::string, std::string> agent_yaml;  // appended to that agent's file (e.g. tls:)
   std::string extra_controller_yaml;              // appended to the controller's file
 };

@@ -49,6 +49,7 @@ transports:
   tcp:
     listen: 0.0.0.0:7201
     connections_per_peer: 8
+    gbps: 3.125
   rdma:
     enabled: true
     devices: [mlx5_0, mlx5_1]
@@ -66,6 +67,7 @@ executor:
   CHECK(c->socket_mode == 0640);
   CHECK(c->heartbeat_interval_ms == 250);
   CHECK(c->tcp.connections_per_peer == 8);
+  CHECK(c->tcp.gbps == 3.125);
   CHECK(c->rdma.enabled);
   CHECK(c->rdma.devices == std::vector<std::string>{"mlx5_0", "mlx5_1"});
   CHECK(c->rdma.gid_index == 3);
@@ -94,6 +96,10 @@ TEST_CASE("a value of the wrong type names the key and what was expected") {
 TEST_CASE("out-of-range values are rejected with the allowed range") {
   CHECK_THAT(ErrorOf("transports:\n  tcp:\n    connections_per_peer: 0\n"),
              Catch::Contains("expected an integer from 1 to 64, got '0'"));
+  CHECK_THAT(ErrorOf("transports:\n  tcp:\n    gbps: -1\n"),
+             Catch::Contains("'transports.tcp.gbps': expected a number from 0 to 10000"));
+  CHECK_THAT(ErrorOf("transports:\n  tcp:\n    gbps: fast\n"),
+             Catch::Contains("'transports.tcp.gbps'"));
   CHECK_THAT(ErrorOf("transports:\n  rdma:\n    mtu: 1500\n"),
              Catch::Contains("one of 256, 512, 1024, 2048, 4096"));
   CHECK_THAT(ErrorOf("executor:\n  staging_watermark_bytes: 12 parsecs\n"),

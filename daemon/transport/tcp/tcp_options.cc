@@ -15,6 +15,7 @@ absl::StatusOr<TcpOptions> TcpOptionsFromConfig(const wb::config::AgentConfig& c
   options.write_timeout = std::chrono::milliseconds(config.executor.write_timeout_ms);
   options.handshake_timeout = std::chrono::milliseconds(config.tcp.handshake_timeout_ms);
   options.max_unauthenticated_per_source = config.tcp.max_unauthenticated_per_source;
+  options.gbps = config.tcp.gbps;
   const std::string where = config.source.empty() ? "agent config" : config.source;
   if (auto parsed = net::ParseHostPort(options.listen); !parsed.ok()) {
     return absl::InvalidArgumentError(
@@ -28,6 +29,10 @@ absl::StatusOr<TcpOptions> TcpOptionsFromConfig(const wb::config::AgentConfig& c
   if (options.max_frame_bytes < 4096 || options.max_frame_bytes > (uint64_t{1} << 31)) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": tcp.max_frame_bytes must be in [4096, 2^31], got ", options.max_frame_bytes));
+  }
+  if (!(options.gbps >= 0 && options.gbps <= 10000)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": tcp.gbps must be in [0, 10000] (0: derived), got ", options.gbps));
   }
   if (options.write_timeout.count() <= 0) {
     return absl::InvalidArgumentError(

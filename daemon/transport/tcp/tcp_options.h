@@ -25,6 +25,7 @@ struct TcpOptions {
   // Connections from one source address that have not presented a valid HELLO yet; a new one
   // beyond this closes the oldest.
   int max_unauthenticated_per_source = 16;
+  double gbps = 0;  // the rail's rate for the planner; 0: derived (link_rate.h)
 };
 
 // From `agent.tcp` (+ `agent.executor.write_timeout_ms`, `agent.advertise_host`); checks ranges.

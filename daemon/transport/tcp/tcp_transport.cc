@@ -30,6 +30,9 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(const TcpOpti
     host = "127.0.0.1";
   }
   transport->endpoint_ = net::FormatHostPort(host, transport->receiver_->port());
+  transport->rate_ = TcpLinkRate(options.gbps, host);
+  spdlog::info("tcp transport: rail tcp0 at {} rated {:.4g} GB/s ({})", transport->endpoint_,
+               transport->rate_.gbps, transport->rate_.source);
   return transport;
 }
 
@@ -56,7 +59,7 @@ std::vector<weightbeam::v1::NicInfo> TcpTransport::Nics() const {
   nic.set_name("tcp0");
   nic.set_transport("tcp");
   nic.set_endpoint(endpoint_);
-  nic.set_gbps(1.0);  // nominal; the cost model treats tcp as a slow rail
+  nic.set_gbps(rate_.gbps);  // configured, the link's stated speed, or nominal (link_rate.h)
   return {nic};
 }
 

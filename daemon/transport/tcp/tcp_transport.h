@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "config/config.h"
 #include "daemon/transport/region_table.h"
+#include "daemon/transport/tcp/link_rate.h"
 #include "daemon/transport/tcp/tcp_options.h"
 #include "daemon/transport/tcp/tcp_peer.h"
 #include "daemon/transport/tcp/tcp_receiver.h"
@@ -58,6 +59,7 @@ class TcpTransport : public Transport {
   std::shared_ptr<RegionTable> regions_;
   std::unique_ptr<TcpReceiver> receiver_;
   std::string endpoint_;
+  LinkRate rate_;
 
   std::mutex peers_mu_;
   // Keeps outgoing peers alive until ForgetPeer or shutdown (see TcpPeer's destructor note).
