@@ -95,6 +95,11 @@ struct PlanStats {
   std::vector<bool> is_sender, is_receiver;  // holds source / destination tensors
   // Per device (agent, GPU or host) that holds source (destination) tensors.
   std::vector<uint64_t> sender_device_bytes, receiver_device_bytes;
+  // Bytes each device sends, by identity: agent a's GPU g is device_send_bytes[
+  // agent_device_base[a] + g + 1] (slot agent_device_base[a] is its host memory). For reports
+  // that group senders by what they hold (pipeline stages, data-parallel copies).
+  std::vector<uint64_t> device_send_bytes;
+  std::vector<int32_t> agent_device_base;
   uint64_t total_bytes = 0;
   uint64_t total_ops = 0;              // executed ops: a fan-out op counts once per destination
   uint64_t plan_ops = 0;               // ops held in the plan (PlannedOp entries)

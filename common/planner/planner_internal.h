@@ -371,6 +371,9 @@ class Planner {
 
   // Greedy, largest first: each multi-holder op goes to its least loaded source device.
   void ChooseSources();
+  // Splits pending fan-out ops that alone outweigh a fraction of a source device's fair share
+  // into several ops over disjoint destinations (ChooseSources then gives each its holder).
+  void SplitHeavyFanouts(const std::vector<double>& fixed_load);
 
   // Per sender, stable by (phase, destination agent rotated by the sender's position) so that
   // senders start on different receivers instead of all hitting the first one.

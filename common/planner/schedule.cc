@@ -1,6 +1,7 @@
 // Planner steps after generation: source choice (balancing), ordering, rails, statistics,
 // cost model and hash.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <regex>
 
@@ -79,12 +80,88 @@ double Planner::OpCost(const PlannedOp& op) const {
          Fanout(op);
 }
 
+// A fan-out op is sent once per destination by one holder. One that fans out to every GPU of a
+// large deployment (a tensor the engine replicates: DeepSeek-V3's q_a_proj to 256 GPUs is
+// 5.6 GB of sends) can alone outweigh a holder's fair share of the step, and no choice of
+// holder balances that: its destinations are cut into several ops, each sent by the holder
+// ChooseSources picks for it. Every destination still receives the bytes once, at the same
+// offsets; only ops above 1/kSplitsPerShare of a fair share are cut, so plans of many small
+// fan-out ops keep their size.
+void Planner::SplitHeavyFanouts(const std::vector<double>& fixed_load) {
+  constexpr double kSplitsPerShare = 8;
+  std::vector<char> source_dev(fixed_load.size(), 0);
+  double total = 0;
+  for (size_t d = 0; d < fixed_load.size(); ++d) {
+    source_dev[d] = fixed_load[d] > 0;
+    total += fixed_load[d];
+  }
+  for (const PendingChoice& p : pending_) {
+    total += OpCost(p.op);
+    const Slice& s = slices_[p.slice];
+    for (int32_t h = 0; h < s.holder_count; ++h) {
+      const EntryRef c = holders_[s.holder_begin + h];
+      source_dev[tensor_dev_[c.agent][c.tensor]] = 1;
+    }
+  }
+  const int64_t devices = std::count(source_dev.begin(), source_dev.end(), 1);
+  if (devices == 0 || total <= 0) return;
+  const double cap = total / devices / kSplitsPerShare;
+  std::vector<PendingChoice> parts_out;
+  for (PendingChoice& p : pending_) {
+    if (p.op.fanout < 0) continue;
+    const double cost = OpCost(p.op);
+    if (cost <= cap) continue;
+    const Slice& s = slices_[p.slice];
+    const TensorEntry& first = E(holders_[s.holder_begin]);
+    int64_t alternatives = 0;
+    for (int32_t h = 0; h < s.holder_count; ++h) {
+      alternatives += SamePlace(E(holders_[s.holder_begin + h]).view, first.view);
+    }
+    // The destinations as executed (a mirrored group's mirrors expanded), so that a plan of
+    // folded layouts cuts the same parts as the unfolded one (same ops, same hash).
+    std::vector<Destination> executed;
+    ForEachDestination(plan_, p.op.fanout, [&](const Destination& d) { executed.push_back(d); });
+    const int64_t n = static_cast<int64_t>(executed.size());
+    const int64_t parts =
+        std::min<int64_t>({alternatives, n, static_cast<int64_t>(std::ceil(cost / cap))});
+    if (parts < 2) continue;
+    for (int64_t k = 0; k < parts; ++k) {
+      const int64_t b = n * k / parts, e = n * (k + 1) / parts;
+      // The part's first destination is its op's dst_*, with a src_shift of 0: the op's
+      // src_offset moves by that shift, the others' shifts by minus it (same executed offsets).
+      const Destination lead = executed[b];
+      for (int64_t i = b; i < e; ++i) {
+        Destination d = executed[i];
+        d.src_shift -= lead.src_shift;
+        plan_.fanout_dsts.push_back(d);
+      }
+      plan_.fanout_begin.push_back(static_cast<uint32_t>(plan_.fanout_dsts.size()));
+      plan_.fanout_mirrored.push_back(0);
+      plan_.fanout_size.push_back(static_cast<uint32_t>(e - b));
+      PendingChoice part = p;
+      part.op.fanout = static_cast<int32_t>(plan_.fanout_size.size() - 1);
+      part.op.dst_agent = lead.agent;
+      part.op.dst_tensor = lead.tensor;
+      part.op.scale_tensor = lead.scale_tensor;
+      part.op.src_offset = p.op.src_offset + lead.src_shift;
+      parts_out.push_back(part);
+    }
+    p.op.fanout = -2;  // replaced by its parts; the group it listed is left unused
+  }
+  if (parts_out.empty()) return;
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                [](const PendingChoice& p) { return p.op.fanout == -2; }),
+                 pending_.end());
+  pending_.insert(pending_.end(), parts_out.begin(), parts_out.end());
+}
+
 void Planner::ChooseSources() {
   if (pending_.empty()) return;
   std::vector<double> load(dev_base_.back(), 0.0);
   for (const auto& ops : plan_.ops) {
     for (const PlannedOp& op : ops) load[tensor_dev_[op.src_agent][op.src_tensor]] += OpCost(op);
   }
+  SplitHeavyFanouts(load);
   // Largest first; ties in generation order. Sorting (bytes, index) pairs keeps it cheap.
   std::vector<std::pair<uint64_t, uint32_t>> order(pending_.size());
   for (size_t i = 0; i < pending_.size(); ++i) {
@@ -365,6 +442,8 @@ void Planner::Finish() {
   s.sender_imbalance = Imbalance(senders);
   s.receiver_imbalance = Imbalance(receivers);
   s.sender_device_imbalance = Imbalance(s.sender_device_bytes);
+  s.device_send_bytes = dev_send;
+  s.agent_device_base = dev_base_;
   double step = 0;
   for (size_t a = 0; a < na; ++a) {
     for (int r = 0; r < rail_base_[a + 1] - rail_base_[a]; ++r) {

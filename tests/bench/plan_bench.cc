@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <new>
@@ -40,6 +41,39 @@ void MinMeanMax(const std::vector<uint64_t>& v, const char* prefix, nlohmann::js
   (*out)[std::string(prefix) + "_min"] = mn;
   (*out)[std::string(prefix) + "_mean"] = v.empty() ? 0 : sum / v.size();
   (*out)[std::string(prefix) + "_max"] = mx;
+}
+
+// Megatron trainers: the senders grouped by pipeline stage. Every byte of a stage's layers is held
+// by that stage's ranks only, so the stage split fixes how much each stage sends; the planner
+// decides only how a stage's bytes spread over its ranks (its data-parallel copies).
+//   stage_sender_imbalance: max over stages of max / mean send bytes among the stage's ranks
+//   stage_bound_imbalance: the smallest global sender imbalance any plan can reach with this
+//     split (the busiest stage's bytes spread evenly over its ranks, over the global mean)
+void StageImbalance(const wb::planner::PlanStats& s, const wb::engines::MegatronOptions& m,
+                    int gpus_per_agent, nlohmann::json* out) {
+  std::vector<std::vector<uint64_t>> stage(m.pp);
+  double total = 0;
+  uint64_t ranks = 0;
+  for (int r = 0; r < m.tp * m.pp * m.dp; ++r) {
+    const int agent = r / gpus_per_agent, gpu = r % gpus_per_agent;
+    const size_t dev = static_cast<size_t>(s.agent_device_base[agent] + gpu + 1);
+    const uint64_t bytes = dev < s.device_send_bytes.size() ? s.device_send_bytes[dev] : 0;
+    stage[(r / m.tp) % m.pp].push_back(bytes);
+    total += bytes;
+    ++ranks;
+  }
+  double worst = 0, busiest = 0;
+  std::vector<double> per_stage;
+  for (const auto& v : stage) {
+    double sum = 0, mx = 0;
+    for (uint64_t b : v) sum += b, mx = std::max<double>(mx, b);
+    per_stage.push_back(sum > 0 ? std::round(mx / (sum / v.size()) * 1000) / 1000 : 0);
+    worst = std::max(worst, per_stage.back());
+    busiest = std::max(busiest, sum / v.size());
+  }
+  (*out)["stage_sender_imbalances"] = per_stage;
+  (*out)["stage_sender_imbalance"] = worst;
+  (*out)["stage_bound_imbalance"] = total > 0 ? busiest / (total / ranks) : 0;
 }
 
 }  // namespace
@@ -233,6 +267,8 @@ int Run(int argc, char** argv) {
   MinMeanMax(s.sender_device_bytes, "sender_bytes", &j);
   MinMeanMax(s.receiver_device_bytes, "receiver_bytes", &j);
   j["sender_imbalance"] = s.sender_device_imbalance;
+  if (trainer_dialect == "megatron") StageImbalance(s, megatron, tr.gpus_per_agent, &j);
+
   // Per agent (node).
   MinMeanMax(senders, "agent_sender_bytes", &j);
   MinMeanMax(receivers, "agent_receiver_bytes", &j);

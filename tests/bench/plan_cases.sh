@@ -3,8 +3,8 @@
 # process), and prints one JSON line per case. Usage: tests/bench/plan_cases.sh [all|kimi|largest]
 #   all      the three Kimi-K2 layouts, Qwen3-235B 128 -> 32, DeepSeek-V3 (config.json, vLLM)
 #   trainers Megatron-core trainer layouts: DeepSeek-V3 PP16 x EP16, Qwen3-235B TP4 x PP4 x
-#            EP8 x DP2, Llama-3.1-405B TP8 x PP8 x DP2, into vLLM (94 and 126 layers do not
-#            split evenly over 4 and 8 stages: the stages' layer counts are given)
+#            EP8 x DP2, Llama-3.1-405B TP8 x PP8 x DP2, into vLLM FP8 and BF16 (94 and 126
+#            layers do not split evenly over 4 and 8 stages: the stages' layer counts are given)
 #   largest  Kimi-K2-shaped models of growing depth under the TP16/EP16 layout until the
 #            planner's peak RSS passes 4 GiB; prints the largest that stayed under
 # Build first: bazel build -c opt //tests/bench:plan_bench
@@ -28,16 +28,25 @@ if [[ $what == trainers ]]; then
   uptime
   # NeMo-RL's DeepSeek-V3 layout: PP16 x EP16 (tp 1, dp 16 = 256 GPUs; 61 layers as 3, 14 x 4,
   # 2), into vLLM TP16 x DP16 (EP 256) FP8, the closest to its TP32 x DP8 that weightbeam
-  # accepts (TP32 FP8 cuts 128x128 blocks of the dense and shared-expert MLPs).
-  run --model=tests/bench/deepseek_v3_671b.json --engine=vllm --trainer=megatron --trainer-tp=1 \
-    --trainer-pp=16 --trainer-ep=16 --trainer-dp=16 \
-    --trainer-stage-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 --inference-gpus=256 --tp=16 --ep=256
-  run --model=tests/bench/qwen3_235b_a22b.json --engine=vllm --trainer=megatron --trainer-tp=4 \
-    --trainer-pp=4 --trainer-ep=8 --trainer-dp=2 --trainer-stage-layers=24,24,23,23 \
-    --inference-gpus=32 --tp=8 --ep=8 --bf16
-  run --model=tests/bench/llama_3_1_405b.json --engine=vllm --trainer=megatron --trainer-tp=8 \
-    --trainer-pp=8 --trainer-dp=2 --trainer-stage-layers=16,16,16,16,16,16,15,15 \
-    --inference-gpus=16 --tp=8 --bf16
+  # accepts (TP32 FP8 cuts 128x128 blocks of the dense and shared-expert MLPs). Each case also
+  # into BF16 / FP8. Where layers do not split evenly, the first and last stages (which also hold
+  # the embedding and the output layer) get one layer fewer: the stages then hold about the
+  # same bytes, which bounds the sender imbalance (stage_bound_imbalance).
+  deepseek="--model=tests/bench/deepseek_v3_671b.json --engine=vllm --trainer=megatron
+    --trainer-tp=1 --trainer-pp=16 --trainer-ep=16 --trainer-dp=16
+    --trainer-stage-layers=3,4,4,4,4,4,4,4,4,4,4,4,4,4,4,2 --inference-gpus=256 --tp=16 --ep=256"
+  qwen="--model=tests/bench/qwen3_235b_a22b.json --engine=vllm --trainer=megatron --trainer-tp=4
+    --trainer-pp=4 --trainer-ep=8 --trainer-dp=2 --trainer-stage-layers=23,24,24,23
+    --inference-gpus=32 --tp=8 --ep=8"
+  llama="--model=tests/bench/llama_3_1_405b.json --engine=vllm --trainer=megatron --trainer-tp=8
+    --trainer-pp=8 --trainer-dp=2 --trainer-stage-layers=15,16,16,16,16,16,16,15
+    --inference-gpus=16 --tp=8"
+  run $deepseek
+  run $deepseek --bf16
+  run $qwen --bf16
+  run $qwen
+  run $llama --bf16
+  run $llama
   uptime
 fi
 if [[ $what == largest ]]; then

@@ -326,6 +326,41 @@ TEST_CASE("fan-out: TP siblings out of column order, uneven splits and replicate
   }
 }
 
+TEST_CASE("fan-out: a tensor every replica holds is cut over its holders, same bytes") {
+  // R [64, 64] whole on four trainer replicas (data-parallel copies); U<t> [64, 64] only on
+  // trainer t. Sixteen inference replicas hold R and every U<t>. R's one fan-out op (16
+  // destinations) would cost one holder as much as all of its own U: the planner cuts R's
+  // destinations over the four holders, so every trainer sends the same bytes.
+  LayoutBuilder b;
+  for (int t = 0; t < 4; ++t) {
+    const std::string agent = "t" + std::to_string(t);
+    b.Src(agent, 0, "R", {64, 64}, {}, DTYPE_BF16, t);
+    b.Src(agent, 0, "U" + std::to_string(t), {64, 64}, {}, DTYPE_BF16, t);
+  }
+  for (int r = 0; r < 16; ++r) {
+    const std::string agent = "i" + std::to_string(r);
+    b.Dst(agent, r, 0, "R", {64, 64});
+    for (int t = 0; t < 4; ++t) b.Dst(agent, r, 0, "U" + std::to_string(t), {64, 64});
+  }
+  const std::vector<AgentLayout> agents = b.Build();
+  auto plan = BuildPlan(agents, PlanOptions{});
+  REQUIRE(plan.ok());
+  // Every trainer sends its U to 16 replicas and R to 4 of them: 20 x 8 KiB.
+  int r_senders = 0;
+  for (size_t a = 0; a < agents.size(); ++a) {
+    if (agents[a].tensors.empty() || agents[a].tensors[0].owner.role != Role::kTrainer) continue;
+    INFO(agents[a].name);
+    CHECK(plan->stats.send_bytes[a] == 20u * 64 * 64 * 2);
+    for (const PlannedOp& op : plan->ops[a]) {
+      r_senders += std::string(agents[a].tensors[op.src_tensor].name) == "R";
+    }
+  }
+  CHECK(r_senders == 4);
+  CHECK(plan->stats.sender_imbalance == Approx(1.0));
+  // Same bytes as one op per destination, folded (mirrors) or not.
+  CompareBothWays(agents, PlanOptions{}, false);
+}
+
 TEST_CASE("fan-out: vLLM engine views of a DeepSeek-V3 config (stacked experts, FP8), same bytes") {
   const char* json = R"({
     "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
