@@ -41,6 +41,7 @@ CHECKS=(
   "delta-scatter|GPU delta scatter equal to the host apply; GB/s"
   "transport-tcp-gpu|transport suite, tcp, GPU source/destination regions (pinned staging)"
   "transport-local-gpu|transport suite, local, GPU regions (CUDA driver copies)"
+  "transport-rdma-gpu|transport suite, rdma, GPU regions (dma-buf or nvidia-peermem), where an RDMA device exists"
   "demo-gpu|end-to-end demo with GPU buffers on both sides (wb-demo --gpu, dense and --delta)"
 )
 
@@ -227,6 +228,14 @@ r=$(run_catch scatter $BIN/tests/transform/delta_gpu_test)
 row delta-scatter "$r" "$(timeout "$CHECK_TIMEOUT" $BIN/tests/bench/delta_scatter_bench 2>/dev/null | figures)"
 row transport-tcp-gpu "$(run_catch tcp env WB_TEST_TRANSPORT=tcp $BIN/tests/transport/transport_suite '[gpu]')" ""
 row transport-local-gpu "$(run_catch local env WB_TEST_TRANSPORT=local $BIN/tests/transport/transport_suite '[gpu]')" ""
+# rdma with GPU memory needs an RDMA device (WB_TEST_RDMA_DEVICE picks one; else the first).
+rdma_dev=${WB_TEST_RDMA_DEVICE:-$(ls /sys/class/infiniband 2>/dev/null | head -1)}
+if [ -n "$rdma_dev" ]; then
+  row transport-rdma-gpu "$(run_catch rdma env WB_TEST_TRANSPORT=rdma WB_TEST_RDMA_DEVICE="$rdma_dev" \
+    $BIN/tests/transport/transport_suite '[gpu]')" "$rdma_dev"
+else
+  row transport-rdma-gpu SKIPPED "no RDMA device (/sys/class/infiniband is empty)"
+fi
 # demo_gpu NAME ARGS...: wb-demo --gpu; exit 3 is its "no usable GPU" (said on its first line).
 demo_gpu() {
   local name=$1 out rc
