@@ -107,50 +107,6 @@ absl::StatusOr<MrPtr> RegisterCudaDmaBuf(ibv_pd* pd, const MemoryRef& mem, int a
 
 }  // namespace
 
-absl::Status ProbeCudaRegistration(ibv_pd* pd) {
-#ifdef WB_HAVE_CUDA
-  if (PeermemLoaded()) return absl::OkStatus();
-  const Driver& d = LoadDriver();
-  int count = 0;
-  if (d.init == nullptr || d.device_count == nullptr || d.init(0) != 0 ||
-      d.device_count(&count) != 0) {
-    return absl::UnavailableError("the CUDA driver is not usable");
-  }
-  int device = -1;
-  for (int i = 0; i < count && device < 0; ++i) {
-    if (DmaBufSupported(d, i)) device = i;
-  }
-  if (device < 0) return absl::UnavailableError("no device supports dma-buf");
-  constexpr size_t kBytes = size_t{2} << 20;
-  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-    cudaGetLastError();
-    return absl::UnavailableError(
-        absl::StrCat("cudaSetDevice(", device, "): ", cudaGetErrorString(e)));
-  }
-  void* ptr = nullptr;
-  if (cudaError_t e = cudaMalloc(&ptr, kBytes); e != cudaSuccess) {
-    cudaGetLastError();
-    return absl::UnavailableError(
-        absl::StrCat("cudaMalloc on cuda:", device, ": ", cudaGetErrorString(e)));
-  }
-  absl::Status result;
-  {
-    absl::StatusOr<MrPtr> mr =
-        RegisterCudaDmaBuf(pd, MemoryRef{ptr, kBytes, MemoryKind::kCuda, device},
-                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    result = mr.status();
-  }  // the region is deregistered here, before its memory is freed
-  cudaFree(ptr);
-  if (!result.ok()) {
-    return absl::Status(result.code(), absl::StrCat("cuda:", device, ": ", result.message()));
-  }
-  return absl::OkStatus();
-#else
-  (void)pd;
-  return absl::UnimplementedError("built without CUDA");
-#endif
-}
-
 bool CudaRegistrationCompiled() {
 #ifdef WB_HAVE_CUDA
   return true;

@@ -19,11 +19,4 @@ bool CudaRegistrationPossible();
 
 absl::StatusOr<MrPtr> RegisterMemory(ibv_pd* pd, const MemoryRef& mem, int access);
 
-// Once per rail when the transport starts, where CudaRegistrationPossible(): registers 2 MiB of
-// cudaMalloc memory on the first device that supports dma-buf with ibv_reg_dmabuf_mr, as a
-// region would be, and frees it. Ok when that works (or nvidia-peermem is loaded, which needs
-// no dma-buf); otherwise why not: the NIC's driver or firmware refusing dma-buf is then known
-// at start, not at the first GPU tensor. A CUDA IPC-imported range may still be declined later.
-absl::Status ProbeCudaRegistration(ibv_pd* pd);
-
 }  // namespace wb::transport::rdma

@@ -145,22 +145,6 @@ absl::StatusOr<std::unique_ptr<RdmaTransport>> RdmaTransport::Create(
   }
   auto engine = std::make_unique<VerbsEngine>(std::move(rails), options);
   auto state = std::make_shared<RdmaState>(config, std::move(engine));
-  // GPU memory is offered only when each rail registered device memory at start; otherwise the
-  // agent says why once, and GPU tensors go over tcp / local (rdma declines them).
-  state->gpu_memory = CudaRegistrationPossible();
-  for (const Rail& rail : state->engine->rails()) {
-    if (!state->gpu_memory) break;
-    if (absl::Status probe = ProbeCudaRegistration(rail.pd.get()); !probe.ok()) {
-      spdlog::warn(
-          "rdma transport: {} cannot register GPU memory ({}); GPU tensors will use tcp "
-          "or local",
-          rail.name, std::string(probe.message()));
-      state->gpu_memory = false;
-    } else {
-      spdlog::info("rdma transport: {} registers GPU memory (dma-buf or nvidia-peermem)",
-                   rail.name);
-    }
-  }
   return std::unique_ptr<RdmaTransport>(new RdmaTransport(std::move(state)));
 }
 
@@ -171,7 +155,7 @@ RdmaTransport::~RdmaTransport() {
 
 Capabilities RdmaTransport::caps() const {
   Capabilities caps;
-  caps.gpu_memory = state_->gpu_memory;
+  caps.gpu_memory = CudaRegistrationPossible();
   caps.remote = true;
   caps.max_write_bytes = 0;
   return caps;

@@ -58,8 +58,6 @@ class RdmaState {
   mutable std::mutex mu;
   std::map<uint64_t, LocalRegion> regions;
   uint64_t next_region = 1;
-  // GPU memory: CudaRegistrationPossible() and the start-up probe passed on every rail.
-  bool gpu_memory = false;
 };
 
 class RdmaTransport : public Transport {
