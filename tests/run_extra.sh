@@ -52,8 +52,8 @@ elif tests/cluster/short.sh; then log "cluster: PASS"; else log "cluster: FAIL";
 took cluster
 
 if [ -x tests/fuzz/run.sh ]; then
-  log "fuzzing (bounded): tcp frames, config, registrations, plan ops, storage manifests, step-link frames; 15 s each"
-  if tests/fuzz/run.sh --seconds 15; then log "fuzz: PASS"; else log "fuzz: FAIL"; failed=1; fi
+  log "fuzzing (bounded): tcp frames, config, registrations, plan ops, storage manifests, step-link frames, model configs; 10 s each"
+  if tests/fuzz/run.sh --seconds 10; then log "fuzz: PASS"; else log "fuzz: FAIL"; failed=1; fi
   took fuzz
 fi
 
