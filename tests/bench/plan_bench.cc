@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "common/engines/dry_run.h"
+#include "common/planner/delta_model.h"
 #include "common/planner/models.h"
 #include "common/planner/plan.h"
 
@@ -99,8 +100,20 @@ int Run(int argc, char** argv) {
   app.add_option("--trainer-ep", tr.ep,
                  "expert-parallel groups per trainer replica (megatron: the ep size)");
   std::string trainer_dialect = "fsdp";
+  // A delta step predicted from this plan (docs/performance.md): the changed fraction and the
+  // rates the model assumes, stated in the output.
+  wb::planner::DeltaModel delta_model;
   wb::engines::MegatronOptions megatron;
   app.add_option("--trainer", trainer_dialect, "with a config.json: fsdp | megatron");
+  app.add_option("--delta-changed", delta_model.changed_fraction,
+                 "delta step prediction: fraction of elements changed per step")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--delta-encode-gbps", delta_model.encode_gbps,
+                 "delta step prediction: dense GB/s compared per sending GPU (GPU encoder)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--delta-apply-gbps", delta_model.apply_gbps,
+                 "delta step prediction: packed GB/s applied per receiving GPU")
+      ->check(CLI::PositiveNumber);
   app.add_option("--trainer-tp", megatron.tp, "megatron tensor parallel");
   app.add_option("--trainer-pp", megatron.pp, "megatron pipeline stages");
   app.add_option("--trainer-etp", megatron.etp, "megatron expert tensor parallel");
@@ -277,6 +290,16 @@ int Run(int argc, char** argv) {
   j["nic_gbps"] = opt.cost.nic_gbps;
   j["predicted_step_seconds"] = s.predicted_step_seconds;
   j["link_limit_seconds"] = s.link_limit_seconds;
+  delta_model.element_bytes = inf.fp8 ? 1 : 2;
+  const wb::planner::DeltaPrediction dp = wb::planner::PredictDeltaStep(s, delta_model);
+  j["delta_changed_fraction"] = delta_model.changed_fraction;
+  j["delta_assumed_encode_gbps"] = delta_model.encode_gbps;
+  j["delta_assumed_apply_gbps"] = delta_model.apply_gbps;
+  j["delta_packed_fraction"] = dp.packed_fraction;
+  j["delta_encode_seconds"] = dp.encode_seconds;
+  j["delta_send_seconds"] = dp.send_seconds;
+  j["delta_apply_seconds"] = dp.apply_seconds;
+  j["predicted_delta_step_seconds"] = dp.seconds;
   j["predicted_over_link_limit"] =
       s.link_limit_seconds > 0 ? s.predicted_step_seconds / s.link_limit_seconds : 0;
   // The machine, so that figures from different runs can be read side by side.
