@@ -42,7 +42,8 @@ std::string InterfaceOf(const std::string& host) {
   return InterfaceOfLiteral(is_v4, v4, v6);
 }
 
-// A host name is resolved first: the interface is the one holding its first address.
+// A host name is resolved first: the interface is the first that holds one of its addresses
+// ("localhost" may list ::1 before 127.0.0.1 where IPv6 is off).
 std::string InterfaceOfHost(const std::string& host) {
   if (std::string name = InterfaceOf(host); !name.empty()) return name;
   addrinfo hints{};
@@ -50,14 +51,20 @@ std::string InterfaceOfHost(const std::string& host) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) return "";
-  char literal[INET6_ADDRSTRLEN] = {};
-  const void* addr =
-      res->ai_family == AF_INET
-          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr)
-          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(res->ai_addr)->sin6_addr);
-  const bool ok = inet_ntop(res->ai_family, addr, literal, sizeof(literal)) != nullptr;
+  std::string name;
+  for (addrinfo* r = res; r != nullptr && name.empty(); r = r->ai_next) {
+    char literal[INET6_ADDRSTRLEN] = {};
+    const void* addr =
+        r->ai_family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(r->ai_addr)->sin_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(r->ai_addr)->sin6_addr);
+    if ((r->ai_family == AF_INET || r->ai_family == AF_INET6) &&
+        inet_ntop(r->ai_family, addr, literal, sizeof(literal)) != nullptr) {
+      name = InterfaceOf(literal);
+    }
+  }
   freeaddrinfo(res);
-  return ok ? InterfaceOf(literal) : "";
+  return name;
 }
 
 }  // namespace
