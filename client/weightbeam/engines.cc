@@ -78,17 +78,14 @@ absl::Status RegisterTrainerTensors(LocalSession& session,
     if (auto s = CheckMemory("trainer tensor", t.name, memory, t.shape, t.dtype); !s.ok()) {
       return s;
     }
+    const bool view = !engines::FillsTensor(t);  // else a plain shard of its HF tensor
     for (const engines::ParamPart& part : t.parts) {
       Registration r;
       r.tensor.name = part.source;
       r.tensor.dtype = t.dtype;
       r.tensor.global_shape = part.source_shape;
-      bool dense = t.parts.size() == 1 && part.box.size() == t.shape.size();
-      for (size_t d = 0; d < part.box.size(); ++d) {
-        r.tensor.shard.push_back({part.box[d].start, part.box[d].size});
-        dense = dense && part.offset[d] == 0 && part.box[d].size == t.shape[d];
-      }
-      if (!dense) {
+      for (const engines::DimSlice& b : part.box) r.tensor.shard.push_back({b.start, b.size});
+      if (view) {
         r.tensor.view_shape = t.shape;
         r.tensor.view_offset = part.offset;
         r.tensor.view_buffer = t.name;

@@ -97,17 +97,14 @@ absl::Status MegatronEntries(const ModelConfig& config, const DeploymentOptions&
         std::vector<planner::TensorEntry>& held = (*trainers)[rank / o.gpus_per_agent].tensors;
         for (const TrainerTensor& tensor : it->second) {
           const uint64_t bytes = Volume(tensor.shape) * planner::DTypeBytes(tensor.dtype);
+          const bool view = !FillsTensor(tensor);  // else a plain shard of its HF tensor
           for (const ParamPart& part : tensor.parts) {
             planner::TensorEntry e;
             e.name = part.source;
             e.dtype = tensor.dtype;
             e.shape = part.source_shape;
             e.shard = part.box;
-            bool dense = tensor.parts.size() == 1 && part.box.size() == tensor.shape.size();
-            for (size_t k = 0; dense && k < part.box.size(); ++k) {
-              dense = part.offset[k] == 0 && part.box[k].size == tensor.shape[k];
-            }
-            if (!dense) {
+            if (view) {
               e.view.shape = tensor.shape;
               e.view.offset = part.offset;
               e.view.buffer = tensor.name;

@@ -385,6 +385,15 @@ absl::Status CheckLayoutSizes(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
+bool FillsTensor(const TrainerTensor& t) {
+  if (t.parts.size() != 1 || t.parts[0].box.size() != t.shape.size()) return false;
+  const ParamPart& part = t.parts[0];
+  for (size_t d = 0; d < part.box.size(); ++d) {
+    if (part.offset[d] != 0 || part.box[d].size != t.shape[d]) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<std::vector<TrainerTensor>> MegatronLayout(const ModelConfig& config,
                                                           const MegatronOptions& options) {
   if (absl::Status s = CheckLayoutSizes(config); !s.ok()) return s;

@@ -25,6 +25,10 @@ struct TrainerTensor {
   std::vector<ParamPart> parts;
 };
 
+// True when `t` is one part that fills it (offset 0, the whole shape): it registers as a plain
+// shard of its HF tensor; any other tensor registers its parts as views of its buffer.
+bool FillsTensor(const TrainerTensor& t);
+
 // A Megatron-core rank: tensor (tp), pipeline (pp), expert (ep) and expert-tensor (etp)
 // parallel ranks, and its data-parallel rank (dp copies hold the same tensors: every one is an
 // alternative source).

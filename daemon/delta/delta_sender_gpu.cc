@@ -43,10 +43,14 @@ absl::StatusOr<OpOutcome> DeltaSender::ProcessOnDevice(const v1::TransferOp& op,
   auto encoder = EncoderFor(device);
   if (!encoder.ok()) return fail(encoder.status());
   // The kernels read the source in place: a range that is not device memory of `device` (host
-  // memory labelled cuda) is refused here, before a kernel faults on it.
-  if (auto s = gpu::CheckDeviceRange(device_flat, l.flat_bytes, device); !s.ok()) {
-    return fail(absl::Status(
-        s.code(), absl::StrCat("delta encode on cuda:", device, ": source: ", s.message())));
+  // memory labelled cuda) is refused before a kernel faults on it. Checked once, when the op's
+  // shadow is made: a shadow that fits means its source passed (not per op on every step).
+  const bool fits = st.gpu_device == device && st.gpu_shadow.size() == l.flat_bytes;
+  if (!fits) {
+    if (auto s = gpu::CheckDeviceRange(device_flat, l.flat_bytes, device); !s.ok()) {
+      return fail(absl::Status(
+          s.code(), absl::StrCat("delta encode on cuda:", device, ": source: ", s.message())));
+    }
   }
   absl::MutexLock lock(&(*encoder)->mu);
   GpuDeltaEncoder& gpu = (*encoder)->encoder;
@@ -60,7 +64,6 @@ absl::StatusOr<OpOutcome> DeltaSender::ProcessOnDevice(const v1::TransferOp& op,
     }
     out.hash = HashFlat(l, host.data());
   }
-  const bool fits = st.gpu_device == device && st.gpu_shadow.size() == l.flat_bytes;
   if (step.anchor || !st.valid || !fits) {
     if (!fits) {
       st.gpu_shadow = GpuShadow();  // the old one goes before the new one is allocated

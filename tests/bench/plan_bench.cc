@@ -290,6 +290,9 @@ int Run(int argc, char** argv) {
   j["nic_gbps"] = opt.cost.nic_gbps;
   j["predicted_step_seconds"] = s.predicted_step_seconds;
   j["link_limit_seconds"] = s.link_limit_seconds;
+  j["predicted_over_link_limit"] =
+      s.link_limit_seconds > 0 ? s.predicted_step_seconds / s.link_limit_seconds : 0;
+  // A delta step on this plan, with the rates the model assumed (common/planner/delta_model.h).
   delta_model.element_bytes = inf.fp8 ? 1 : 2;
   const wb::planner::DeltaPrediction dp = wb::planner::PredictDeltaStep(s, delta_model);
   j["delta_changed_fraction"] = delta_model.changed_fraction;
@@ -300,8 +303,6 @@ int Run(int argc, char** argv) {
   j["delta_send_seconds"] = dp.send_seconds;
   j["delta_apply_seconds"] = dp.apply_seconds;
   j["predicted_delta_step_seconds"] = dp.seconds;
-  j["predicted_over_link_limit"] =
-      s.link_limit_seconds > 0 ? s.predicted_step_seconds / s.link_limit_seconds : 0;
   // The machine, so that figures from different runs can be read side by side.
   j["cores"] = std::thread::hardware_concurrency();
   double load[3] = {0, 0, 0};

@@ -233,6 +233,30 @@ TEST_CASE("megatron: linear_qkv interleaves [q heads; k; v] per query group") {
   CHECK(b.at("decoder.layers.0.self_attention.linear_qkv.bias").parts[2].offset == Shape{288});
 }
 
+TEST_CASE("a tensor registers as a plain shard only when one part fills it") {
+  MegatronOptions o;
+  o.tp = 2;
+  auto t = Megatron(Load("llama"), o);
+  using wb::engines::FillsTensor;
+  // A norm: one part, the whole of it. A row-parallel proj: one part, but a column slice of
+  // the HF tensor fills the trainer tensor (offset 0, its whole shape): still plain.
+  CHECK(FillsTensor(t.at("decoder.layers.0.self_attention.linear_qkv.layer_norm_weight")));
+  CHECK(FillsTensor(t.at("decoder.layers.1.self_attention.linear_proj.weight")));
+  // Fused q / k / v and gate / up: views of the trainer tensor.
+  CHECK_FALSE(FillsTensor(t.at("decoder.layers.1.self_attention.linear_qkv.weight")));
+  CHECK_FALSE(FillsTensor(t.at("decoder.layers.0.mlp.linear_fc1.weight")));
+  // One part at an offset, or short of the shape (vocab padding rows), is a view too.
+  TrainerTensor padded;
+  padded.shape = {8, 4};
+  padded.parts.push_back({"embed", {6, 4}, {{0, 6}, {0, 4}}, {0, 0}});
+  CHECK_FALSE(FillsTensor(padded));
+  padded.parts[0].box[0].size = 8;
+  padded.parts[0].source_shape = {8, 4};
+  CHECK(FillsTensor(padded));
+  padded.parts[0].offset = {0, 1};
+  CHECK_FALSE(FillsTensor(padded));
+}
+
 TEST_CASE("megatron: vocab padded to make_vocab_size_divisible_by x tp, pipeline stages") {
   MegatronOptions o;
   o.tp = 2, o.pp = 2;

@@ -1,6 +1,5 @@
 #include "daemon/transport/tcp/link_rate.h"
 
-#include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -13,57 +12,39 @@
 namespace wb::transport::tcp {
 namespace {
 
-std::string InterfaceOfLiteral(bool is_v4, const in_addr& v4, const in6_addr& v6) {
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return "";
-  std::string name;
-  for (ifaddrs* a = list; a != nullptr && name.empty(); a = a->ifa_next) {
-    if (a->ifa_addr == nullptr || a->ifa_name == nullptr) continue;
-    if (is_v4 && a->ifa_addr->sa_family == AF_INET &&
-        reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr == v4.s_addr) {
-      name = a->ifa_name;
-    } else if (!is_v4 && a->ifa_addr->sa_family == AF_INET6 &&
-               std::memcmp(&reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, &v6,
-                           sizeof(v6)) == 0) {
-      name = a->ifa_name;
-    }
+bool SameAddress(const sockaddr* a, const sockaddr* b) {
+  if (a->sa_family != b->sa_family) return false;
+  if (a->sa_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in*>(b)->sin_addr.s_addr;
   }
-  freeifaddrs(list);
-  return name;
+  return a->sa_family == AF_INET6 &&
+         std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr,
+                     &reinterpret_cast<const sockaddr_in6*>(b)->sin6_addr, sizeof(in6_addr)) == 0;
 }
 
-// The interface holding `host` (an IPv4 or IPv6 literal), or "" when none does.
+// The first local interface that holds one of `host`'s addresses (a literal, or a name whose
+// addresses are tried in turn: "localhost" may list ::1 first where IPv6 is off), or "".
 std::string InterfaceOf(const std::string& host) {
-  in_addr v4{};
-  in6_addr v6{};
-  const bool is_v4 = inet_pton(AF_INET, host.c_str(), &v4) == 1;
-  const bool is_v6 = !is_v4 && inet_pton(AF_INET6, host.c_str(), &v6) == 1;
-  if (!is_v4 && !is_v6) return "";
-  return InterfaceOfLiteral(is_v4, v4, v6);
-}
-
-// A host name is resolved first: the interface is the first that holds one of its addresses
-// ("localhost" may list ::1 before 127.0.0.1 where IPv6 is off).
-std::string InterfaceOfHost(const std::string& host) {
-  if (std::string name = InterfaceOf(host); !name.empty()) return name;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) return "";
+  addrinfo* addrs = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &addrs) != 0) return "";
+  ifaddrs* ifs = nullptr;
   std::string name;
-  for (addrinfo* r = res; r != nullptr && name.empty(); r = r->ai_next) {
-    char literal[INET6_ADDRSTRLEN] = {};
-    const void* addr =
-        r->ai_family == AF_INET
-            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(r->ai_addr)->sin_addr)
-            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(r->ai_addr)->sin6_addr);
-    if ((r->ai_family == AF_INET || r->ai_family == AF_INET6) &&
-        inet_ntop(r->ai_family, addr, literal, sizeof(literal)) != nullptr) {
-      name = InterfaceOf(literal);
+  if (getifaddrs(&ifs) == 0) {
+    for (const addrinfo* r = addrs; r != nullptr && name.empty(); r = r->ai_next) {
+      for (const ifaddrs* i = ifs; i != nullptr && name.empty(); i = i->ifa_next) {
+        if (i->ifa_addr != nullptr && i->ifa_name != nullptr &&
+            SameAddress(r->ai_addr, i->ifa_addr)) {
+          name = i->ifa_name;
+        }
+      }
     }
+    freeifaddrs(ifs);
   }
-  freeaddrinfo(res);
+  freeaddrinfo(addrs);
   return name;
 }
 
@@ -78,7 +59,7 @@ LinkRate TcpLinkRate(double configured_gbps, const std::string& host,
     return rate;
   }
   rate.gbps = kNominalTcpGbps;
-  const std::string iface = InterfaceOfHost(host);
+  const std::string iface = InterfaceOf(host);
   if (iface.empty()) {
     rate.source =
         absl::StrCat("nominal: no local interface holds ", host, "; set transports.tcp.gbps");
