@@ -2,7 +2,9 @@
 # ./wb gpu-check's verdict before it runs anything, with a fake bazel, gpu_probe and nvidia-smi:
 #   - nvidia-smi lists a GPU the CUDA runtime cannot use (driver r550, CUDA 13 runtime): exit 2,
 #     with the driver and runtime versions and what to do;
-#   - neither sees a GPU: the check list, "no GPU: ..." and exit 0.
+#   - neither sees a GPU: the check list, "no GPU: ..." and exit 0;
+#   - --prebuilt DIR builds nothing (bazel here fails if called), runs DIR's probe with DIR/lib on
+#     the library path, and refuses a DIR that holds no bundle; a stray argument is refused.
 set -uo pipefail
 script="$(cd "$(dirname "$0")" && pwd)/gpu_check.sh"
 [ -f "$script" ] || script="${TEST_SRCDIR:-.}/weightbeam/tests/gpu/gpu_check.sh"
@@ -49,5 +51,29 @@ rc=$?
 [ "$rc" -eq 0 ] || { echo "FAIL: no GPU anywhere: exit $rc, expected 0"; failed=1; }
 expect "no GPU" "check: cuda-ipc-renumbered" "$out"
 expect "no GPU" "no GPU: no CUDA device (cudaGetDeviceCount: CUDA driver version is insufficient for CUDA runtime version); nothing above was run" "$out"
+# --prebuilt: a bundle folder with its own probe, which reports the library path it was given.
+printf '#!/bin/sh\necho "called bazel" >&2\nexit 1\n' >"$root/bin/bazel"
+mkdir -p "$root/repo/bundle/tests/gpu" "$root/repo/bundle/lib"
+cat >"$root/repo/bundle/tests/gpu/gpu_probe" <<'PROBE'
+#!/bin/sh
+echo "gpus: 0 (no CUDA device (bundle probe; LD_LIBRARY_PATH=$LD_LIBRARY_PATH))"
+exit 4
+PROBE
+chmod +x "$root/bin/bazel" "$root/repo/bundle/tests/gpu/gpu_probe"
+out=$(cd "$root/repo" && PATH="$root/bin:$PATH" bash tests/gpu/gpu_check.sh --prebuilt bundle 2>&1)
+rc=$?
+[ "$rc" -eq 0 ] || { echo "FAIL: --prebuilt without a GPU: exit $rc, expected 0"; failed=1; }
+expect "prebuilt" "running the checks prebuilt in bundle (nothing built)" "$out"
+expect "prebuilt" "bundle probe; LD_LIBRARY_PATH=$root/repo/bundle/lib" "$out"
+if grep -q "called bazel" <<<"$out"; then echo "FAIL: --prebuilt called bazel"; failed=1; fi
+out=$(cd "$root/repo" && PATH="$root/bin:$PATH" bash tests/gpu/gpu_check.sh --prebuilt nowhere 2>&1)
+rc=$?
+[ "$rc" -eq 1 ] || { echo "FAIL: --prebuilt of an empty folder: exit $rc, expected 1"; failed=1; }
+expect "no bundle" "nowhere holds no bundle" "$out"
+out=$(cd "$root/repo" && PATH="$root/bin:$PATH" bash tests/gpu/gpu_check.sh --frobnicate 2>&1)
+rc=$?
+[ "$rc" -eq 64 ] || { echo "FAIL: an unknown argument: exit $rc, expected 64"; failed=1; }
+expect "usage" "usage: gpu_check.sh [--bundle DIR | --prebuilt DIR]" "$out"
+
 [ "$failed" -eq 0 ] && echo "gpu-check verdicts: ok"
 exit $failed
