@@ -198,6 +198,7 @@ v1::PlanSummary SummaryToProto(const std::vector<AgentLayout>& agents, const Pla
   p.set_sender_imbalance(s.sender_imbalance);
   p.set_receiver_imbalance(s.receiver_imbalance);
   p.set_predicted_step_seconds(s.predicted_step_seconds);
+  p.set_link_limit_seconds(s.link_limit_seconds);
   p.set_phases(plan.phases);
   return p;
 }

@@ -416,6 +416,8 @@ class Planner {
   std::vector<std::vector<int32_t>> tensor_dev_;
   std::vector<int32_t> dev_rail_first_, dev_rail_step_, dev_rail_count_;
   std::vector<int32_t> rail_base_;
+  // Per agent: CostModel::agent_rate_scale (1 when not measured slow).
+  std::vector<double> rate_scale_;
 };
 
 }  // namespace wb::planner::internal

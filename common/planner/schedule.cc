@@ -49,6 +49,13 @@ void Planner::BuildDevices() {
   dev_rail_step_.assign(dev_base_.back(), 1);
   dev_rail_count_.assign(dev_base_.back(), 1);
   rail_base_.assign(agents_.size() + 1, 0);
+  rate_scale_.assign(agents_.size(), 1.0);
+  for (size_t a = 0; a < agents_.size(); ++a) {
+    auto it = options_.cost.agent_rate_scale.find(agents_[a].name);
+    if (it != options_.cost.agent_rate_scale.end() && it->second > 0 && it->second < 1) {
+      rate_scale_[a] = it->second;
+    }
+  }
   for (size_t a = 0; a < agents_.size(); ++a) {
     const int nics = std::max<int>(1, agents_[a].nics.size());
     rail_base_[a + 1] = rail_base_[a] + nics;
@@ -70,8 +77,10 @@ void Planner::BuildDevices() {
 
 double Planner::RailGbps(int32_t agent, int rail) const {
   const auto& nics = agents_[agent].nics;
-  if (rail < static_cast<int>(nics.size()) && nics[rail].gbps > 0) return nics[rail].gbps;
-  return options_.cost.nic_gbps;
+  const double rated = rail < static_cast<int>(nics.size()) && nics[rail].gbps > 0
+                           ? nics[rail].gbps
+                           : options_.cost.nic_gbps;
+  return rated * rate_scale_[agent];
 }
 
 double Planner::OpCost(const PlannedOp& op) const {
@@ -162,6 +171,13 @@ void Planner::ChooseSources() {
     for (const PlannedOp& op : ops) load[tensor_dev_[op.src_agent][op.src_tensor]] += OpCost(op);
   }
   SplitHeavyFanouts(load);
+  // Load in time, not bytes, where a link was measured slow: its device's bytes count 1/f times
+  // (without measurements every weight is exactly 1 and the choice is the one by bytes).
+  std::vector<double> weight(load.size(), 1.0);
+  for (size_t a = 0; a < agents_.size(); ++a) {
+    for (int32_t d = dev_base_[a]; d < dev_base_[a + 1]; ++d) weight[d] = 1.0 / rate_scale_[a];
+  }
+  for (size_t d = 0; d < load.size(); ++d) load[d] *= weight[d];
   // Largest first; ties in generation order. Sorting (bytes, index) pairs keeps it cheap.
   std::vector<std::pair<uint64_t, uint32_t>> order(pending_.size());
   for (size_t i = 0; i < pending_.size(); ++i) {
@@ -184,7 +200,8 @@ void Planner::ChooseSources() {
     }
     op.src_agent = best.agent;
     op.src_tensor = best.tensor;
-    load[tensor_dev_[best.agent][best.tensor]] += OpCost(op);
+    const int32_t dev = tensor_dev_[best.agent][best.tensor];
+    load[dev] += OpCost(op) * weight[dev];
   }
   // Appended in generation order, so each sender's list stays in a canonical order.
   std::vector<size_t> extra(agents_.size(), 0);
