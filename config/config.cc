@@ -258,6 +258,9 @@ void ReadController(YamlReader& r, ControllerConfig& c) {
     d.ReadUint32("anchor_every", 1, 1000000, &c.delta.anchor_every);
     d.ReadDouble("receive_fraction", 0.001, 1.0, &c.delta.receive_fraction);
     d.ReadBool("verify", &c.delta.verify);
+    d.ReadDouble("predict_changed_fraction", 0, 1.0, &c.delta.predict_changed_fraction);
+    d.ReadDouble("predict_encode_gbps", 0.001, 1e6, &c.delta.predict_encode_gbps);
+    d.ReadDouble("predict_apply_gbps", 0.001, 1e6, &c.delta.predict_apply_gbps);
     d.RejectUnknownKeys();
   }
 

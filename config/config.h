@@ -130,6 +130,13 @@ struct DeltaConfig {
   uint32_t anchor_every = 16;      // a dense anchor step at least every N steps
   double receive_fraction = 0.25;  // receive slot per op, as a fraction of its dense bytes
   bool verify = false;             // receivers check destination hashes at commit
+  // The delta step prediction's starting point (controller/delta_prediction.h), until steps
+  // of the plan have been measured: elements changed per step, dense bytes each sending agent
+  // compares per second (4: one CPU prepare thread; GPU senders ~166, docs/gpu.md), packed
+  // bytes each receiving agent applies per second.
+  double predict_changed_fraction = 0.01;
+  double predict_encode_gbps = 4;
+  double predict_apply_gbps = 4;
 };
 
 struct ControllerConfig {

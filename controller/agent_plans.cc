@@ -51,6 +51,9 @@ absl::StatusOr<BuiltPlan> PlanForAgents(const std::vector<AgentRecord>& agents,
     auto plan = planner::BuildPlan(layouts, options);
     if (!plan.ok()) return plan.status();
     built.summary = planner::SummaryToProto(layouts, *plan, plan_id);
+    for (const auto& [agent, f] : config.cost_model.agent_rate_scale) {
+      (*built.summary.mutable_link_rate_scale())[agent] = f;
+    }
     agent_plans = planner::PlanToProto(layouts, *plan, plan_id);
   }
   std::map<std::string, std::unordered_map<uint64_t, const v1::RegionDescriptor*>> regions_of;

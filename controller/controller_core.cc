@@ -8,6 +8,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/process/malloc_arenas.h"
 #include "common/version/version.h"
@@ -259,7 +260,10 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
   std::vector<AgentRecord> agents = std::move(*input);
   const uint64_t plan_id = next_plan_id_++;
   const auto planning = Clock::now();
-  auto built = planner_(agents, config_, plan_id);
+  // The links as measured so far (none measured slow: the config's cost model as it is).
+  config::ControllerConfig plan_config = config_;
+  plan_config.cost_model.agent_rate_scale = link_learner_.Scales();
+  auto built = planner_(agents, plan_config, plan_id);
   if (!built.ok()) return built.status();
   const double planner_seconds = std::chrono::duration<double>(Clock::now() - planning).count();
   const auto loading = Clock::now();
@@ -598,6 +602,14 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
     skipped->set_replica(k);
     skipped->set_reason(absl::StrCat("left out of plan ", spec.plan_id, ": ", why));
   }
+  if (spec.delta && !spec.anchor) {
+    const auto p = delta_predictor_.Predict(plan_.summary);
+    result.set_predicted_seconds(p.seconds);
+    result.set_prediction(DeltaStepPredictor::Describe(p));
+  } else {
+    result.set_predicted_seconds(plan_.summary.predicted_step_seconds());
+    result.set_prediction(absl::StrCat("plan ", spec.plan_id, " (dense)"));
+  }
   const absl::Status run = protocol_.Run(spec, &result);
   {
     absl::MutexLock slock(&state_mu_);
@@ -615,6 +627,7 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
   }
   result.set_ok(true);
   result.set_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
+  LearnFrom(&result, timeout);
   spdlog::info("step {} committed to {} replica(s){}: {} bytes ({} dense{}) in {:.3f} s", version,
                result.committed_replicas_size(),
                result.skipped_replicas_size() == 0
@@ -627,6 +640,41 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
                result.seconds());
   Record(result);
   return result;
+}
+
+void ControllerCore::LearnFrom(v1::StepResult* result, std::chrono::milliseconds timeout) {
+  delta_predictor_.Observe(*result, plan_.summary);
+  std::map<std::string, double> rated;  // agent -> GB/s of its rails between hosts
+  for (const AgentRecord& a : membership_.Snapshot()) {
+    double gbps = 0;
+    for (const v1::NicInfo& n : a.info.nics()) {
+      if (n.transport() != "local") gbps += n.gbps();
+    }
+    rated[a.info.name()] = gbps;
+  }
+  const std::string learned = link_learner_.Observe(*result, rated);
+  if (learned.empty()) return;
+  spdlog::info("step {}: {}", result->version(), learned);
+  const std::map<std::string, double> planned(plan_.summary.link_rate_scale().begin(),
+                                              plan_.summary.link_rate_scale().end());
+  const std::string why = link_learner_.ReplanReason(planned);
+  if (why.empty()) return;
+  // Planned now, not at the next step: the next step starts on the plan the links call for,
+  // and the plan's time is not counted in it.
+  const auto started = Clock::now();
+  auto planned_again =
+      PlanLocked(world_, std::chrono::milliseconds(0), started + timeout, /*elastic=*/true);
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  if (planned_again.ok()) {
+    result->set_replanned(absl::StrFormat("plan %d made in %.2f s after this step: %s",
+                                          planned_again->plan_id(), seconds, why));
+    spdlog::info("step {}: {}", result->version(), result->replanned());
+  } else {
+    // The next step plans again (ReplanIfChanged: no plan loaded).
+    result->set_replanned(absl::StrCat("planning again after this step failed (", why,
+                                       "): ", planned_again.status().message()));
+    spdlog::warn("step {}: {}", result->version(), result->replanned());
+  }
 }
 
 void ControllerCore::AbortInFlight(const std::string& reason) { protocol_.AbortInFlight(reason); }

@@ -20,7 +20,9 @@
 #include "common/grpc/broadcast.h"
 #include "config/config.h"
 #include "controller/agent_calls.h"
+#include "controller/delta_prediction.h"
 #include "controller/grpc_agent_fleet.h"
+#include "controller/link_learning.h"
 #include "controller/membership.h"
 #include "controller/replica_census.h"
 #include "controller/step_protocol.h"
@@ -132,6 +134,10 @@ class ControllerCore {
   StepSpec NextStep(uint64_t version, std::chrono::steady_clock::time_point started,
                     std::chrono::milliseconds timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
   void Record(const weightbeam::v1::StepResult& r);
+  // After a committed step: what it teaches the delta predictor and the link learner, and a new
+  // plan (named in `result->replanned`) when the links it measured differ from the plan's.
+  void LearnFrom(weightbeam::v1::StepResult* result, std::chrono::milliseconds timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
   // The replica census of the layouts as they are now, counted again only after they changed:
   // Status is polled, and counting walks every tensor (10^6 per agent).
   std::shared_ptr<const std::map<int, ReplicaView>> Census() const;
@@ -171,6 +177,9 @@ class ControllerCore {
   // The last Plan request's delta choice; replans after a layout change keep it.
   weightbeam::v1::DeltaChoice delta_choice_ ABSL_GUARDED_BY(plan_mu_) =
       weightbeam::v1::DELTA_CHOICE_CONFIG;
+  // Learned from committed steps: delta step rates, and link rates the next plan uses.
+  DeltaStepPredictor delta_predictor_ ABSL_GUARDED_BY(plan_mu_){config_.delta};
+  LinkLearner link_learner_ ABSL_GUARDED_BY(plan_mu_);
 
   mutable absl::Mutex census_mu_;
   mutable std::shared_ptr<const std::map<int, ReplicaView>> census_ ABSL_GUARDED_BY(census_mu_);
