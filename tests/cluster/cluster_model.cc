@@ -32,8 +32,15 @@ absl::StatusOr<ClusterModel> BuildClusterModel(const ClusterShape& shape) {
   auto cfg = ModelConfig(shape.model, shape.layers);
   if (!cfg.ok()) return cfg.status();
   planner::TrainerOptions trainer;
+  if (shape.trainer_replicas < 1 || shape.trainer_nodes % shape.trainer_replicas != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--trainer-replicas ", shape.trainer_replicas,
+                     " must divide the trainer nodes (", shape.trainer_nodes, ")"));
+  }
   trainer.ranks = shape.trainer_ranks();
-  trainer.ep = shape.trainer_nodes;  // expert parallel across trainer nodes
+  trainer.replicas = shape.trainer_replicas;
+  // Expert parallel across the nodes of one copy.
+  trainer.ep = shape.trainer_nodes / shape.trainer_replicas;
   trainer.gpus_per_agent = shape.gpus_per_node;
   planner::InferenceOptions inference;
   inference.gpus = shape.inference_nodes * shape.gpus_per_node;
@@ -43,8 +50,13 @@ absl::StatusOr<ClusterModel> BuildClusterModel(const ClusterShape& shape) {
   return demo::LayOut(planner::BuildDeepSeekV3(shape.model, *cfg), trainer, inference);
 }
 
-std::vector<planner::TensorEntry> TrainerEntries(const ClusterModel& m, int rank) {
-  return demo::EntriesOf(m, planner::Role::kTrainer, 0, rank);
+int TrainerReplica(const ClusterShape& shape, int rank) {
+  return rank / (shape.trainer_ranks() / shape.trainer_replicas);
+}
+
+std::vector<planner::TensorEntry> TrainerEntries(const ClusterModel& m, const ClusterShape& shape,
+                                                 int rank) {
+  return demo::EntriesOf(m, planner::Role::kTrainer, TrainerReplica(shape, rank), rank);
 }
 
 std::vector<planner::TensorEntry> InferenceEntries(const ClusterModel& m, int replica, int rank) {

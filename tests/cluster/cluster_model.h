@@ -2,7 +2,9 @@
 // architecture: MLA attention, one dense layer, routed experts + a shared expert, router with
 // a float32 correction bias), laid out the way such a model is trained and served:
 //  - trainer side: `trainer_nodes` agents of `gpus_per_node` ranks, BF16, FSDP dim-0 shards for
-//    dense tensors and expert parallelism across nodes (one EP group per trainer node);
+//    dense tensors and expert parallelism across nodes (one EP group per trainer node); with
+//    `trainer_replicas` > 1, that many data-parallel copies (HSDP), each on its own nodes, so
+//    every source byte has that many holders;
 //  - inference side: `inference_nodes` agents of `gpus_per_node` ranks, replicas of TP
 //    `2 x gpus_per_node` (a replica spans two nodes) with EP 2 inside a replica, fused
 //    gate_up_proj, FP8 e4m3 block-scaled linear weights with weight_scale_inv.
@@ -23,6 +25,7 @@ struct ClusterShape {
   std::string model = "k2-mini";  // k2-mini | k2-tiny
   int layers = 4;                 // decoder layers (the first is dense)
   int trainer_nodes = 4;
+  int trainer_replicas = 1;  // data-parallel copies of the trainer weights (divides the nodes)
   int inference_nodes = 4;
   int gpus_per_node = 2;
 
@@ -37,7 +40,10 @@ absl::StatusOr<planner::DeepSeekV3Config> ModelConfig(const std::string& name, i
 absl::StatusOr<ClusterModel> BuildClusterModel(const ClusterShape& shape);
 
 // The tensors one process registers: trainer rank r, or inference replica/rank.
-std::vector<planner::TensorEntry> TrainerEntries(const ClusterModel& m, int rank);
+std::vector<planner::TensorEntry> TrainerEntries(const ClusterModel& m, const ClusterShape& shape,
+                                                 int rank);
+// The data-parallel copy trainer rank `rank` belongs to.
+int TrainerReplica(const ClusterShape& shape, int rank);
 std::vector<planner::TensorEntry> InferenceEntries(const ClusterModel& m, int replica, int rank);
 
 using demo::EntryBytes;

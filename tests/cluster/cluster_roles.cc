@@ -124,9 +124,10 @@ int RunTrainer(const ClusterShape& shape, int rank, const std::string& socket) {
     std::fprintf(stderr, "trainer %d: %s\n", rank, std::string(model.status().message()).c_str());
     return 1;
   }
-  const auto entries = TrainerEntries(*model, rank);
+  const auto entries = TrainerEntries(*model, shape, rank);
   const std::string who = absl::StrCat("trainer ", rank);
-  auto side = demo::OpenSide(socket, {v1::ROLE_TRAINER, rank, 0}, entries, "cluster", who);
+  auto side = demo::OpenSide(socket, {v1::ROLE_TRAINER, rank, TrainerReplica(shape, rank)},
+                             entries, "cluster", who);
   if (!side) return 1;
   auto* base = static_cast<uint8_t*>(side->reg.buffer.data());
   // Trainers hold dim-0 shards: one contiguous element run [begin, end) each. Float32 tensors
