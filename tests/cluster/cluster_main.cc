@@ -714,6 +714,21 @@ bool Cluster::SlowLinkScenario() {
     ok = step_ok && ok;
     if (step_ok && last_step_) {
       over.push_back(last_step_->seconds() / last_capacity_ideal_);
+      // With copies, a step on the new plan moves the slow agent's work to its copy holder (a
+      // quarter of the rate: about a fifth of their shared bytes, never over half).
+      if (copies && replanned) {
+        const std::string& partner = links_[shape().trainer_nodes / shape().trainer_replicas].agent;
+        uint64_t mine = 0, theirs = 0;
+        for (const auto& a : last_step_->agents()) {
+          if (a.agent() == slow.agent) mine = a.bytes_sent();
+          if (a.agent() == partner) theirs = a.bytes_sent();
+        }
+        const bool moved = theirs > 0 && mine * 2 < theirs;
+        std::printf("on the new plan %s sent %s, its copy %s %s%s\n", slow.agent.c_str(),
+                    HumanBytes(mine).c_str(), partner.c_str(), HumanBytes(theirs).c_str(),
+                    moved ? "" : " (FAIL: the work did not move off the slow link)");
+        ok = ok && moved;
+      }
       replanned = replanned || !last_step_->replanned().empty();
     }
     const auto after = net_.Drops(slow);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The short cluster run of ./wb test (tests/run_extra.sh): 8 agents (two inference replicas, so
-# the kill scenario is elastic: the step commits to the other replica), the small model, every
-# scenario (balanced, delta, slow-link with three steps, kill and catch-up), every byte
+# the kill scenario is elastic: the step commits to the other replica), two data-parallel copies
+# of the trainer weights, the small model, every scenario (balanced, delta, slow-link: three
+# slow steps, the re-plan moving work off the slow link, a recovery step; kill and catch-up), every byte
 # verified; bounded in time (a scenario that blocks is killed, and the run fails) and checks
 # that nothing is left behind. A few minutes on a loaded 2-core machine.
 set -uo pipefail
@@ -11,7 +12,7 @@ bazel build --jobs=2 //daemon:wb-agent //controller:wb-controller //tests/cluste
 out=$(mktemp)
 # cluster.sh tears everything down on SIGTERM (its trap); SIGKILL 30 s later if it does not.
 timeout --kill-after=30 "${WB_CLUSTER_SHORT_TIMEOUT:-900}" tests/cluster/cluster.sh --agents 8 \
-  --model k2-tiny --link-seconds 1 --steps 2 --scenario all 2>&1 | tee "$out"
+  --model k2-tiny --link-seconds 1 --steps 2 --trainer-replicas 2 --scenario all 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 124 ] && echo "[cluster] the short run did not finish within ${WB_CLUSTER_SHORT_TIMEOUT:-900} s" >&2
 # Steps verified, the kill scenario's elastic checks, and the teardown left no namespace (nor,
@@ -19,6 +20,7 @@ rc=${PIPESTATUS[0]}
 prefix=$(grep -o 'namespaces (wbc[0-9]*' "$out" | head -1 | sed 's/.*(//')
 if [ "$rc" -eq 0 ] && grep -q '"verified":true' "$out" && grep -q 'torn down: no namespace' "$out" &&
   grep -q 'its replica is listed as skipped' "$out" && grep -q 'caught up' "$out" &&
+  grep -q 'on the new plan trainer-0 sent' "$out" &&
   [ -n "$prefix" ] && ! ip netns list | grep -q "^$prefix-"; then
   rm -f "$out"
   exit 0
