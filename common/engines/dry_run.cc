@@ -191,13 +191,16 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(
   }
   const std::vector<SourceTensor> sources =
       o.trainer == TrainerDialect::kFsdp ? SourceTensors(config) : std::vector<SourceTensor>();
-  const std::vector<int> first_ranks = FsdpFirstRanks(sources, o.trainers, o.align_rows);
+  const bool whole_small = o.fp8 && o.fp8_whole_small;
+  const std::vector<int> first_ranks =
+      FsdpFirstRanks(sources, o.trainers, o.align_rows, whole_small);
   for (size_t i = 0; i < sources.size(); ++i) {
     const SourceTensor& t = sources[i];
     const int64_t row_elems = Volume(t.shape) / t.shape[0];
     const planner::TensorName name(t.name);  // interned once for all trainers
     for (int r = 0; r < o.trainers; ++r) {
-      DimSlice rows = FsdpRows(t.shape[0], o.trainers, r, o.align_rows, first_ranks[i]);
+      DimSlice rows =
+          FsdpRows(t.shape[0], o.trainers, r, o.align_rows, first_ranks[i], whole_small);
       if (rows.size == 0) continue;
       planner::TensorEntry e;
       e.name = name;
