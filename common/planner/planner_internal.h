@@ -264,6 +264,8 @@ class Planner {
   // Parts of one buffer (destination entries with a view of the same buffer name, agent and
   // owner) agree on its dtype and shape and never overlap; uncovered elements are allowed.
   void CheckBuffers();
+  // Sorts parts by agent, replica, rank, buffer name (as strings) and offset.
+  void SortByBuffer(std::vector<EntryRef>* parts) const;
 
   // Every entry of a name on one side agrees on dtype and global shape.
   bool CheckConsistent(Problems* out, int32_t name, const EntryRefs& refs);

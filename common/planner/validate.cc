@@ -1,5 +1,6 @@
 // Planner step: per-side consistency and tiling checks; distinct source slices and holders.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <regex>
 #include <thread>
@@ -11,6 +12,42 @@
 
 namespace wb::planner {
 namespace internal {
+
+void Planner::SortByBuffer(std::vector<EntryRef>* parts) const {
+  // By agent, replica, rank, buffer name and offset. The names' order is worked out once per
+  // distinct name: compared as strings inside the sort, they took most of the time of
+  // checking DeepSeek-V3's 1.5 M held parts.
+  std::vector<TensorName> names;
+  std::vector<uint32_t> order;  // by name id: the buffer name's position in string order
+  for (const EntryRef& r : *parts) {
+    const TensorName b = E(r).view.buffer;
+    if (b.id() >= order.size()) order.resize(b.id() + 1, UINT32_MAX);
+    if (order[b.id()] != UINT32_MAX) continue;
+    order[b.id()] = 0;
+    names.push_back(b);
+  }
+  std::sort(names.begin(), names.end());
+  for (size_t i = 0; i < names.size(); ++i) order[names[i].id()] = static_cast<uint32_t>(i);
+  struct Key {
+    int32_t agent, replica, rank;
+    uint32_t buffer;
+    EntryRef ref;
+  };
+  std::vector<Key> keys;
+  keys.reserve(parts->size());
+  for (const EntryRef& r : *parts) {
+    const TensorEntry& e = E(r);
+    keys.push_back({r.agent, e.owner.replica, e.owner.rank, order[e.view.buffer.id()], r});
+  }
+  std::sort(keys.begin(), keys.end(), [&](const Key& x, const Key& y) {
+    if (x.agent != y.agent) return x.agent < y.agent;
+    if (x.replica != y.replica) return x.replica < y.replica;
+    if (x.rank != y.rank) return x.rank < y.rank;
+    if (x.buffer != y.buffer) return x.buffer < y.buffer;
+    return E(x.ref).view.offset < E(y.ref).view.offset;
+  });
+  for (size_t i = 0; i < keys.size(); ++i) (*parts)[i] = keys[i].ref;
+}
 
 void Planner::CheckBuffers() {
   std::vector<EntryRef> parts = std::move(view_entries_);
@@ -32,14 +69,7 @@ void Planner::CheckBuffers() {
     }
     return b;
   };
-  std::sort(parts.begin(), parts.end(), [&](EntryRef x, EntryRef y) {
-    const TensorEntry &a = E(x), &b = E(y);
-    if (x.agent != y.agent) return x.agent < y.agent;
-    if (a.owner.replica != b.owner.replica) return a.owner.replica < b.owner.replica;
-    if (a.owner.rank != b.owner.rank) return a.owner.rank < b.owner.rank;
-    if (a.view.buffer != b.view.buffer) return a.view.buffer < b.view.buffer;
-    return a.view.offset < b.view.offset;
-  });
+  SortByBuffer(&parts);
   size_t i = 0;
   while (i < parts.size()) {
     size_t j = i + 1;
