@@ -13,13 +13,12 @@
 namespace wb::planner {
 namespace internal {
 
-void Planner::SortByBuffer(std::vector<EntryRef>* parts) const {
-  // By agent, replica, rank, buffer name and offset. The names' order is worked out once per
-  // distinct name: compared as strings inside the sort, they took most of the time of
-  // checking DeepSeek-V3's 1.5 M held parts.
+std::vector<uint32_t> Planner::BufferNameOrder(const std::vector<EntryRef>& parts) const {
+  // Worked out once per distinct name: compared as strings inside the sort, the names took
+  // most of the time of checking DeepSeek-V3's 1.5 M held parts.
   std::vector<TensorName> names;
   std::vector<uint32_t> order;  // by name id: the buffer name's position in string order
-  for (const EntryRef& r : *parts) {
+  for (const EntryRef& r : parts) {
     const TensorName b = E(r).view.buffer;
     if (b.id() >= order.size()) order.resize(b.id() + 1, UINT32_MAX);
     if (order[b.id()] != UINT32_MAX) continue;
@@ -28,8 +27,12 @@ void Planner::SortByBuffer(std::vector<EntryRef>* parts) const {
   }
   std::sort(names.begin(), names.end());
   for (size_t i = 0; i < names.size(); ++i) order[names[i].id()] = static_cast<uint32_t>(i);
+  return order;
+}
+
+void Planner::SortByBuffer(std::vector<EntryRef>* parts, const std::vector<uint32_t>& order) const {
   struct Key {
-    int32_t agent, replica, rank;
+    int32_t replica, rank;
     uint32_t buffer;
     EntryRef ref;
   };
@@ -37,10 +40,9 @@ void Planner::SortByBuffer(std::vector<EntryRef>* parts) const {
   keys.reserve(parts->size());
   for (const EntryRef& r : *parts) {
     const TensorEntry& e = E(r);
-    keys.push_back({r.agent, e.owner.replica, e.owner.rank, order[e.view.buffer.id()], r});
+    keys.push_back({e.owner.replica, e.owner.rank, order[e.view.buffer.id()], r});
   }
   std::sort(keys.begin(), keys.end(), [&](const Key& x, const Key& y) {
-    if (x.agent != y.agent) return x.agent < y.agent;
     if (x.replica != y.replica) return x.replica < y.replica;
     if (x.rank != y.rank) return x.rank < y.rank;
     if (x.buffer != y.buffer) return x.buffer < y.buffer;
@@ -49,8 +51,7 @@ void Planner::SortByBuffer(std::vector<EntryRef>* parts) const {
   for (size_t i = 0; i < keys.size(); ++i) (*parts)[i] = keys[i].ref;
 }
 
-void Planner::CheckBuffers() {
-  std::vector<EntryRef> parts = std::move(view_entries_);
+void Planner::CheckBufferParts(Problems* out, const std::vector<EntryRef>& parts) const {
   auto same_buffer = [&](EntryRef x, EntryRef y) {
     const TensorEntry &a = E(x), &b = E(y);
     return x.agent == y.agent && a.owner.replica == b.owner.replica &&
@@ -69,7 +70,6 @@ void Planner::CheckBuffers() {
     }
     return b;
   };
-  SortByBuffer(&parts);
   size_t i = 0;
   while (i < parts.size()) {
     size_t j = i + 1;
@@ -79,11 +79,10 @@ void Planner::CheckBuffers() {
     for (size_t p = i + 1; p < j && !reported; ++p) {
       const TensorEntry& e = E(parts[p]);
       if (e.dtype != first.dtype || e.view.shape != first.view.shape) {
-        problems_.Add(absl::StrCat("buffer ", first.view.buffer.str(), " (", Who(parts[i]),
-                                   "): part ", first.name.str(), " sees it as ",
-                                   DTypeName(first.dtype), " ", FormatShape(first.view.shape),
-                                   " but part ", e.name.str(), " as ", DTypeName(e.dtype), " ",
-                                   FormatShape(e.view.shape)));
+        out->Add(absl::StrCat("buffer ", first.view.buffer.str(), " (", Who(parts[i]), "): part ",
+                              first.name.str(), " sees it as ", DTypeName(first.dtype), " ",
+                              FormatShape(first.view.shape), " but part ", e.name.str(), " as ",
+                              DTypeName(e.dtype), " ", FormatShape(e.view.shape)));
         reported = true;
       }
     }
@@ -95,16 +94,31 @@ void Planner::CheckBuffers() {
         if (bq.start[0] >= bp.End(0)) break;
         Box tmp;
         if (Intersect(bp, bq, &tmp)) {
-          problems_.Add(absl::StrCat("buffer ", first.view.buffer.str(), " (", Who(parts[i]),
-                                     "): parts overlap: ", E(parts[p]).name.str(), " at ",
-                                     BoxString(bp), " and ", E(parts[q]).name.str(), " at ",
-                                     BoxString(bq)));
+          out->Add(absl::StrCat("buffer ", first.view.buffer.str(), " (", Who(parts[i]),
+                                "): parts overlap: ", E(parts[p]).name.str(), " at ", BoxString(bp),
+                                " and ", E(parts[q]).name.str(), " at ", BoxString(bq)));
           reported = true;
         }
       }
     }
     i = j;
   }
+}
+
+void Planner::CheckBuffers() {
+  // One agent's parts per task (a buffer is on one agent), problems joined in agent order: the
+  // order of one sort by agent, replica, rank, buffer name and offset, whatever the threads.
+  const std::vector<EntryRef> parts = std::move(view_entries_);
+  const std::vector<uint32_t> order = BufferNameOrder(parts);
+  std::vector<std::vector<EntryRef>> by_agent(agents_.size());
+  for (const EntryRef& r : parts) by_agent[r.agent].push_back(r);
+  std::vector<Problems> found(agents_.size());
+  ParallelFor(by_agent.size(), Threads(), [&](uint64_t a) {
+    if (by_agent[a].empty()) return;
+    SortByBuffer(&by_agent[a], order);
+    CheckBufferParts(&found[a], by_agent[a]);
+  });
+  for (const Problems& p : found) problems_.Merge(p);
 }
 
 bool Planner::CheckConsistent(Problems* out, int32_t name, const EntryRefs& refs) {
