@@ -306,6 +306,9 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(
   // A partial last agent can leave a replica held by a mirror and a full agent, which the
   // planner refuses: then every entry is held, as without mirror_replicas.
   if (o.mirror_replicas && !planner::MirrorProblem(trainers).empty()) {
+    uint64_t all = entries;
+    for (const auto& a : trainers) all += a.mirror.regions.size();
+    if (all > max_entries) return too_many();
     return planner::UnfoldMirrors(trainers);
   }
   return trainers;
