@@ -71,10 +71,11 @@ int DryRunPlan(const std::string& model_path, const std::string& engine_name,
   auto engine = wb::engines::ParseEngine(engine_name);
   if (!engine.ok()) return Fail(engine.status());
   options.engine = *engine;
+  // Repeating replicas held once, as the controller holds them: the same plan, less memory.
+  options.mirror_replicas = true;
   auto layouts = wb::engines::DeploymentLayouts(*config, options);
   if (!layouts.ok()) return Fail(layouts.status());
-  // Repeating replicas held once, as the controller holds them: the same plan, less memory.
-  wb::planner::FoldMirrors(&*layouts);
+  wb::planner::FoldMirrors(&*layouts);  // what the layouts' own mirrors leave
   wb::planner::PlanOptions plan_options;
   plan_options.cost.nic_gbps = options.nic_gbps;
   auto plan = wb::planner::BuildPlan(*layouts, plan_options);

@@ -153,17 +153,19 @@ absl::Status RegisterEngineParams(LocalSession& session,
 absl::Status RegisterHfShards(LocalSession& session,
                               const std::map<std::string, TensorMemory>& shards,
                               const engines::ModelConfig& config, int rank, int world,
-                              int64_t align_rows) {
+                              int64_t align_rows, bool whole_small) {
   if (world < 1 || rank < 0 || rank >= world) {
     return absl::InvalidArgumentError(
         absl::StrCat("trainer rank ", rank, " is not in [0, world ", world, ")"));
   }
   std::vector<Registration> all;
   const std::vector<engines::SourceTensor> sources = engines::SourceTensors(config);
-  const std::vector<int> first_ranks = engines::FsdpFirstRanks(sources, world, align_rows);
+  const std::vector<int> first_ranks =
+      engines::FsdpFirstRanks(sources, world, align_rows, whole_small);
   for (size_t i = 0; i < sources.size(); ++i) {
     const engines::SourceTensor& t = sources[i];
-    engines::DimSlice rows = engines::FsdpRows(t.shape[0], world, rank, align_rows, first_ranks[i]);
+    engines::DimSlice rows =
+        engines::FsdpRows(t.shape[0], world, rank, align_rows, first_ranks[i], whole_small);
     if (rows.size == 0) continue;
     std::vector<int64_t> shape = t.shape;
     shape[0] = rows.size;

@@ -37,12 +37,12 @@ absl::Status RegisterEngineParams(LocalSession& session,
                                   const engines::EngineOptions& options);
 
 // Registers trainer rank `rank` of `world`'s dim-0 FSDP shards (engines::FsdpRows with
-// `align_rows` and engines::FsdpFirstRanks), keyed by Hugging Face name. Same checks and
-// all-or-nothing as above.
+// `align_rows`, `whole_small` and engines::FsdpFirstRanks), keyed by Hugging Face name. Same
+// checks and all-or-nothing as above.
 absl::Status RegisterHfShards(LocalSession& session,
                               const std::map<std::string, TensorMemory>& shards,
                               const engines::ModelConfig& config, int rank, int world,
-                              int64_t align_rows);
+                              int64_t align_rows, bool whole_small = false);
 
 // Registers a Megatron-core rank's parameters under Megatron names (engines::MegatronLayout):
 // each HF box a tensor holds becomes a view of it. A name the layout does not list (a layer of

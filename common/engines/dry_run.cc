@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <tuple>
 #include <utility>
 
@@ -191,13 +192,16 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(
   }
   const std::vector<SourceTensor> sources =
       o.trainer == TrainerDialect::kFsdp ? SourceTensors(config) : std::vector<SourceTensor>();
-  const std::vector<int> first_ranks = FsdpFirstRanks(sources, o.trainers, o.align_rows);
+  const bool whole_small = o.fp8 && o.fp8_whole_small;
+  const std::vector<int> first_ranks =
+      FsdpFirstRanks(sources, o.trainers, o.align_rows, whole_small);
   for (size_t i = 0; i < sources.size(); ++i) {
     const SourceTensor& t = sources[i];
     const int64_t row_elems = Volume(t.shape) / t.shape[0];
     const planner::TensorName name(t.name);  // interned once for all trainers
     for (int r = 0; r < o.trainers; ++r) {
-      DimSlice rows = FsdpRows(t.shape[0], o.trainers, r, o.align_rows, first_ranks[i]);
+      DimSlice rows =
+          FsdpRows(t.shape[0], o.trainers, r, o.align_rows, first_ranks[i], whole_small);
       if (rows.size == 0) continue;
       planner::TensorEntry e;
       e.name = name;
@@ -227,11 +231,27 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(
   };
   std::map<std::pair<int, int>, LaidOut> laid_out;  // by (tp rank, ep rank)
   std::vector<planner::AgentLayout> inference = Agents("infer", o.inference_gpus, o);
+  // With mirror_replicas, a full agent `period` GPUs (whole agents and whole EP groups of
+  // replicas) after another holds its entries for replicas shifted by period / tp.
+  const int period = std::lcm(o.gpus_per_agent, o.tp * dp);
   for (int k = 0; k < replicas; ++k) {
     for (int r = 0; r < o.tp; ++r) {
       const int ep_rank = dp > 1 ? (k % dp) * o.tp + r : -1;
       const int gpu = k * o.tp + r;
       const int agent = gpu / o.gpus_per_agent;
+      const int g0 = agent * o.gpus_per_agent;
+      if (o.mirror_replicas && g0 >= period && g0 + o.gpus_per_agent <= o.inference_gpus) {
+        planner::Mirror& m = inference[agent].mirror;
+        if (m.of < 0) {
+          m.of = (g0 % period) / o.gpus_per_agent;
+          m.replica_delta = (g0 - g0 % period) / o.tp;
+        }
+        // Laid out already: the template's GPU (gpu - g0 + g0 % period) came first.
+        const LaidOut& rank = laid_out.at({r, ep_rank});
+        for (size_t i = 0; i < rank.count; ++i) m.regions.push_back(region + rank.param[i]);
+        region += rank.params;
+        continue;
+      }
       std::vector<planner::TensorEntry>& held = inference[agent].tensors;
       const size_t first = held.size();
       auto [it, fresh] = laid_out.try_emplace({r, ep_rank});
@@ -278,7 +298,19 @@ absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(
       if (entries > max_entries) return too_many();
     }
   }
-  for (auto& a : inference) trainers.push_back(std::move(a));
+  const int32_t base = static_cast<int32_t>(trainers.size());
+  for (auto& a : inference) {
+    if (a.IsMirror()) a.mirror.of += base;
+    trainers.push_back(std::move(a));
+  }
+  // A partial last agent can leave a replica held by a mirror and a full agent, which the
+  // planner refuses: then every entry is held, as without mirror_replicas.
+  if (o.mirror_replicas && !planner::MirrorProblem(trainers).empty()) {
+    uint64_t all = entries;
+    for (const auto& a : trainers) all += a.mirror.regions.size();
+    if (all > max_entries) return too_many();
+    return planner::UnfoldMirrors(trainers);
+  }
   return trainers;
 }
 

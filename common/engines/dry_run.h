@@ -34,6 +34,16 @@ struct DeploymentOptions {
   int ep = 1;
   bool fp8 = false;
   int64_t align_rows = 128;  // trainer shard boundaries (FP8 blocks never span two trainers)
+  // FSDP with FP8 destinations: a tensor of fewer align_rows blocks than trainers is held whole
+  // by one trainer (engines::FsdpRows `whole_small`), so a row-parallel destination shard of it
+  // (DeepSeek-V3's experts' down_proj under TP 16: 7168 x 128) is one op of many 128x128 tiles
+  // instead of one op per tile. false: cut block by block, as BF16 destinations are.
+  bool fp8_whole_small = true;
+  // Inference agents that repeat an earlier agent for shifted replicas are made its mirrors
+  // (planner/layout.h) as they are laid out, never held in full: DeepSeek-V3 on 128 GPUs then
+  // peaks at the template replica's 1.4 M entries instead of 11.6 M. Same plan, hash for hash;
+  // false: every entry held (FoldMirrors can fold them afterwards).
+  bool mirror_replicas = false;
   int gpus_per_agent = 8;
   int nics_per_agent = 8;
   double nic_gbps = 50;

@@ -458,7 +458,11 @@ std::vector<SourceTensor> SourceTensors(const ModelConfig& c) {
 
 namespace {
 
-int64_t FsdpChunkRows(int64_t rows, int world, int64_t align) {
+int64_t FsdpChunkRows(int64_t rows, int world, int64_t align, bool whole_small) {
+  // A tensor of fewer align-row blocks than ranks, cut block by block, gives every destination
+  // shard one op per block (one 128x128 FP8 tile for a row-parallel TP shard 128 columns wide):
+  // held whole, it is one op per destination.
+  if (whole_small && align > 1 && CeilDiv(rows, align) < world) return std::max<int64_t>(rows, 1);
   int64_t per = CeilDiv(rows, world);
   if (align > 1) per = CeilDiv(per, align) * align;
   return std::max<int64_t>(per, 1);
@@ -466,22 +470,23 @@ int64_t FsdpChunkRows(int64_t rows, int world, int64_t align) {
 
 }  // namespace
 
-DimSlice FsdpRows(int64_t rows, int world, int rank, int64_t align, int first_rank) {
-  const int64_t per = FsdpChunkRows(rows, world, align);
+DimSlice FsdpRows(int64_t rows, int world, int rank, int64_t align, int first_rank,
+                  bool whole_small) {
+  const int64_t per = FsdpChunkRows(rows, world, align, whole_small);
   const int64_t chunk = ((static_cast<int64_t>(rank) - first_rank) % world + world) % world;
   const int64_t start = std::min<int64_t>(chunk * per, rows);
   return {start, std::min(per, rows - start)};
 }
 
-std::vector<int> FsdpFirstRanks(const std::vector<SourceTensor>& tensors, int world,
-                                int64_t align) {
+std::vector<int> FsdpFirstRanks(const std::vector<SourceTensor>& tensors, int world, int64_t align,
+                                bool whole_small) {
   std::vector<int> first(tensors.size(), 0);
   if (align <= 1 || world < 1) return first;
   int64_t next = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     first[i] = static_cast<int>(next);
     const int64_t rows = tensors[i].shape.empty() ? 1 : tensors[i].shape[0];
-    const int64_t chunks = CeilDiv(rows, FsdpChunkRows(rows, world, align));
+    const int64_t chunks = CeilDiv(rows, FsdpChunkRows(rows, world, align, whole_small));
     next = (next + chunks) % world;
   }
   return first;

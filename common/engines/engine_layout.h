@@ -74,7 +74,11 @@ std::vector<SourceTensor> SourceTensors(const ModelConfig& config);
 // Rows [start, start + size) of a `rows`-row tensor that FSDP rank `rank` of `world` holds:
 // dim-0 chunks of ceil(rows / world) rows rounded up to a multiple of `align` (1: torch.chunk),
 // chunk c on rank (first_rank + c) % world; the ranks past the last chunk hold nothing (size 0).
-DimSlice FsdpRows(int64_t rows, int world, int rank, int64_t align, int first_rank = 0);
+// `whole_small` (align > 1): a tensor of fewer `align`-row blocks than ranks is one chunk, held
+// whole by rank first_rank (FP8 destinations: a row-parallel shard of it is then one op of many
+// 128x128 tiles instead of one op per tile).
+DimSlice FsdpRows(int64_t rows, int world, int rank, int64_t align, int first_rank = 0,
+                  bool whole_small = false);
 
 // The rank each tensor's first chunk lives on (FsdpRows' `first_rank`), in `tensors` order.
 // With `align` <= 1 every tensor starts on rank 0: torch.chunk, what FSDP2 holds. A larger
@@ -82,6 +86,9 @@ DimSlice FsdpRows(int64_t rows, int world, int rank, int64_t align, int first_ra
 // chunks of 128 rows over 256 trainers), and starting them all on rank 0 would pile most bytes
 // onto the first ranks; so each tensor starts on the rank after the previous tensor's last
 // chunk, wrapping, and the chunks spread evenly over all ranks.
-std::vector<int> FsdpFirstRanks(const std::vector<SourceTensor>& tensors, int world, int64_t align);
+// With `whole_small` (FsdpRows), such a tensor takes one rank and the next tensor starts on the
+// rank after it.
+std::vector<int> FsdpFirstRanks(const std::vector<SourceTensor>& tensors, int world, int64_t align,
+                                bool whole_small = false);
 
 }  // namespace wb::engines

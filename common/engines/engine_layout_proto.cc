@@ -60,14 +60,16 @@ absl::StatusOr<v1::SourceLayoutResponse> AnswerSourceLayout(const v1::SourceLayo
   }
   v1::SourceLayoutResponse out;
   const std::vector<SourceTensor> sources = SourceTensors(*config);
-  const std::vector<int> first_ranks = FsdpFirstRanks(sources, req.world(), req.align_rows());
+  const std::vector<int> first_ranks =
+      FsdpFirstRanks(sources, req.world(), req.align_rows(), req.whole_small());
   for (size_t i = 0; i < sources.size(); ++i) {
     const SourceTensor& t = sources[i];
     v1::SourceShard* o = out.add_tensors();
     o->set_name(t.name);
     o->set_dtype(t.dtype);
     o->mutable_shape()->Add(t.shape.begin(), t.shape.end());
-    DimSlice rows = FsdpRows(t.shape[0], req.world(), req.rank(), req.align_rows(), first_ranks[i]);
+    DimSlice rows = FsdpRows(t.shape[0], req.world(), req.rank(), req.align_rows(), first_ranks[i],
+                             req.whole_small());
     o->mutable_rows()->set_start(rows.start);
     o->mutable_rows()->set_size(rows.size);
   }

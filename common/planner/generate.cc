@@ -40,9 +40,11 @@ bool Planner::CheckFp8View(Problems* out, int32_t n, EntryRef ref, const Box& db
   const TensorEntry& s = E(scale);
   const BufferView& v = w.view;
   const int nb = static_cast<int>(v.shape.size());
-  const std::string where =
-      absl::StrCat("FP8 destination buffer ", v.buffer.str(), " (", Who(ref), "): part ", Name(n),
-                   " ", BoxString(dbox), " at ", FormatShape(v.offset));
+  // Only for an error: built for every FP8 part, it cost more than the checks.
+  auto where = [&] {
+    return absl::StrCat("FP8 destination buffer ", v.buffer.str(), " (", Who(ref), "): part ",
+                        Name(n), " ", BoxString(dbox), " at ", FormatShape(v.offset));
+  };
   for (int d = 0; d < 2; ++d) {
     const int bd = nb - 2 + d;  // the buffer dimension this tensor dimension maps onto
     const char* what = d == 0 ? "row" : "column";
@@ -58,7 +60,7 @@ bool Planner::CheckFp8View(Problems* out, int32_t n, EntryRef ref, const Box& db
     }
     if (!cut.empty()) {
       ReportFp8(out, n,
-                absl::StrCat(where, " ", cut,
+                absl::StrCat(where(), " ", cut,
                              ": it cuts a 128x128 scale block of the buffer; "
                              "parts of an FP8 buffer must start, land and end on multiples of "
                              "128 (or the tensor's or buffer's end)"));
@@ -74,7 +76,7 @@ bool Planner::CheckFp8View(Problems* out, int32_t n, EntryRef ref, const Box& db
   }
   if (s.view.shape != want_shape || s.view.offset != want_offset) {
     ReportFp8(out, n,
-              absl::StrCat(where, ": its scale part ", s.name.str(), " is ",
+              absl::StrCat(where(), ": its scale part ", s.name.str(), " is ",
                            s.view.empty() ? std::string("not a view")
                                           : absl::StrCat("at ", FormatShape(s.view.offset),
                                                          " of scale buffer ", s.view.buffer.str(),

@@ -264,6 +264,12 @@ class Planner {
   // Parts of one buffer (destination entries with a view of the same buffer name, agent and
   // owner) agree on its dtype and shape and never overlap; uncovered elements are allowed.
   void CheckBuffers();
+  // Per buffer name id, its position in string order among the parts' buffer names.
+  std::vector<uint32_t> BufferNameOrder(const std::vector<EntryRef>& parts) const;
+  // Sorts one agent's parts by replica, rank, buffer name (`order`) and offset.
+  void SortByBuffer(std::vector<EntryRef>* parts, const std::vector<uint32_t>& order) const;
+  // CheckBuffers on one agent's sorted parts.
+  void CheckBufferParts(Problems* out, const std::vector<EntryRef>& parts) const;
 
   // Every entry of a name on one side agrees on dtype and global shape.
   bool CheckConsistent(Problems* out, int32_t name, const EntryRefs& refs);

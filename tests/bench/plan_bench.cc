@@ -211,9 +211,10 @@ int Run(int argc, char** argv) {
     d.gpus_per_agent = tr.gpus_per_agent;
     d.nics_per_agent = tr.nics_per_agent;
     d.nic_gbps = opt.cost.nic_gbps;
+    d.mirror_replicas = !no_mirrors;
     layouts = wb::engines::DeploymentLayouts(*config, d);
-    // Engine layouts come per rank, as agents register them: fold repeating replicas as the
-    // controller does (the full layouts still count in the peak RSS).
+    // Repeating replicas come as mirrors (mirror_replicas); fold whatever else repeats, as the
+    // controller does.
     if (layouts.ok() && !no_mirrors) wb::planner::FoldMirrors(&*layouts);
   } else {
     layouts = wb::planner::BuildLayouts(*model, tr, inf);

@@ -2,7 +2,8 @@
 // once and copies it for the other replicas. Checked here against the plain construction: every
 // inference GPU's entries straight from EngineLayout for its (tp rank, ep rank), in order, with
 // region ids counted per parameter across the deployment, for layouts where an agent holds one
-// rank, several ranks of a replica, or several replicas, with and without vLLM's EP groups.
+// rank, several ranks of a replica, or several replicas, with and without vLLM's EP groups;
+// and with mirror_replicas, repeating agents as mirrors that unfold to the same entries.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -122,6 +123,67 @@ TEST_CASE("deployment layouts: every replica's entries as if laid out on their o
     o.ep = c.ep;
     o.gpus_per_agent = c.gpus_per_agent;
     CheckAgainstPlainLayout(Load(c.family), o);
+  }
+}
+
+TEST_CASE("deployment layouts: replicas laid out as mirrors unfold to the full layouts") {
+  struct Case {
+    const char* what;
+    const char* family;
+    bool fp8;
+    int gpus, tp, ep, gpus_per_agent, mirrors;
+  };
+  for (const Case& c : {
+           // A replica over two 2-GPU agents: the second replica's agents mirror the first's.
+           Case{"tp 4 over 2-GPU agents", "llama", false, 16, 4, 1, 2, 6},
+           // vLLM EP groups of two replicas (4 GPUs, 2 agents): the other 6 agents mirror
+           // the first group's, shifted by whole groups (2, 4, 6 replicas).
+           Case{"MoE, vLLM EP over two replicas", "qwen3_moe", true, 16, 2, 4, 2, 6},
+           // Agents of 3 GPUs: agents 2, 3 would mirror 0, 1 (shift 3), but the partial last
+           // agent holds half of a mirrored replica: every entry held instead.
+           Case{"3-GPU agents, partial last agent", "qwen3", true, 16, 2, 1, 3, 0},
+       }) {
+    INFO(c.what);
+    DeploymentOptions o;
+    o.trainers = 4;
+    o.fp8 = c.fp8;
+    o.inference_gpus = c.gpus;
+    o.tp = c.tp;
+    o.ep = c.ep;
+    o.gpus_per_agent = c.gpus_per_agent;
+    auto full = wb::engines::DeploymentLayouts(Load(c.family), o);
+    o.mirror_replicas = true;
+    auto mirrored = wb::engines::DeploymentLayouts(Load(c.family), o);
+    REQUIRE(full.ok());
+    REQUIRE(mirrored.ok());
+    CHECK(wb::planner::MirrorProblem(*mirrored).empty());
+    int mirrors = 0;
+    for (const auto& a : *mirrored) mirrors += a.IsMirror();
+    CHECK(mirrors == c.mirrors);
+    const std::vector<wb::planner::AgentLayout> unfolded = wb::planner::UnfoldMirrors(*mirrored);
+    REQUIRE(unfolded.size() == full->size());
+    for (size_t a = 0; a < unfolded.size(); ++a) {
+      INFO("agent " << (*full)[a].name);
+      CHECK(unfolded[a].name == (*full)[a].name);
+      REQUIRE(unfolded[a].tensors.size() == (*full)[a].tensors.size());
+      for (size_t i = 0; i < unfolded[a].tensors.size(); ++i) {
+        const wb::planner::TensorEntry &u = unfolded[a].tensors[i], &f = (*full)[a].tensors[i];
+        CHECK(u.name.str() == f.name.str());
+        CHECK(u.view.buffer.str() == f.view.buffer.str());
+        CHECK(Same(u.shape, f.shape));
+        CHECK(SameSlices(u.shard, f.shard));
+        CHECK(Same(u.view.offset, f.view.offset));
+        CHECK(u.owner.rank == f.owner.rank);
+        CHECK(u.owner.replica == f.owner.replica);
+        CHECK(u.region == f.region);
+        CHECK(u.gpu == f.gpu);
+      }
+    }
+    auto a = wb::planner::BuildPlan(*full, wb::planner::PlanOptions{});
+    auto b = wb::planner::BuildPlan(*mirrored, wb::planner::PlanOptions{});
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->hash_hex == b->hash_hex);
   }
 }
 

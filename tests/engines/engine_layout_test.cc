@@ -320,6 +320,25 @@ TEST_CASE("aligned FSDP shards: each tensor starts after the previous one's last
   CHECK(wb::engines::FsdpFirstRanks(t, 4, 0) == std::vector<int>{0, 0, 0, 0});
 }
 
+TEST_CASE("aligned FSDP shards, small tensors whole (FP8 destinations)") {
+  using wb::engines::FsdpRows;
+  using wb::engines::SourceTensor;
+  // 300 rows = 3 blocks, fewer than 4 ranks: all on the first rank; 600 rows = 5 blocks, not
+  // fewer: chunks of 256 as without whole_small.
+  CHECK(FsdpRows(300, 4, 2, 128, 2, true).start == 0);
+  CHECK(FsdpRows(300, 4, 2, 128, 2, true).size == 300);
+  for (int r : {0, 1, 3}) CHECK(FsdpRows(300, 4, r, 128, 2, true).size == 0);
+  for (int r = 0; r < 4; ++r) {
+    CHECK(FsdpRows(600, 4, r, 128, 0, true).start == FsdpRows(600, 4, r, 128, 0).start);
+    CHECK(FsdpRows(600, 4, r, 128, 0, true).size == FsdpRows(600, 4, r, 128, 0).size);
+  }
+  // torch.chunk (align 1) is never held whole.
+  CHECK(FsdpRows(3, 4, 0, 1, 0, true).size == 1);
+  // A whole tensor takes one rank: 128 (1), 384 (whole: 3 blocks < 4), 1024 (4 chunks), 200.
+  std::vector<SourceTensor> t = {{"a", {128, 8}}, {"b", {384, 8}}, {"c", {1024, 8}}, {"d", {200}}};
+  CHECK(wb::engines::FsdpFirstRanks(t, 4, 128, true) == std::vector<int>{0, 1, 2, 2});
+}
+
 // Per-rank elements of `src` under aligned FSDP shards (first ranks from FsdpFirstRanks, or 0
 // for every tensor), after checking that each tensor's pieces tile its rows exactly and that
 // every piece but the last is whole 128-row blocks.

@@ -324,5 +324,37 @@ TEST_CASE("invalid descriptors are refused with the reason", "[api]") {
   CHECK(absl::IsInvalidArgument(ApplyTransformCpu(fp8_cast, buf, buf)));
 }
 
+TEST_CASE("fp8: one op of many tiles lands the bytes of one op per tile", "[fp8]") {
+  // A coalesced planner op (a row-parallel TP shard of a whole source tensor): 512 x 256
+  // elements read from a 1024-column source at column 384, written into a buffer 320 columns
+  // wide at column 64, scales into a scale buffer 3 floats wide at column 1. Once as one op,
+  // once as the 8 single-tile ops that the block-by-block cut gave: every byte must agree.
+  const uint64_t rows = 512, cols = 256, src_cols = 1024, dst_cols = 320, scale_cols = 3;
+  const std::vector<uint16_t> src = RandomBf16(rows * src_cols, 7);
+  const uint8_t* s0 = reinterpret_cast<const uint8_t*>(src.data()) + 384 * 2;
+  const int threads = GENERATE(1, 3);
+  std::vector<uint8_t> whole(rows * dst_cols, 0x5a), tiles(rows * dst_cols, 0x5a);
+  std::vector<float> whole_scales(4 * scale_cols, -7.0f), tile_scales(4 * scale_cols, -7.0f);
+  TransformDesc d{Kind::kFp8Block, DType::kBF16, DType::kF8E4M3, rows, cols,
+                  src_cols * 2,    dst_cols,     scale_cols * 4};
+  REQUIRE(ApplyTransformCpu(d, s0, whole.data() + 64, whole_scales.data() + 1, threads).ok());
+  for (uint64_t br = 0; br < rows / 128; ++br) {
+    for (uint64_t bc = 0; bc < cols / 128; ++bc) {
+      TransformDesc t = d;
+      t.rows = t.cols = 128;
+      REQUIRE(ApplyTransformCpu(t, s0 + (br * 128 * src_cols + bc * 128) * 2,
+                                tiles.data() + br * 128 * dst_cols + 64 + bc * 128,
+                                tile_scales.data() + br * scale_cols + 1 + bc, threads)
+                  .ok());
+    }
+  }
+  CHECK(whole == tiles);
+  for (size_t i = 0; i < whole_scales.size(); ++i) CHECK(U(whole_scales[i]) == U(tile_scales[i]));
+  // Outside the op: untouched.
+  CHECK(whole[0] == 0x5a);
+  CHECK(whole_scales[0] == -7.0f);
+  CHECK(whole_scales[3] == -7.0f);
+}
+
 }  // namespace
 }  // namespace wb::transform

@@ -200,5 +200,29 @@ TEST_CASE("CUDA casts and copies equal the CPU byte for byte", "[cuda][cast]") {
   }
 }
 
+TEST_CASE("CUDA fp8: a coalesced op of many tiles with strided scales equals the CPU",
+          "[cuda][fp8]") {
+  if (!HaveDevice()) return;
+  // A row-parallel TP shard of a whole DeepSeek-V3 expert down_proj, scaled down: 1024 x 128
+  // read from a 512-column source at column 256 (row stride 1024 bytes), written densely,
+  // its 8 block scales one per scale row (stride 4 bytes): the shape of the planner's
+  // coalesced ops (tests/transform/transform_cpu_test.cc checks the CPU against per-tile ops).
+  const uint64_t rows = 1024, cols = 128, src_cols = 512;
+  const std::vector<uint16_t> src = RandomBf16(rows * src_cols, 11);
+  TransformDesc d{Kind::kFp8Block, DType::kBF16, DType::kF8E4M3, rows, cols, src_cols * 2, cols, 4};
+  std::vector<uint8_t> cpu(rows * cols);
+  std::vector<float> cpu_scales(rows / 128);
+  REQUIRE(ApplyTransformCpu(d, src.data() + 256, cpu.data(), cpu_scales.data()).ok());
+  gpu::DeviceBuffer d_src = Upload(src);
+  gpu::DeviceBuffer d_dst = Zeros(rows * cols);
+  gpu::DeviceBuffer d_scales = Zeros(rows / 128 * 4);
+  REQUIRE(ApplyTransformCuda(d, static_cast<const uint8_t*>(d_src.data()) + 256 * 2, d_dst.data(),
+                             static_cast<float*>(d_scales.data()))
+              .ok());
+  CHECK(Differences(Download<uint8_t>(d_dst, rows * cols), cpu) == "");
+  const std::vector<float> gpu_scales = Download<float>(d_scales, rows / 128);
+  CHECK(std::memcmp(gpu_scales.data(), cpu_scales.data(), rows / 128 * 4) == 0);
+}
+
 }  // namespace
 }  // namespace wb::transform

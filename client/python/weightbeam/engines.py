@@ -51,13 +51,16 @@ def engine_layout(session, config, engine, tp, tp_rank, ep=1, ep_rank=None, fp8=
     return list(_unary(session, "EngineLayout", request).params)
 
 
-def source_layout(session, config, rank, world, align_rows=1):
+def source_layout(session, config, rank, world, align_rows=1, whole_small=False):
     """Every HF tensor with the dim-0 ``rows`` (start, size) FSDP rank ``rank`` of ``world``
     holds (chunks of ceil(rows / world) rounded up to ``align_rows``; with ``align_rows`` > 1
     each tensor's chunks start on the rank after the previous tensor's last, so small tensors
-    spread over every rank)."""
+    spread over every rank). ``whole_small`` (with ``align_rows`` > 1): a tensor of fewer
+    ``align_rows`` blocks than ranks is held whole by one rank, so FP8 inference weights get
+    one transfer op per row-parallel shard instead of one per 128x128 tile."""
     request = local_pb2.SourceLayoutRequest(config_json=config_json(config), rank=int(rank),
-                                            world=int(world), align_rows=int(align_rows))
+                                            world=int(world), align_rows=int(align_rows),
+                                            whole_small=bool(whole_small))
     return list(_unary(session, "SourceLayout", request).tensors)
 
 
@@ -87,13 +90,14 @@ def register_engine_params(session, named_params, config, engine, tp, tp_rank, e
     return _register_all(session, parts)
 
 
-def register_hf_shards(session, named_shards, config, rank, world, align_rows=1):
+def register_hf_shards(session, named_shards, config, rank, world, align_rows=1,
+                       whole_small=False):
     """Registers a trainer rank's Hugging Face-named FSDP shards: ``named_shards`` maps each HF
     name to this rank's dim-0 shard (rows as ``source_layout`` says; BF16, float32 for
     DeepSeek's e_score_correction_bias). Tensors of which this rank holds no rows may be
     absent. Returns the number of tensors registered."""
     registrations = []
-    for t in source_layout(session, config, rank, world, align_rows):
+    for t in source_layout(session, config, rank, world, align_rows, whole_small):
         if t.rows.size == 0:
             continue
         if t.name not in named_shards:
