@@ -415,6 +415,7 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
     std::string why;
     for (const auto& [name, reason] : t->declined)
       absl::StrAppend(&why, why.empty() ? "" : "; ", reason);
+    Release(*t);  // its buffer's count, where every windowed transport declined the buffer
     return absl::FailedPreconditionError(absl::StrCat("tensor '", spec.name(), "' (", t->location,
                                                       "): no transport can register it: ", why));
   }
