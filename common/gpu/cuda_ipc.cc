@@ -96,6 +96,8 @@ IpcMemoryCache::Lease& IpcMemoryCache::Lease::operator=(Lease&& other) noexcept 
     data_ = std::exchange(other.data_, nullptr);
     length_ = std::exchange(other.length_, 0);
     device_ = other.device_;
+    base_ = std::exchange(other.base_, nullptr);
+    size_ = std::exchange(other.size_, 0);
   }
   return *this;
 }
@@ -173,6 +175,8 @@ absl::StatusOr<IpcMemoryCache::Lease> IpcMemoryCache::Open(const weightbeam::v1:
   lease.key_ = std::move(key);
   lease.data_ = static_cast<uint8_t*>(it->second.base) + ipc.offset();
   lease.length_ = ipc.length();
+  lease.base_ = it->second.base;
+  lease.size_ = size;
   lease.device_ = device;
   return lease;
 }

@@ -84,6 +84,9 @@ class IpcMemoryCache {
     void* data() const { return data_; }  // allocation base + offset
     uint64_t length() const { return length_; }
     int device() const { return device_; }
+    // The whole allocation the handle names (its tensors share one transport registration).
+    void* allocation_base() const { return base_; }
+    uint64_t allocation_size() const { return size_; }
     void Release();
 
    private:
@@ -93,6 +96,8 @@ class IpcMemoryCache {
     void* data_ = nullptr;
     uint64_t length_ = 0;
     int device_ = 0;
+    void* base_ = nullptr;
+    uint64_t size_ = 0;
   };
 
   explicit IpcMemoryCache(IpcOps ops = CudaIpcOps()) : ops_(std::move(ops)) {}

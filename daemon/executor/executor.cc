@@ -161,7 +161,7 @@ absl::Status Executor::BuildWrites(const Job& job, std::vector<transport::WriteO
   const uint32_t dst_size = tensor::DTypeBytes(op.dst_dtype());
   const uint32_t src_size = tensor::DTypeBytes(op.src_dtype());
   const uint64_t dst_row = op.row_elems() * dst_size;
-  auto remote = [&](uint64_t region) -> absl::StatusOr<uint64_t> {
+  auto remote = [&](uint64_t region) -> absl::StatusOr<RemoteTarget> {
     auto it = job.route->remote_regions.find(region);
     if (it == job.route->remote_regions.end()) {
       return absl::NotFoundError(absl::StrCat(OpName(op), ": destination region ", region,
@@ -170,13 +170,24 @@ absl::Status Executor::BuildWrites(const Job& job, std::vector<transport::WriteO
     }
     return it->second;
   };
+  // A write into one remote tensor: bounded by that tensor, placed in its transport region
+  // (the receiver of a buffer registered once checks only that the bytes are a live tensor's).
+  auto write = [&](uint64_t local_region, uint64_t local_offset, const RemoteTarget& to,
+                   uint64_t remote_offset, uint64_t length) -> absl::Status {
+    if (remote_offset > to.length || length > to.length - remote_offset) {
+      return absl::OutOfRangeError(absl::StrCat(OpName(op), ": remote [", remote_offset, ", +",
+                                                length, ") is out of bounds of its tensor (",
+                                                to.length, " bytes)"));
+    }
+    writes->push_back({local_region, local_offset, to.region, to.base + remote_offset, length});
+    return absl::OkStatus();
+  };
   const std::string tname = job.route->transport->Name();
   if (job.packed) {
     auto slot = remote(job.slot_region);
     if (!slot.ok()) return slot.status();
-    writes->push_back(
-        {job.staging->transport_regions.at(tname), 0, *slot, job.slot_offset, job.packed_bytes});
-    return absl::OkStatus();
+    return write(job.staging->transport_regions.at(tname), 0, *slot, job.slot_offset,
+                 job.packed_bytes);
   }
   auto dst = remote(op.dst_region());
   if (!dst.ok()) return dst.status();
@@ -197,16 +208,21 @@ absl::Status Executor::BuildWrites(const Job& job, std::vector<transport::WriteO
                        declined != job.source->declined.end() ? ": " + declined->second : ""));
     }
     local_region = it->second;
-    base = op.src_offset();
+    base = job.source->BaseIn(tname) + op.src_offset();  // the source's buffer, where registered
     stride = op.src_stride() ? op.src_stride() : op.row_elems() * src_size;
   }
   const uint64_t dst_stride = op.dst_stride() ? op.dst_stride() : dst_row;
   if (stride == dst_row && dst_stride == dst_row) {
-    writes->push_back({local_region, base, *dst, op.dst_offset(), dst_row * op.rows()});
+    if (auto s = write(local_region, base, *dst, op.dst_offset(), dst_row * op.rows()); !s.ok()) {
+      return s;
+    }
   } else {
     for (uint64_t r = 0; r < op.rows(); ++r) {
-      writes->push_back(
-          {local_region, base + r * stride, *dst, op.dst_offset() + r * dst_stride, dst_row});
+      if (auto s = write(local_region, base + r * stride, *dst, op.dst_offset() + r * dst_stride,
+                         dst_row);
+          !s.ok()) {
+        return s;
+      }
     }
   }
   if (op.transform() == v1::TRANSFORM_FP8_BLOCK) {
@@ -218,8 +234,11 @@ absl::Status Executor::BuildWrites(const Job& job, std::vector<transport::WriteO
     const uint64_t scale_stride = op.scale_stride() ? op.scale_stride() : scale_row;
     const uint64_t scale_base = Fp8ScaleOffset(dst_row * op.rows());
     for (uint64_t r = 0; r < block_rows; ++r) {
-      writes->push_back({local_region, scale_base + r * scale_row, *scale_dst,
-                         op.scale_offset() + r * scale_stride, scale_row});
+      if (auto s = write(local_region, scale_base + r * scale_row, *scale_dst,
+                         op.scale_offset() + r * scale_stride, scale_row);
+          !s.ok()) {
+        return s;
+      }
     }
   }
   return absl::OkStatus();

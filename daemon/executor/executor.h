@@ -42,12 +42,20 @@ class Preparer {
                                uint8_t* staging) const = 0;
 };
 
+// A remote tensor in one transport's terms: the region holding it (its buffer's, where the
+// transport registers buffers), where its first byte lies there, and its length.
+struct RemoteTarget {
+  uint64_t region = 0;
+  uint64_t base = 0;
+  uint64_t length = 0;
+};
+
 // Where one destination agent's writes go: the connected peer and, per remote destination
-// region id (the agent-wide id from the plan), that transport's own region id.
+// region id (the agent-wide id from the plan), where that tensor is in the transport's terms.
 struct Route {
   std::shared_ptr<transport::Peer> peer;
   transport::Transport* transport = nullptr;
-  absl::flat_hash_map<uint64_t, uint64_t> remote_regions;
+  absl::flat_hash_map<uint64_t, RemoteTarget> remote_regions;
   metrics::Counter* bytes_sent = nullptr;  // optional: counts bytes acknowledged by this peer
 };
 

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
@@ -71,10 +72,158 @@ std::string RangeText(uint64_t offset, uint64_t length) {
   return absl::StrCat("[", offset, ", ", offset + length, ")");
 }
 
+// One buffer registration per memory range, access and place: sources and destinations of one
+// object are registered apart (only destinations take remote writes).
+std::string BufferRegistrationKey(const transport::MemoryRef& buffer, transport::Access access) {
+  return absl::StrCat(access == transport::Access::kDestination ? "dst" : "src", ":",
+                      buffer.kind == transport::MemoryKind::kCuda ? "cuda" : "host", ":",
+                      buffer.device, ":", reinterpret_cast<uintptr_t>(buffer.addr), ":",
+                      buffer.length);
+}
+
 }  // namespace
 
 RegionRegistry::RegionRegistry(std::vector<transport::Transport*> transports, MemoryOpener opener)
-    : transports_(std::move(transports)), opener_(std::move(opener)) {}
+    : transports_(std::move(transports)), opener_(std::move(opener)) {
+  for (transport::Transport* tr : transports_) windowed_.push_back(tr->caps().windows);
+  counts_.resize(transports_.size());
+}
+
+absl::StatusOr<v1::RegionDescriptor> RegionRegistry::TimedRegister(size_t i,
+                                                                   const transport::MemoryRef& mem,
+                                                                   transport::Access access,
+                                                                   bool buffer) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto desc =
+      buffer ? transports_[i]->RegisterBuffer(mem, access) : transports_[i]->Register(mem, access);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  absl::MutexLock lock(&stats_mu_);
+  counts_[i].seconds += seconds;
+  if (desc.ok()) {
+    ++counts_[i].regions;
+    ++counts_[i].registered;
+  }
+  return desc;
+}
+
+void RegionRegistry::CountDeregistered(size_t i) {
+  absl::MutexLock lock(&stats_mu_);
+  if (counts_[i].regions > 0) --counts_[i].regions;
+}
+
+std::vector<TransportRegistrationStats> RegionRegistry::RegistrationStats() const {
+  std::vector<TransportRegistrationStats> out;
+  absl::MutexLock lock(&stats_mu_);
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    out.push_back(
+        {transports_[i]->Name(), counts_[i].regions, counts_[i].registered, counts_[i].seconds});
+  }
+  return out;
+}
+
+absl::Status RegionRegistry::AttachToBuffer(RegisteredTensor* t, const OpenedMemory& opened,
+                                            transport::Access access) {
+  const transport::MemoryRef& buffer = opened.buffer;
+  const auto start = reinterpret_cast<uintptr_t>(buffer.addr);
+  const auto mine = reinterpret_cast<uintptr_t>(opened.ref.addr);
+  if (mine < start || opened.ref.length > buffer.length ||
+      mine - start > buffer.length - opened.ref.length) {
+    return absl::InternalError("its memory lies outside the buffer it was opened in");
+  }
+  const uint64_t offset = mine - start;
+  const std::string key = BufferRegistrationKey(buffer, access);
+  absl::MutexLock lock(&buffers_mu_);
+  auto [it, fresh] = buffers_.try_emplace(key);
+  BufferRegistration& b = it->second;
+  // Undoes what this call did when it fails: the windows it opened, a buffer left unused.
+  std::vector<std::pair<size_t, uint64_t>> opened_windows;
+  auto fail = [&](absl::Status why) {
+    for (auto [i, region] : opened_windows) {
+      transports_[i]->CloseWindow(region, offset, opened.ref.length).IgnoreError();
+    }
+    if (b.tensors == 0) {
+      for (size_t i = 0; i < transports_.size(); ++i) {
+        auto r = b.regions.find(transports_[i]->Name());
+        if (r == b.regions.end()) continue;
+        transports_[i]->Deregister(r->second).IgnoreError();
+        CountDeregistered(i);
+      }
+      buffers_.erase(it);
+    }
+    return why;
+  };
+  if (fresh) {
+    b.hold = opened.hold;
+    b.memory = buffer;
+    for (size_t i = 0; i < transports_.size(); ++i) {
+      if (!windowed_[i]) continue;
+      const std::string name = transports_[i]->Name();
+      auto desc = TimedRegister(i, buffer, access, /*buffer=*/true);
+      if (!desc.ok() && transport::IsDeclined(desc.status())) {
+        b.declined[name] = std::string(desc.status().message());
+        continue;
+      }
+      if (!desc.ok()) {
+        return fail(
+            absl::Status(desc.status().code(), absl::StrCat("registering its buffer with ", name,
+                                                            " failed: ", desc.status().message())));
+      }
+      b.regions[name] = desc->region_id();
+      for (auto k : desc->keys()) {
+        k.set_transport_region(desc->region_id());
+        if (k.transport().empty()) k.set_transport(name);
+        k.set_region_length(buffer.length);
+        b.keys[name] = k;
+      }
+    }
+  }
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    const std::string name = transports_[i]->Name();
+    auto r = b.regions.find(name);
+    if (!windowed_[i] || r == b.regions.end()) continue;
+    if (auto s = transports_[i]->OpenWindow(r->second, offset, opened.ref.length); !s.ok()) {
+      return fail(
+          absl::Status(s.code(), absl::StrCat("opening its window in ", name, ": ", s.message())));
+    }
+    opened_windows.emplace_back(i, r->second);
+    t->transport_regions[name] = r->second;
+    t->transport_bases[name] = offset;
+    v1::RemoteKey k = b.keys[name];
+    k.set_base(offset);
+    *t->descriptor.add_keys() = std::move(k);
+  }
+  for (const auto& [name, why] : b.declined) t->declined[name] = why;
+  ++b.tensors;
+  t->buffer_registration = key;
+  return absl::OkStatus();
+}
+
+void RegionRegistry::DetachFromBuffer(const RegisteredTensor& t) {
+  absl::MutexLock lock(&buffers_mu_);
+  auto it = buffers_.find(t.buffer_registration);
+  if (it == buffers_.end()) return;
+  BufferRegistration& b = it->second;
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    const std::string name = transports_[i]->Name();
+    auto r = b.regions.find(name);
+    if (r == b.regions.end() || !t.transport_regions.count(name)) continue;
+    // When this returns, no write into the tensor's bytes can land through this transport.
+    if (auto s = transports_[i]->CloseWindow(r->second, t.BaseIn(name), t.memory.length); !s.ok()) {
+      spdlog::warn("closing tensor '{}''s window in {}: {}", t.spec.name(), name, s.ToString());
+    }
+  }
+  if (--b.tensors > 0) return;
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    auto r = b.regions.find(transports_[i]->Name());
+    if (r == b.regions.end()) continue;
+    if (auto s = transports_[i]->Deregister(r->second); !s.ok()) {
+      spdlog::warn("deregistering a buffer from {}: {}", transports_[i]->Name(), s.ToString());
+    }
+    CountDeregistered(i);
+  }
+  buffers_.erase(it);
+}
 
 void RegionRegistry::SetChangeCallback(std::function<void()> cb) { on_change_ = std::move(cb); }
 
@@ -230,8 +379,18 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
   t->hold = opened->hold;
   const auto access = owner.role() == v1::ROLE_INFERENCE ? transport::Access::kDestination
                                                          : transport::Access::kSource;
-  for (transport::Transport* tr : transports_) {
-    auto desc = tr->Register(t->memory, access);
+  // Transports with windows register the tensor's buffer once and open a window for it.
+  const bool in_buffer = opened->buffer.addr != nullptr &&
+                         std::find(windowed_.begin(), windowed_.end(), true) != windowed_.end();
+  if (in_buffer) {
+    if (auto s = AttachToBuffer(t.get(), *opened, access); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("tensor '", spec.name(), "': ", s.message()));
+    }
+  }
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    transport::Transport* tr = transports_[i];
+    if (in_buffer && windowed_[i]) continue;
+    auto desc = TimedRegister(i, t->memory, access, /*buffer=*/false);
     if (!desc.ok() && transport::IsDeclined(desc.status())) {
       // This transport cannot take this region (GPU memory it cannot pin); the others may.
       t->declined[tr->Name()] = std::string(desc.status().message());
@@ -256,6 +415,7 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
     std::string why;
     for (const auto& [name, reason] : t->declined)
       absl::StrAppend(&why, why.empty() ? "" : "; ", reason);
+    Release(*t);  // its buffer's count, where every windowed transport declined the buffer
     return absl::FailedPreconditionError(absl::StrCat("tensor '", spec.name(), "' (", t->location,
                                                       "): no transport can register it: ", why));
   }
@@ -284,14 +444,18 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
 }
 
 void RegionRegistry::Release(const RegisteredTensor& t) {
-  for (transport::Transport* tr : transports_) {
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    transport::Transport* tr = transports_[i];
     auto it = t.transport_regions.find(tr->Name());
     if (it == t.transport_regions.end()) continue;
+    if (!t.buffer_registration.empty() && windowed_[i]) continue;  // the buffer's, below
     if (auto s = tr->Deregister(it->second); !s.ok()) {
       spdlog::warn("deregistering tensor '{}' from {}: {}", t.spec.name(), tr->Name(),
                    s.ToString());
     }
+    CountDeregistered(i);
   }
+  if (!t.buffer_registration.empty()) DetachFromBuffer(t);
 }
 
 absl::Status RegionRegistry::Unregister(uint64_t session, const std::string& name) {

@@ -38,6 +38,10 @@ struct OpenedMemory {
   transport::MemoryRef ref;
   std::string location;  // "host" or "cuda:N"
   std::shared_ptr<MemoryHold> hold;
+  // The whole buffer `ref` lies in (a shared-memory object's one mapping, a CUDA allocation),
+  // which transports with windows register once for all its tensors; `hold` keeps it alive.
+  // addr == nullptr: `ref` is its own buffer.
+  transport::MemoryRef buffer;
 };
 // Who is registering, as the kernel says (SO_PEERCRED on the Local socket), never as the
 // request says. `known` is false where no kernel credentials exist; openers then refuse.
@@ -58,8 +62,17 @@ struct RegisteredTensor {
   transport::MemoryRef memory;
   std::string location;
   std::shared_ptr<MemoryHold> hold;
-  // transport name -> the region id that transport assigned
+  // transport name -> the region id that transport assigned (its buffer's, where the transport
+  // registers buffers)
   std::map<std::string, uint64_t> transport_regions;
+  // transport name -> where the tensor's first byte lies in that region (absent: 0)
+  std::map<std::string, uint64_t> transport_bases;
+  uint64_t BaseIn(const std::string& transport) const {
+    auto it = transport_bases.find(transport);
+    return it == transport_bases.end() ? 0 : it->second;
+  }
+  // The buffer registration this tensor holds a window of (empty: none).
+  std::string buffer_registration;
   // transport name -> why it declined this region (transport::DeclineRegion); routes over it
   // cannot reach the tensor.
   std::map<std::string, std::string> declined;
@@ -71,6 +84,14 @@ struct RegisteredTensor {
   // the handle covers; no two destinations of different tensors may share a byte.
   std::string object_key;
   uint64_t object_offset = 0, object_length = 0;
+};
+
+// One transport's registrations for local processes' tensors (Health, metrics).
+struct TransportRegistrationStats {
+  std::string transport;
+  uint64_t regions = 0;     // live now
+  uint64_t registered = 0;  // made since start
+  double seconds = 0;       // spent in the transport's Register / RegisterBuffer
 };
 
 class RegionRegistry {
@@ -92,6 +113,7 @@ class RegionRegistry {
   weightbeam::v1::AgentLayout Layout(const std::string& agent_name) const;
   uint64_t generation() const;
   size_t size() const;
+  std::vector<TransportRegistrationStats> RegistrationStats() const;
   // Called (outside the lock) after every change of the layout.
   void SetChangeCallback(std::function<void()> cb);
 
@@ -101,12 +123,44 @@ class RegionRegistry {
                               const weightbeam::v1::MemoryHandle* memory) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(const RegisteredTensor& t);
+  // Registers the tensor's buffer with every transport that has windows (once per buffer) and
+  // opens the tensor's window in it; fills t's regions, bases, keys and declines.
+  absl::Status AttachToBuffer(RegisteredTensor* t, const OpenedMemory& opened,
+                              transport::Access access);
+  void DetachFromBuffer(const RegisteredTensor& t);
+  // Register / RegisterBuffer on transport `i`, timed and counted.
+  absl::StatusOr<weightbeam::v1::RegionDescriptor> TimedRegister(size_t i,
+                                                                 const transport::MemoryRef& mem,
+                                                                 transport::Access access,
+                                                                 bool buffer);
+  void CountDeregistered(size_t i);
   void IndexLocked(const RegisteredTensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnindexLocked(const RegisteredTensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed();
 
   std::vector<transport::Transport*> transports_;
+  std::vector<bool> windowed_;  // per transport: caps().windows
   MemoryOpener opener_;
+
+  // A buffer registered once with the windowed transports, shared by the tensors inside it.
+  struct BufferRegistration {
+    std::shared_ptr<MemoryHold> hold;  // keeps the memory mapped while registered
+    transport::MemoryRef memory;
+    std::map<std::string, uint64_t> regions;  // transport -> region id
+    std::map<std::string, weightbeam::v1::RemoteKey> keys;
+    std::map<std::string, std::string> declined;
+    uint64_t tensors = 0;
+  };
+  // Taken around a buffer's registration and each window's opening and closing: a buffer is
+  // registered once however many tensors arrive at once, and deregistered with its last one.
+  absl::Mutex buffers_mu_;
+  std::unordered_map<std::string, BufferRegistration> buffers_ ABSL_GUARDED_BY(buffers_mu_);
+  struct Counts {
+    uint64_t regions = 0, registered = 0;
+    double seconds = 0;
+  };
+  mutable absl::Mutex stats_mu_;
+  std::vector<Counts> counts_ ABSL_GUARDED_BY(stats_mu_);
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<RegisteredTensor>> by_region_ ABSL_GUARDED_BY(mu_);
   // Indexes over by_region_, so a registration checks only same-name tensors and a session's

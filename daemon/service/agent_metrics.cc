@@ -27,6 +27,14 @@ AgentMetrics::AgentMetrics(metrics::Registry* registry) : registry_(registry) {
       {"transport", "peer"});
   errors_ =
       &registry->AddCounter("weightbeam_errors_total", "Errors on this agent, by kind.", {"kind"});
+  transport_regions_ = &registry->AddGauge(
+      "weightbeam_transport_regions",
+      "Memory registrations this agent holds with a transport for local processes' tensors: one "
+      "per buffer on tcp and local, one per tensor on rdma.",
+      {"transport"});
+  registration_seconds_ = &registry->AddGauge(
+      "weightbeam_transport_registration_seconds",
+      "Seconds spent in a transport's memory registration since the agent started.", {"transport"});
   for (const char* result : {"ok", "failed"}) steps_->WithLabels({result});
   for (const char* kind : {kStepFailed, kRegistrationRefused, kPlanLoadFailed, kCommitRefused}) {
     errors_->WithLabels({kind});

@@ -42,6 +42,12 @@ class AgentMetrics {
   metrics::Counter* FencedWrites(const std::string& transport, const std::string& peer) {
     return fenced_writes_->WithLabels({transport, peer});
   }
+  // Memory registrations held with a transport (one per buffer where it has windows) and the
+  // seconds spent registering since start.
+  void TransportRegistrations(const std::string& transport, uint64_t regions, double seconds) {
+    transport_regions_->WithLabels({transport})->Set(static_cast<double>(regions));
+    registration_seconds_->WithLabels({transport})->Set(seconds);
+  }
 
  private:
   metrics::Registry* registry_;
@@ -51,6 +57,8 @@ class AgentMetrics {
   metrics::Family<metrics::Counter>* bytes_received_;
   metrics::Family<metrics::Counter>* fenced_writes_;
   metrics::Family<metrics::Counter>* errors_;
+  metrics::Family<metrics::Gauge>* transport_regions_;
+  metrics::Family<metrics::Gauge>* registration_seconds_;
 };
 
 }  // namespace wb::service

@@ -246,6 +246,9 @@ absl::Status AgentNode::Start() {
       config_.controller, config_.heartbeat_interval_ms, [this] { return Info(); },
       [this] { return Layout(); }, [this] { return registry_->generation(); }, *channels);
   registry_->SetChangeCallback([this] {
+    for (const auto& stats : registry_->RegistrationStats()) {
+      metrics_.TransportRegistrations(stats.transport, stats.regions, stats.seconds);
+    }
     if (link_) link_->LayoutChanged();
   });
   link_->Start();
@@ -673,6 +676,13 @@ v1::HealthResponse AgentNode::Health(uint64_t step_id) const {
   h.set_committed_version(committed_version_);
   if (link_ && !link_->registered()) h.add_problems("not registered with the controller");
   if (link_) h.set_incarnation_digest(link_->incarnation_digest());
+  for (const auto& stats : registry_->RegistrationStats()) {
+    auto* r = h.add_registrations();
+    r->set_transport(stats.transport);
+    r->set_regions(stats.regions);
+    r->set_registered(stats.registered);
+    r->set_seconds(stats.seconds);
+  }
   return h;
 }
 

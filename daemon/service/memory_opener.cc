@@ -61,6 +61,8 @@ absl::StatusOr<registry::OpenedMemory> OpenMemory(const weightbeam::v1::MemoryHa
         ShmCache().Open(h.shm_name(), h.offset(), h.length(), {caller.pid, caller.uid, caller.gid});
     if (!view.ok()) return view.status();
     m.ref = {view->data, h.length(), transport::MemoryKind::kHost, -1};
+    // The object's one mapping: every tensor in it shares one registration per transport.
+    m.buffer = {view->mapping->data(), view->mapping->length(), transport::MemoryKind::kHost, -1};
     m.location = "host";
     m.hold = std::make_shared<ShmHold>(std::move(view->mapping));
     return m;
@@ -73,6 +75,8 @@ absl::StatusOr<registry::OpenedMemory> OpenMemory(const weightbeam::v1::MemoryHa
   auto lease = IpcCache().Open(handle.cuda_ipc());
   if (!lease.ok()) return lease.status();
   m.ref = {lease->data(), lease->length(), transport::MemoryKind::kCuda, lease->device()};
+  m.buffer = {lease->allocation_base(), lease->allocation_size(), transport::MemoryKind::kCuda,
+              lease->device()};
   m.location = absl::StrCat("cuda:", lease->device());
   m.hold = std::make_shared<CudaHold>(std::move(*lease));
   return m;

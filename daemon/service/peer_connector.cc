@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc/status_util.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
@@ -86,14 +87,28 @@ absl::StatusOr<std::map<std::string, executor::Route>> PeerConnector::Connect(
     route.peer = *connected;
     route.transport = t;
     route.remote_regions.reserve(peer.regions_size());
+    // Tensors of a buffer registered once share its transport region: added once.
+    absl::flat_hash_set<uint64_t> added;
     for (const v1::RegionDescriptor& merged : peer.regions()) {
       v1::RegionDescriptor own;
-      own.set_length(merged.length());
+      executor::RemoteTarget target;
+      target.length = merged.length();
       bool found = false;
       for (const auto& key : merged.keys()) {
         if (key.transport() != t->Name()) continue;
         own.set_region_id(key.transport_region());
         *own.add_keys() = key;
+        target.region = key.transport_region();
+        target.base = key.base();
+        // The transport region's length: the buffer's, or the tensor's own region.
+        const uint64_t region_length = key.region_length() ? key.region_length() : merged.length();
+        if (target.base > region_length || target.length > region_length - target.base) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("region ", merged.region_id(), " of agent ", peer.agent(), " over ",
+                           t->Name(), ": [", target.base, ", +", target.length,
+                           ") lies outside its transport region (", region_length, " bytes)"));
+        }
+        own.set_length(region_length);
         found = true;
       }
       if (!found) {
@@ -101,8 +116,10 @@ absl::StatusOr<std::map<std::string, executor::Route>> PeerConnector::Connect(
                                                           " of agent ", peer.agent(),
                                                           " is not registered with ", t->Name()));
       }
-      if (auto s = route.peer->AddRemoteRegion(own); !s.ok()) return s;
-      route.remote_regions[merged.region_id()] = own.region_id();
+      if (added.insert(own.region_id()).second) {
+        if (auto s = route.peer->AddRemoteRegion(own); !s.ok()) return s;
+      }
+      route.remote_regions[merged.region_id()] = target;
     }
     spdlog::info("connected to agent {} over {} ({} destination regions)", peer.agent(), t->Name(),
                  peer.regions_size());

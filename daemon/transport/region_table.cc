@@ -43,6 +43,7 @@ uint64_t RandomU64() {
 RegionTable::Pin::Pin(Pin&& other) noexcept
     : table_(std::exchange(other.table_, nullptr)),
       slot_(std::exchange(other.slot_, nullptr)),
+      epoch_(other.epoch_),
       data_(std::exchange(other.data_, nullptr)),
       kind_(other.kind_),
       device_(other.device_) {}
@@ -52,6 +53,7 @@ RegionTable::Pin& RegionTable::Pin::operator=(Pin&& other) noexcept {
     Release();
     table_ = std::exchange(other.table_, nullptr);
     slot_ = std::exchange(other.slot_, nullptr);
+    epoch_ = other.epoch_;
     data_ = std::exchange(other.data_, nullptr);
     kind_ = other.kind_;
     device_ = other.device_;
@@ -62,7 +64,7 @@ RegionTable::Pin& RegionTable::Pin::operator=(Pin&& other) noexcept {
 RegionTable::Pin::~Pin() { Release(); }
 
 void RegionTable::Pin::Release() {
-  if (table_ != nullptr) table_->Unpin(slot_);
+  if (table_ != nullptr) table_->Unpin(slot_, epoch_);
   table_ = nullptr;
   slot_ = nullptr;
   data_ = nullptr;
@@ -74,13 +76,13 @@ RegionTable::~RegionTable() {
   std::unique_lock<std::mutex> lock(mu_);
   unpinned_.wait(lock, [&] {
     for (const auto& [id, slot] : slots_) {
-      if (slot->in_flight > 0) return false;
+      if (!slot->in_flight.empty()) return false;
     }
     return true;
   });
 }
 
-absl::StatusOr<RegionInfo> RegionTable::Add(const MemoryRef& mem, Access access) {
+absl::StatusOr<RegionInfo> RegionTable::Add(const MemoryRef& mem, Access access, bool windowed) {
   if (mem.addr == nullptr || mem.length == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(transport_, ": cannot register an empty region (addr ",
@@ -93,6 +95,7 @@ absl::StatusOr<RegionInfo> RegionTable::Add(const MemoryRef& mem, Access access)
   slot->info.kind = mem.kind;
   slot->info.device = mem.kind == MemoryKind::kCuda ? mem.device : -1;
   slot->info.key = RandomU64();
+  slot->windowed = windowed;
   std::lock_guard<std::mutex> lock(mu_);
   slot->info.id = next_id_++;
   RegionInfo info = slot->info;
@@ -109,7 +112,84 @@ absl::Status RegionTable::Remove(uint64_t id) {
   // Taking it out of the map first stops new pins; then wait for the ones in progress.
   std::unique_ptr<Slot> slot = std::move(it->second);
   slots_.erase(it);
-  unpinned_.wait(lock, [&] { return slot->in_flight == 0; });
+  unpinned_.wait(lock, [&] { return slot->in_flight.empty(); });
+  return absl::OkStatus();
+}
+
+void RegionTable::SplitAt(Slot& slot, uint64_t at) {
+  auto it = slot.windows.upper_bound(at);
+  if (it == slot.windows.begin()) return;
+  --it;
+  if (it->first == at || it->second.end <= at) return;
+  const Segment tail{it->second.end, it->second.count};
+  it->second.end = at;
+  slot.windows.emplace(at, tail);
+}
+
+bool RegionTable::Covered(const Slot& slot, uint64_t offset, uint64_t length) {
+  if (!slot.windowed || length == 0) return true;
+  auto it = slot.windows.upper_bound(offset);
+  if (it == slot.windows.begin()) return false;
+  --it;
+  uint64_t covered_to = it->second.end;  // segments hold count > 0 only
+  const uint64_t end = offset + length;  // bounds were checked: no overflow
+  while (covered_to < end) {
+    ++it;
+    if (it == slot.windows.end() || it->first != covered_to) return false;
+    covered_to = it->second.end;
+  }
+  return covered_to > offset;
+}
+
+absl::Status RegionTable::OpenWindow(uint64_t id, uint64_t offset, uint64_t length) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto found = slots_.find(id);
+  if (found == slots_.end()) {
+    return absl::NotFoundError(absl::StrCat(transport_, ": region ", id, " is not registered"));
+  }
+  Slot& slot = *found->second;
+  if (!slot.windowed || length == 0 || offset > slot.info.length ||
+      length > slot.info.length - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(transport_, ": window [", offset, ", +", length,
+                                                   ") does not fit buffer region ", id, " (length ",
+                                                   slot.info.length, ")"));
+  }
+  const uint64_t end = offset + length;
+  SplitAt(slot, offset);
+  SplitAt(slot, end);
+  uint64_t cursor = offset;
+  for (auto it = slot.windows.lower_bound(offset); it != slot.windows.end() && it->first < end;
+       ++it) {
+    if (it->first > cursor) slot.windows.emplace(cursor, Segment{it->first, 1});
+    ++it->second.count;
+    cursor = it->second.end;
+  }
+  if (cursor < end) slot.windows.emplace(cursor, Segment{end, 1});
+  return absl::OkStatus();
+}
+
+absl::Status RegionTable::CloseWindow(uint64_t id, uint64_t offset, uint64_t length) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto found = slots_.find(id);
+  if (found == slots_.end()) {
+    return absl::NotFoundError(absl::StrCat(transport_, ": region ", id, " is not registered"));
+  }
+  Slot* slot = found->second.get();
+  if (!slot->windowed || length == 0 || offset > slot->info.length ||
+      length > slot->info.length - offset || !Covered(*slot, offset, length)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(transport_, ": no open window [", offset, ", +", length, ") in region ", id));
+  }
+  const uint64_t end = offset + length;
+  SplitAt(*slot, offset);
+  SplitAt(*slot, end);
+  for (auto it = slot->windows.lower_bound(offset); it != slot->windows.end() && it->first < end;) {
+    it = --it->second.count == 0 ? slot->windows.erase(it) : std::next(it);
+  }
+  // Pins taken from now on see the closed window; wait for the ones taken before.
+  const uint64_t closed_at = ++slot->epoch;
+  unpinned_.wait(
+      lock, [&] { return slot->in_flight.empty() || slot->in_flight.begin()->first >= closed_at; });
   return absl::OkStatus();
 }
 
@@ -126,8 +206,13 @@ absl::StatusOr<RegionTable::Pin> RegionTable::PinLocked(uint64_t id, uint64_t of
                                               ") is out of bounds of region ", id, " (length ",
                                               slot->info.length, ")"));
   }
-  ++slot->in_flight;
-  return Pin(this, slot, slot->info.addr + offset, slot->info.kind, slot->info.device);
+  if (!Covered(*slot, offset, length)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(transport_, ": ", what, " [", offset, ", +", length, ") of buffer region ", id,
+                     " lies outside its registered tensors (withdrawn?); refused"));
+  }
+  ++slot->in_flight[slot->epoch];
+  return Pin(this, slot, slot->epoch, slot->info.addr + offset, slot->info.kind, slot->info.device);
 }
 
 absl::StatusOr<RegionTable::Pin> RegionTable::PinRemoteWrite(uint64_t id, uint64_t key,
@@ -169,9 +254,13 @@ size_t RegionTable::size() const {
   return slots_.size();
 }
 
-void RegionTable::Unpin(Slot* slot) {
+void RegionTable::Unpin(Slot* slot, uint64_t epoch) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (--slot->in_flight == 0) unpinned_.notify_all();
+  auto it = slot->in_flight.find(epoch);
+  if (--it->second == 0) {
+    slot->in_flight.erase(it);
+    unpinned_.notify_all();
+  }
 }
 
 }  // namespace wb::transport

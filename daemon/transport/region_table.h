@@ -1,10 +1,14 @@
 // The registered-memory table a software backend (tcp, local) checks remote writes against:
 // region id -> (address, length, access, random key). Lookups pin a region so that
 // Remove() waits for writes in progress and nothing lands in a region after it is withdrawn.
+// A buffer registered once for many tensors is "windowed": only bytes inside the windows
+// opened on it (its live tensors) can be pinned, so a withdrawn tensor's bytes are refused
+// while its buffer stays registered.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,12 +56,13 @@ class RegionTable {
 
    private:
     friend class RegionTable;
-    Pin(RegionTable* table, Slot* slot, uint8_t* data, MemoryKind kind, int device)
-        : table_(table), slot_(slot), data_(data), kind_(kind), device_(device) {}
+    Pin(RegionTable* table, Slot* slot, uint64_t epoch, uint8_t* data, MemoryKind kind, int device)
+        : table_(table), slot_(slot), epoch_(epoch), data_(data), kind_(kind), device_(device) {}
     void Release();
 
     RegionTable* table_ = nullptr;
     Slot* slot_ = nullptr;
+    uint64_t epoch_ = 0;
     uint8_t* data_ = nullptr;
     MemoryKind kind_ = MemoryKind::kHost;
     int device_ = -1;
@@ -67,11 +72,18 @@ class RegionTable {
   explicit RegionTable(std::string transport);
   ~RegionTable();
 
-  // Adds a region with a fresh id and a fresh random key.
-  absl::StatusOr<RegionInfo> Add(const MemoryRef& mem, Access access);
+  // Adds a region with a fresh id and a fresh random key. A `windowed` region admits pins
+  // only inside its open windows (none at first); any other region is one window, whole.
+  absl::StatusOr<RegionInfo> Add(const MemoryRef& mem, Access access, bool windowed = false);
   // Withdraws a region: waits until no pinned write is in progress; afterwards every lookup
   // of the id fails.
   absl::Status Remove(uint64_t id);
+  // Windows of a windowed region, counted (two tensors may share bytes: replicas, views).
+  absl::Status OpenWindow(uint64_t id, uint64_t offset, uint64_t length);
+  // Closes a window opened before, then waits until every pin of the region taken before the
+  // close is released (later pins were checked against the new windows). Not concurrently
+  // with Remove of the same region.
+  absl::Status CloseWindow(uint64_t id, uint64_t offset, uint64_t length);
 
   // For a write arriving from a peer: the region must exist, be a destination, carry `key`,
   // and contain [offset, offset + length).
@@ -83,15 +95,27 @@ class RegionTable {
   size_t size() const;
 
  private:
+  // Bytes [start, end) covered by `count` open windows; segments are disjoint.
+  struct Segment {
+    uint64_t end = 0;
+    int count = 0;
+  };
   struct Slot {
     RegionInfo info;
-    int in_flight = 0;
+    bool windowed = false;
+    std::map<uint64_t, Segment> windows;  // by start
+    // Pins in progress by the epoch they were taken in; CloseWindow starts a new epoch and
+    // waits for the older ones only, so writes into the buffer's other tensors go on.
+    uint64_t epoch = 0;
+    std::map<uint64_t, int> in_flight;
   };
 
   absl::StatusOr<Pin> PinLocked(uint64_t id, uint64_t offset, uint64_t length, const char* what)
       /* requires mu_ */;
-  void Unpin(Slot* slot);
-
+  void Unpin(Slot* slot, uint64_t epoch);
+  static bool Covered(const Slot& slot, uint64_t offset, uint64_t length);
+  // Splits the segment that strictly contains `at`, so that a segment starts there.
+  static void SplitAt(Slot& slot, uint64_t at);
   const std::string transport_;
   mutable std::mutex mu_;
   std::condition_variable unpinned_;

@@ -48,3 +48,19 @@ absl::Status Peer::WriteBatch(std::vector<WriteOp> ops, std::chrono::millisecond
 }
 
 }  // namespace wb::transport
+
+namespace wb::transport {
+
+// Transports without windows (rdma: the NIC checks only the memory region) register per tensor.
+absl::StatusOr<weightbeam::v1::RegionDescriptor> Transport::RegisterBuffer(const MemoryRef&,
+                                                                           Access) {
+  return absl::UnimplementedError(Name() + " registers each tensor on its own (no windows)");
+}
+absl::Status Transport::OpenWindow(uint64_t, uint64_t, uint64_t) {
+  return absl::UnimplementedError(Name() + " has no windows");
+}
+absl::Status Transport::CloseWindow(uint64_t, uint64_t, uint64_t) {
+  return absl::UnimplementedError(Name() + " has no windows");
+}
+
+}  // namespace wb::transport

@@ -32,6 +32,9 @@ struct Capabilities {
   bool gpu_memory = false;       // can register CUDA memory
   bool remote = true;            // can reach other nodes (false for local)
   uint64_t max_write_bytes = 0;  // 0: no limit (large writes are chunked internally)
+  // Registers a whole buffer once and admits remote writes only inside the windows opened on
+  // it (RegisterBuffer / OpenWindow / CloseWindow): tcp and local. Others register per tensor.
+  bool windows = false;
 };
 
 // A one-sided write: `length` bytes from a local region into a remote region.
@@ -101,6 +104,16 @@ class Transport {
                                                                     Access access) = 0;
   // Revokes the region's keys; when it returns, no remote write into it can land any more.
   virtual absl::Status Deregister(uint64_t region_id) = 0;
+
+  // Transports with caps().windows: registers a buffer (a shared-memory object, a CUDA
+  // allocation) once for all the tensors inside it. Remote writes land only inside the windows
+  // opened on it, one per live tensor; the buffer's key is every tensor's key.
+  virtual absl::StatusOr<weightbeam::v1::RegionDescriptor> RegisterBuffer(const MemoryRef& mem,
+                                                                          Access access);
+  virtual absl::Status OpenWindow(uint64_t region_id, uint64_t offset, uint64_t length);
+  // When it returns, no remote write into [offset, offset + length) can land any more, unless
+  // another window still covers those bytes (a replicated tensor's copy).
+  virtual absl::Status CloseWindow(uint64_t region_id, uint64_t offset, uint64_t length);
 
   // Initiator side: build our record, exchange it, finish the connection.
   virtual absl::StatusOr<std::shared_ptr<Peer>> Connect(const std::string& our_name,

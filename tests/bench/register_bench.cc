@@ -3,8 +3,11 @@
 // of B through LocalSession::RegisterBatch, an inference session registers the N matching
 // destinations; then the controller's view catches up, Plan runs and one step commits.
 // Prints one JSON line: tensors/s per side, seconds until the controller lists every tensor,
-// plan seconds, step seconds, ListTensors seconds, and the agents' peak RSS.
+// plan seconds, step seconds, ListTensors seconds, the agents' peak RSS, and per agent and
+// transport the memory registrations it holds and the seconds it spent registering (Health).
 // Run from the repository root: bazel-bin/tests/bench/register_bench --tensors=1000000
+#include <grpcpp/grpcpp.h>
+
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +24,7 @@
 #include "tests/bench/bench_support.h"
 #include "tests/support/cluster.h"
 #include "tests/support/process.h"
+#include "weightbeam/v1/agent.grpc.pb.h"
 
 namespace v1 = weightbeam::v1;
 using Clock = std::chrono::steady_clock;
@@ -69,6 +73,22 @@ int64_t TensorCount(ControllerClient& ctl) {
   int64_t n = 0;
   for (const auto& a : st->agents()) n += a.tensors();
   return n;
+}
+
+// Per transport: {"regions": registrations held, "seconds": time spent registering}, from the
+// agent's Health answer.
+nlohmann::json Registrations(const std::string& address) {
+  auto stub = v1::Agent::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::HealthResponse health;
+  grpc::Status s = stub->Health(&ctx, v1::HealthRequest(), &health);
+  if (!s.ok()) Die("Agent.Health at " + address + ": " + s.error_message());
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& r : health.registrations()) {
+    out[r.transport()] = {{"regions", r.regions()}, {"seconds", r.seconds()}};
+  }
+  return out;
 }
 
 }  // namespace
@@ -127,6 +147,8 @@ int main(int argc, char** argv) {
         std::to_string(TensorCount(*ctl)) + ")");
   }
   const double visible_s = Since(t_all);
+  const nlohmann::json trainer_regs = Registrations(cluster.agent_address("trainer-node"));
+  const nlohmann::json inference_regs = Registrations(cluster.agent_address("inference-node"));
 
   auto t0 = Clock::now();
   auto listed = ctl->ListTensors("");
@@ -163,6 +185,8 @@ int main(int argc, char** argv) {
   j["inference_tensors"] = inference_tensors;
   j["register_inference_tensors_per_s"] = inference_tensors / dst_s;
   j["register_seconds_both_sides"] = registered_s;
+  j["trainer_agent_registrations"] = trainer_regs;
+  j["inference_agent_registrations"] = inference_regs;
   j["controller_lists_all_after_s"] = visible_s;
   j["controller_peak_rss_mib"] = PeakRssMiB(cluster.controller()->pid());
   j["list_tensors_seconds"] = list_s;

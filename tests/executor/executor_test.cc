@@ -219,7 +219,7 @@ TEST_CASE("a plan of many operations lands every byte, under the staging waterma
         *own.add_keys() = k;
       }
       REQUIRE((*p)->AddRemoteRegion(own).ok());
-      route.remote_regions[merged.region_id()] = own.region_id();
+      route.remote_regions[merged.region_id()] = {own.region_id(), 0, merged.length()};
     }
     f.exec->Load(ops, {{peer.agent(), route}});
   } else {
@@ -327,7 +327,7 @@ void LoadCopyTo(Fixture* f, std::shared_ptr<transport::Peer> peer, const std::st
   executor::Route route;
   route.peer = std::move(peer);
   route.transport = f->by_name["local"];
-  route.remote_regions[99] = 1;
+  route.remote_regions[99] = {1, 0, uint64_t{1} << 30};
   f->exec->Load({op}, {{"far-node", route}});
 }
 

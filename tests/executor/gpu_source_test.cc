@@ -101,7 +101,7 @@ struct CudaSourceFixture {
   v1::AgentStepReport Run(const v1::TransferOp& op, bool delta) {
     executor::Route route;
     route.peer = peer;
-    route.remote_regions[7] = 1;
+    route.remote_regions[7] = {1, 0, uint64_t{1} << 30};
     std::shared_ptr<delta::DeltaSender> sender;
     delta::StepDelta step;
     if (delta) {

@@ -37,9 +37,9 @@ TEST_CASE("a frame header survives encode and parse", "[frame]") {
   CHECK(out->length == in.length);
   CHECK(out->batch_id == in.batch_id);
   CHECK(out->step == in.step);
-  // Version 2: the step id is the header's last 8 bytes, little-endian.
+  // Since version 2 (now 3): the step id is the header's last 8 bytes, little-endian.
   CHECK(kFrameHeaderBytes == 64);
-  CHECK(raw[4] == 2);
+  CHECK(raw[4] == 3);
   CHECK(raw[56] == 0x18);
   CHECK(raw[63] == 0xa1);
 }
@@ -67,6 +67,9 @@ TEST_CASE("malformed frame headers are refused with a reason", "[frame]") {
   std::memcpy(bad, raw, sizeof(raw));
   bad[4] = 1;
   CHECK_THAT(ParseError(bad), Catch::Contains("unsupported frame version 1"));
+  // A version-2 peer (tensor-relative offsets, no buffers) likewise.
+  bad[4] = 2;
+  CHECK_THAT(ParseError(bad), Catch::Contains("unsupported frame version 2"));
 
   std::memcpy(bad, raw, sizeof(raw));
   bad[5] = 0;

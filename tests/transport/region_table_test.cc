@@ -87,5 +87,85 @@ TEST_CASE("Remove waits for a write in progress, then refuses new ones", "[regio
   CHECK(table.Remove(dst->id).code() == absl::StatusCode::kNotFound);
 }
 
+TEST_CASE("a buffer registered once admits writes only inside its open windows",
+          "[region_table][windows]") {
+  RegionTable table("test");
+  std::vector<uint8_t> memory(1000);
+  auto buf = table.Add(MemoryRef{memory.data(), memory.size()}, Access::kDestination,
+                       /*windowed=*/true);
+  REQUIRE(buf.ok());
+  // No tensor yet: nothing of the buffer can be written.
+  CHECK(table.PinRemoteWrite(buf->id, buf->key, 0, 4).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  REQUIRE(table.OpenWindow(buf->id, 0, 100).ok());    // tensor a
+  REQUIRE(table.OpenWindow(buf->id, 100, 100).ok());  // tensor b, adjacent
+  REQUIRE(table.OpenWindow(buf->id, 500, 50).ok());   // tensor c
+  CHECK(table.PinRemoteWrite(buf->id, buf->key, 10, 90).ok());
+  CHECK(table.PinRemoteWrite(buf->id, buf->key, 500, 50).ok());
+  CHECK(table.PinRemoteWrite(buf->id, buf->key, 0, 200).ok());  // two live tensors
+  auto gap = table.PinRemoteWrite(buf->id, buf->key, 190, 20);  // into bytes no tensor holds
+  CHECK(gap.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK_THAT(std::string(gap.status().message()),
+             Catch::Contains("outside its registered tensors"));
+  CHECK(table.PinRemoteWrite(buf->id, buf->key + 1, 10, 1).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+
+  // Tensor a is withdrawn; the buffer stays registered for b and c.
+  REQUIRE(table.CloseWindow(buf->id, 0, 100).ok());
+  CHECK(table.PinRemoteWrite(buf->id, buf->key, 0, 4).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  CHECK(table.PinRemoteWrite(buf->id, buf->key, 99, 2).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  CHECK(table.PinLocal(buf->id, 0, 4).status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(table.PinRemoteWrite(buf->id, buf->key, 100, 100).ok());
+  CHECK(table.size() == 1);
+  // A window closed twice, or never opened, is an error.
+  CHECK(table.CloseWindow(buf->id, 0, 100).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(table.OpenWindow(buf->id, 990, 11).code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("windows over the same bytes are counted", "[region_table][windows]") {
+  RegionTable table("test");
+  std::vector<uint8_t> memory(256);
+  auto buf = table.Add(MemoryRef{memory.data(), memory.size()}, Access::kDestination, true);
+  REQUIRE(buf.ok());
+  REQUIRE(table.OpenWindow(buf->id, 0, 200).ok());  // a replica's tensor
+  REQUIRE(table.OpenWindow(buf->id, 50, 50).ok());  // a copy nested inside it
+  REQUIRE(table.CloseWindow(buf->id, 0, 200).ok());
+  CHECK(table.PinRemoteWrite(buf->id, buf->key, 50, 50).ok());
+  CHECK(table.PinRemoteWrite(buf->id, buf->key, 0, 10).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  CHECK(table.PinRemoteWrite(buf->id, buf->key, 100, 10).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  REQUIRE(table.CloseWindow(buf->id, 50, 50).ok());
+  CHECK(table.PinRemoteWrite(buf->id, buf->key, 50, 50).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+}
+
+TEST_CASE("closing a window waits for writes in progress, not for later ones",
+          "[region_table][windows]") {
+  RegionTable table("test");
+  std::vector<uint8_t> memory(256);
+  auto buf = table.Add(MemoryRef{memory.data(), memory.size()}, Access::kDestination, true);
+  REQUIRE(buf.ok());
+  REQUIRE(table.OpenWindow(buf->id, 0, 100).ok());
+  REQUIRE(table.OpenWindow(buf->id, 100, 100).ok());
+  auto landing = table.PinRemoteWrite(buf->id, buf->key, 0, 100);
+  REQUIRE(landing.ok());
+  std::atomic<bool> closed{false};
+  std::thread closer([&] {
+    REQUIRE(table.CloseWindow(buf->id, 0, 100).ok());
+    closed = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK_FALSE(closed.load());  // the write into the tensor is still landing
+  // A write into the other tensor, pinned after the close began, neither waits nor blocks it.
+  auto other = table.PinRemoteWrite(buf->id, buf->key, 100, 100);
+  REQUIRE(other.ok());
+  landing = RegionTable::Pin();
+  closer.join();
+  CHECK(closed.load());
+}
+
 }  // namespace
 }  // namespace wb::transport

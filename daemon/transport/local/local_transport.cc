@@ -216,6 +216,7 @@ LocalTransport::~LocalTransport() = default;
 Capabilities LocalTransport::caps() const {
   Capabilities caps;
   caps.gpu_memory = SoftwareGpuMemorySupported();
+  caps.windows = true;
   caps.remote = false;
   return caps;
 }
@@ -228,12 +229,12 @@ std::vector<weightbeam::v1::NicInfo> LocalTransport::Nics() const {
   return {nic};
 }
 
-absl::StatusOr<weightbeam::v1::RegionDescriptor> LocalTransport::Register(const MemoryRef& mem,
-                                                                          Access access) {
+absl::StatusOr<weightbeam::v1::RegionDescriptor> LocalTransport::Add(const MemoryRef& mem,
+                                                                     Access access, bool windowed) {
   if (mem.kind == MemoryKind::kCuda) {
     if (absl::Status s = CheckGpuMemory("local", mem); !s.ok()) return s;
   }
-  auto info = engine_->regions().Add(mem, access);
+  auto info = engine_->regions().Add(mem, access, windowed);
   if (!info.ok()) return info.status();
   weightbeam::v1::RegionDescriptor desc;
   desc.set_region_id(info->id);
@@ -243,6 +244,24 @@ absl::StatusOr<weightbeam::v1::RegionDescriptor> LocalTransport::Register(const 
   key->set_device("local");
   key->set_key(access == Access::kDestination ? info->key : 0);
   return desc;
+}
+
+absl::StatusOr<weightbeam::v1::RegionDescriptor> LocalTransport::Register(const MemoryRef& mem,
+                                                                          Access access) {
+  return Add(mem, access, /*windowed=*/false);
+}
+
+absl::StatusOr<weightbeam::v1::RegionDescriptor> LocalTransport::RegisterBuffer(
+    const MemoryRef& mem, Access access) {
+  return Add(mem, access, /*windowed=*/true);
+}
+
+absl::Status LocalTransport::OpenWindow(uint64_t region_id, uint64_t offset, uint64_t length) {
+  return engine_->regions().OpenWindow(region_id, offset, length);
+}
+
+absl::Status LocalTransport::CloseWindow(uint64_t region_id, uint64_t offset, uint64_t length) {
+  return engine_->regions().CloseWindow(region_id, offset, length);
 }
 
 absl::Status LocalTransport::Deregister(uint64_t region_id) {

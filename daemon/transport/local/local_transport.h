@@ -29,6 +29,10 @@ class LocalTransport : public Transport {
   absl::StatusOr<weightbeam::v1::RegionDescriptor> Register(const MemoryRef& mem,
                                                             Access access) override;
   absl::Status Deregister(uint64_t region_id) override;
+  absl::StatusOr<weightbeam::v1::RegionDescriptor> RegisterBuffer(const MemoryRef& mem,
+                                                                  Access access) override;
+  absl::Status OpenWindow(uint64_t region_id, uint64_t offset, uint64_t length) override;
+  absl::Status CloseWindow(uint64_t region_id, uint64_t offset, uint64_t length) override;
 
   absl::StatusOr<std::shared_ptr<Peer>> Connect(const std::string& our_name,
                                                 const std::string& peer_name,
@@ -43,6 +47,8 @@ class LocalTransport : public Transport {
   void SetFenceCallback(FenceCallback cb) override;
 
  private:
+  absl::StatusOr<weightbeam::v1::RegionDescriptor> Add(const MemoryRef& mem, Access access,
+                                                       bool windowed);
   std::shared_ptr<LocalEngine> engine_;
   std::string instance_;  // "local:<pid>:<random>": the handshake record
 };

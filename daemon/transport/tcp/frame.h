@@ -13,7 +13,9 @@ namespace wb::transport::tcp {
 
 inline constexpr uint32_t kFrameMagic = 0x46544257;  // "WBTF" read as little-endian
 // Version 2 added the step id (8 bytes at the end): version 1 peers are refused at HELLO.
-inline constexpr uint8_t kFrameVersion = 2;
+// Version 3: a region may be a buffer registered once, its tensors at offsets inside it
+// (RemoteKey.base); a version-2 sender would write tensor-relative offsets into another tensor.
+inline constexpr uint8_t kFrameVersion = 3;
 inline constexpr size_t kFrameHeaderBytes = 64;
 // Upper bound of the payload of control frames (HELLO, NACK).
 inline constexpr uint64_t kMaxControlPayload = 4096;

@@ -49,6 +49,7 @@ TcpTransport::~TcpTransport() {
 Capabilities TcpTransport::caps() const {
   Capabilities caps;
   caps.gpu_memory = SoftwareGpuMemorySupported();  // staged through pinned host buffers
+  caps.windows = true;
   caps.remote = true;
   caps.max_write_bytes = 0;  // split into max_frame_bytes frames internally
   return caps;
@@ -63,12 +64,12 @@ std::vector<weightbeam::v1::NicInfo> TcpTransport::Nics() const {
   return {nic};
 }
 
-absl::StatusOr<weightbeam::v1::RegionDescriptor> TcpTransport::Register(const MemoryRef& mem,
-                                                                        Access access) {
+absl::StatusOr<weightbeam::v1::RegionDescriptor> TcpTransport::Add(const MemoryRef& mem,
+                                                                   Access access, bool windowed) {
   if (mem.kind == MemoryKind::kCuda) {
     if (absl::Status s = CheckGpuMemory("tcp", mem); !s.ok()) return s;
   }
-  auto info = regions_->Add(mem, access);
+  auto info = regions_->Add(mem, access, windowed);
   if (!info.ok()) return info.status();
   weightbeam::v1::RegionDescriptor desc;
   desc.set_region_id(info->id);
@@ -79,6 +80,24 @@ absl::StatusOr<weightbeam::v1::RegionDescriptor> TcpTransport::Register(const Me
   key->set_address(0);
   key->set_key(access == Access::kDestination ? info->key : 0);
   return desc;
+}
+
+absl::StatusOr<weightbeam::v1::RegionDescriptor> TcpTransport::Register(const MemoryRef& mem,
+                                                                        Access access) {
+  return Add(mem, access, /*windowed=*/false);
+}
+
+absl::StatusOr<weightbeam::v1::RegionDescriptor> TcpTransport::RegisterBuffer(const MemoryRef& mem,
+                                                                              Access access) {
+  return Add(mem, access, /*windowed=*/true);
+}
+
+absl::Status TcpTransport::OpenWindow(uint64_t region_id, uint64_t offset, uint64_t length) {
+  return regions_->OpenWindow(region_id, offset, length);
+}
+
+absl::Status TcpTransport::CloseWindow(uint64_t region_id, uint64_t offset, uint64_t length) {
+  return regions_->CloseWindow(region_id, offset, length);
 }
 
 absl::Status TcpTransport::Deregister(uint64_t region_id) { return regions_->Remove(region_id); }

@@ -33,6 +33,10 @@ class TcpTransport : public Transport {
   absl::StatusOr<weightbeam::v1::RegionDescriptor> Register(const MemoryRef& mem,
                                                             Access access) override;
   absl::Status Deregister(uint64_t region_id) override;
+  absl::StatusOr<weightbeam::v1::RegionDescriptor> RegisterBuffer(const MemoryRef& mem,
+                                                                  Access access) override;
+  absl::Status OpenWindow(uint64_t region_id, uint64_t offset, uint64_t length) override;
+  absl::Status CloseWindow(uint64_t region_id, uint64_t offset, uint64_t length) override;
 
   absl::StatusOr<std::shared_ptr<Peer>> Connect(const std::string& our_name,
                                                 const std::string& peer_name,
@@ -53,6 +57,8 @@ class TcpTransport : public Transport {
   const std::string& endpoint() const { return endpoint_; }
 
  private:
+  absl::StatusOr<weightbeam::v1::RegionDescriptor> Add(const MemoryRef& mem, Access access,
+                                                       bool windowed);
   explicit TcpTransport(const TcpOptions& options);
 
   const TcpOptions options_;
