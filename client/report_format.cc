@@ -37,9 +37,10 @@ std::string FormatPlan(const v1::PlanSummary& p) {
   if (p.link_rate_scale_size() > 0) {
     std::map<std::string, double> sorted(p.link_rate_scale().begin(), p.link_rate_scale().end());
     std::vector<std::string> slow;
-    for (const auto& [agent, f] : sorted) slow.push_back(absl::StrCat(agent, " ", FixedPoint(f, 2)));
-    out += absl::StrCat("links measured slow (fraction of their rating): ",
-                        absl::StrJoin(slow, ", "), "\n");
+    for (const auto& [agent, f] : sorted)
+      slow.push_back(absl::StrCat(agent, " ", FixedPoint(f, 2)));
+    out += absl::StrCat(
+        "links measured slow (fraction of their rating): ", absl::StrJoin(slow, ", "), "\n");
   }
   if (p.delta().enabled()) {
     out += absl::StrCat("delta mode: on (anchor every ", p.delta().anchor_every(),
@@ -95,10 +96,10 @@ std::string FormatStep(const v1::StepResult& r) {
                    FixedPoint(r.seconds() > 0 ? r.bytes() / r.seconds() / 1e9 : 0, 2), " GB/s)\n");
   if (std::string d = DeltaLine(r); !d.empty()) out += "  " + d + "\n";
   if (r.predicted_seconds() > 0) {
-    out += absl::StrCat("  predicted ", FixedPoint(r.predicted_seconds()), " s (",
-                        r.seconds() > 0 ? FixedPoint((r.predicted_seconds() / r.seconds() - 1) * 100, 1)
-                                        : "-",
-                        " %) by ", r.prediction(), "\n");
+    out += absl::StrCat(
+        "  predicted ", FixedPoint(r.predicted_seconds()), " s (",
+        r.seconds() > 0 ? FixedPoint((r.predicted_seconds() / r.seconds() - 1) * 100, 1) : "-",
+        " %) by ", r.prediction(), "\n");
   }
   if (!r.replanned().empty()) out += absl::StrCat("  re-planned: ", r.replanned(), "\n");
   if (!r.ok()) out += absl::StrCat("  error: ", r.error(), "\n");

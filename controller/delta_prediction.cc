@@ -31,8 +31,7 @@ DeltaStepPredictor::Prediction DeltaStepPredictor::Predict(const v1::PlanSummary
     const double gbps = it != encode_gbps_.end() ? it->second : config_.predict_encode_gbps;
     p.encode_seconds = std::max(p.encode_seconds, s.bytes() / (gbps * 1e9));
   }
-  const double per_op =
-      std::max(0.0, plan.predicted_step_seconds() - plan.link_limit_seconds());
+  const double per_op = std::max(0.0, plan.predicted_step_seconds() - plan.link_limit_seconds());
   p.send_seconds = plan.link_limit_seconds() * p.packed_fraction + per_op;
   uint64_t busiest = 0;
   for (const v1::PeerBytes& r : plan.receivers()) busiest = std::max<uint64_t>(busiest, r.bytes());

@@ -15,7 +15,7 @@ std::string LinkLearner::Observe(const v1::StepResult& step,
   if (!step.ok() || step.delta_ops() > 0) return "";
   // Each sender's throughput per rated GB/s; the best of them is what a healthy link did.
   struct Sender {
-    double gbps = 0;      // measured, GB/s
+    double gbps = 0;       // measured, GB/s
     double per_rated = 0;  // measured / rated
   };
   std::map<std::string, Sender> senders;
@@ -35,9 +35,8 @@ std::string LinkLearner::Observe(const v1::StepResult& step,
     if (measured >= kHealthy) measured = 1;
     auto it = estimate_.find(agent);
     const double old = it == estimate_.end() ? 1.0 : it->second;
-    double next = std::fabs(measured / old - 1) > kJump
-                      ? measured
-                      : old + kSmoothing * (measured - old);
+    double next =
+        std::fabs(measured / old - 1) > kJump ? measured : old + kSmoothing * (measured - old);
     if (next >= kHealthy) next = 1;
     if (next == old) continue;
     if (next >= 1) {
@@ -67,8 +66,8 @@ std::string LinkLearner::ReplanReason(const std::map<std::string, double>& plann
   for (const auto& [agent, unused] : agents) {
     const double now = value(estimate_, agent), then = value(planned, agent);
     if (std::fabs(now / then - 1) <= kReplanChange) continue;
-    moved.push_back(absl::StrFormat("%s's link at %.2f of its rate (planned at %.2f)", agent, now,
-                                    then));
+    moved.push_back(
+        absl::StrFormat("%s's link at %.2f of its rate (planned at %.2f)", agent, now, then));
   }
   return absl::StrJoin(moved, "; ");
 }

@@ -361,12 +361,18 @@ absl::Status Cluster::StartAgent(int i) {
 }
 
 std::vector<std::string> ShapeArgs(const ClusterShape& s) {
-  return {"--model",           s.model,
-          "--layers",          std::to_string(s.layers),
-          "--trainer-nodes",   std::to_string(s.trainer_nodes),
-          "--trainer-replicas", std::to_string(s.trainer_replicas),
-          "--inference-nodes", std::to_string(s.inference_nodes),
-          "--gpus-per-node",   std::to_string(s.gpus_per_node)};
+  return {"--model",
+          s.model,
+          "--layers",
+          std::to_string(s.layers),
+          "--trainer-nodes",
+          std::to_string(s.trainer_nodes),
+          "--trainer-replicas",
+          std::to_string(s.trainer_replicas),
+          "--inference-nodes",
+          std::to_string(s.inference_nodes),
+          "--gpus-per-node",
+          std::to_string(s.gpus_per_node)};
 }
 
 absl::Status Cluster::StartTrainers() {
@@ -577,8 +583,7 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
   for (size_t i = shape().trainer_nodes; i < links_.size(); ++i) {
     const LinkBytes& b = per[links_[i].agent];
     capacity_ideal = std::max(
-        capacity_ideal,
-        (b.received_known ? b.received : b.wire_in) / (links_[i].mbit * 1e6 / 8));
+        capacity_ideal, (b.received_known ? b.received : b.wire_in) / (links_[i].mbit * 1e6 / 8));
   }
   last_step_ = *step;
   last_capacity_ideal_ = capacity_ideal;
@@ -646,14 +651,13 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
       ",\"bytes_dense\":", step->bytes_dense() ? step->bytes_dense() : step->bytes(),
       ",\"step_seconds\":", Num(seconds), ",\"ideal_seconds\":", Num(ideal),
       ",\"wire_ideal_seconds\":", Num(wire_ideal), ",\"bottleneck\":", Json(bottleneck),
-      ",\"efficiency\":", Num(ideal / seconds), ",\"capacity_ideal_seconds\":",
-      Num(capacity_ideal), ",\"over_capacity_ideal\":", Num(seconds / capacity_ideal),
+      ",\"efficiency\":", Num(ideal / seconds), ",\"capacity_ideal_seconds\":", Num(capacity_ideal),
+      ",\"over_capacity_ideal\":", Num(seconds / capacity_ideal),
       ",\"predicted_seconds\":", Num(predicted), ",\"prediction\":", Json(step->prediction()),
-      ",\"replanned\":", Json(step->replanned()),
-      ",\"prediction_error\":", Num(predicted / seconds - 1),
-      ",\"agent_cpu_cores\":", Num(cores, 2), ",\"host_cpu_busy\":", Num(host_busy, 2),
-      ",\"verified\":", ok ? "true" : "false", ",\"verified_bytes\":", checked,
-      ",\"committed_replicas\":", step->committed_replicas_size(),
+      ",\"replanned\":", Json(step->replanned()), ",\"prediction_error\":",
+      Num(predicted / seconds - 1), ",\"agent_cpu_cores\":", Num(cores, 2),
+      ",\"host_cpu_busy\":", Num(host_busy, 2), ",\"verified\":", ok ? "true" : "false",
+      ",\"verified_bytes\":", checked, ",\"committed_replicas\":", step->committed_replicas_size(),
       ",\"skipped_replicas\":", step->skipped_replicas_size(), ",\"wire_out\":{", wire_out_json,
       "},\"wire_in\":{", wire_in_json, "}", note, "}"));
   return ok;
@@ -706,11 +710,11 @@ bool Cluster::SlowLinkScenario() {
   const int steps = std::max(3, o_.steps);
   for (int s = 0; s < steps; ++s) {
     const auto before = net_.Drops(slow);
-    const bool step_ok = RunStep("slow-link", nullptr,
-                                 absl::StrCat(",\"slow_agent\":", Json(slow.agent),
-                                              ",\"slow_mbit\":", Num(slow.mbit, 0),
-                                              ",\"trainer_replicas\":", shape().trainer_replicas,
-                                              ",\"after_slowdown\":", s + 1));
+    const bool step_ok = RunStep(
+        "slow-link", nullptr,
+        absl::StrCat(",\"slow_agent\":", Json(slow.agent), ",\"slow_mbit\":", Num(slow.mbit, 0),
+                     ",\"trainer_replicas\":", shape().trainer_replicas,
+                     ",\"after_slowdown\":", s + 1));
     ok = step_ok && ok;
     if (step_ok && last_step_) {
       over.push_back(last_step_->seconds() / last_capacity_ideal_);
@@ -898,10 +902,11 @@ int Cluster::Main() {
       "model %s, %d layers (%.2f B params): one step moves %s into the inference side, %.1f "
       "link-seconds in total (>= 20 asked), the busiest inference link %.1f s\nlogs in %s\n",
       AgentCount(), shape().trainer_nodes, shape().gpus_per_node, shape().trainer_replicas,
-      shape().trainer_nodes / std::max(1, shape().trainer_replicas), shape().inference_nodes, shape().gpus_per_node, shape().inference_replicas(),
-      shape().inference_tp(), o_.subnet.c_str(), o_.link_mbit, shape().model.c_str(),
-      shape().layers, model->spec.Params() / 1e9, HumanBytes(total).c_str(), total / link_bps,
-      busiest / link_bps, dir_.c_str());
+      shape().trainer_nodes / std::max(1, shape().trainer_replicas), shape().inference_nodes,
+      shape().gpus_per_node, shape().inference_replicas(), shape().inference_tp(),
+      o_.subnet.c_str(), o_.link_mbit, shape().model.c_str(), shape().layers,
+      model->spec.Params() / 1e9, HumanBytes(total).c_str(), total / link_bps, busiest / link_bps,
+      dir_.c_str());
   std::fflush(stdout);
 
   const double t_setup = Now();

@@ -33,9 +33,9 @@ absl::StatusOr<ClusterModel> BuildClusterModel(const ClusterShape& shape) {
   if (!cfg.ok()) return cfg.status();
   planner::TrainerOptions trainer;
   if (shape.trainer_replicas < 1 || shape.trainer_nodes % shape.trainer_replicas != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--trainer-replicas ", shape.trainer_replicas,
-                     " must divide the trainer nodes (", shape.trainer_nodes, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("--trainer-replicas ", shape.trainer_replicas,
+                                                   " must divide the trainer nodes (",
+                                                   shape.trainer_nodes, ")"));
   }
   trainer.ranks = shape.trainer_ranks();
   trainer.replicas = shape.trainer_replicas;

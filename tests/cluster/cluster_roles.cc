@@ -126,8 +126,8 @@ int RunTrainer(const ClusterShape& shape, int rank, const std::string& socket) {
   }
   const auto entries = TrainerEntries(*model, shape, rank);
   const std::string who = absl::StrCat("trainer ", rank);
-  auto side = demo::OpenSide(socket, {v1::ROLE_TRAINER, rank, TrainerReplica(shape, rank)},
-                             entries, "cluster", who);
+  auto side = demo::OpenSide(socket, {v1::ROLE_TRAINER, rank, TrainerReplica(shape, rank)}, entries,
+                             "cluster", who);
   if (!side) return 1;
   auto* base = static_cast<uint8_t*>(side->reg.buffer.data());
   // Trainers hold dim-0 shards: one contiguous element run [begin, end) each. Float32 tensors

@@ -40,8 +40,9 @@ const std::map<std::string, double> kRated = {
 
 }  // namespace
 
-TEST_CASE("a link at a quarter of its rate is learned at once, and a plan made without it is "
-          "out of date") {
+TEST_CASE(
+    "a link at a quarter of its rate is learned at once, and a plan made without it is "
+    "out of date") {
   LinkLearner l;
   CHECK(l.Observe(DenseStep("", 1), kRated).empty());  // all alike: nothing learned
   CHECK(l.Scales().empty());
