@@ -15,29 +15,26 @@ double Smooth(double old, double measured, double weight) {
   return old < 0 ? measured : old + weight * (measured - old);
 }
 
-// BF16 values with a 2-byte gap each: what the codec packs per changed element (delta_model.h).
-constexpr double kPackedBytesPerChanged = 2;
-
 }  // namespace
 
 DeltaStepPredictor::Prediction DeltaStepPredictor::Predict(const v1::PlanSummary& plan) const {
-  Prediction p;
-  p.packed_fraction =
-      packed_fraction_ >= 0
-          ? packed_fraction_
-          : std::min(1.0, config_.predict_changed_fraction * kPackedBytesPerChanged);
+  planner::DeltaModel configured;  // BF16 values, 2-byte gaps: the codec's packing
+  configured.changed_fraction = config_.predict_changed_fraction;
+  const double packed =
+      packed_fraction_ >= 0 ? packed_fraction_ : planner::PackedFraction(configured);
+  double encode = 0;
   for (const v1::PeerBytes& s : plan.senders()) {
     auto it = encode_gbps_.find(s.agent());
     const double gbps = it != encode_gbps_.end() ? it->second : config_.predict_encode_gbps;
-    p.encode_seconds = std::max(p.encode_seconds, s.bytes() / (gbps * 1e9));
+    encode = std::max(encode, s.bytes() / (gbps * 1e9));
   }
-  const double per_op = std::max(0.0, plan.predicted_step_seconds() - plan.link_limit_seconds());
-  p.send_seconds = plan.link_limit_seconds() * p.packed_fraction + per_op;
   uint64_t busiest = 0;
   for (const v1::PeerBytes& r : plan.receivers()) busiest = std::max<uint64_t>(busiest, r.bytes());
-  const double apply = apply_gbps_ > 0 ? apply_gbps_ : config_.predict_apply_gbps;
-  p.apply_seconds = busiest * p.packed_fraction / (apply * 1e9);
-  p.seconds = std::max(p.encode_seconds, p.send_seconds) + p.apply_seconds;
+  const double apply_gbps = apply_gbps_ > 0 ? apply_gbps_ : config_.predict_apply_gbps;
+  Prediction p;
+  static_cast<planner::DeltaPrediction&>(p) =
+      planner::DeltaStepFromParts(encode, busiest * packed / (apply_gbps * 1e9), packed,
+                                  plan.link_limit_seconds(), plan.predicted_step_seconds());
   p.basis = observed_ == 0 ? "configured rates (delta.predict_*)"
                            : absl::StrCat("rates measured over ", observed_, " delta step(s)");
   return p;

@@ -18,6 +18,7 @@
 #include <map>
 #include <string>
 
+#include "common/planner/delta_model.h"
 #include "config/config.h"
 #include "weightbeam/v1/types.pb.h"
 
@@ -25,10 +26,7 @@ namespace wb::controller {
 
 class DeltaStepPredictor {
  public:
-  struct Prediction {
-    double seconds = 0;
-    double encode_seconds = 0, send_seconds = 0, apply_seconds = 0;
-    double packed_fraction = 0;
+  struct Prediction : planner::DeltaPrediction {
     std::string basis;  // "configured rates" or "rates measured over N delta step(s)"
   };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -60,10 +61,10 @@ std::string LinkLearner::ReplanReason(const std::map<std::string, double>& plann
     auto it = m.find(agent);
     return it == m.end() ? 1.0 : it->second;
   };
-  std::map<std::string, bool> agents;
-  for (const auto& [a, f] : estimate_) agents[a] = true;
-  for (const auto& [a, f] : planned) agents[a] = true;
-  for (const auto& [agent, unused] : agents) {
+  std::set<std::string> agents;
+  for (const auto& [a, f] : estimate_) agents.insert(a);
+  for (const auto& [a, f] : planned) agents.insert(a);
+  for (const std::string& agent : agents) {
     const double now = value(estimate_, agent), then = value(planned, agent);
     if (std::fabs(now / then - 1) <= kReplanChange) continue;
     moved.push_back(

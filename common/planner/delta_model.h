@@ -41,4 +41,13 @@ struct DeltaPrediction {
 
 DeltaPrediction PredictDeltaStep(const PlanStats& stats, const DeltaModel& model);
 
+// The pieces, for callers that know the encode and apply rates per agent instead of per device
+// (controller/delta_prediction.h): the packed fraction of a model, and a step from its parts
+// (send = link limit x packed + the dense prediction's per-op part; step = max(encode, send) +
+// apply).
+double PackedFraction(const DeltaModel& model);
+DeltaPrediction DeltaStepFromParts(double encode_seconds, double apply_seconds,
+                                   double packed_fraction, double link_limit_seconds,
+                                   double predicted_step_seconds);
+
 }  // namespace wb::planner
