@@ -33,6 +33,17 @@ struct PlanOptions {
   // Threads for generating ops (the same plan for any count); 0: the machine's cores, at
   // most 8.
   int threads = 0;
+  // Relays (relay.h): later inference replicas may take their bytes from an earlier replica's
+  // agent instead of from the senders. Off by default: agents do not forward yet, so only
+  // predictions (plan_bench, the dry run) ask for them.
+  struct Relays {
+    bool enabled = false;
+    // 0: chosen by the cost model. Else forced (tests, operators): the first `roots` members
+    // of every replica family are fed by the senders, each later one by a relay with at most
+    // `fanout` children.
+    int roots = 0;
+    int fanout = 0;
+  } relays;
 };
 
 // One operation: `rows` runs of `row_elems` elements read from the sender's tensor at
@@ -65,6 +76,10 @@ struct PlannedOp {
   uint8_t src_dtype = 0;
   uint8_t dst_dtype = 0;
   uint8_t transform = 0;
+  // A relay op (relay.h): the sender forwards a run of bytes that landed in one of its own
+  // destination regions (src = dst = that region's first entry, U8 elements, region offsets) to
+  // the same region of another replica.
+  uint8_t relay = 0;
 
   DType SrcDType() const { return static_cast<DType>(src_dtype); }
   DType DstDType() const { return static_cast<DType>(dst_dtype); }
@@ -112,6 +127,28 @@ struct PlanStats {
   double link_limit_seconds = 0;
 };
 
+// The relay tree of a plan (relay.h). Inference agents that hold the same entries (a template
+// and its replica mirrors, layout.h) form a family, ordered by replica; in every family the
+// members at positions < roots get their bytes from the senders and member q >= roots from
+// the member at (q - roots) / fanout, which forwards what landed in it.
+struct RelayTree {
+  int32_t roots = 0;  // 0: no relays, every destination is fed by the senders
+  int32_t fanout = 0;
+  int32_t depth = 0;                 // relay levels below the roots (the longest chain)
+  std::vector<int32_t> family_head;  // per input agent: its family's template (itself if none)
+  std::vector<int32_t> family_pos;   // per input agent: its position in the family (0: head)
+  std::vector<std::vector<int32_t>> families;  // per head: members by position (head first)
+  // Predictions (seconds): the plan without relays, with them, and the receivers' link limit
+  // (no relay can beat it: every receiver still takes its bytes once).
+  double direct_predicted_seconds = 0;
+  double predicted_seconds = 0;
+  double receiver_limit_seconds = 0;
+  double pipeline_delay_seconds = 0;  // per relay level: one chunk landing before it is forwarded
+  std::vector<uint64_t> relay_send_bytes;  // per input agent: bytes it forwards
+  std::vector<uint64_t> relay_send_ops;    // per input agent: relay ops it executes
+  uint64_t relayed_bytes = 0;              // bytes sent by relays in all
+};
+
 struct Plan {
   // Per input agent, the ops it sends in execution order (phase by phase, each phase ending
   // with a barrier); empty for agents that send nothing.
@@ -132,6 +169,9 @@ struct Plan {
   std::vector<uint32_t> fanout_size;     // per group: destinations executed
   // Per input agent: the agents that are its replica mirrors (layout.h), in canonical order.
   std::vector<std::vector<int32_t>> mirrors;
+  // PlanOptions::relays: who forwards to whom (roots == 0: nobody). The ops above are the
+  // plan without relays; relay.h gives what senders send and what relays forward.
+  RelayTree relay;
 };
 
 // Calls fn(const Destination&) for each destination of fan-out group `g`, in execution order.

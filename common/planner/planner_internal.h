@@ -219,6 +219,7 @@ class Planner {
     ChooseSources();
     OrderOps();
     Finish();
+    PlanRelays();
     return std::move(plan_);
   }
 
@@ -392,6 +393,10 @@ class Planner {
   // never over input positions).
   void Finish();
 
+  // PlanOptions::relays: the relay tree (relay.h) that lowers the predicted step most, or none;
+  // the statistics then describe the plan with relays. Fills Plan::relay's predictions always.
+  void PlanRelays();
+
   const std::vector<AgentLayout>& agents_;
   const PlanOptions& options_;
   std::vector<const AgentLayout*> holder_;     // per agent: whose `tensors` hold its entries
@@ -424,6 +429,8 @@ class Planner {
   std::vector<int32_t> rail_base_;
   // Per agent: CostModel::agent_rate_scale (1 when not measured slow).
   std::vector<double> rate_scale_;
+  // Per rail (rail_base_): bytes received, from Finish (read by PlanRelays).
+  std::vector<double> recv_rail_;
 };
 
 }  // namespace wb::planner::internal

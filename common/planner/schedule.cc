@@ -474,6 +474,7 @@ void Planner::Finish() {
     }
   }
   s.predicted_step_seconds = step;
+  recv_rail_ = std::move(recv_rail);
 }
 
 }  // namespace internal

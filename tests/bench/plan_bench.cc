@@ -18,6 +18,7 @@
 #include "common/planner/delta_model.h"
 #include "common/planner/models.h"
 #include "common/planner/plan.h"
+#include "common/planner/relay.h"
 
 namespace {
 
@@ -140,6 +141,11 @@ int Run(int argc, char** argv) {
                "hold every inference replica's entries (no replica mirrors; same plan)");
   bool no_fan_out = false;
   app.add_flag("--no-fan-out", no_fan_out, "one op per destination entry (the old plan)");
+  app.add_flag("--relays", opt.relays.enabled,
+               "let later inference replicas take their bytes from earlier ones (relay.h)");
+  app.add_option("--relay-roots", opt.relays.roots,
+                 "with --relays: replicas fed by the trainers (0: the cost model chooses)");
+  app.add_option("--relay-fanout", opt.relays.fanout, "with --relay-roots: children per relay");
   int layers = 0;
   app.add_option("--layers", layers, "kimi-k2 / qwen3-*: override the layer count (model size)")
       ->check(CLI::Range(0, 100000));
@@ -293,6 +299,31 @@ int Run(int argc, char** argv) {
   j["link_limit_seconds"] = s.link_limit_seconds;
   j["predicted_over_link_limit"] =
       s.link_limit_seconds > 0 ? s.predicted_step_seconds / s.link_limit_seconds : 0;
+  // Relays (--relays): the step without and with them against the receivers' limit, and the
+  // tree the cost model chose (roots 0: none).
+  const wb::planner::RelayTree& rt = plan->relay;
+  j["relays"] = opt.relays.enabled;
+  j["receiver_limit_seconds"] = rt.receiver_limit_seconds;
+  j["predicted_without_relays_seconds"] = rt.direct_predicted_seconds;
+  if (opt.relays.enabled) {
+    j["predicted_with_relays_seconds"] = rt.predicted_seconds;
+    j["predicted_over_receiver_limit"] =
+        rt.receiver_limit_seconds > 0 ? rt.predicted_seconds / rt.receiver_limit_seconds : 0;
+    j["relay_roots"] = rt.roots;
+    j["relay_fanout"] = rt.fanout;
+    j["relay_depth"] = rt.depth;
+    j["relay_pipeline_delay_seconds"] = rt.pipeline_delay_seconds;
+    j["relayed_bytes"] = rt.relayed_bytes;
+    std::vector<uint64_t> forwarding;
+    for (uint64_t b : rt.relay_send_bytes) {
+      if (b > 0) forwarding.push_back(b);
+    }
+    j["relay_agents"] = forwarding.size();
+    MinMeanMax(forwarding, "relay_agent_send_bytes", &j);
+    uint64_t relay_ops = 0;
+    for (uint64_t n : rt.relay_send_ops) relay_ops += n;
+    j["relay_ops"] = relay_ops;
+  }
   // A delta step on this plan, with the rates the model assumed (common/planner/delta_model.h).
   delta_model.element_bytes = inf.fp8 ? 1 : 2;
   const wb::planner::DeltaPrediction dp = wb::planner::PredictDeltaStep(s, delta_model);

@@ -5,6 +5,10 @@
 #   trainers Megatron-core trainer layouts: DeepSeek-V3 PP16 x EP16, Qwen3-235B TP4 x PP4 x
 #            EP8 x DP2, Llama-3.1-405B TP8 x PP8 x DP2, into vLLM FP8 and BF16 (94 and 126
 #            layers do not split evenly over 4 and 8 stages: the stages' layer counts are given)
+#   relays   issue 30's fleets with relays allowed: Kimi-K2 256 -> 512 (32 replicas of TP16
+#            EP16, FP8), Qwen3-235B 32 -> 256 (32 replicas of TP8 EP8), Kimi-K2 256 -> 128
+#            (receiver-bound: must not change); each prints the step without and with relays
+#            against the receivers' limit
 #   largest  Kimi-K2-shaped models of growing depth under the TP16/EP16 layout until the
 #            planner's peak RSS passes 4 GiB; prints the largest that stayed under
 # Build first: bazel build -c opt //tests/bench:plan_bench
@@ -47,6 +51,13 @@ if [[ $what == trainers ]]; then
   run $qwen
   run $llama --bf16
   run $llama
+  uptime
+fi
+if [[ $what == relays ]]; then
+  uptime
+  run --model=kimi-k2 --trainers=256 --inference-gpus=512 --tp=16 --ep=16 --relays
+  run --model=qwen3-235b --trainers=32 --inference-gpus=256 --tp=8 --ep=8 --relays
+  run $kimi --tp=16 --ep=16 --relays
   uptime
 fi
 if [[ $what == largest ]]; then

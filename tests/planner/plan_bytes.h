@@ -73,9 +73,8 @@ inline Buffers Sources(const std::vector<AgentLayout>& agents) {
   return out;
 }
 
-// Applies every executed op of `plan` to fresh destination buffers (0xEE where nothing lands).
-inline Buffers Apply(const std::vector<AgentLayout>& agents, const Plan& plan,
-                     const Buffers& sources) {
+// Fresh destination buffers: every inference region of `agents`, 0xEE throughout.
+inline Buffers FreshDestinations(const std::vector<AgentLayout>& agents) {
   Buffers dst;
   for (size_t a = 0; a < agents.size(); ++a) {
     for (size_t t = 0; t < agents[a].tensors.size(); ++t) {
@@ -85,50 +84,61 @@ inline Buffers Apply(const std::vector<AgentLayout>& agents, const Plan& plan,
       }
     }
   }
+  return dst;
+}
+
+// Applies one op reading `src` (its source tensor's bytes) to `dst`.
+inline void ApplyOp(const std::vector<AgentLayout>& agents, const PlannedOp& op,
+                    const std::vector<uint8_t>& src, Buffers* dst) {
+  auto region = [&](int32_t tensor) {
+    return std::pair<int64_t, int64_t>(op.dst_agent, agents[op.dst_agent].tensors[tensor].region);
+  };
+  std::vector<uint8_t>& out = dst->at(region(op.dst_tensor));
+  const uint64_t se = DTypeBytes(op.SrcDType()), de = DTypeBytes(op.DstDType());
+  REQUIRE(op.rows > 0);
+  REQUIRE(op.src_offset + (op.rows - 1) * op.src_stride + op.row_elems * se <= src.size());
+  REQUIRE(op.dst_offset + (op.rows - 1) * op.dst_stride + op.row_elems * de <= out.size());
+  if (op.GetTransform() == weightbeam::v1::TRANSFORM_COPY) {
+    for (uint64_t r = 0; r < op.rows; ++r) {
+      std::memcpy(out.data() + op.dst_offset + r * op.dst_stride,
+                  src.data() + op.src_offset + r * op.src_stride, op.row_elems * se);
+    }
+    return;
+  }
+  REQUIRE(op.GetTransform() == weightbeam::v1::TRANSFORM_FP8_BLOCK);
+  REQUIRE(se == 2);
+  std::vector<uint8_t>& scales = dst->at(region(op.scale_tensor));
+  auto at = [&](uint64_t r, uint64_t c) {
+    return Bf16ToFloat(src.data() + op.src_offset + r * op.src_stride + c * 2);
+  };
+  for (uint64_t br = 0; br < op.rows; br += 128) {
+    for (uint64_t bc = 0; bc < op.row_elems; bc += 128) {
+      const uint64_t re = std::min(op.rows, br + 128), ce = std::min(op.row_elems, bc + 128);
+      float amax = 0;
+      for (uint64_t r = br; r < re; ++r) {
+        for (uint64_t c = bc; c < ce; ++c) amax = std::max(amax, std::fabs(at(r, c)));
+      }
+      const float scale = amax > 0 ? amax / 127.0f : 1.0f;
+      for (uint64_t r = br; r < re; ++r) {
+        for (uint64_t c = bc; c < ce; ++c) {
+          out[op.dst_offset + r * op.dst_stride + c] =
+              static_cast<uint8_t>(static_cast<int8_t>(std::lround(at(r, c) / scale)));
+        }
+      }
+      const uint64_t s = op.scale_offset + (br / 128) * op.scale_stride + (bc / 128) * 4;
+      REQUIRE(s + 4 <= scales.size());
+      std::memcpy(scales.data() + s, &scale, 4);
+    }
+  }
+}
+
+// Applies every executed op of `plan` to fresh destination buffers (0xEE where nothing lands).
+inline Buffers Apply(const std::vector<AgentLayout>& agents, const Plan& plan,
+                     const Buffers& sources) {
+  Buffers dst = FreshDestinations(agents);
   for (int32_t a : plan.agent_order) {
     ForEachExecutedOp(plan, a, [&](const PlannedOp& op) {
-      const std::vector<uint8_t>& src = sources.at({op.src_agent, op.src_tensor});
-      auto region = [&](int32_t tensor) {
-        return std::pair<int64_t, int64_t>(op.dst_agent,
-                                           agents[op.dst_agent].tensors[tensor].region);
-      };
-      std::vector<uint8_t>& out = dst.at(region(op.dst_tensor));
-      const uint64_t se = DTypeBytes(op.SrcDType()), de = DTypeBytes(op.DstDType());
-      REQUIRE(op.rows > 0);
-      REQUIRE(op.src_offset + (op.rows - 1) * op.src_stride + op.row_elems * se <= src.size());
-      REQUIRE(op.dst_offset + (op.rows - 1) * op.dst_stride + op.row_elems * de <= out.size());
-      if (op.GetTransform() == weightbeam::v1::TRANSFORM_COPY) {
-        for (uint64_t r = 0; r < op.rows; ++r) {
-          std::memcpy(out.data() + op.dst_offset + r * op.dst_stride,
-                      src.data() + op.src_offset + r * op.src_stride, op.row_elems * se);
-        }
-        return;
-      }
-      REQUIRE(op.GetTransform() == weightbeam::v1::TRANSFORM_FP8_BLOCK);
-      REQUIRE(se == 2);
-      std::vector<uint8_t>& scales = dst.at(region(op.scale_tensor));
-      auto at = [&](uint64_t r, uint64_t c) {
-        return Bf16ToFloat(src.data() + op.src_offset + r * op.src_stride + c * 2);
-      };
-      for (uint64_t br = 0; br < op.rows; br += 128) {
-        for (uint64_t bc = 0; bc < op.row_elems; bc += 128) {
-          const uint64_t re = std::min(op.rows, br + 128), ce = std::min(op.row_elems, bc + 128);
-          float amax = 0;
-          for (uint64_t r = br; r < re; ++r) {
-            for (uint64_t c = bc; c < ce; ++c) amax = std::max(amax, std::fabs(at(r, c)));
-          }
-          const float scale = amax > 0 ? amax / 127.0f : 1.0f;
-          for (uint64_t r = br; r < re; ++r) {
-            for (uint64_t c = bc; c < ce; ++c) {
-              out[op.dst_offset + r * op.dst_stride + c] =
-                  static_cast<uint8_t>(static_cast<int8_t>(std::lround(at(r, c) / scale)));
-            }
-          }
-          const uint64_t s = op.scale_offset + (br / 128) * op.scale_stride + (bc / 128) * 4;
-          REQUIRE(s + 4 <= scales.size());
-          std::memcpy(scales.data() + s, &scale, 4);
-        }
-      }
+      ApplyOp(agents, op, sources.at({op.src_agent, op.src_tensor}), &dst);
     });
   }
   return dst;
