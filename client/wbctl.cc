@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/bash_completion.h"
 #include "client/report_format.h"
@@ -21,6 +22,7 @@
 #include "common/engines/dry_run.h"
 #include "common/planner/plan.h"
 #include "common/planner/plan_proto.h"
+#include "common/planner/relay.h"
 #include "common/version/build_info.h"
 #include "common/wire/state_words.h"
 
@@ -54,10 +56,53 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
 
 }  // namespace
 
+// The relay tree of a dry-run plan (planner/relay.h): the predictions, then per forwarding agent
+// its parent, children and what it forwards; as a table, or as JSON with `json`.
+std::string RelayReport(const std::vector<wb::planner::AgentLayout>& agents,
+                        const wb::planner::Plan& plan, bool json) {
+  const wb::planner::RelayTree& r = plan.relay;
+  std::string rows;
+  wb::client::Table t({"relay", "fed by", "forwards to", "bytes", "ops"});
+  for (size_t a = 0; a < agents.size(); ++a) {
+    const std::vector<int32_t> children = wb::planner::RelayChildren(plan, a);
+    if (children.empty()) continue;
+    const int32_t parent = wb::planner::RelayParent(plan, a);
+    const std::string from = parent < 0 ? "senders" : agents[parent].name;
+    std::string to, to_json;
+    for (int32_t c : children) {
+      absl::StrAppend(&to, to.empty() ? "" : " ", agents[c].name);
+      absl::StrAppend(&to_json, to_json.empty() ? "" : ",", "\"", agents[c].name, "\"");
+    }
+    t.Add({agents[a].name, from, to, wb::client::HumanBytes(r.relay_send_bytes[a]),
+           absl::StrCat(r.relay_send_ops[a])});
+    absl::StrAppend(&rows, rows.empty() ? "" : ",", "{\"agent\":\"", agents[a].name,
+                    "\",\"fed_by\":\"", from, "\",\"children\":[", to_json,
+                    "],\"bytes\":", r.relay_send_bytes[a], ",\"ops\":", r.relay_send_ops[a], "}");
+  }
+  if (json) {
+    return absl::StrCat("{\"roots\":", r.roots, ",\"fanout\":", r.fanout, ",\"depth\":", r.depth,
+                        ",\"predicted_without_relays_seconds\":", r.direct_predicted_seconds,
+                        ",\"predicted_seconds\":", r.predicted_seconds,
+                        ",\"receiver_limit_seconds\":", r.receiver_limit_seconds,
+                        ",\"relayed_bytes\":", r.relayed_bytes, ",\"agents\":[", rows, "]}");
+  }
+  if (r.roots == 0) {
+    return absl::StrFormat(
+        "relays: none (predicted %.4g s without them, receivers' limit %.4g s: relaying would "
+        "not make the step faster)",
+        r.direct_predicted_seconds, r.receiver_limit_seconds);
+  }
+  return absl::StrFormat(
+      "relays: %d replica(s) per family fed by the senders, fan-out %d, depth %d; predicted "
+      "%.4g s with relays, %.4g s without, receivers' limit %.4g s; %s relayed\n%s",
+      r.roots, r.fanout, r.depth, r.predicted_seconds, r.direct_predicted_seconds,
+      r.receiver_limit_seconds, wb::client::HumanBytes(r.relayed_bytes), t.Render());
+}
+
 // `wbctl plan --dry-run`: the planner on layouts built from config.json (common/engines).
 int DryRunPlan(const std::string& model_path, const std::string& engine_name,
                const std::string& trainer_dialect, wb::engines::DeploymentOptions options,
-               bool json) {
+               bool relays, bool json) {
   auto dialect = wb::engines::ParseTrainerDialect(trainer_dialect);
   if (!dialect.ok()) return Fail(dialect.status());
   options.trainer = *dialect;
@@ -78,8 +123,10 @@ int DryRunPlan(const std::string& model_path, const std::string& engine_name,
   wb::planner::FoldMirrors(&*layouts);  // what the layouts' own mirrors leave
   wb::planner::PlanOptions plan_options;
   plan_options.cost.nic_gbps = options.nic_gbps;
+  plan_options.relays.enabled = relays;
   auto plan = wb::planner::BuildPlan(*layouts, plan_options);
   if (!plan.ok()) return Fail(plan.status());
+  const std::string relay_text = relays ? RelayReport(*layouts, *plan, json) : "";
   v1::PlanSummary summary = wb::planner::SummaryToProto(*layouts, *plan, 0);
   std::vector<wb::engines::NicLoad> nics = wb::engines::SenderNicLoads(*layouts, *plan);
   std::string nic_json;
@@ -91,13 +138,15 @@ int DryRunPlan(const std::string& model_path, const std::string& engine_name,
   }
   const std::string out = absl::StrCat(
       "{\"model\":\"", model_path, "\",\"engine\":\"", engine_name, "\",\"trainer\":\"",
-      trainer_dialect, "\",\"plan\":", Json(summary), ",\"sender_nics\":[", nic_json, "]}");
+      trainer_dialect, "\",\"plan\":", Json(summary), ",\"sender_nics\":[", nic_json, "]",
+      relays ? absl::StrCat(",\"relays\":", relay_text) : "", "}");
   if (!json) {
     std::printf(
         "dry run: %s on %s, %d %s trainers -> %d inference GPUs (tp %d, ep %d, %s)\n%s\n%s\n",
         model_path.c_str(), engine_name.c_str(), options.trainers, trainer_dialect.c_str(),
         options.inference_gpus, options.tp, options.ep, options.fp8 ? "fp8" : "bf16",
         wb::client::FormatPlan(summary).c_str(), t.Render().c_str());
+    if (relays) std::printf("%s\n", relay_text.c_str());
   }
   std::printf("%s\n", out.c_str());
   return 0;
@@ -174,6 +223,11 @@ int main(int argc, char** argv) {
   plan->add_option("--ep", deployment.ep, "expert-parallel size of the engine (--dry-run)");
   plan->add_flag("--fp8", deployment.fp8, "FP8 128x128-block destinations (--dry-run)");
   plan->add_option("--nic-gbps", deployment.nic_gbps, "GB/s per NIC rail (--dry-run)");
+  bool relays = false;
+  plan->add_flag("--relays", relays,
+                 "let later inference replicas take their bytes from earlier ones where the "
+                 "cost model predicts a faster step (--dry-run; the tree and what each relay "
+                 "forwards)");
   auto* step = app.add_subcommand("step", "push a new version to the inference side");
   uint64_t version = 0;
   step->add_option("VERSION", version, "the version to commit (newer than the last)")->required();
@@ -228,7 +282,7 @@ int main(int argc, char** argv) {
 
   if (*plan && dry_run) {
     try {
-      return DryRunPlan(model_path, engine_name, trainer_dialect, deployment, json);
+      return DryRunPlan(model_path, engine_name, trainer_dialect, deployment, relays, json);
     } catch (const std::bad_alloc&) {
       return Fail(absl::ResourceExhaustedError(
           "out of memory planning this deployment; plan fewer GPUs or a smaller model"));

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/planner/relay.h"
 
 namespace wb::engines {
 namespace {
@@ -324,7 +325,8 @@ std::vector<NicLoad> SenderNicLoads(const std::vector<planner::AgentLayout>& age
       rails[n].agent = agents[a].name;
       rails[n].nic = n < agents[a].nics.size() ? agents[a].nics[n].name : "nic0";
     }
-    planner::ForEachExecutedOp(plan, static_cast<int32_t>(a), [&](const planner::PlannedOp& op) {
+    // What the sender sends itself: with relays, later replicas get theirs from a relay.
+    planner::ForEachSentOp(plan, static_cast<int32_t>(a), [&](const planner::PlannedOp& op) {
       NicLoad& l = rails[static_cast<size_t>(op.rail) % rails.size()];
       l.bytes += op.DstBytes();
       ++l.ops;

@@ -54,7 +54,8 @@ struct DeploymentOptions {
 absl::StatusOr<std::vector<planner::AgentLayout>> DeploymentLayouts(
     const ModelConfig& config, const DeploymentOptions& options);
 
-// Bytes (landing at the destinations, FP8 scales included) and ops per sending NIC rail.
+// Bytes (landing at the destinations, FP8 scales included) and ops per sending NIC rail: what
+// each sender sends itself (with relays, not what relays forward for it).
 struct NicLoad {
   std::string agent;
   std::string nic;

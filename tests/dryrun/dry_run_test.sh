@@ -36,4 +36,25 @@ expect_error "num_query_groups" --model $M/llama.json --engine vllm --trainer me
   --trainer-tp 4 --inference-gpus 2 --tp 2
 expect_error "expected fsdp or megatron" --model $M/llama.json --engine vllm --trainer deepspeed \
   --inference-gpus 2 --tp 2
+# Relays: one trainer node feeding 8 replicas (4 agents of 2) is trainer-bound, so later replicas
+# are fed by earlier ones; 64 trainers into 4 replicas are not, and nothing is relayed.
+out=$($W plan --dry-run --model $M/qwen3.json --engine vllm --trainers 2 --inference-gpus 32 --tp 4 \
+  --fp8 --relays --json) || fail "relay dry run exited $?"
+python3 - "$out" <<'PY' || fail "relay dry run: $out"
+import json, sys
+r = json.loads(sys.argv[1])["relays"]
+assert r["roots"] >= 1 and r["depth"] >= 1, r
+assert r["receiver_limit_seconds"] <= r["predicted_seconds"] < r["predicted_without_relays_seconds"], r
+fed = {a["agent"]: a for a in r["agents"]}
+assert any(a["fed_by"] == "senders" for a in r["agents"]), r
+for a in r["agents"]:
+    assert a["bytes"] > 0 and a["ops"] > 0 and a["children"], a
+    assert a["fed_by"] == "senders" or a["fed_by"] in fed, a  # a relay's parent relays too
+assert sum(a["bytes"] for a in r["agents"]) == r["relayed_bytes"], r
+PY
+out=$($W plan --dry-run --model $M/qwen3.json --engine vllm --trainers 64 --inference-gpus 16 --tp 4 \
+  --fp8 --relays) || fail "receiver-bound relay dry run exited $?"
+grep -qF "relays: none" <<<"$out" || fail "receiver-bound dry run relays: $out"
+out=$($W plan --dry-run --model $M/qwen3.json --engine vllm --trainers 2 --inference-gpus 32 --tp 4 --json)
+grep -qF '"relays"' <<<"$out" && fail "relays reported without --relays: $out"
 echo PASS
