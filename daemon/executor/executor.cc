@@ -116,11 +116,19 @@ void Executor::Load(std::shared_ptr<const OpList> ops, std::map<std::string, Rou
   // A step of the old plan still running is stale: stop it and wait until it is gone.
   CancelCurrent("a new plan is being loaded");
   absl::MutexLock serial(&run_mu_);
+  const bool relays = ops && std::any_of(ops->begin(), ops->end(),
+                                         [](const v1::TransferOp& op) { return op.relay(); });
   absl::MutexLock lock(&mu_);
   delta_ = std::move(delta);
   ops_ = std::move(ops);
   routes_ = std::make_shared<const Routes>(std::move(routes));
   loaded_ = true;
+  has_relays_ = relays;
+}
+
+bool Executor::has_relays() const {
+  absl::MutexLock lock(&mu_);
+  return has_relays_;
 }
 
 bool Executor::loaded() const {
@@ -414,8 +422,17 @@ absl::Status Executor::RunPhase(std::shared_ptr<const OpList> plan,
       std::make_shared<PhaseRun>(std::move(plan), std::move(routes), std::move(step_run), deadline,
                                  step, delta, report, options_.prepare_threads);
   PhaseRun& run = *shared_run;
-  StageIn(ops, &run);
-  if (ops.size() <= kInlinePhaseOps) {
+  // A phase with relay ops stages in on its own thread: they are handed on as their bytes land,
+  // while the stages below already prepare and write what is ready.
+  const bool relays =
+      std::any_of(ops.begin(), ops.end(), [](const v1::TransferOp* op) { return op->relay(); });
+  std::thread stage_in;
+  if (relays) {
+    stage_in = std::thread([this, &ops, &run] { StageIn(ops, &run); });
+  } else {
+    StageIn(ops, &run);
+  }
+  if (!relays && ops.size() <= kInlinePhaseOps) {
     PrepareAndWriteInline(shared_run);
   } else {
     for (int i = 0; i < options_.prepare_threads; ++i) {
@@ -426,6 +443,7 @@ absl::Status Executor::RunPhase(std::shared_ptr<const OpList> plan,
     std::unique_lock<std::mutex> lock(run.preparers_mu);
     run.preparers_done.wait(lock, [&] { return run.preparers_running == 0; });
   }
+  if (stage_in.joinable()) stage_in.join();  // it closed to_prepare: it has returned or is about to
   AwaitCompletions(&run, deadline);
   if (run.error.failed() || run.step_run->cancelled) AbandonOutstanding(&run);
   auto* st = report->mutable_stages();
@@ -449,6 +467,7 @@ void Executor::StageIn(const std::vector<const v1::TransferOp*>& ops, PhaseRun* 
   // sources are copied to the host by the preparer that needs them (gpu_source.h).
   const auto t_in = Clock::now();
   std::unordered_set<const registry::RegisteredTensor*> checked;
+  std::vector<Job> relays;
   for (const v1::TransferOp* op : ops) {
     Job job;
     job.op = op;
@@ -483,11 +502,61 @@ void Executor::StageIn(const std::vector<const v1::TransferOp*>& ops, PhaseRun* 
       }
       job.route = &it->second;
     }
+    if (op->relay()) {
+      relays.push_back(std::move(job));  // sent once its bytes have landed here
+      continue;
+    }
     run->to_prepare.Push(std::move(job));
   }
+  if (!relays.empty() && !run->error.failed()) ForwardWhenLanded(std::move(relays), run);
   run->to_prepare.Close();
   auto* st = run->report->mutable_stages();
   st->set_stage_in_seconds(st->stage_in_seconds() + Since(t_in));
+}
+
+void Executor::ForwardWhenLanded(std::vector<Job> relays, PhaseRun* run) {
+  if (landing_ == nullptr) {
+    run->error.Set(absl::FailedPreconditionError(absl::StrCat(
+        OpName(*relays.front().op), ": a relay op, but this agent does not track landed bytes")));
+    return;
+  }
+  const uint64_t step = run->step_run->step_id;
+  auto landed = [&](const Job& job) {
+    const v1::TransferOp& op = *job.op;
+    const auto* base = static_cast<const uint8_t*>(job.source->memory.addr) + op.src_offset();
+    const uint64_t length = op.rows() == 0
+                                ? 0
+                                : (op.rows() - 1) * op.src_stride() +
+                                      op.row_elems() * tensor::DTypeBytes(op.src_dtype());
+    return landing_->Covered(step, base, length);
+  };
+  // Each pass hands on every relay op whose bytes are all in, then waits for more to land.
+  uint64_t seen = landing_->changes();
+  while (!relays.empty()) {
+    std::vector<Job> waiting;
+    for (Job& job : relays) {
+      if (landed(job)) {
+        run->to_prepare.Push(std::move(job));
+      } else {
+        waiting.push_back(std::move(job));
+      }
+    }
+    relays.swap(waiting);
+    if (relays.empty()) break;
+    if (run->error.failed()) return;
+    if (run->step_run->cancelled) {
+      run->error.Set(absl::CancelledError("step cancelled while relay ops wait for bytes"));
+      return;
+    }
+    if (Clock::now() >= run->deadline) {
+      run->error.Set(absl::DeadlineExceededError(absl::StrCat(
+          OpName(*relays.front().op), " and ", relays.size() - 1,
+          " more relay ops: their bytes had not all landed here by the step's deadline")));
+      return;
+    }
+    // Wakes on every landing; at most every 50 ms to see cancellation and the deadline.
+    seen = landing_->WaitChange(seen, std::min(run->deadline, Clock::now() + kRelayPoll));
+  }
 }
 
 void Executor::PrepareStage(PhaseRun* run) {

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/metrics/metric_registry.h"
 #include "daemon/delta/delta_sender.h"
+#include "daemon/executor/landing_tracker.h"
 #include "daemon/executor/staging_pool.h"
 #include "daemon/executor/worker_pool.h"
 #include "daemon/registry/region_registry.h"
@@ -95,6 +96,8 @@ class Executor {
   // The loaded ops in phase order (null before the first Load).
   std::shared_ptr<const OpList> ops() const;
   bool loaded() const;
+  // Whether the loaded plan has relay ops (this agent forwards what lands in it).
+  bool has_relays() const;
 
   // Runs every op of the loaded plan, phase by phase (a barrier between phases), except the
   // ops to the destination agents in `skip` (dropped from this step). Fails with the first
@@ -106,6 +109,9 @@ class Executor {
                                           delta::StepDelta step = {},
                                           const std::set<std::string>& skip = {},
                                           uint64_t step_id = 0);
+  // Relay ops (TransferOp.relay) read this agent's own destination bytes and are handed on only
+  // once `landing` has seen every byte of them land in the running step. Set before Load.
+  void SetLandingTracker(const LandingTracker* landing) { landing_ = landing; }
   // Makes a running Execute fail promptly with `reason`.
   void Cancel(const std::string& reason) { Cancel(0, reason); }
   // The same for step `step_id` only (0: whichever runs); a step cancelled before it started
@@ -135,8 +141,11 @@ class Executor {
                         std::chrono::steady_clock::time_point deadline,
                         const delta::StepDelta& step, delta::DeltaSender* delta,
                         weightbeam::v1::AgentStepReport* report);
-  // The stages. Stage-in: resolve each op's source and route, in plan order.
+  // The stages. Stage-in: resolve each op's source and route, in plan order; relay ops last,
+  // each as soon as its bytes have landed (ForwardWhenLanded).
   void StageIn(const std::vector<const weightbeam::v1::TransferOp*>& ops, PhaseRun* run);
+  void ForwardWhenLanded(std::vector<Job> relays, PhaseRun* run);
+  static constexpr std::chrono::milliseconds kRelayPoll{50};
   // Prepare (on the prepare pool): transform into staging, blocking on the watermark, or pass
   // zero-copy ops on. A job that fails is dropped, its staging lease with it.
   void PrepareStage(PhaseRun* run);
@@ -173,6 +182,7 @@ class Executor {
   registry::RegionRegistry* registry_;
   StagingPool* staging_;
   const Preparer* preparer_;
+  const LandingTracker* landing_ = nullptr;  // relay ops wait on it (SetLandingTracker)
   ExecutorOptions options_;
 
   // Held by Execute from start to end and by Load: steps never overlap, and a plan is never
@@ -184,6 +194,7 @@ class Executor {
   // Shared with the step running (and its late completions): Load swaps in a new map.
   std::shared_ptr<const Routes> routes_ ABSL_GUARDED_BY(mu_);
   bool loaded_ ABSL_GUARDED_BY(mu_) = false;
+  bool has_relays_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<delta::DeltaSender> delta_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<StepRun> current_ ABSL_GUARDED_BY(mu_);  // the step running, if any
   uint64_t cancelled_step_ ABSL_GUARDED_BY(mu_) = 0;       // the last step cancelled before it ran

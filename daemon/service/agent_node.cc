@@ -197,6 +197,13 @@ absl::Status AgentNode::Start() {
   eopts.test_hold = std::chrono::milliseconds(config_.executor.test_hold_ms);
   executor_ =
       std::make_unique<executor::Executor>(registry_.get(), staging_.get(), preparer_.get(), eopts);
+  // Relay ops forward this agent's destination bytes of the open step once they have landed.
+  executor_->SetLandingTracker(&landing_);
+  for (auto& t : transports_) {
+    t->SetLandingCallback([this](uint64_t step, const void* addr, uint64_t length) {
+      landing_.Landed(step, addr, length);
+    });
+  }
   auto server_credentials = wb::grpcutil::MakeServerCredentials(config_.tls);
   if (!server_credentials.ok()) return server_credentials.status();
   auto channels = wb::grpcutil::ChannelFactory::FromConfig(config_.tls);
@@ -474,6 +481,9 @@ absl::Status AgentNode::BeginStep(uint64_t version, uint64_t step_id, uint64_t p
             "agent ", config_.name, ": step fence of version ", version, ": ", s.message()));
       }
     }
+    // Landings are tracked only where relay ops wait for them (step 0: none tracked); opened
+    // before the controller hears we began, so no write of this step has landed yet.
+    landing_.Open(executor_->has_relays() ? step_id : 0);
     absl::MutexLock lock(&mu_);
     step_open_ = true;
     open_step_ = step_id;

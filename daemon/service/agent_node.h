@@ -19,6 +19,7 @@
 #include "config/config.h"
 #include "daemon/delta/delta_receiver.h"
 #include "daemon/executor/executor.h"
+#include "daemon/executor/landing_tracker.h"
 #include "daemon/executor/staging_pool.h"
 #include "daemon/local_api/event_bus.h"
 #include "daemon/local_api/local_service.h"
@@ -113,6 +114,9 @@ class AgentNode {
   metrics::Registry metrics_registry_;
   AgentMetrics metrics_{&metrics_registry_};
   std::unique_ptr<metrics::HttpExporter> metrics_exporter_;
+  // What has landed here in the open step: relay ops forward from it (issue 30). Before the
+  // transports: their receive threads call into it until they are gone.
+  executor::LandingTracker landing_;
   std::vector<std::unique_ptr<transport::Transport>> transports_;
   std::map<std::string, transport::Transport*> by_name_;
   std::unique_ptr<registry::RegionRegistry> registry_;

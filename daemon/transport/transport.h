@@ -79,6 +79,9 @@ using HandshakeExchange = std::function<absl::StatusOr<std::string>(const std::s
 
 // Called on the receiving side when a batch from `peer` has fully landed.
 using ArrivalCallback = std::function<void(const std::string& peer, uint64_t batch_bytes)>;
+// Called on the receiving side for each write that has landed, with where it landed in this
+// process's memory (a relay forwards bytes once they are in: executor/landing_tracker.h).
+using LandingCallback = std::function<void(uint64_t step, const void* addr, uint64_t length)>;
 // Called on the receiving side for each write refused by the step fence.
 using FenceCallback = std::function<void(const std::string& peer, uint64_t step)>;
 
@@ -128,6 +131,9 @@ class Transport {
   virtual void ForgetPeer(const std::string& peer_name, PeerSide side = PeerSide::kBoth) = 0;
 
   virtual void SetArrivalCallback(ArrivalCallback cb) = 0;
+  // Transports that see each write land (tcp, local) report it here; rdma's writes are
+  // one-sided and land unseen, so it reports nothing (relays over rdma are not built yet).
+  virtual void SetLandingCallback(LandingCallback cb) {}
 
   // The receiving side's step fence (docs/security.md, class 8). Until the first OpenStep or
   // CloseStep the fence is not armed and every write is accepted (a bare transport); once

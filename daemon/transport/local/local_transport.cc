@@ -54,6 +54,14 @@ class LocalEngine {
     std::lock_guard<std::mutex> lock(mu_);
     return arrival_;
   }
+  void SetLanding(LandingCallback cb) {
+    std::lock_guard<std::mutex> lock(mu_);
+    landing_ = std::move(cb);
+  }
+  LandingCallback landing() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return landing_;
+  }
 
  private:
   void Run() {
@@ -76,6 +84,7 @@ class LocalEngine {
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
   ArrivalCallback arrival_;
+  LandingCallback landing_;
   bool stopping_ = false;
   std::thread worker_;  // last: starts after the rest is built
 };
@@ -160,6 +169,11 @@ class LocalPeer : public Peer {
           done(absl::Status(
               st.code(), absl::StrCat("local peer '", peer, "': write ", i, ": ", st.message())));
           return;
+        }
+      }
+      if (auto landing = engine->landing()) {
+        for (size_t i = 0; i < checked.size(); ++i) {
+          landing(checked[i].first.step, pins[i].second.data(), checked[i].first.length);
         }
       }
       pins.clear();
@@ -296,6 +310,7 @@ absl::StatusOr<std::string> LocalTransport::Accept(const std::string& peer_name,
 }
 
 void LocalTransport::SetArrivalCallback(ArrivalCallback cb) { engine_->SetArrival(std::move(cb)); }
+void LocalTransport::SetLandingCallback(LandingCallback cb) { engine_->SetLanding(std::move(cb)); }
 
 // Copies run on the engine's thread and finish on their own: nothing to cut, only to wait for.
 absl::Status LocalTransport::OpenStep(uint64_t step) { return engine_->fence().Open(step, {}); }

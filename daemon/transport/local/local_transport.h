@@ -41,6 +41,7 @@ class LocalTransport : public Transport {
                                      const std::string& their_record) override;
   void ForgetPeer(const std::string& peer_name, PeerSide side = PeerSide::kBoth) override {}
   void SetArrivalCallback(ArrivalCallback cb) override;
+  void SetLandingCallback(LandingCallback cb) override;
   absl::Status OpenStep(uint64_t step) override;
   absl::Status CloseStep(bool committed) override;
   uint64_t RefusedWrites(uint64_t step) const override;

@@ -133,6 +133,11 @@ size_t TcpReceiver::OpenBatches() {
   return batches_.size();
 }
 
+void TcpReceiver::SetLandingCallback(LandingCallback cb) {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  landing_ = std::move(cb);
+}
+
 void TcpReceiver::SetArrivalCallback(ArrivalCallback cb) {
   std::lock_guard<std::mutex> lock(peers_mu_);
   arrival_ = std::move(cb);
@@ -480,8 +485,14 @@ absl::Status TcpReceiver::HandleWrite(Connection* conn, const FrameHeader& heade
         : outcome == net::RecvOutcome::kTimedOut ? "not complete within the write timeout"
                                                  : std::strerror(err)));
   }
-  std::lock_guard<std::mutex> lock(peers_mu_);
-  BatchLocked({conn->peer, header.batch_id}).bytes += header.length;
+  LandingCallback landing;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    BatchLocked({conn->peer, header.batch_id}).bytes += header.length;
+    landing = landing_;
+  }
+  // Still under the fence's pass and the region's pin: the bytes are in and stay valid.
+  if (landing) landing(header.step, pin->data(), header.length);
   return absl::OkStatus();
 }
 

@@ -163,6 +163,10 @@ void TcpTransport::ForgetPeer(const std::string& peer_name, PeerSide side) {
   if (peer) peer->Close(absl::StrCat("tcp peer '", peer_name, "' was forgotten"));
 }
 
+void TcpTransport::SetLandingCallback(LandingCallback cb) {
+  receiver_->SetLandingCallback(std::move(cb));
+}
+
 void TcpTransport::SetArrivalCallback(ArrivalCallback cb) {
   receiver_->SetArrivalCallback(std::move(cb));
 }

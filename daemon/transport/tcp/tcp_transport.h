@@ -45,6 +45,7 @@ class TcpTransport : public Transport {
                                      const std::string& their_record) override;
   void ForgetPeer(const std::string& peer_name, PeerSide side = PeerSide::kBoth) override;
   void SetArrivalCallback(ArrivalCallback cb) override;
+  void SetLandingCallback(LandingCallback cb) override;
   absl::Status OpenStep(uint64_t step) override { return receiver_->OpenStep(step); }
   absl::Status CloseStep(bool) override { return receiver_->CloseStep(); }
   uint64_t RefusedWrites(uint64_t step) const override { return receiver_->RefusedWrites(step); }

@@ -1,0 +1,62 @@
+#include "daemon/executor/landing_tracker.h"
+
+#include <algorithm>
+#include <iterator>
+
+namespace wb::executor {
+
+void LandingTracker::Open(uint64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step_ = step;
+    ranges_.clear();
+    ++changes_;
+  }
+  cv_.notify_all();
+}
+
+void LandingTracker::Landed(uint64_t step, const void* addr, uint64_t length) {
+  if (length == 0) return;
+  uintptr_t begin = reinterpret_cast<uintptr_t>(addr);
+  uintptr_t end = begin + length;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (step != step_ || step == 0) return;
+    // Merge with every range that overlaps or touches [begin, end).
+    auto it = ranges_.upper_bound(begin);
+    if (it != ranges_.begin() && std::prev(it)->second >= begin) --it;
+    while (it != ranges_.end() && it->first <= end) {
+      begin = std::min(begin, it->first);
+      end = std::max(end, it->second);
+      it = ranges_.erase(it);
+    }
+    ranges_.emplace(begin, end);
+    ++changes_;
+  }
+  cv_.notify_all();
+}
+
+bool LandingTracker::Covered(uint64_t step, const void* addr, uint64_t length) const {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(addr);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (step != step_) return false;
+  if (length == 0) return true;
+  auto it = ranges_.upper_bound(begin);
+  if (it == ranges_.begin()) return false;
+  --it;
+  return it->first <= begin && it->second >= begin + length;
+}
+
+uint64_t LandingTracker::changes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return changes_;
+}
+
+uint64_t LandingTracker::WaitChange(uint64_t seen,
+                                    std::chrono::steady_clock::time_point until) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_until(lock, until, [&] { return changes_ != seen; });
+  return changes_;
+}
+
+}  // namespace wb::executor

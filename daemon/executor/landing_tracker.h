@@ -1,0 +1,37 @@
+// What has landed in this agent's destination memory during the open step, as merged address
+// ranges: a relay (common/planner/relay.h) forwards a run of destination bytes to the next
+// replica as soon as every byte of it is in, not after the whole step. Fed by the transports'
+// landing callbacks (tcp, local); read by the executor's relay ops.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+namespace wb::executor {
+
+class LandingTracker {
+ public:
+  // Forgets every range and accepts landings of `step` only (BeginStep).
+  void Open(uint64_t step);
+  // A write of `step` landed [addr, addr + length). Landings of any other step are ignored
+  // (the fence refused them, or they belong to a step already given up).
+  void Landed(uint64_t step, const void* addr, uint64_t length);
+  // Whether every byte of [addr, addr + length) has landed in `step`.
+  bool Covered(uint64_t step, const void* addr, uint64_t length) const;
+  // Landings accepted since Open (a counter that only grows within a step).
+  uint64_t changes() const;
+  // Waits until changes() differs from `seen` or `until` passes; returns changes().
+  uint64_t WaitChange(uint64_t seen, std::chrono::steady_clock::time_point until) const;
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  uint64_t step_ = 0;
+  uint64_t changes_ = 0;
+  std::map<uintptr_t, uintptr_t> ranges_;  // begin -> end, disjoint and not touching
+};
+
+}  // namespace wb::executor
