@@ -288,9 +288,9 @@ bool RegionRegistry::DetachFromBuffer(const std::string& registration,
     }
     // The buffer's last tensors: it is deregistered below, its keys are not read again.
     if (rekeys_[i] && !last) {
-      rekeyed |= RefreshKeys(
-          i, r->second, b.memory.length, b.live.get(),
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      rekeyed |=
+          RefreshKeys(i, r->second, b.memory.length, b.live.get(),
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
   }
   b.tensors -= std::min<uint64_t>(b.tensors, tensors.size());

@@ -170,7 +170,7 @@ class RegionRegistry {
   struct BufferRegistration {
     std::shared_ptr<MemoryHold> hold;  // keeps the memory mapped while registered
     transport::MemoryRef memory;
-    std::map<std::string, uint64_t> regions;  // transport -> region id
+    std::map<std::string, uint64_t> regions;                             // transport -> region id
     std::map<std::string, std::vector<weightbeam::v1::RemoteKey>> keys;  // transport -> per device
     std::shared_ptr<LiveKeys> live = std::make_shared<LiveKeys>();
     std::map<std::string, std::string> declined;

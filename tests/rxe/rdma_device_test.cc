@@ -207,8 +207,9 @@ TEST_CASE("a buffer's closed window is revoked by re-registering it, on both rai
   REQUIRE(receiver->OpenWindow(dst_region, 0, kPart).ok());      // tensor a
   REQUIRE(receiver->OpenWindow(dst_region, kPart, kPart).ok());  // tensor b
   RdmaTransport* rx = receiver.get();
-  auto peer = sender->Connect(
-      "sender", "receiver", [rx](const std::string& record) { return rx->Accept("sender", record); });
+  auto peer = sender->Connect("sender", "receiver", [rx](const std::string& record) {
+    return rx->Accept("sender", record);
+  });
   REQUIRE(peer.ok());
   REQUIRE((*peer)->AddRemoteRegion(*r_desc).ok());
   auto write = [&](uint64_t remote_offset, uint64_t local_offset = 0) {

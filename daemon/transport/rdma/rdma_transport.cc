@@ -242,8 +242,7 @@ std::vector<weightbeam::v1::NicInfo> RdmaTransport::Nics() const {
   return nics;
 }
 
-absl::StatusOr<std::vector<MrPtr>> RdmaTransport::RegisterMrs(const MemoryRef& mem,
-                                                              Access access) {
+absl::StatusOr<std::vector<MrPtr>> RdmaTransport::RegisterMrs(const MemoryRef& mem, Access access) {
   int flags = IBV_ACCESS_LOCAL_WRITE;
   if (access == Access::kDestination) flags |= IBV_ACCESS_REMOTE_WRITE;
   std::vector<MrPtr> mrs;
@@ -305,8 +304,8 @@ absl::StatusOr<weightbeam::v1::RegionDescriptor> RdmaTransport::Register(const M
   return AddRegion(mem, access, /*windowed=*/false);
 }
 
-absl::StatusOr<weightbeam::v1::RegionDescriptor> RdmaTransport::RegisterBuffer(
-    const MemoryRef& mem, Access access) {
+absl::StatusOr<weightbeam::v1::RegionDescriptor> RdmaTransport::RegisterBuffer(const MemoryRef& mem,
+                                                                               Access access) {
   return AddRegion(mem, access, /*windowed=*/true);
 }
 
@@ -321,9 +320,9 @@ absl::Status RdmaTransport::OpenWindow(uint64_t region_id, uint64_t offset, uint
     RdmaState::LocalRegion& region = it->second;
     if (!region.windowed || length == 0 || offset > region.mem.length ||
         length > region.mem.length - offset) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rdma: window [", offset, ", +", length, ") does not fit buffer region ",
-                       region_id, " (length ", region.mem.length, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("rdma: window [", offset, ", +", length,
+                                                     ") does not fit buffer region ", region_id,
+                                                     " (length ", region.mem.length, ")"));
     }
     region.windows.Open(offset, length);
     unregistered = region.mrs.empty();
