@@ -85,7 +85,10 @@ std::string BufferRegistrationKey(const transport::MemoryRef& buffer, transport:
 
 RegionRegistry::RegionRegistry(std::vector<transport::Transport*> transports, MemoryOpener opener)
     : transports_(std::move(transports)), opener_(std::move(opener)) {
-  for (transport::Transport* tr : transports_) windowed_.push_back(tr->caps().windows);
+  for (transport::Transport* tr : transports_) {
+    windowed_.push_back(tr->caps().windows);
+    rekeys_.push_back(tr->caps().windows && tr->caps().rekeys);
+  }
   counts_.resize(transports_.size());
 }
 
@@ -110,6 +113,52 @@ absl::StatusOr<v1::RegionDescriptor> RegionRegistry::TimedRegister(size_t i,
 void RegionRegistry::CountDeregistered(size_t i) {
   absl::MutexLock lock(&stats_mu_);
   if (counts_[i].regions > 0) --counts_[i].regions;
+}
+
+bool RegionRegistry::RefreshKeys(size_t i, uint64_t region, uint64_t length, LiveKeys* live,
+                                 double seconds) {
+  auto desc = transports_[i]->BufferKeys(region);
+  if (!desc.ok()) {
+    spdlog::warn("reading buffer region {}'s keys from {}: {}", region, transports_[i]->Name(),
+                 desc.status().ToString());
+    return false;
+  }
+  const std::string name = transports_[i]->Name();
+  std::vector<v1::RemoteKey> keys;
+  for (auto k : desc->keys()) {
+    k.set_transport_region(region);
+    if (k.transport().empty()) k.set_transport(name);
+    k.set_region_length(length);
+    keys.push_back(std::move(k));
+  }
+  {
+    absl::MutexLock lock(&live->mu);
+    std::vector<v1::RemoteKey>& now = live->keys[name];
+    bool same = now.size() == keys.size();
+    for (size_t k = 0; same && k < keys.size(); ++k) {
+      same = now[k].key() == keys[k].key() && now[k].device() == keys[k].device();
+    }
+    if (same) return false;
+    now = std::move(keys);
+  }
+  absl::MutexLock lock(&stats_mu_);
+  ++counts_[i].registered;  // a re-registration: the live count is unchanged
+  counts_[i].seconds += seconds;
+  return true;
+}
+
+void RegionRegistry::FillRegion(const RegisteredTensor& t, v1::RegionDescriptor* out) {
+  *out = t.descriptor;
+  if (!t.live_keys) return;
+  absl::MutexLock lock(&t.live_keys->mu);
+  for (const auto& [name, keys] : t.live_keys->keys) {
+    if (!t.transport_regions.count(name)) continue;
+    for (const v1::RemoteKey& key : keys) {
+      v1::RemoteKey* k = out->add_keys();
+      *k = key;
+      k->set_base(t.BaseIn(name));
+    }
+  }
 }
 
 std::vector<TransportRegistrationStats> RegionRegistry::RegistrationStats() const {
@@ -141,6 +190,8 @@ absl::Status RegionRegistry::AttachToBuffer(RegisteredTensor* t, const OpenedMem
   auto fail = [&](absl::Status why) {
     for (auto [i, region] : opened_windows) {
       transports_[i]->CloseWindow(region, offset, opened.ref.length).IgnoreError();
+      // A rekeying transport registered the buffer afresh for its other tensors.
+      if (rekeys_[i] && b.tensors > 0) RefreshKeys(i, region, buffer.length, b.live.get(), 0);
     }
     if (b.tensors == 0) {
       for (size_t i = 0; i < transports_.size(); ++i) {
@@ -174,7 +225,11 @@ absl::Status RegionRegistry::AttachToBuffer(RegisteredTensor* t, const OpenedMem
         k.set_transport_region(desc->region_id());
         if (k.transport().empty()) k.set_transport(name);
         k.set_region_length(buffer.length);
-        b.keys[name] = k;
+        b.keys[name].push_back(k);
+      }
+      if (rekeys_[i]) {
+        absl::MutexLock keys_lock(&b.live->mu);
+        b.live->keys[name] = b.keys[name];
       }
     }
   }
@@ -182,6 +237,7 @@ absl::Status RegionRegistry::AttachToBuffer(RegisteredTensor* t, const OpenedMem
     const std::string name = transports_[i]->Name();
     auto r = b.regions.find(name);
     if (!windowed_[i] || r == b.regions.end()) continue;
+    const auto t0 = std::chrono::steady_clock::now();
     if (auto s = transports_[i]->OpenWindow(r->second, offset, opened.ref.length); !s.ok()) {
       return fail(
           absl::Status(s.code(), absl::StrCat("opening its window in ", name, ": ", s.message())));
@@ -189,9 +245,17 @@ absl::Status RegionRegistry::AttachToBuffer(RegisteredTensor* t, const OpenedMem
     opened_windows.emplace_back(i, r->second);
     t->transport_regions[name] = r->second;
     t->transport_bases[name] = offset;
-    v1::RemoteKey k = b.keys[name];
-    k.set_base(offset);
-    *t->descriptor.add_keys() = std::move(k);
+    if (rekeys_[i]) {
+      // Its keys are the buffer's of the moment (FillRegion); opening may have registered it.
+      RefreshKeys(i, r->second, buffer.length, b.live.get(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      t->live_keys = b.live;
+      continue;
+    }
+    for (v1::RemoteKey k : b.keys[name]) {
+      k.set_base(offset);
+      *t->descriptor.add_keys() = std::move(k);
+    }
   }
   for (const auto& [name, why] : b.declined) t->declined[name] = why;
   ++b.tensors;
@@ -199,21 +263,38 @@ absl::Status RegionRegistry::AttachToBuffer(RegisteredTensor* t, const OpenedMem
   return absl::OkStatus();
 }
 
-void RegionRegistry::DetachFromBuffer(const RegisteredTensor& t) {
+bool RegionRegistry::DetachFromBuffer(const std::string& registration,
+                                      const std::vector<const RegisteredTensor*>& tensors) {
   absl::MutexLock lock(&buffers_mu_);
-  auto it = buffers_.find(t.buffer_registration);
-  if (it == buffers_.end()) return;
+  auto it = buffers_.find(registration);
+  if (it == buffers_.end()) return false;
   BufferRegistration& b = it->second;
+  const bool last = b.tensors <= tensors.size();
+  bool rekeyed = false;
   for (size_t i = 0; i < transports_.size(); ++i) {
     const std::string name = transports_[i]->Name();
     auto r = b.regions.find(name);
-    if (r == b.regions.end() || !t.transport_regions.count(name)) continue;
-    // When this returns, no write into the tensor's bytes can land through this transport.
-    if (auto s = transports_[i]->CloseWindow(r->second, t.BaseIn(name), t.memory.length); !s.ok()) {
-      spdlog::warn("closing tensor '{}''s window in {}: {}", t.spec.name(), name, s.ToString());
+    if (r == b.regions.end()) continue;
+    std::vector<std::pair<uint64_t, uint64_t>> windows;
+    for (const RegisteredTensor* t : tensors) {
+      if (t->transport_regions.count(name)) windows.emplace_back(t->BaseIn(name), t->memory.length);
+    }
+    if (windows.empty()) continue;
+    // When this returns, no write into these tensors' bytes can land through this transport.
+    const auto t0 = std::chrono::steady_clock::now();
+    if (auto s = transports_[i]->CloseWindows(r->second, windows); !s.ok()) {
+      spdlog::warn("closing {} tensor window(s) (the first '{}') in {}: {}", windows.size(),
+                   tensors.front()->spec.name(), name, s.ToString());
+    }
+    // The buffer's last tensors: it is deregistered below, its keys are not read again.
+    if (rekeys_[i] && !last) {
+      rekeyed |=
+          RefreshKeys(i, r->second, b.memory.length, b.live.get(),
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
   }
-  if (--b.tensors > 0) return;
+  b.tensors -= std::min<uint64_t>(b.tensors, tensors.size());
+  if (b.tensors > 0) return rekeyed;
   for (size_t i = 0; i < transports_.size(); ++i) {
     auto r = b.regions.find(transports_[i]->Name());
     if (r == b.regions.end()) continue;
@@ -223,6 +304,7 @@ void RegionRegistry::DetachFromBuffer(const RegisteredTensor& t) {
     CountDeregistered(i);
   }
   buffers_.erase(it);
+  return rekeyed;
 }
 
 void RegionRegistry::SetChangeCallback(std::function<void()> cb) { on_change_ = std::move(cb); }
@@ -436,26 +518,37 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
     ++generation_;
     *layout.mutable_spec() = t->spec;
     *layout.mutable_owner() = t->owner;
-    *layout.mutable_region() = t->descriptor;
+    FillRegion(*t, layout.mutable_region());
     layout.set_location(t->location);
   }
   Changed();
   return layout;
 }
 
-void RegionRegistry::Release(const RegisteredTensor& t) {
-  for (size_t i = 0; i < transports_.size(); ++i) {
-    transport::Transport* tr = transports_[i];
-    auto it = t.transport_regions.find(tr->Name());
-    if (it == t.transport_regions.end()) continue;
-    if (!t.buffer_registration.empty() && windowed_[i]) continue;  // the buffer's, below
-    if (auto s = tr->Deregister(it->second); !s.ok()) {
-      spdlog::warn("deregistering tensor '{}' from {}: {}", t.spec.name(), tr->Name(),
-                   s.ToString());
+void RegionRegistry::Release(const RegisteredTensor& t) { ReleaseAll({&t}); }
+
+bool RegionRegistry::ReleaseAll(const std::vector<const RegisteredTensor*>& tensors) {
+  // Per buffer registration, its tensors in the order given.
+  std::map<std::string, std::vector<const RegisteredTensor*>> by_buffer;
+  for (const RegisteredTensor* t : tensors) {
+    for (size_t i = 0; i < transports_.size(); ++i) {
+      transport::Transport* tr = transports_[i];
+      auto it = t->transport_regions.find(tr->Name());
+      if (it == t->transport_regions.end()) continue;
+      if (!t->buffer_registration.empty() && windowed_[i]) continue;  // the buffer's, below
+      if (auto s = tr->Deregister(it->second); !s.ok()) {
+        spdlog::warn("deregistering tensor '{}' from {}: {}", t->spec.name(), tr->Name(),
+                     s.ToString());
+      }
+      CountDeregistered(i);
     }
-    CountDeregistered(i);
+    if (!t->buffer_registration.empty()) by_buffer[t->buffer_registration].push_back(t);
   }
-  if (!t.buffer_registration.empty()) DetachFromBuffer(t);
+  bool rekeyed = false;
+  for (const auto& [registration, members] : by_buffer) {
+    rekeyed |= DetachFromBuffer(registration, members);
+  }
+  return rekeyed;
 }
 
 absl::Status RegionRegistry::Unregister(uint64_t session, const std::string& name) {
@@ -479,7 +572,12 @@ absl::Status RegionRegistry::Unregister(uint64_t session, const std::string& nam
     return absl::NotFoundError(
         absl::StrCat("tensor '", name, "' is not registered by this session"));
   }
-  Release(*victim);
+  if (ReleaseAll({victim.get()})) {
+    // The buffer's other tensors have new keys: a layout fetched since the generation moved
+    // above may carry the old ones.
+    absl::MutexLock lock(&mu_);
+    ++generation_;
+  }
   Changed();
   return absl::OkStatus();
 }
@@ -501,7 +599,13 @@ int RegionRegistry::WithdrawSession(uint64_t session) {
     }
     if (!victims.empty()) ++generation_;
   }
-  for (const auto& v : victims) Release(*v);
+  std::vector<const RegisteredTensor*> released;
+  released.reserve(victims.size());
+  for (const auto& v : victims) released.push_back(v.get());
+  if (ReleaseAll(released)) {
+    absl::MutexLock lock(&mu_);
+    ++generation_;
+  }
   if (!victims.empty()) Changed();
   return static_cast<int>(victims.size());
 }
@@ -522,7 +626,7 @@ v1::AgentLayout RegionRegistry::Layout(const std::string& agent_name) const {
     auto* tl = layout.add_tensors();
     *tl->mutable_spec() = t->spec;
     *tl->mutable_owner() = t->owner;
-    *tl->mutable_region() = t->descriptor;
+    FillRegion(*t, tl->mutable_region());
     tl->set_location(t->location);
   }
   return layout;

@@ -54,6 +54,15 @@ struct Caller {
 using MemoryOpener =
     std::function<absl::StatusOr<OpenedMemory>(const weightbeam::v1::MemoryHandle&, const Caller&)>;
 
+// The current keys of a buffer's registration with the transports that rekey it (rdma: a
+// withdrawal inside the buffer registers it afresh), shared by the buffer's tensors, so that
+// every tensor's layout shows the buffer's key of the moment (with the tensor's base).
+struct LiveKeys {
+  mutable absl::Mutex mu;
+  // transport -> one key per device (base 0; transport_region and region_length set)
+  std::map<std::string, std::vector<weightbeam::v1::RemoteKey>> keys ABSL_GUARDED_BY(mu);
+};
+
 struct RegisteredTensor {
   uint64_t region_id = 0;  // agent-wide id; reported to the controller
   uint64_t session = 0;
@@ -76,7 +85,9 @@ struct RegisteredTensor {
   // transport name -> why it declined this region (transport::DeclineRegion); routes over it
   // cannot reach the tensor.
   std::map<std::string, std::string> declined;
-  weightbeam::v1::RegionDescriptor descriptor;  // merged keys of all transports
+  // Merged keys of all transports, but those of rekeying transports (live_keys).
+  weightbeam::v1::RegionDescriptor descriptor;
+  std::shared_ptr<const LiveKeys> live_keys;  // its buffer's, where a transport rekeys it
   // For a part of a buffer (a spec with a view): the memory range it shares with the
   // buffer's other parts; empty otherwise.
   std::string buffer_key;
@@ -123,31 +134,45 @@ class RegionRegistry {
                               const weightbeam::v1::MemoryHandle* memory) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(const RegisteredTensor& t);
+  // Releases several tensors, closing the windows of each buffer in one call per transport (a
+  // rekeying transport re-registers a buffer once, not once per tensor). Returns whether a
+  // buffer's keys changed (the layout must then be fetched again).
+  bool ReleaseAll(const std::vector<const RegisteredTensor*>& tensors);
+  // The tensor's descriptor as peers see it: its own keys and its buffer's current ones.
+  static void FillRegion(const RegisteredTensor& t, weightbeam::v1::RegionDescriptor* out);
   // Registers the tensor's buffer with every transport that has windows (once per buffer) and
   // opens the tensor's window in it; fills t's regions, bases, keys and declines.
   absl::Status AttachToBuffer(RegisteredTensor* t, const OpenedMemory& opened,
                               transport::Access access);
-  void DetachFromBuffer(const RegisteredTensor& t);
+  // Closes the windows of `tensors`, all of one buffer registration; deregisters the buffer
+  // with its last tensor. Returns whether a rekeying transport's keys changed.
+  bool DetachFromBuffer(const std::string& registration,
+                        const std::vector<const RegisteredTensor*>& tensors);
   // Register / RegisterBuffer on transport `i`, timed and counted.
   absl::StatusOr<weightbeam::v1::RegionDescriptor> TimedRegister(size_t i,
                                                                  const transport::MemoryRef& mem,
                                                                  transport::Access access,
                                                                  bool buffer);
   void CountDeregistered(size_t i);
+  // After a window change on rekeying transport `i`: reads the buffer's keys again; when they
+  // changed, stores them and counts a registration taking `seconds`. Returns whether they did.
+  bool RefreshKeys(size_t i, uint64_t region, uint64_t length, LiveKeys* live, double seconds);
   void IndexLocked(const RegisteredTensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnindexLocked(const RegisteredTensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed();
 
   std::vector<transport::Transport*> transports_;
   std::vector<bool> windowed_;  // per transport: caps().windows
+  std::vector<bool> rekeys_;    // per transport: caps().rekeys
   MemoryOpener opener_;
 
   // A buffer registered once with the windowed transports, shared by the tensors inside it.
   struct BufferRegistration {
     std::shared_ptr<MemoryHold> hold;  // keeps the memory mapped while registered
     transport::MemoryRef memory;
-    std::map<std::string, uint64_t> regions;  // transport -> region id
-    std::map<std::string, weightbeam::v1::RemoteKey> keys;
+    std::map<std::string, uint64_t> regions;                             // transport -> region id
+    std::map<std::string, std::vector<weightbeam::v1::RemoteKey>> keys;  // transport -> per device
+    std::shared_ptr<LiveKeys> live = std::make_shared<LiveKeys>();
     std::map<std::string, std::string> declined;
     uint64_t tensors = 0;
   };

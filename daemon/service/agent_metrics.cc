@@ -30,7 +30,7 @@ AgentMetrics::AgentMetrics(metrics::Registry* registry) : registry_(registry) {
   transport_regions_ = &registry->AddGauge(
       "weightbeam_transport_regions",
       "Memory registrations this agent holds with a transport for local processes' tensors: one "
-      "per buffer on tcp and local, one per tensor on rdma.",
+      "per buffer (tcp, local, rdma).",
       {"transport"});
   registration_seconds_ = &registry->AddGauge(
       "weightbeam_transport_registration_seconds",

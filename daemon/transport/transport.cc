@@ -51,7 +51,7 @@ absl::Status Peer::WriteBatch(std::vector<WriteOp> ops, std::chrono::millisecond
 
 namespace wb::transport {
 
-// Transports without windows (rdma: the NIC checks only the memory region) register per tensor.
+// Transports without windows register per tensor.
 absl::StatusOr<weightbeam::v1::RegionDescriptor> Transport::RegisterBuffer(const MemoryRef&,
                                                                            Access) {
   return absl::UnimplementedError(Name() + " registers each tensor on its own (no windows)");
@@ -61,6 +61,19 @@ absl::Status Transport::OpenWindow(uint64_t, uint64_t, uint64_t) {
 }
 absl::Status Transport::CloseWindow(uint64_t, uint64_t, uint64_t) {
   return absl::UnimplementedError(Name() + " has no windows");
+}
+
+absl::Status Transport::CloseWindows(uint64_t region_id,
+                                     const std::vector<std::pair<uint64_t, uint64_t>>& windows) {
+  absl::Status first;
+  for (const auto& [offset, length] : windows) {
+    absl::Status s = CloseWindow(region_id, offset, length);
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+absl::StatusOr<weightbeam::v1::RegionDescriptor> Transport::BufferKeys(uint64_t) {
+  return absl::UnimplementedError(Name() + " does not rekey buffers");
 }
 
 }  // namespace wb::transport

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,8 +34,12 @@ struct Capabilities {
   bool remote = true;            // can reach other nodes (false for local)
   uint64_t max_write_bytes = 0;  // 0: no limit (large writes are chunked internally)
   // Registers a whole buffer once and admits remote writes only inside the windows opened on
-  // it (RegisterBuffer / OpenWindow / CloseWindow): tcp and local. Others register per tensor.
+  // it (RegisterBuffer / OpenWindow / CloseWindow): tcp, local and rdma.
   bool windows = false;
+  // With windows: closing a window revokes its bytes by registering the buffer afresh (rdma: the
+  // NIC checks only the memory region), so the buffer's keys change on CloseWindow(s) and
+  // OpenWindow; read them again with BufferKeys. tcp and local refuse per window, keys stay.
+  bool rekeys = false;
 };
 
 // A one-sided write: `length` bytes from a local region into a remote region.
@@ -117,6 +122,13 @@ class Transport {
   // When it returns, no remote write into [offset, offset + length) can land any more, unless
   // another window still covers those bytes (a replicated tensor's copy).
   virtual absl::Status CloseWindow(uint64_t region_id, uint64_t offset, uint64_t length);
+  // Closes several windows of one buffer at once (a session's withdrawal): a transport that
+  // rekeys does it once for all of them. Default: CloseWindow for each.
+  virtual absl::Status CloseWindows(uint64_t region_id,
+                                    const std::vector<std::pair<uint64_t, uint64_t>>& windows);
+  // A buffer region's current keys (region id, length, one key per device), for transports
+  // with caps().rekeys.
+  virtual absl::StatusOr<weightbeam::v1::RegionDescriptor> BufferKeys(uint64_t region_id);
 
   // Initiator side: build our record, exchange it, finish the connection.
   virtual absl::StatusOr<std::shared_ptr<Peer>> Connect(const std::string& our_name,

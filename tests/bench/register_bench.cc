@@ -6,6 +6,8 @@
 // plan seconds, step seconds, ListTensors seconds, the agents' peak RSS, and per agent and
 // transport the memory registrations it holds and the seconds it spent registering (Health).
 // Run from the repository root: bazel-bin/tests/bench/register_bench --tensors=1000000
+// With --rdma-device=rxe0 (inside tests/rxe/vm.sh) the agents also run the rdma transport;
+// --no-plan stops after the registrations (and the counts the agents report).
 #include <grpcpp/grpcpp.h>
 
 #include <CLI/CLI.hpp>
@@ -75,8 +77,8 @@ int64_t TensorCount(ControllerClient& ctl) {
   return n;
 }
 
-// Per transport: {"regions": registrations held, "seconds": time spent registering}, from the
-// agent's Health answer.
+// Per transport: {"regions": registrations held, "registered": registrations made since start
+// (re-registrations included), "seconds": time spent registering}, from the agent's Health.
 nlohmann::json Registrations(const std::string& address) {
   auto stub = v1::Agent::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
@@ -86,7 +88,8 @@ nlohmann::json Registrations(const std::string& address) {
   if (!s.ok()) Die("Agent.Health at " + address + ": " + s.error_message());
   nlohmann::json out = nlohmann::json::object();
   for (const auto& r : health.registrations()) {
-    out[r.transport()] = {{"regions", r.regions()}, {"seconds", r.seconds()}};
+    out[r.transport()] = {
+        {"regions", r.regions()}, {"registered", r.registered()}, {"seconds", r.seconds()}};
   }
   return out;
 }
@@ -97,8 +100,8 @@ int main(int argc, char** argv) {
   wb::testing::StopChildrenOnSignals();  // a killed run leaves no daemons behind
   CLI::App app{"register_bench: registering, listing and planning N tiny tensors"};
   int tensors = 1000000, batch = 1000, inference_tensors = -1;
-  std::string bin_dir = "bazel-bin";
-  bool step = true, hugetlb = true;
+  std::string bin_dir = "bazel-bin", rdma_device;
+  bool step = true, hugetlb = true, plan_too = true;
   app.add_option("--tensors", tensors, "tensors per side (trainer and inference)")
       ->check(CLI::Range(1, 1 << 30));
   app.add_option("--inference-tensors", inference_tensors,
@@ -107,6 +110,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--bin-dir", bin_dir, "where controller/wb-controller and daemon/wb-agent are");
   app.add_flag("!--no-step", step, "skip the step after planning");
+  app.add_flag("!--no-plan", plan_too, "stop after registering (no Plan, no step)");
+  app.add_option("--rdma-device", rdma_device,
+                 "also run the rdma transport on this device (e.g. rxe0 in tests/rxe/vm.sh)");
   app.add_flag("--malloc-hugetlb,!--no-malloc-hugetlb", hugetlb,
                "start the daemons with glibc malloc on transparent huge pages, as the deploy/ "
                "units do (default on)");
@@ -119,6 +125,9 @@ int main(int argc, char** argv) {
   wb::testing::ClusterOptions options;
   options.heartbeat_timeout_ms = 30000;
   options.extra_agent_yaml = "log_level: warn\n";
+  if (!rdma_device.empty()) {
+    options.transports_yaml = "  rdma:\n    enabled: true\n    devices: [" + rdma_device + "]\n";
+  }
   wb::testing::Cluster cluster(bin_dir, options);
   auto ctl = ControllerClient::Connect(cluster.controller_address());
   if (!ctl.ok()) Die(std::string(ctl.status().message()));
@@ -149,6 +158,23 @@ int main(int argc, char** argv) {
   const double visible_s = Since(t_all);
   const nlohmann::json trainer_regs = Registrations(cluster.agent_address("trainer-node"));
   const nlohmann::json inference_regs = Registrations(cluster.agent_address("inference-node"));
+
+  if (!plan_too) {
+    nlohmann::json j;
+    j["bench"] = "register";
+    j["trainer_tensors"] = tensors;
+    j["inference_tensors"] = inference_tensors;
+    j["batch"] = batch;
+    j["register_trainer_tensors_per_s"] = tensors / src_s;
+    j["register_inference_tensors_per_s"] = inference_tensors / dst_s;
+    j["register_seconds_both_sides"] = registered_s;
+    j["trainer_agent_registrations"] = trainer_regs;
+    j["inference_agent_registrations"] = inference_regs;
+    j["controller_lists_all_after_s"] = visible_s;
+    wb::bench::AddMachineInfo(&j);
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
 
   auto t0 = Clock::now();
   auto listed = ctl->ListTensors("");

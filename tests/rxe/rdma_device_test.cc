@@ -1,6 +1,7 @@
 // RDMA-specific tests that need Soft-RoCE devices (run inside tests/rxe/vm.sh, see
 // run_suite.sh): loopback on one device, a write split across two rails, a queue pair on rxe0
 // talking to one on rxe1, credits with a tiny send queue, error completions and a vanished peer.
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -185,6 +186,79 @@ TEST_CASE("after Deregister no remote write lands; the error names peer, NIC and
   // The next batch reconnects (the failed queue pairs are replaced) and is refused the same way.
   absl::Status again = link.peer->WriteBatch({link.Whole()}, milliseconds(60000));
   CHECK(again.message() == status.message());
+}
+
+// One memory region per buffer (issue 32): tensors are windows of it; closing a destination
+// window re-registers the buffer, so the old rkey fails at the NIC and the buffer's other
+// tensors take writes under the new one; closing the last window deregisters it.
+TEST_CASE("a buffer's closed window is revoked by re-registering it, on both rails") {
+  auto sender = Make({"rxe0", "rxe1"});
+  auto receiver = Make({"rxe0", "rxe1"});
+  constexpr uint64_t kPart = 64 << 10;
+  std::vector<uint8_t> src = Pattern(2 * kPart, 5), dst(4 * kPart, 0);
+  auto s_desc = sender->RegisterBuffer({src.data(), src.size()}, Access::kSource);
+  auto r_desc = receiver->RegisterBuffer({dst.data(), dst.size()}, Access::kDestination);
+  REQUIRE(s_desc.ok());
+  REQUIRE(r_desc.ok());
+  REQUIRE(r_desc->keys_size() == 2);  // one memory region per rail, for the whole buffer
+  const uint64_t src_region = s_desc->region_id(), dst_region = r_desc->region_id();
+  REQUIRE(sender->OpenWindow(src_region, 0, kPart).ok());
+  REQUIRE(sender->OpenWindow(src_region, kPart, kPart).ok());
+  REQUIRE(receiver->OpenWindow(dst_region, 0, kPart).ok());      // tensor a
+  REQUIRE(receiver->OpenWindow(dst_region, kPart, kPart).ok());  // tensor b
+  RdmaTransport* rx = receiver.get();
+  auto peer = sender->Connect("sender", "receiver", [rx](const std::string& record) {
+    return rx->Accept("sender", record);
+  });
+  REQUIRE(peer.ok());
+  REQUIRE((*peer)->AddRemoteRegion(*r_desc).ok());
+  auto write = [&](uint64_t remote_offset, uint64_t local_offset = 0) {
+    return (*peer)->WriteBatch({{src_region, local_offset, dst_region, remote_offset, kPart}},
+                               milliseconds(60000));
+  };
+  REQUIRE(write(0).ok());
+  CHECK(std::memcmp(dst.data(), src.data(), kPart) == 0);
+  REQUIRE(receiver->rekeys() == 0);
+
+  // a is withdrawn: the buffer is registered afresh before CloseWindow returns.
+  REQUIRE(receiver->CloseWindow(dst_region, 0, kPart).ok());
+  CHECK(receiver->rekeys() == 1);
+  auto fresh = receiver->BufferKeys(dst_region);
+  REQUIRE(fresh.ok());
+  REQUIRE(fresh->keys_size() == 2);
+  for (int i = 0; i < 2; ++i) CHECK(fresh->keys(i).key() != r_desc->keys(i).key());
+  std::fill(dst.begin(), dst.end(), 0);
+  const std::vector<uint8_t> before = dst;
+  absl::Status refused = write(0);  // into a, under the old rkey
+  INFO(refused.ToString());
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(std::string(refused.message()), Catch::Contains("remote access error"));
+  CHECK(write(kPart).code() == refused.code());  // b under the old rkey: refused as well
+  CHECK(dst == before);
+  // b under the new rkey lands (the queue pairs failed above are replaced on this batch).
+  REQUIRE((*peer)->AddRemoteRegion(*fresh).ok());
+  absl::Status landed = write(kPart, kPart);
+  INFO(landed.ToString());
+  REQUIRE(landed.ok());
+  CHECK(std::memcmp(dst.data() + kPart, src.data() + kPart, kPart) == 0);
+  CHECK(std::all_of(dst.begin(), dst.begin() + kPart, [](uint8_t b) { return b == 0; }));
+
+  // A withdrawn source tensor's bytes are refused before anything is posted (no rekey needed:
+  // sources grant no remote access).
+  REQUIRE(sender->CloseWindow(src_region, kPart, kPart).ok());
+  CHECK(sender->rekeys() == 0);
+  absl::Status local = write(kPart, kPart);
+  CHECK(local.code() == absl::StatusCode::kPermissionDenied);
+  CHECK_THAT(std::string(local.message()), Catch::Contains("outside its registered tensors"));
+
+  // The last window closes: the buffer holds no memory region (no re-registration); a write
+  // under the key of a moment ago fails at the NIC.
+  REQUIRE(receiver->CloseWindows(dst_region, {{kPart, kPart}}).ok());
+  CHECK(receiver->rekeys() == 1);
+  std::fill(dst.begin(), dst.end(), 0);
+  CHECK_FALSE(write(kPart).ok());
+  CHECK(std::all_of(dst.begin(), dst.end(), [](uint8_t b) { return b == 0; }));
+  CHECK(receiver->Deregister(dst_region).ok());
 }
 
 TEST_CASE("a peer that vanishes fails the batch with an error naming it") {

@@ -1,8 +1,9 @@
 // Tensors registered as parts of one buffer (the registry registers the buffer once with
-// transports that have windows, tcp and local): the number of transport registrations does not
-// grow with the tensor count, and a withdrawn tensor's bytes are refused while its buffer stays
-// registered for the others. Runs against every backend of the suite; rdma registers per
-// tensor, so there the withdrawn tensor's own region is gone.
+// transports that have windows: tcp, local, rdma): the number of transport registrations does
+// not grow with the tensor count, and a withdrawn tensor's bytes are refused while its buffer
+// stays registered for the others. Runs against every backend of the suite; rdma (caps().rekeys)
+// refuses by registering the buffer afresh on a withdrawal: the old rkey fails at the NIC and the
+// buffer's other tensors take writes under the new one, read from the registry's layout.
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
@@ -51,6 +52,20 @@ struct BufferedReceiver {
     for (const auto& s : registry.RegistrationStats()) return s.regions;
     return 0;
   }
+  // Registrations made since start, re-registrations included.
+  uint64_t Registered() const {
+    for (const auto& s : registry.RegistrationStats()) return s.registered;
+    return 0;
+  }
+  // Tensor `name`'s layout as the registry reports it now (its buffer's current keys).
+  v1::TensorLayout Current(const std::string& name) const {
+    const v1::AgentLayout layout = registry.Layout("receiver");
+    for (const auto& t : layout.tensors()) {
+      if (t.spec().name() == name) return t;
+    }
+    FAIL("tensor " << name << " is not in the layout");
+    return {};
+  }
 
   std::vector<uint8_t> memory;
   registry::RegionRegistry registry;
@@ -86,9 +101,18 @@ TEST_CASE("transport registrations do not grow with the tensor count of a buffer
     REQUIRE(added.ok());
   }
   const bool windows = pair->receiver->caps().windows;
+  const bool rekeys = windows && pair->receiver->caps().rekeys;
   CHECK(receiver.Regions() == (windows ? 1u : uint64_t{kTensors}));
-  CHECK(receiver.registry.WithdrawSession(1) == kTensors);
+  CHECK(receiver.Registered() == (windows ? 1u : uint64_t{kTensors}));
+  // One tensor withdrawn while the others stay: rdma registers the buffer afresh, once.
+  REQUIRE(receiver.registry.Unregister(1, "layer.7.w").ok());
+  CHECK(receiver.Regions() == (windows ? 1u : uint64_t{kTensors - 1}));
+  CHECK(receiver.Registered() == (rekeys ? 2u : windows ? 1u : uint64_t{kTensors}));
+  // The session's end closes the other windows at once and deregisters the buffer: no further
+  // registration, however many tensors it held.
+  CHECK(receiver.registry.WithdrawSession(1) == kTensors - 1);
   CHECK(receiver.Regions() == 0);
+  CHECK(receiver.Registered() == (rekeys ? 2u : windows ? 1u : uint64_t{kTensors}));
 }
 
 TEST_CASE("a withdrawn tensor inside a still-registered buffer cannot be written",
@@ -124,14 +148,34 @@ TEST_CASE("a withdrawn tensor inside a still-registered buffer cannot be written
   INFO(refused.ToString());
   CHECK_FALSE(refused.ok());
   CHECK(receiver.memory == before);  // not a byte of the withdrawn tensor changed
-  // The buffer's other tensor still takes writes under the same key.
+  const bool rekeys = pair->receiver->caps().rekeys;
+  if (rekeys) {
+    // The NIC refused the old rkey (the buffer was registered afresh): a's write and b's under
+    // the old key alike. b's layout now carries the new key, as a re-fetched layout would.
+    CHECK_THAT(std::string(refused.message()), Catch::Contains("remote access error"));
+    absl::Status stale = write(to_b);
+    INFO(stale.ToString());
+    CHECK_FALSE(stale.ok());
+    CHECK(receiver.memory == before);
+    const Target fresh_b = Introduce(pair->peer.get(), receiver.Current("b"), name);
+    CHECK(fresh_b.region == to_b.region);
+    CHECK(fresh_b.base == to_b.base);
+  }
+  // The buffer's other tensor still takes writes (tcp, local: under the same key; rdma: under
+  // the buffer's new one).
   absl::Status landed = write(to_b);
   INFO(landed.ToString());
   REQUIRE(landed.ok());
   CHECK(std::memcmp(receiver.memory.data() + kTensorBytes, later.data(), kTensorBytes) == 0);
   CHECK(std::memcmp(receiver.memory.data(), before.data(), kTensorBytes) == 0);
-  // Writes into bytes of the buffer no tensor was ever registered in are refused too.
-  CHECK_FALSE(write(Target{to_b.region, to_b.base + kTensorBytes}).ok());
+  if (!rekeys) {
+    // Writes into bytes of the buffer no tensor was ever registered in are refused too.
+    CHECK_FALSE(write(Target{to_b.region, to_b.base + kTensorBytes}).ok());
+  }
+  // rdma: the buffer's memory region covers all of it, so under the live key the NIC admits a
+  // write anywhere in the buffer, a withdrawn tensor's bytes included, until the next
+  // re-registration; the key is only ever given out in the layouts of its live tensors, and the
+  // sender bounds every write by its tensor (docs/security.md "One registration per buffer").
 }
 
 }  // namespace

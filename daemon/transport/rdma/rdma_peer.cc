@@ -103,6 +103,13 @@ void RdmaPeer::PostBatch(std::vector<WriteOp> ops, BatchDone done) {
           " [", op.local_offset, ", +", op.length, ") exceeds its ", local.length, " bytes")));
       return;
     }
+    if (local.windowed && !state_->LocalCovered(op.local_region, op.local_offset, op.length)) {
+      done(absl::PermissionDeniedError(
+          absl::StrCat("write ", i, " to peer '", name_, "': local [", op.local_offset, ", +",
+                       op.length, ") of buffer region ", op.local_region,
+                       " lies outside its registered tensors (withdrawn?); refused")));
+      return;
+    }
     if (op.remote_offset > remote.length || op.length > remote.length - op.remote_offset) {
       done(absl::OutOfRangeError(absl::StrCat(
           "write ", i, " to peer '", name_, "': out of bounds: remote region ", op.remote_region,

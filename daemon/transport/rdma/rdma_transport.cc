@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <fstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/transport/rdma/gid.h"
@@ -110,6 +111,62 @@ absl::StatusOr<Rail> OpenRail(const std::string& name, const config::RdmaTranspo
 
 }  // namespace
 
+void WindowSet::SplitAt(uint64_t at) {
+  auto it = segments_.upper_bound(at);
+  if (it == segments_.begin()) return;
+  --it;
+  if (it->first == at || it->second.end <= at) return;
+  const Segment tail{it->second.end, it->second.count};
+  it->second.end = at;
+  segments_.emplace(at, tail);
+}
+
+bool WindowSet::Covers(uint64_t offset, uint64_t length) const {
+  if (length == 0) return true;
+  auto it = segments_.upper_bound(offset);
+  if (it == segments_.begin()) return false;
+  --it;
+  uint64_t covered_to = it->second.end;
+  const uint64_t end = offset + length;
+  while (covered_to < end) {
+    ++it;
+    if (it == segments_.end() || it->first != covered_to) return false;
+    covered_to = it->second.end;
+  }
+  return covered_to > offset;
+}
+
+void WindowSet::Open(uint64_t offset, uint64_t length) {
+  const uint64_t end = offset + length;
+  SplitAt(offset);
+  SplitAt(end);
+  uint64_t cursor = offset;
+  for (auto it = segments_.lower_bound(offset); it != segments_.end() && it->first < end; ++it) {
+    if (it->first > cursor) segments_.emplace(cursor, Segment{it->first, 1});
+    ++it->second.count;
+    cursor = it->second.end;
+  }
+  if (cursor < end) segments_.emplace(cursor, Segment{end, 1});
+}
+
+bool WindowSet::Close(uint64_t offset, uint64_t length) {
+  if (length == 0 || !Covers(offset, length)) return false;
+  const uint64_t end = offset + length;
+  SplitAt(offset);
+  SplitAt(end);
+  for (auto it = segments_.lower_bound(offset); it != segments_.end() && it->first < end;) {
+    it = --it->second.count == 0 ? segments_.erase(it) : std::next(it);
+  }
+  return true;
+}
+
+bool RdmaState::LocalCovered(uint64_t region_id, uint64_t offset, uint64_t length) const {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = regions.find(region_id);
+  if (it == regions.end()) return false;
+  return !it->second.windowed || it->second.windows.Covers(offset, length);
+}
+
 absl::StatusOr<RdmaState::LocalView> RdmaState::LookupLocal(uint64_t region_id) const {
   std::lock_guard<std::mutex> lock(mu);
   auto it = regions.find(region_id);
@@ -119,6 +176,11 @@ absl::StatusOr<RdmaState::LocalView> RdmaState::LookupLocal(uint64_t region_id) 
   LocalView view;
   view.addr = reinterpret_cast<uint64_t>(it->second.mem.addr);
   view.length = it->second.mem.length;
+  view.windowed = it->second.windowed;
+  if (it->second.mrs.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("local region ", region_id, " has no open window (nothing registered)"));
+  }
   for (const auto& mr : it->second.mrs) view.lkeys.push_back(mr->lkey);
   return view;
 }
@@ -158,6 +220,8 @@ Capabilities RdmaTransport::caps() const {
   caps.gpu_memory = CudaRegistrationPossible();
   caps.remote = true;
   caps.max_write_bytes = 0;
+  caps.windows = true;
+  caps.rekeys = true;
   return caps;
 }
 
@@ -178,17 +242,10 @@ std::vector<weightbeam::v1::NicInfo> RdmaTransport::Nics() const {
   return nics;
 }
 
-absl::StatusOr<weightbeam::v1::RegionDescriptor> RdmaTransport::Register(const MemoryRef& mem,
-                                                                         Access access) {
-  if (mem.addr == nullptr || mem.length == 0) {
-    return absl::InvalidArgumentError("rdma: cannot register an empty memory range");
-  }
+absl::StatusOr<std::vector<MrPtr>> RdmaTransport::RegisterMrs(const MemoryRef& mem, Access access) {
   int flags = IBV_ACCESS_LOCAL_WRITE;
   if (access == Access::kDestination) flags |= IBV_ACCESS_REMOTE_WRITE;
-  RdmaState::LocalRegion region;
-  region.mem = mem;
-  region.access = access;
-  weightbeam::v1::RegionDescriptor desc;
+  std::vector<MrPtr> mrs;
   for (const Rail& rail : state_->engine->rails()) {
     absl::StatusOr<MrPtr> mr = RegisterMemory(rail.pd.get(), mem, flags);
     if (!mr.ok() && IsDeclined(mr.status())) {
@@ -198,20 +255,174 @@ absl::StatusOr<weightbeam::v1::RegionDescriptor> RdmaTransport::Register(const M
       return absl::Status(mr.status().code(), absl::StrCat("registering ", mem.length, " bytes on ",
                                                            rail.name, ": ", mr.status().message()));
     }
+    mrs.push_back(std::move(*mr));
+  }
+  return mrs;
+}
+
+weightbeam::v1::RegionDescriptor RdmaTransport::Describe(const std::vector<Rail>& rails,
+                                                         uint64_t id,
+                                                         const RdmaState::LocalRegion& region) {
+  weightbeam::v1::RegionDescriptor desc;
+  desc.set_region_id(id);
+  desc.set_length(region.mem.length);
+  for (size_t i = 0; i < rails.size(); ++i) {
     auto* key = desc.add_keys();
     key->set_transport("rdma");
-    key->set_device(rail.name);
-    key->set_address(reinterpret_cast<uint64_t>(mem.addr));
-    key->set_key(access == Access::kDestination ? (*mr)->rkey : 0);
-    region.mrs.push_back(std::move(*mr));
+    key->set_device(rails[i].name);
+    key->set_address(reinterpret_cast<uint64_t>(region.mem.addr));
+    // No memory region (a destination buffer with no open window): key 0, refused by the
+    // sender's own checks as much as by the NIC (no region carries it here).
+    const bool keyed = region.access == Access::kDestination && i < region.mrs.size();
+    key->set_key(keyed ? region.mrs[i]->rkey : 0);
   }
+  return desc;
+}
+
+absl::StatusOr<weightbeam::v1::RegionDescriptor> RdmaTransport::AddRegion(const MemoryRef& mem,
+                                                                          Access access,
+                                                                          bool windowed) {
+  if (mem.addr == nullptr || mem.length == 0) {
+    return absl::InvalidArgumentError("rdma: cannot register an empty memory range");
+  }
+  RdmaState::LocalRegion region;
+  region.mem = mem;
+  region.access = access;
+  region.windowed = windowed;
+  absl::StatusOr<std::vector<MrPtr>> mrs = RegisterMrs(mem, access);
+  if (!mrs.ok()) return mrs.status();
+  region.mrs = std::move(*mrs);
   std::lock_guard<std::mutex> lock(state_->mu);
   uint64_t id = state_->next_region++;
-  desc.set_region_id(id);
-  desc.set_length(mem.length);
+  weightbeam::v1::RegionDescriptor desc = Describe(state_->engine->rails(), id, region);
   state_->regions[id] = std::move(region);
   return desc;
 }
+
+absl::StatusOr<weightbeam::v1::RegionDescriptor> RdmaTransport::Register(const MemoryRef& mem,
+                                                                         Access access) {
+  return AddRegion(mem, access, /*windowed=*/false);
+}
+
+absl::StatusOr<weightbeam::v1::RegionDescriptor> RdmaTransport::RegisterBuffer(const MemoryRef& mem,
+                                                                               Access access) {
+  return AddRegion(mem, access, /*windowed=*/true);
+}
+
+absl::Status RdmaTransport::OpenWindow(uint64_t region_id, uint64_t offset, uint64_t length) {
+  bool unregistered = false;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    auto it = state_->regions.find(region_id);
+    if (it == state_->regions.end()) {
+      return absl::NotFoundError(absl::StrCat("rdma: unknown region ", region_id));
+    }
+    RdmaState::LocalRegion& region = it->second;
+    if (!region.windowed || length == 0 || offset > region.mem.length ||
+        length > region.mem.length - offset) {
+      return absl::InvalidArgumentError(absl::StrCat("rdma: window [", offset, ", +", length,
+                                                     ") does not fit buffer region ", region_id,
+                                                     " (length ", region.mem.length, ")"));
+    }
+    region.windows.Open(offset, length);
+    unregistered = region.mrs.empty();
+  }
+  // A destination buffer whose windows had all closed holds no memory region: register it
+  // again (new rkeys; the caller reads them with BufferKeys).
+  return unregistered ? Rekey(region_id) : absl::OkStatus();
+}
+
+absl::Status RdmaTransport::CloseWindow(uint64_t region_id, uint64_t offset, uint64_t length) {
+  return CloseWindows(region_id, {{offset, length}});
+}
+
+absl::Status RdmaTransport::CloseWindows(
+    uint64_t region_id, const std::vector<std::pair<uint64_t, uint64_t>>& windows) {
+  bool revoke = false;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    auto it = state_->regions.find(region_id);
+    if (it == state_->regions.end()) {
+      return absl::NotFoundError(absl::StrCat("rdma: unknown region ", region_id));
+    }
+    RdmaState::LocalRegion& region = it->second;
+    for (const auto& [offset, length] : windows) {
+      if (!region.windowed || length == 0 || offset > region.mem.length ||
+          length > region.mem.length - offset || !region.windows.Close(offset, length)) {
+        if (status.ok()) {
+          status = absl::InvalidArgumentError(absl::StrCat("rdma: no open window [", offset, ", +",
+                                                           length, ") in region ", region_id));
+        }
+        continue;
+      }
+      // Bytes another window still covers (a replica's copy) stay writable.
+      revoke = revoke || !region.windows.Covers(offset, length);
+    }
+    // Sources grant no remote access: their windows bound local reads only.
+    revoke = revoke && region.access == Access::kDestination;
+  }
+  if (!revoke) return status;
+  absl::Status rekeyed = Rekey(region_id);
+  return status.ok() ? rekeyed : status;
+}
+
+absl::Status RdmaTransport::Rekey(uint64_t region_id) {
+  MemoryRef mem;
+  Access access;
+  bool keep = false;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    auto it = state_->regions.find(region_id);
+    if (it == state_->regions.end()) {
+      return absl::NotFoundError(absl::StrCat("rdma: unknown region ", region_id));
+    }
+    mem = it->second.mem;
+    access = it->second.access;
+    keep = !it->second.windows.empty();
+  }
+  // The new regions first (the buffer's other tensors stay reachable under the new rkeys),
+  // then the old ones go: ibv_dereg_mr returns once the NIC can no longer write through them.
+  // Callers (the registry) serialize window changes of one buffer.
+  std::vector<MrPtr> fresh;
+  absl::Status status;
+  if (keep) {
+    absl::StatusOr<std::vector<MrPtr>> mrs = RegisterMrs(mem, access);
+    if (mrs.ok()) {
+      fresh = std::move(*mrs);
+      rekeys_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      // Fail closed: the old rkeys are revoked below all the same, and the buffer's live
+      // tensors are unreachable over rdma until a window opens again.
+      status = absl::Status(mrs.status().code(),
+                            absl::StrCat("rdma: re-registering buffer region ", region_id,
+                                         " after closing a window: ", mrs.status().message(),
+                                         " (its old rkeys are revoked)"));
+    }
+  }
+  std::vector<MrPtr> old;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    auto it = state_->regions.find(region_id);
+    if (it == state_->regions.end()) {
+      return absl::NotFoundError(absl::StrCat("rdma: unknown region ", region_id));
+    }
+    old = std::exchange(it->second.mrs, std::move(fresh));
+  }
+  old.clear();  // ibv_dereg_mr: the old rkeys are invalid from here on
+  return status;
+}
+
+absl::StatusOr<weightbeam::v1::RegionDescriptor> RdmaTransport::BufferKeys(uint64_t region_id) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto it = state_->regions.find(region_id);
+  if (it == state_->regions.end()) {
+    return absl::NotFoundError(absl::StrCat("rdma: unknown region ", region_id));
+  }
+  return Describe(state_->engine->rails(), region_id, it->second);
+}
+
+uint64_t RdmaTransport::rekeys() const { return rekeys_.load(std::memory_order_relaxed); }
 
 absl::Status RdmaTransport::Deregister(uint64_t region_id) {
   RdmaState::LocalRegion region;

@@ -3,6 +3,7 @@
 // caller's handshake exchange; a single poller thread (VerbsEngine) owns all verbs state.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -16,6 +17,25 @@
 #include "daemon/transport/transport.h"
 
 namespace wb::transport::rdma {
+
+// The windows open on a buffer region (its live tensors), counted: two tensors may share bytes
+// (replicas, views). Segments are disjoint, keyed by start, and hold a count > 0.
+class WindowSet {
+ public:
+  void Open(uint64_t offset, uint64_t length);
+  // False (and nothing changed) unless every byte of the range is inside an open window.
+  bool Close(uint64_t offset, uint64_t length);
+  bool Covers(uint64_t offset, uint64_t length) const;
+  bool empty() const { return segments_.empty(); }
+
+ private:
+  struct Segment {
+    uint64_t end = 0;
+    int count = 0;
+  };
+  void SplitAt(uint64_t at);
+  std::map<uint64_t, Segment> segments_;
+};
 
 // Knobs that are not part of the user-facing configuration.
 struct RdmaTuning {
@@ -44,13 +64,22 @@ class RdmaState {
     uint64_t addr = 0;
     uint64_t length = 0;
     std::vector<uint32_t> lkeys;  // per rail
+    bool windowed = false;        // a buffer: check LocalCovered per write
   };
   absl::StatusOr<LocalView> LookupLocal(uint64_t region_id) const;
+  // For a buffer region: whether [offset, offset + length) lies inside its open windows (live
+  // tensors); any other region: true.
+  bool LocalCovered(uint64_t region_id, uint64_t offset, uint64_t length) const;
 
   struct LocalRegion {
     MemoryRef mem;
     Access access = Access::kSource;
-    std::vector<MrPtr> mrs;  // per rail
+    std::vector<MrPtr> mrs;  // per rail; none for a destination buffer with no open window
+    // A buffer registered once for its tensors (RegisterBuffer): only the bytes of its open
+    // windows may be read locally; a destination buffer is registered afresh (new rkeys) when
+    // a window closes, since the NIC admits any write under a valid rkey.
+    bool windowed = false;
+    WindowSet windows;
   };
 
   const config::RdmaTransportConfig config;
@@ -75,6 +104,20 @@ class RdmaTransport : public Transport {
   absl::StatusOr<weightbeam::v1::RegionDescriptor> Register(const MemoryRef& mem,
                                                             Access access) override;
   absl::Status Deregister(uint64_t region_id) override;
+  // One memory region per rail for a whole buffer (a shared-memory mapping, a CUDA allocation).
+  // Tensors are windows of it; the rkey of a tensor is its buffer's. Closing a destination
+  // window that leaves bytes uncovered re-registers the buffer (new rkeys, the old ones fail
+  // remotely with a remote access error) before it returns; closing the last one deregisters
+  // it. docs/security.md "One registration per buffer".
+  absl::StatusOr<weightbeam::v1::RegionDescriptor> RegisterBuffer(const MemoryRef& mem,
+                                                                  Access access) override;
+  absl::Status OpenWindow(uint64_t region_id, uint64_t offset, uint64_t length) override;
+  absl::Status CloseWindow(uint64_t region_id, uint64_t offset, uint64_t length) override;
+  absl::Status CloseWindows(uint64_t region_id,
+                            const std::vector<std::pair<uint64_t, uint64_t>>& windows) override;
+  absl::StatusOr<weightbeam::v1::RegionDescriptor> BufferKeys(uint64_t region_id) override;
+  // Registrations made by re-keying buffers since start (tests, register_bench).
+  uint64_t rekeys() const;
 
   absl::StatusOr<std::shared_ptr<Peer>> Connect(const std::string& our_name,
                                                 const std::string& peer_name,
@@ -98,10 +141,20 @@ class RdmaTransport : public Transport {
  private:
   explicit RdmaTransport(std::shared_ptr<RdmaState> state) : state_(std::move(state)) {}
   void CutIncoming(const std::string& why);
+  // One memory region per rail over `mem`.
+  absl::StatusOr<std::vector<MrPtr>> RegisterMrs(const MemoryRef& mem, Access access);
+  absl::StatusOr<weightbeam::v1::RegionDescriptor> AddRegion(const MemoryRef& mem, Access access,
+                                                             bool windowed);
+  // Replaces a destination buffer's memory regions: fresh ones when windows remain open, none
+  // otherwise; the old ones are deregistered (their rkeys revoked) before it returns.
+  absl::Status Rekey(uint64_t region_id);
+  static weightbeam::v1::RegionDescriptor Describe(const std::vector<Rail>& rails, uint64_t id,
+                                                   const RdmaState::LocalRegion& region);
 
   std::shared_ptr<RdmaState> state_;
   std::mutex fence_mu_;
   bool step_open_ = false;  // guarded by fence_mu_
+  std::atomic<uint64_t> rekeys_{0};
 };
 
 // The factory's entry (daemon/transport/factory.cc): config.rdma, with
