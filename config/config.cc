@@ -247,6 +247,14 @@ void ReadController(YamlReader& r, ControllerConfig& c) {
 
   ReadNameRules(r, &c.renames, &c.fusions);
 
+  {
+    YamlReader rl = r.Child("relays");
+    rl.ReadBool("enabled", &c.relays.enabled);
+    rl.ReadInt("roots", 0, 1 << 20, &c.relays.roots);
+    rl.ReadInt("fanout", 0, 64, &c.relays.fanout);
+    rl.RejectUnknownKeys();
+  }
+
   YamlReader cm = r.Child("cost_model");
   cm.ReadDouble("nic_gbps", 0.001, 1e6, &c.cost_model.nic_gbps);
   cm.ReadDouble("op_overhead_us", 0, 1e6, &c.cost_model.op_overhead_us);

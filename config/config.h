@@ -158,6 +158,14 @@ struct ControllerConfig {
   DeltaConfig delta;
   // Step commands on agents' step links where they offer one (else on gRPC step streams).
   bool step_links = true;
+  // Relays (docs/concepts.md "When the planner relays"): later inference replicas may take
+  // their bytes from an earlier replica's agent where the cost model predicts a faster step.
+  // Off by default; needs tcp or local into the relays, and is not used in delta mode.
+  struct Relays {
+    bool enabled = false;
+    int roots = 0;  // 0: the cost model chooses; else forced (with fanout)
+    int fanout = 0;
+  } relays;
 };
 
 // Parse from text; `source` names it in errors (a file name, or e.g. "<test>").

@@ -263,6 +263,13 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
   // The links as measured so far (none measured slow: the config's cost model as it is).
   config::ControllerConfig plan_config = config_;
   plan_config.cost_model.agent_rate_scale = link_learner_.Scales();
+  // Delta steps land in receive slots, not where a relay forwards from: no relays then.
+  if (plan_config.relays.enabled &&
+      (delta_choice_ == v1::DELTA_CHOICE_ON ||
+       (delta_choice_ == v1::DELTA_CHOICE_CONFIG && config_.delta.enabled))) {
+    spdlog::info("plan {}: relays are configured but not used in delta mode", plan_id);
+    plan_config.relays.enabled = false;
+  }
   auto built = planner_(agents, plan_config, plan_id);
   if (!built.ok()) return built.status();
   const double planner_seconds = std::chrono::duration<double>(Clock::now() - planning).count();

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/planner/relay.h"
 
 namespace wb::planner {
 
@@ -120,15 +121,23 @@ v1::TransferOp OpToProto(const std::vector<AgentLayout>& agents, const PlannedOp
   p.set_phase(op.phase);
   p.set_rail(op.rail);
   p.set_dst_bytes(op.DstBytes());
+  if (op.relay) p.set_relay(true);
   return p;
 }
 
 std::vector<v1::AgentPlan> PlanToProto(const std::vector<AgentLayout>& agents, const Plan& plan,
                                        uint64_t plan_id) {
   std::vector<v1::AgentPlan> out;
+  // With relays (relay.h): senders send to the roots only, and each relay forwards what
+  // landed in it to its children, in the plan's last phase (after anything it sends itself).
+  const bool relays = plan.relay.roots > 0;
+  std::vector<OpList> relay_ops;
+  if (relays) relay_ops = AllRelayOps(agents, plan);
+  const int16_t relay_phase = static_cast<int16_t>(std::max(plan.phases, 1) - 1);
   for (int32_t a : plan.agent_order) {
     const OpList& ops = plan.ops[a];
-    if (ops.empty()) continue;
+    const bool forwards = relays && !relay_ops[a].empty();
+    if (ops.empty() && !forwards) continue;
     v1::AgentPlan p;
     p.set_agent(agents[a].name);
     p.set_plan_id(plan_id);
@@ -140,7 +149,7 @@ std::vector<v1::AgentPlan> PlanToProto(const std::vector<AgentLayout>& agents, c
     uint64_t i = 0;
     p.mutable_ops()->Reserve(
         static_cast<int>(std::min<uint64_t>(plan.stats.send_ops[a], INT32_MAX)));
-    ForEachExecutedOp(plan, a, [&](const PlannedOp& op) {
+    auto add = [&](const PlannedOp& op) {
       *p.add_ops() = OpToProto(agents, op, i++);
       const AgentLayout& d = EntryHolder(agents, op.dst_agent);
       auto& r = regions[op.dst_agent];
@@ -150,7 +159,19 @@ std::vector<v1::AgentPlan> PlanToProto(const std::vector<AgentLayout>& agents, c
         r.emplace_back(EntryRegion(agents, op.dst_agent, op.scale_tensor),
                        d.tensors[op.scale_tensor].region_bytes);
       }
-    });
+    };
+    if (relays) {
+      ForEachSentOp(plan, a, add);
+      if (forwards) {
+        for (PlannedOp op : relay_ops[a]) {
+          op.phase = relay_phase;
+          add(op);
+        }
+        OpList().swap(relay_ops[a]);
+      }
+    } else {
+      ForEachExecutedOp(plan, a, add);
+    }
     // Peers in name order (agent_order), each region once, by id.
     for (int32_t b : plan.agent_order) {
       auto& r = regions[b];

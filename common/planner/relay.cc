@@ -50,24 +50,39 @@ std::vector<int32_t> RelayChildren(const Plan& plan, int32_t agent) {
   return out;
 }
 
-OpList RelayOps(const std::vector<AgentLayout>& agents, const Plan& plan, int32_t agent) {
-  OpList out;
-  const std::vector<int32_t> children = RelayChildren(plan, agent);
-  if (children.empty()) return out;
-  // Per region: its first entry (the ops' tensor) and the byte ranges landing in it.
+namespace {
+
+// Per agent with relay children, the runs of bytes landing in it (child-less agents: empty),
+// from one pass over every sender's executed ops.
+std::vector<OpList> LandedRuns(const std::vector<AgentLayout>& agents, const Plan& plan,
+                               int32_t only) {
+  const size_t na = plan.ops.size();
+  // Per agent: region -> (its first entry, landed [begin, end) ranges).
   struct Landed {
     int32_t entry = -1;
-    std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [begin, end)
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
   };
-  std::map<uint64_t, Landed> regions;
-  auto add = [&](int32_t entry, uint64_t begin, uint64_t end) {
-    Landed& l = regions[EntryRegion(agents, agent, entry)];
-    if (l.entry < 0 || entry < l.entry) l.entry = entry;
-    l.ranges.emplace_back(begin, end);
-  };
+  std::vector<std::map<uint64_t, Landed>> landed(na);
+  std::vector<bool> wanted(na, false);
+  bool any = false;
+  for (size_t a = 0; a < na; ++a) {
+    if ((only < 0 || static_cast<int32_t>(a) == only) &&
+        !RelayChildren(plan, static_cast<int32_t>(a)).empty()) {
+      wanted[a] = any = true;
+    }
+  }
+  std::vector<OpList> out(na);
+  if (!any) return out;
+  // The direct plan's ops (executed ops, relayed destinations included): what lands in a
+  // relayed agent from its parent is exactly what the direct plan would have sent it.
   for (int32_t a : plan.agent_order) {
     ForEachExecutedOp(plan, a, [&](const PlannedOp& op) {
-      if (op.dst_agent != agent) return;
+      if (!wanted[op.dst_agent]) return;
+      auto add = [&](int32_t entry, uint64_t begin, uint64_t end) {
+        Landed& l = landed[op.dst_agent][EntryRegion(agents, op.dst_agent, entry)];
+        if (l.entry < 0 || entry < l.entry) l.entry = entry;
+        l.ranges.emplace_back(begin, end);
+      };
       const uint64_t row = op.row_elems * DTypeBytes(op.DstDType());
       for (uint64_t r = 0; r < op.rows; ++r) {
         add(op.dst_tensor, op.dst_offset + r * op.dst_stride,
@@ -82,36 +97,59 @@ OpList RelayOps(const std::vector<AgentLayout>& agents, const Plan& plan, int32_
       }
     });
   }
-  OpList runs;
-  for (auto& [region, landed] : regions) {
-    std::sort(landed.ranges.begin(), landed.ranges.end());
-    size_t i = 0;
-    while (i < landed.ranges.size()) {
-      const uint64_t begin = landed.ranges[i].first;
-      uint64_t end = landed.ranges[i].second;
-      while (++i < landed.ranges.size() && landed.ranges[i].first <= end) {
-        end = std::max(end, landed.ranges[i].second);
-      }
-      for (uint64_t at = begin; at < end; at += kRelayChunkBytes) {
-        PlannedOp op;
-        op.src_agent = agent;
-        op.src_tensor = op.dst_tensor = landed.entry;
-        op.src_offset = op.dst_offset = at;
-        op.rows = 1;
-        op.row_elems = std::min(end - at, kRelayChunkBytes);
-        op.src_stride = op.dst_stride = op.row_elems;
-        op.src_dtype = op.dst_dtype = weightbeam::v1::DTYPE_U8;
-        op.transform = weightbeam::v1::TRANSFORM_COPY;
-        op.relay = 1;
-        runs.push_back(op);
+  for (size_t a = 0; a < na; ++a) {
+    if (!wanted[a]) continue;
+    for (auto& [region, l] : landed[a]) {
+      std::sort(l.ranges.begin(), l.ranges.end());
+      size_t i = 0;
+      while (i < l.ranges.size()) {
+        const uint64_t begin = l.ranges[i].first;
+        uint64_t end = l.ranges[i].second;
+        while (++i < l.ranges.size() && l.ranges[i].first <= end) {
+          end = std::max(end, l.ranges[i].second);
+        }
+        for (uint64_t at = begin; at < end; at += kRelayChunkBytes) {
+          PlannedOp op;
+          op.src_agent = static_cast<int32_t>(a);
+          op.src_tensor = op.dst_tensor = l.entry;
+          op.src_offset = op.dst_offset = at;
+          op.rows = 1;
+          op.row_elems = std::min(end - at, kRelayChunkBytes);
+          op.src_stride = op.dst_stride = op.row_elems;
+          op.src_dtype = op.dst_dtype = weightbeam::v1::DTYPE_U8;
+          op.transform = weightbeam::v1::TRANSFORM_COPY;
+          op.relay = 1;
+          out[a].push_back(op);
+        }
       }
     }
+    std::map<uint64_t, Landed>().swap(landed[a]);
   }
-  for (int32_t child : children) {
+  return out;
+}
+
+OpList ForChildren(const Plan& plan, int32_t agent, const OpList& runs) {
+  OpList out;
+  for (int32_t child : RelayChildren(plan, agent)) {
     for (PlannedOp op : runs) {
       op.dst_agent = child;
       out.push_back(op);
     }
+  }
+  return out;
+}
+
+}  // namespace
+
+OpList RelayOps(const std::vector<AgentLayout>& agents, const Plan& plan, int32_t agent) {
+  return ForChildren(plan, agent, LandedRuns(agents, plan, agent)[agent]);
+}
+
+std::vector<OpList> AllRelayOps(const std::vector<AgentLayout>& agents, const Plan& plan) {
+  std::vector<OpList> runs = LandedRuns(agents, plan, -1);
+  std::vector<OpList> out(runs.size());
+  for (size_t a = 0; a < runs.size(); ++a) {
+    if (!runs[a].empty()) out[a] = ForChildren(plan, static_cast<int32_t>(a), runs[a]);
   }
   return out;
 }

@@ -42,7 +42,11 @@ void ForEachSentOp(const Plan& plan, int32_t agent, Fn&& fn) {
 // The relay ops `agent` executes, for each child (by position) the same list: the byte ranges
 // that the ops landing in `agent` (from any sender) write, data and FP8 scales, merged per
 // region into contiguous runs cut at kRelayChunkBytes, by region then offset. `agents` are the
-// plan's input layouts. Scans every sender's ops: for tests and reports, not for the step path.
+// plan's input layouts. Scans every sender's ops.
 OpList RelayOps(const std::vector<AgentLayout>& agents, const Plan& plan, int32_t agent);
+// RelayOps of every agent (indexed by agent; empty for agents without children) in one pass
+// over the plan's ops. Holds every landed row range of the relays at once: meant for plans of
+// up to ~10^6 executed ops into relays (the controller's), not for Kimi-K2-scale plans.
+std::vector<OpList> AllRelayOps(const std::vector<AgentLayout>& agents, const Plan& plan);
 
 }  // namespace wb::planner

@@ -316,6 +316,21 @@ absl::Status AgentNode::LoadPlan(v1::AgentPlan plan, v1::LoadPlanResponse* resp)
     if (!s.ok()) metrics_.Error(AgentMetrics::kPlanLoadFailed);
     return s;
   }
+  // Relay ops wait for their bytes to be seen landing: a transport that lands writes unseen
+  // (rdma) could carry them here, and the relay would wait out every step's deadline.
+  if (std::any_of(plan.ops().begin(), plan.ops().end(),
+                  [](const v1::TransferOp& op) { return op.relay(); })) {
+    for (const auto& t : transports_) {
+      if (!t->caps().reports_landing) {
+        metrics_.Error(AgentMetrics::kPlanLoadFailed);
+        return absl::FailedPreconditionError(absl::StrCat(
+            "plan ", plan.plan_id(), " makes agent ", config_.name, " a relay, but its ", t->Name(),
+            " transport does not report landed writes (relays need tcp or local "
+            "into the relay; disable relays in the controller's config or ",
+            t->Name(), " on this agent)"));
+      }
+    }
+  }
   // Every op is checked against this agent's own regions before the plan is kept (and again
   // per step, when the executor resolves the region).
   for (const auto& op : plan.ops()) {

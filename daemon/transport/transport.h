@@ -40,6 +40,8 @@ struct Capabilities {
   // NIC checks only the memory region), so the buffer's keys change on CloseWindow(s) and
   // OpenWindow; read them again with BufferKeys. tcp and local refuse per window, keys stay.
   bool rekeys = false;
+  // Calls the landing callback for every write that lands (SetLandingCallback): tcp, local.
+  bool reports_landing = false;
 };
 
 // A one-sided write: `length` bytes from a local region into a remote region.

@@ -231,6 +231,7 @@ Capabilities LocalTransport::caps() const {
   Capabilities caps;
   caps.gpu_memory = SoftwareGpuMemorySupported();
   caps.windows = true;
+  caps.reports_landing = true;
   caps.remote = false;
   return caps;
 }

@@ -50,6 +50,7 @@ Capabilities TcpTransport::caps() const {
   Capabilities caps;
   caps.gpu_memory = SoftwareGpuMemorySupported();  // staged through pinned host buffers
   caps.windows = true;
+  caps.reports_landing = true;
   caps.remote = true;
   caps.max_write_bytes = 0;  // split into max_frame_bytes frames internally
   return caps;

@@ -1,0 +1,98 @@
+// Relays with real processes (issue 30): a controller, one trainer agent and four inference
+// agents (one replica each) over loopback tcp, with relays forced in the controller's config as
+// a chain (fan-out 1) and as a tree (fan-out 2). The trainer sends to the root replica only;
+// every other replica gets its bytes from the replica before it, forwarded as they land. Every
+// byte of every replica is compared with the trainer's, for several versions.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "client/weightbeam/controller_client.h"
+#include "client/weightbeam/local_session.h"
+#include "client/weightbeam/shared_buffer.h"
+#include "tests/support/cluster.h"
+#include "tests/support/controller_calls.h"
+#include "tests/support/one_tensor.h"
+
+namespace v1 = weightbeam::v1;
+using namespace wb::client;
+using wb::testing::Cluster;
+
+namespace {
+
+constexpr int kReplicas = 4;
+constexpr int64_t kRows = 2048, kCols = 1024;  // 4 MiB of BF16 per tensor, two tensors
+constexpr uint64_t kTensorBytes = kRows * kCols * 2;
+
+struct Side {
+  SharedBuffer buffer;
+  LocalSession session;
+};
+
+Side Open(const std::string& socket, v1::Role role, int replica) {
+  auto b = SharedBuffer::Create(2 * kTensorBytes, "relay-side");
+  REQUIRE(b.ok());
+  auto s = LocalSession::Connect(socket, Identity{role, 0, replica});
+  REQUIRE(s.ok());
+  for (int t = 0; t < 2; ++t) {
+    const std::string name = t == 0 ? "a.weight" : "b.weight";
+    REQUIRE(s->Register(TensorInfo{name, v1::DTYPE_BF16, {kRows, kCols}, {}}, *b, t * kTensorBytes,
+                        kTensorBytes)
+                .ok());
+  }
+  return Side{std::move(*b), std::move(*s)};
+}
+
+void Fill(Side* trainer, uint32_t version) {
+  auto* p = static_cast<uint16_t*>(trainer->buffer.data());
+  for (uint64_t i = 0; i < 2 * kTensorBytes / 2; ++i) {
+    p[i] = static_cast<uint16_t>(0x3c00 + ((i * 11 + version * 17) & 0x3ff));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("relays: a chain and a tree over four replicas deliver every byte to every replica") {
+  const int fanout = GENERATE(1, 2);
+  INFO("fan-out " << fanout);
+  wb::testing::ClusterOptions options;
+  options.agents = {"trainer-node"};
+  for (int r = 0; r < kReplicas; ++r) options.agents.push_back("infer-" + std::to_string(r));
+  options.inference_replicas = kReplicas;
+  options.extra_controller_yaml =
+      "relays:\n  enabled: true\n  roots: 1\n  fanout: " + std::to_string(fanout) + "\n";
+  Cluster cluster(wb::testing::Runfile(""), options);
+  Side trainer = Open(cluster.socket("trainer-node"), v1::ROLE_TRAINER, 0);
+  std::vector<Side> replicas;
+  for (int r = 0; r < kReplicas; ++r) {
+    replicas.push_back(Open(cluster.socket("infer-" + std::to_string(r)), v1::ROLE_INFERENCE, r));
+  }
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  const v1::PlanSummary plan = wb::testing::PlanWorld(&ctl, wb::testing::World(1, kReplicas, 1));
+  // Every replica's bytes move once: the trainer's to the root, the relays' to the others.
+  CHECK(plan.total_bytes() == kReplicas * 2 * kTensorBytes);
+
+  for (uint32_t v = 1; v <= 3; ++v) {
+    Fill(&trainer, v);
+    const v1::StepResult step = wb::testing::RequireCommitted(ctl.Step(v));
+    uint64_t trainer_bytes = 0, relayed_bytes = 0;
+    int relays = 0;
+    for (const v1::AgentStepReport& a : step.agents()) {
+      if (a.agent() == "trainer-node") {
+        trainer_bytes += a.bytes_sent();
+      } else if (a.bytes_sent() > 0) {
+        relayed_bytes += a.bytes_sent();
+        ++relays;
+      }
+    }
+    // The trainer fed the root replica only; the relays forwarded the other three's bytes.
+    CHECK(trainer_bytes == 2 * kTensorBytes);
+    CHECK(relayed_bytes == (kReplicas - 1) * 2 * kTensorBytes);
+    CHECK(relays == (fanout == 1 ? 3 : 2));  // chain: 0 -> 1 -> 2 -> 3; tree: 0 -> {1, 2}, 1 -> 3
+    for (int r = 0; r < kReplicas; ++r) {
+      INFO("replica " << r << " version " << v);
+      CHECK(std::memcmp(replicas[r].buffer.data(), trainer.buffer.data(), 2 * kTensorBytes) == 0);
+    }
+  }
+}
