@@ -9,6 +9,7 @@
 #include "common/parallel/parallel_for.h"
 #include "common/planner/plan.h"
 #include "common/planner/plan_proto.h"
+#include "common/planner/relay.h"
 
 namespace wb::controller {
 
@@ -58,6 +59,13 @@ absl::StatusOr<BuiltPlan> PlanForAgents(const std::vector<AgentRecord>& agents,
       (*built.summary.mutable_link_rate_scale())[agent] = f;
     }
     agent_plans = planner::PlanToProto(layouts, *plan, plan_id);
+    for (size_t a = 0; a < layouts.size(); ++a) {
+      const std::vector<int32_t> children = planner::RelayChildren(*plan, static_cast<int32_t>(a));
+      if (children.empty()) continue;
+      auto& names = built.relay_children[layouts[a].name];
+      for (int32_t c : children) names.push_back(layouts[c].name);
+      if (!plan->stats.is_sender[a]) built.relay_only.insert(layouts[a].name);
+    }
   }
   std::map<std::string, std::unordered_map<uint64_t, const v1::RegionDescriptor*>> regions_of;
   for (v1::AgentPlan& agent_plan : agent_plans) {

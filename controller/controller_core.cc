@@ -538,7 +538,12 @@ absl::Status ControllerCore::ReadyForStep(uint64_t version, Clock::time_point de
     }
     if (auto s = ReplanIfChanged(version, deadline); !s.ok()) return s;
   }
-  if (std::string lost = membership_.FirstLost(senders_); !lost.empty()) {
+  // A lost relay is a lost receiver (dropped with its subtree in the step), not a lost sender.
+  std::vector<std::string> own_senders;
+  for (const auto& s : senders_) {
+    if (!plan_.relay_only.count(s)) own_senders.push_back(s);
+  }
+  if (std::string lost = membership_.FirstLost(own_senders); !lost.empty()) {
     return absl::UnavailableError(absl::StrCat("agent ", lost, " is lost (no heartbeat)"));
   }
   return absl::OkStatus();
@@ -550,6 +555,8 @@ StepSpec ControllerCore::NextStep(uint64_t version, Clock::time_point started,
   spec.version = version;
   spec.plan_id = plan_.summary.plan_id();
   spec.senders = senders_;
+  spec.relay_children = plan_.relay_children;
+  spec.relay_only = plan_.relay_only;
   spec.receivers = receivers_;
   spec.started = started;
   spec.timeout = timeout;

@@ -36,6 +36,10 @@ struct BuiltPlan {
   // By sending agent. Once loaded onto the senders, the controller keeps only the names and
   // plan ids here (a plan of 10^6 ops lives in the senders, not twice).
   std::map<std::string, weightbeam::v1::AgentPlan> agent_plans;
+  // Relays (planner/relay.h): each relay's children, and the agents whose ops are all relay
+  // ops (they send nothing of their own; a relay dropped from a step is not asked to execute).
+  std::map<std::string, std::vector<std::string>> relay_children;
+  std::set<std::string> relay_only;
 };
 
 // Pure: agents' layouts + config in, plan out (no I/O).

@@ -41,7 +41,8 @@ std::string CallError(const grpc::Status& s) {
 
 }  // namespace
 
-ReplicaBook::ReplicaBook(const StepSpec& spec) : receivers_(spec.receivers) {
+ReplicaBook::ReplicaBook(const StepSpec& spec)
+    : receivers_(spec.receivers), relay_children_(spec.relay_children) {
   std::set<std::string> receiving(spec.receivers.begin(), spec.receivers.end());
   for (const auto& [replica, agents] : spec.replicas) {
     for (const auto& a : agents) {
@@ -81,6 +82,16 @@ std::vector<std::string> ReplicaBook::Drop(const std::map<std::string, std::stri
       for (const auto& other : replicas_[r]) {
         if (!excluded_.count(other)) pending.push_back(other);
       }
+    }
+    // A dropped relay's children get nothing this step: they leave with it.
+    auto children = relay_children_.find(agent);
+    if (children == relay_children_.end()) continue;
+    for (const auto& child : children->second) {
+      if (excluded_.count(child)) continue;
+      for (int r : replicas_of_[child]) {
+        if (!dropped_.count(r)) dropped_[r] = absl::StrCat("fed by relay ", agent, ", dropped");
+      }
+      pending.push_back(child);
     }
   }
   return {newly.begin(), newly.end()};
@@ -313,7 +324,9 @@ absl::Status StepProtocol::ExecuteOnSenders(const StepSpec& spec,
                                             const std::vector<std::string>& skip,
                                             v1::StepResult* result) {
   std::vector<AgentCall<v1::ExecuteRequest>> calls;
+  const std::set<std::string> skipped(skip.begin(), skip.end());
   for (const auto& a : spec.senders) {
+    if (spec.relay_only.count(a) && skipped.count(a)) continue;  // a dropped relay
     AgentCall<v1::ExecuteRequest> c{a, {}};
     c.request.set_version(spec.version);
     c.request.set_plan_id(spec.plan_id);

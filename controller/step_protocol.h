@@ -45,6 +45,10 @@ struct StepSpec {
   std::map<int, std::vector<std::string>> replicas;
   // The step fails unless at least this many replicas commit.
   uint32_t min_replicas = 1;
+  // Relays: who each relay feeds (a dropped relay takes its subtree with it for the step), and
+  // the relays that send nothing of their own (not asked to execute once dropped).
+  std::map<std::string, std::vector<std::string>> relay_children;
+  std::set<std::string> relay_only;
 };
 
 // Which replicas of a step are still in it, and why the others were dropped. Dropping is closed
@@ -78,6 +82,7 @@ class ReplicaBook {
   std::map<std::string, std::set<int>> replicas_of_;  // agent -> replicas it holds part of
   std::map<int, std::string> dropped_;                // replica -> reason
   std::set<std::string> excluded_;
+  std::map<std::string, std::vector<std::string>> relay_children_;
 };
 
 class StepProtocol {

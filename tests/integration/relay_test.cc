@@ -3,9 +3,13 @@
 // a chain (fan-out 1) and as a tree (fan-out 2). The trainer sends to the root replica only;
 // every other replica gets its bytes from the replica before it, forwarded as they land. Every
 // byte of every replica is compared with the trainer's, for several versions.
+#include <signal.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/weightbeam/controller_client.h"
@@ -94,5 +98,63 @@ TEST_CASE("relays: a chain and a tree over four replicas deliver every byte to e
       INFO("replica " << r << " version " << v);
       CHECK(std::memcmp(replicas[r].buffer.data(), trainer.buffer.data(), 2 * kTensorBytes) == 0);
     }
+  }
+}
+
+TEST_CASE(
+    "relays: a relay killed or frozen takes its subtree out of the step; back, all catch up") {
+  const int sig = GENERATE(SIGKILL, SIGSTOP);
+  INFO((sig == SIGKILL ? "killed" : "frozen"));
+  wb::testing::ClusterOptions options;
+  options.agents = {"trainer-node"};
+  for (int r = 0; r < kReplicas; ++r) options.agents.push_back("infer-" + std::to_string(r));
+  options.inference_replicas = kReplicas;
+  options.extra_controller_yaml = "relays:\n  enabled: true\n  roots: 1\n  fanout: 1\n";
+  Cluster cluster(wb::testing::Runfile(""), options);
+  Side trainer = Open(cluster.socket("trainer-node"), v1::ROLE_TRAINER, 0);
+  std::vector<Side> replicas;
+  for (int r = 0; r < kReplicas; ++r) {
+    replicas.push_back(Open(cluster.socket("infer-" + std::to_string(r)), v1::ROLE_INFERENCE, r));
+  }
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  wb::testing::PlanWorld(&ctl, wb::testing::World(1, kReplicas, 1));
+  Fill(&trainer, 1);
+  CHECK(wb::testing::RequireCommitted(ctl.Step(1)).committed_replicas_size() == kReplicas);
+
+  // The chain is 0 -> 1 -> 2 -> 3: with relay 1 gone, replicas 1, 2 and 3 get nothing this step,
+  // and replica 0 still commits.
+  cluster.KillAgent("infer-1", sig);
+  Fill(&trainer, 2);
+  const v1::StepResult step = wb::testing::RequireCommitted(ctl.Step(2));
+  CHECK(step.committed_replicas_size() == 1);
+  CHECK(step.committed_replicas(0) == 0);
+  std::set<int> skipped;
+  for (const auto& s : step.skipped_replicas()) skipped.insert(s.replica());
+  CHECK(skipped == std::set<int>{1, 2, 3});
+  bool named = false;
+  for (const auto& s : step.skipped_replicas())
+    named |= s.reason().find("relay infer-1") != std::string::npos;
+  CHECK(named);  // the children say which relay they lost
+  CHECK(std::memcmp(replicas[0].buffer.data(), trainer.buffer.data(), 2 * kTensorBytes) == 0);
+
+  // Back (restarted and registered again, or thawed): later steps reach every replica again.
+  if (sig == SIGKILL) {
+    REQUIRE(cluster.StartAgent("infer-1"));
+    replicas[1] = Open(cluster.socket("infer-1"), v1::ROLE_INFERENCE, 1);
+  } else {
+    cluster.KillAgent("infer-1", SIGCONT);
+  }
+  int committed = 0;
+  uint32_t v = 3;
+  for (; v < 30 && committed < kReplicas; ++v) {
+    Fill(&trainer, v);
+    auto again = ctl.Step(v);
+    committed = again.ok() ? again->committed_replicas_size() : 0;
+    if (committed < kReplicas) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  REQUIRE(committed == kReplicas);
+  for (int r = 0; r < kReplicas; ++r) {
+    INFO("replica " << r);
+    CHECK(std::memcmp(replicas[r].buffer.data(), trainer.buffer.data(), 2 * kTensorBytes) == 0);
   }
 }
