@@ -42,6 +42,16 @@ std::string FormatPlan(const v1::PlanSummary& p) {
     out += absl::StrCat(
         "links measured slow (fraction of their rating): ", absl::StrJoin(slow, ", "), "\n");
   }
+  if (p.relay_roots() > 0) {
+    out += absl::StrCat("relays: ", p.relay_roots(),
+                        " replica(s) per family fed by the senders, "
+                        "fan-out ",
+                        p.relay_fanout(), ", depth ", p.relay_depth(), "; ",
+                        HumanBytes(p.relayed_bytes()), " forwarded by ", p.relays_size(),
+                        " relay(s); predicted ", FixedPoint(p.predicted_without_relays_seconds()),
+                        " s without relays, receivers' limit ",
+                        FixedPoint(p.receiver_limit_seconds()), " s\n");
+  }
   if (p.delta().enabled()) {
     out += absl::StrCat("delta mode: on (anchor every ", p.delta().anchor_every(),
                         " steps, receive slots ", FixedPoint(p.delta().receive_fraction(), 2),

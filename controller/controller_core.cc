@@ -135,6 +135,7 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanNow(const v1::PlanRequest& r
                                                         const v1::ExpectedWorld& world) {
   absl::MutexLock lock(&plan_mu_);
   delta_choice_ = req.delta();
+  relay_choice_ = req.relays();
   world_ = world;
   // The caller waited for the world without the lock: only a look here. After it: Describe
   // (60 s), Introduce (10 s), LoadPlan (30 s) at most.
@@ -263,6 +264,9 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
   // The links as measured so far (none measured slow: the config's cost model as it is).
   config::ControllerConfig plan_config = config_;
   plan_config.cost_model.agent_rate_scale = link_learner_.Scales();
+  if (relay_choice_ != v1::RELAY_CHOICE_CONFIG) {
+    plan_config.relays.enabled = relay_choice_ == v1::RELAY_CHOICE_ON;
+  }
   // Delta steps land in receive slots, not where a relay forwards from: no relays then.
   if (plan_config.relays.enabled &&
       (delta_choice_ == v1::DELTA_CHOICE_ON ||

@@ -181,6 +181,9 @@ class ControllerCore {
   // The last Plan request's delta choice; replans after a layout change keep it.
   weightbeam::v1::DeltaChoice delta_choice_ ABSL_GUARDED_BY(plan_mu_) =
       weightbeam::v1::DELTA_CHOICE_CONFIG;
+  // The same for relays.
+  weightbeam::v1::RelayChoice relay_choice_ ABSL_GUARDED_BY(plan_mu_) =
+      weightbeam::v1::RELAY_CHOICE_CONFIG;
   // Learned from committed steps: delta step rates, and link rates the next plan uses.
   DeltaStepPredictor delta_predictor_ ABSL_GUARDED_BY(plan_mu_){config_.delta};
   LinkLearner link_learner_ ABSL_GUARDED_BY(plan_mu_);

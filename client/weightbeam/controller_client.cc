@@ -86,13 +86,15 @@ absl::StatusOr<ControllerClient> ControllerClient::Connect(const std::string& ad
 
 absl::StatusOr<v1::PlanSummary> ControllerClient::Plan(const v1::ExpectedWorld& world,
                                                        std::chrono::milliseconds wait,
-                                                       v1::DeltaChoice delta) {
+                                                       v1::DeltaChoice delta,
+                                                       v1::RelayChoice relays) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(60));
   v1::PlanRequest req;
   *req.mutable_world() = world;
   req.set_wait_ms(static_cast<uint32_t>(wait.count()));
   req.set_delta(delta);
+  req.set_relays(relays);
   v1::PlanResponse resp;
   grpc::Status s = impl_->stub->Plan(&ctx, req, &resp);
   if (!s.ok()) return impl_->Convert(s);

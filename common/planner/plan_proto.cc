@@ -220,6 +220,22 @@ v1::PlanSummary SummaryToProto(const std::vector<AgentLayout>& agents, const Pla
   p.set_receiver_imbalance(s.receiver_imbalance);
   p.set_predicted_step_seconds(s.predicted_step_seconds);
   p.set_link_limit_seconds(s.link_limit_seconds);
+  const RelayTree& r = plan.relay;
+  p.set_receiver_limit_seconds(r.receiver_limit_seconds);
+  p.set_predicted_without_relays_seconds(r.direct_predicted_seconds);
+  if (r.roots > 0) {
+    p.set_relay_roots(r.roots);
+    p.set_relay_fanout(r.fanout);
+    p.set_relay_depth(r.depth);
+    p.set_relayed_bytes(r.relayed_bytes);
+    for (int32_t a : plan.agent_order) {
+      if (r.relay_send_bytes[a] == 0) continue;
+      v1::PeerBytes* b = p.add_relays();
+      b->set_agent(agents[a].name);
+      b->set_bytes(r.relay_send_bytes[a]);
+      b->set_ops(r.relay_send_ops[a]);
+    }
+  }
   p.set_phases(plan.phases);
   return p;
 }
