@@ -3,9 +3,11 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -115,6 +117,88 @@ struct LocalSession::Impl {
     return resp;
   }
 
+  // Sends requests made by `make(i)` for i in [0, n) with up to `window` unanswered at once; a
+  // reader thread takes the answers (in order: the agent handles one request at a time) while
+  // this thread writes, so a full socket on either side never stalls the other. Stops sending
+  // after the first answer with an error. (*outcomes)[i]: OK, the agent's error, or CANCELLED.
+  absl::Status CallPipelined(size_t n, int window,
+                             const std::function<v1::SessionRequest(size_t)>& make,
+                             std::vector<absl::Status>* outcomes) {
+    outcomes->assign(n, absl::CancelledError("not sent: an earlier batch was refused"));
+    if (n == 0) return absl::OkStatus();
+    window = std::max(window, 1);
+    absl::MutexLock lock(&mu);
+    if (!stream) return absl::FailedPreconditionError("the session is closed");
+    std::mutex m;
+    std::condition_variable cv;
+    size_t sent = 0, answered = 0;  // guarded by m
+    bool sending_done = false, refused = false, broken = false;
+    const uint64_t first_id = next_id;
+    std::thread reader([&] {
+      v1::SessionResponse resp;
+      while (true) {
+        {
+          std::unique_lock<std::mutex> l(m);
+          cv.wait(l, [&] { return answered < sent || sending_done; });
+          if (answered == sent) return;  // everything sent was answered
+        }
+        if (!stream->Read(&resp)) {
+          std::lock_guard<std::mutex> l(m);
+          broken = true;
+          cv.notify_all();
+          return;
+        }
+        CallStarted();  // an answer came: the next one has its own full timeout
+        std::lock_guard<std::mutex> l(m);
+        const size_t i = answered++;
+        absl::Status st =
+            resp.request_id() != first_id + i
+                ? absl::InternalError(absl::StrCat("answer ", resp.request_id(),
+                                                   " out of order (expected ", first_id + i, ")"))
+            : resp.code() != 0
+                ? absl::Status(static_cast<absl::StatusCode>(resp.code()), resp.message())
+                : absl::OkStatus();
+        if (!st.ok()) refused = true;
+        (*outcomes)[i] = std::move(st);
+        cv.notify_all();
+      }
+    });
+    CallStarted();
+    for (size_t i = 0; i < n; ++i) {
+      {
+        std::unique_lock<std::mutex> l(m);
+        cv.wait(l,
+                [&] { return sent - answered < static_cast<size_t>(window) || refused || broken; });
+        if (refused || broken) break;
+      }
+      v1::SessionRequest req = make(i);
+      req.set_request_id(next_id++);
+      if (!stream->Write(req)) {
+        std::lock_guard<std::mutex> l(m);
+        broken = true;
+        break;
+      }
+      std::lock_guard<std::mutex> l(m);
+      ++sent;
+      cv.notify_all();
+    }
+    {
+      std::lock_guard<std::mutex> l(m);
+      sending_done = true;
+      cv.notify_all();
+    }
+    reader.join();
+    if (broken) {
+      // What was sent and not answered is unknown: say so for those batches.
+      for (size_t i = answered; i < sent; ++i) {
+        (*outcomes)[i] = absl::UnknownError("sent, but the session ended before its answer");
+      }
+      return Broken();
+    }
+    CallEnded();
+    return absl::OkStatus();
+  }
+
   void Close() {
     {
       absl::MutexLock lock(&mu);
@@ -210,12 +294,26 @@ void FillSpec(const TensorInfo& t, v1::TensorSpec* spec) {
     v->set_buffer(t.view_buffer);
   }
 }
+
+void FillBatch(const std::vector<BufferSlice>& tensors, const SharedBuffer& buffer,
+               v1::RegisterTensors* batch) {
+  batch->mutable_tensors()->Reserve(static_cast<int>(tensors.size()));
+  for (const auto& t : tensors) {
+    auto* reg = batch->add_tensors();
+    FillSpec(t.tensor, reg->mutable_spec());
+    auto* shm = reg->mutable_memory()->mutable_host_shm();
+    shm->set_shm_name(buffer.shm_name());
+    shm->set_offset(t.offset);
+    shm->set_length(t.length);
+  }
+}
 }  // namespace
 
 absl::Status LocalSession::Register(const TensorInfo& tensor, const SharedBuffer& buffer,
                                     uint64_t offset, uint64_t length) {
   if (auto s = CheckName(tensor.name); !s.ok()) return s;
   v1::SessionRequest req;
+  req.mutable_register_()->set_omit_layouts(true);  // only the status is returned
   auto* reg = req.mutable_register_()->add_tensors();
   FillSpec(tensor, reg->mutable_spec());
   auto* shm = reg->mutable_memory()->mutable_host_shm();
@@ -227,18 +325,41 @@ absl::Status LocalSession::Register(const TensorInfo& tensor, const SharedBuffer
 
 absl::Status LocalSession::RegisterBatch(const std::vector<BufferSlice>& tensors,
                                          const SharedBuffer& buffer) {
-  v1::SessionRequest req;
-  auto* batch = req.mutable_register_();
   for (const auto& t : tensors) {
     if (auto s = CheckName(t.tensor.name); !s.ok()) return s;
-    auto* reg = batch->add_tensors();
-    FillSpec(t.tensor, reg->mutable_spec());
-    auto* shm = reg->mutable_memory()->mutable_host_shm();
-    shm->set_shm_name(buffer.shm_name());
-    shm->set_offset(t.offset);
-    shm->set_length(t.length);
   }
+  v1::SessionRequest req;
+  auto* batch = req.mutable_register_();
+  batch->set_omit_layouts(true);  // only the status is returned
+  FillBatch(tensors, buffer, batch);
   return impl_->Call(std::move(req)).status();
+}
+
+absl::Status LocalSession::RegisterBatches(const std::vector<std::vector<BufferSlice>>& batches,
+                                           const SharedBuffer& buffer, int in_flight,
+                                           std::vector<absl::Status>* outcomes) {
+  for (const auto& batch : batches) {
+    for (const auto& t : batch) {
+      if (auto s = CheckName(t.tensor.name); !s.ok()) return s;
+    }
+  }
+  std::vector<absl::Status> mine;
+  std::vector<absl::Status>& out = outcomes ? *outcomes : mine;
+  auto make = [&](size_t i) {
+    v1::SessionRequest req;
+    auto* reg = req.mutable_register_();
+    reg->set_omit_layouts(true);
+    FillBatch(batches[i], buffer, reg);
+    return req;
+  };
+  if (auto s = impl_->CallPipelined(batches.size(), in_flight, make, &out); !s.ok()) return s;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!out[i].ok()) {
+      return absl::Status(out[i].code(),
+                          absl::StrCat("batch ", i, " of ", out.size(), ": ", out[i].message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LocalSession::RegisterCuda(const TensorInfo& tensor, void* device_ptr, uint64_t length,
@@ -257,6 +378,7 @@ absl::Status LocalSession::RegisterCuda(const TensorInfo& tensor, void* device_p
   v1::SessionRequest req;
   auto* reg = req.mutable_register_()->add_tensors();
   FillSpec(tensor, reg->mutable_spec());
+  req.mutable_register_()->set_omit_layouts(true);
   *reg->mutable_memory()->mutable_cuda_ipc() = std::move(*ipc);
   if (auto s = impl_->Call(std::move(req)).status(); !s.ok()) return s;
   absl::MutexLock lock(&impl_->devices_mu);

@@ -70,6 +70,17 @@ class LocalSession {
   // none of them stays registered and the error names that tensor. Much faster than one
   // Register per tensor for thousands of small tensors.
   absl::Status RegisterBatch(const std::vector<BufferSlice>& tensors, const SharedBuffer& buffer);
+  // Registers many batches of one buffer, pipelined: up to `in_flight` requests are on their
+  // way while the agent answers the earlier ones, so neither side waits for the other between
+  // batches. The agent handles them in order, each all or nothing as RegisterBatch. Every name
+  // is checked first (an invalid one: nothing is sent). After a refusal no further batch is
+  // sent; those already sent are answered and stay as they came out (registered or refused),
+  // so nothing registered is lost. Returns OK or the first refusal, which names its batch and
+  // the agent's message (the tensor). `outcomes`, when given, gets one status per batch: OK
+  // (registered), the agent's refusal, or CANCELLED (not sent after an earlier refusal).
+  absl::Status RegisterBatches(const std::vector<std::vector<BufferSlice>>& batches,
+                               const SharedBuffer& buffer, int in_flight = 4,
+                               std::vector<absl::Status>* outcomes = nullptr);
   // Registers `length` bytes of cudaMalloc'ed memory at `device_ptr` (on CUDA device `device`)
   // through a CUDA IPC handle; needs CUDA here and an agent built with CUDA. Without CUDA the
   // error says so and names the tensor.

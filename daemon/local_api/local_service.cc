@@ -88,7 +88,9 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
                       "register before hello: say who this process is first");
         }
         // All-or-nothing: on the first failure, undo this request's registrations.
+        const bool omit = request_.register_().omit_layouts();
         std::vector<std::string> done;
+        done.reserve(request_.register_().tensors_size());
         for (const auto& reg : request_.register_().tensors()) {
           auto layout = service_->registry_->Register(id_, owner_, reg, caller_);
           if (!layout.ok()) {
@@ -102,7 +104,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
             return Fail(layout.status().code(), std::string(layout.status().message()));
           }
           done.push_back(reg.spec().name());
-          *response_.add_registered() = *layout;
+          if (!omit) *response_.add_registered() = *std::move(layout);
         }
         return;
       }

@@ -1,11 +1,12 @@
 // register_bench: registration at scale. A real wb-controller and two wb-agent processes; a
 // trainer session registers N tiny BF16 tensors (one shared-memory buffer, offsets) in batches
-// of B through LocalSession::RegisterBatch, an inference session registers the N matching
-// destinations; then the controller's view catches up, Plan runs and one step commits.
-// Prints one JSON line: tensors/s per side, seconds until the controller lists every tensor,
-// plan seconds, step seconds, ListTensors seconds, the agents' peak RSS, and per agent and
-// transport the memory registrations it holds and the seconds it spent registering (Health).
-// Run from the repository root: bazel-bin/tests/bench/register_bench --tensors=1000000
+// of B through LocalSession::RegisterBatches (pipelined; --in-flight=1: RegisterBatch), an
+// inference session registers the N matching destinations; then the controller's view catches up,
+// Plan runs and one step commits. Prints one JSON line: tensors/s per side, seconds until the
+// controller lists every tensor, plan seconds, step seconds, ListTensors seconds, the agents' peak
+// RSS, and per agent and transport the memory registrations it holds and the seconds it spent
+// registering (Health). Run from the repository root: bazel-bin/tests/bench/register_bench
+// --tensors=1000000
 // With --rdma-device=rxe0 (inside tests/rxe/vm.sh) the agents also run the rdma transport;
 // --no-plan stops after the registrations (and the counts the agents report).
 #include <grpcpp/grpcpp.h>
@@ -52,19 +53,28 @@ double StatusMiB(pid_t pid, const std::string& field) {
 }
 double PeakRssMiB(pid_t pid) { return StatusMiB(pid, "VmHWM"); }
 
-// Registers `n` tensors "layer.<i>.w" of 2 elements each (4 bytes at offset 4 i) in batches.
-double RegisterAll(LocalSession& s, const SharedBuffer& buf, int n, int batch) {
+// Registers `n` tensors "layer.<i>.w" of 2 elements each (4 bytes at offset 4 i) in batches of
+// `batch`, `in_flight` requests on their way at once (1: each batch waits for its answer).
+double RegisterAll(LocalSession& s, const SharedBuffer& buf, int n, int batch, int in_flight) {
   const auto t0 = Clock::now();
-  std::vector<BufferSlice> slices;
+  std::vector<std::vector<BufferSlice>> batches;
+  batches.reserve((n + batch - 1) / batch);
   for (int i = 0; i < n; i += batch) {
-    slices.clear();
+    auto& slices = batches.emplace_back();
+    slices.reserve(std::min(n, i + batch) - i);
     for (int k = i; k < std::min(n, i + batch); ++k) {
       slices.push_back(
           {TensorInfo{"layer." + std::to_string(k) + ".w", v1::DTYPE_BF16, {2}, {}}, 4ull * k, 4});
     }
-    if (auto st = s.RegisterBatch(slices, buf); !st.ok()) {
-      Die("registering batch at " + std::to_string(i) + ": " + std::string(st.message()));
+  }
+  if (in_flight <= 1) {
+    for (size_t b = 0; b < batches.size(); ++b) {
+      if (auto st = s.RegisterBatch(batches[b], buf); !st.ok()) {
+        Die("registering batch " + std::to_string(b) + ": " + std::string(st.message()));
+      }
     }
+  } else if (auto st = s.RegisterBatches(batches, buf, in_flight); !st.ok()) {
+    Die("registering: " + std::string(st.message()));
   }
   return Since(t0);
 }
@@ -99,7 +109,7 @@ nlohmann::json Registrations(const std::string& address) {
 int main(int argc, char** argv) {
   wb::testing::StopChildrenOnSignals();  // a killed run leaves no daemons behind
   CLI::App app{"register_bench: registering, listing and planning N tiny tensors"};
-  int tensors = 1000000, batch = 1000, inference_tensors = -1;
+  int tensors = 1000000, batch = 1000, inference_tensors = -1, in_flight = 4;
   std::string bin_dir = "bazel-bin", rdma_device;
   bool step = true, hugetlb = true, plan_too = true;
   app.add_option("--tensors", tensors, "tensors per side (trainer and inference)")
@@ -108,6 +118,9 @@ int main(int argc, char** argv) {
                  "destination tensors (default: --tensors); the first ones of the trainer's");
   app.add_option("--batch", batch, "tensors per RegisterBatch request")
       ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--in-flight", in_flight,
+                 "RegisterBatch requests on their way at once (1: one at a time, as before)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--bin-dir", bin_dir, "where controller/wb-controller and daemon/wb-agent are");
   app.add_flag("!--no-step", step, "skip the step after planning");
   app.add_flag("!--no-plan", plan_too, "stop after registering (no Plan, no step)");
@@ -145,8 +158,8 @@ int main(int argc, char** argv) {
   if (!trainer.ok() || !inference.ok()) Die("cannot open sessions");
 
   const auto t_all = Clock::now();
-  const double src_s = RegisterAll(*trainer, *src, tensors, batch);
-  const double dst_s = RegisterAll(*inference, *dst, inference_tensors, batch);
+  const double src_s = RegisterAll(*trainer, *src, tensors, batch, in_flight);
+  const double dst_s = RegisterAll(*inference, *dst, inference_tensors, batch, in_flight);
   const double registered_s = Since(t_all);
   // The controller's view: layout reports are coalesced, so it trails the last batch a little.
   const int64_t total = int64_t{tensors} + inference_tensors;
@@ -207,6 +220,7 @@ int main(int argc, char** argv) {
   j["bench"] = "register";
   j["trainer_tensors"] = tensors;
   j["batch"] = batch;
+  j["in_flight"] = in_flight;
   j["register_trainer_tensors_per_s"] = tensors / src_s;
   j["inference_tensors"] = inference_tensors;
   j["register_inference_tensors_per_s"] = inference_tensors / dst_s;

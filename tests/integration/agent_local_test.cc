@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <set>
 
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
@@ -307,4 +308,81 @@ TEST_CASE("a second agent on the same socket is refused clearly") {
              Catch::Contains("another wb-agent is already serving " + agent.socket));
   // The first agent is unharmed.
   CHECK(agent.Layout().agent() == "node-a");
+}
+
+// Pipelined registration (RegisterBatches): several batches on their way at once. A refusal in
+// the middle batch names its batch and tensor; the batches before it stay registered, the
+// refused one leaves nothing, and each later batch is either registered or reported as not
+// sent: the outcomes say which, and the agent's layout agrees with them exactly.
+TEST_CASE("pipelined batches: a bad tensor in the middle batch is named, nothing else is lost") {
+  AgentUnderTest agent;
+  auto side = InferenceSide::Open(agent, "pipelined");
+  // 5 batches of 100 destinations, 4 bytes each, one after another in the buffer.
+  std::vector<std::vector<wb::client::BufferSlice>> batches(5);
+  for (int b = 0; b < 5; ++b) {
+    for (int k = 0; k < 100; ++k) {
+      const int i = b * 100 + k;
+      batches[b].push_back({Bf16("p." + std::to_string(i), {2}), 4ull * i, 4});
+    }
+  }
+  auto names_in_layout = [&] {
+    std::set<std::string> names;
+    const v1::AgentLayout layout = agent.Layout();
+    for (const auto& t : layout.tensors()) names.insert(t.spec().name());
+    return names;
+  };
+
+  SECTION("all batches registered, in a window wider than the batch count") {
+    std::vector<absl::Status> outcomes;
+    REQUIRE(side.session.RegisterBatches(batches, side.buffer, 8, &outcomes).ok());
+    REQUIRE(outcomes.size() == 5);
+    for (const auto& o : outcomes) CHECK(o.ok());
+    CHECK(names_in_layout().size() == 500);
+  }
+  SECTION("a shape that does not fit its bytes, in the middle batch") {
+    batches[2][50].tensor.global_shape = {3};  // 6 bytes of BF16 in a 4-byte slice
+    std::vector<absl::Status> outcomes;
+    auto s = side.session.RegisterBatches(batches, side.buffer, 3, &outcomes);
+    REQUIRE_FALSE(s.ok());
+    CHECK_THAT(Message(s), Catch::Contains("batch 2 of 5") && Catch::Contains("'p.250'"));
+    REQUIRE(outcomes.size() == 5);
+    CHECK(outcomes[0].ok());
+    CHECK(outcomes[1].ok());
+    CHECK(outcomes[2].code() == s.code());
+    const std::set<std::string> names = names_in_layout();
+    size_t expected = 0;
+    for (int b = 0; b < 5; ++b) {
+      // Later batches: registered, or never sent (CANCELLED); never half of one.
+      if (b > 2) CHECK((outcomes[b].ok() || outcomes[b].code() == absl::StatusCode::kCancelled));
+      for (const auto& t : batches[b]) {
+        CHECK(names.count(t.tensor.name) == (outcomes[b].ok() ? 1u : 0u));
+      }
+      if (outcomes[b].ok()) expected += batches[b].size();
+    }
+    CHECK(names.size() == expected);
+    // The session goes on: the fixed batch and the unsent ones register afterwards.
+    batches[2][50].tensor.global_shape = {2};
+    std::vector<std::vector<wb::client::BufferSlice>> rest;
+    for (int b = 2; b < 5; ++b) {
+      if (!outcomes[b].ok()) rest.push_back(batches[b]);
+    }
+    CHECK(side.session.RegisterBatches(rest, side.buffer, 2).ok());
+    CHECK(names_in_layout().size() == 500);
+  }
+  SECTION("a name registered by an earlier batch of the same call") {
+    batches[3][7].tensor.name = "p.7";
+    std::vector<absl::Status> outcomes;
+    auto s = side.session.RegisterBatches(batches, side.buffer, 1, &outcomes);
+    CHECK(s.code() == absl::StatusCode::kAlreadyExists);
+    CHECK_THAT(Message(s), Catch::Contains("batch 3 of 5") && Catch::Contains("'p.7'"));
+    // One in flight: batches after the refused one are never sent.
+    CHECK(outcomes[4].code() == absl::StatusCode::kCancelled);
+    CHECK(names_in_layout().size() == 300);
+  }
+  SECTION("an invalid name anywhere: nothing is sent") {
+    batches[4][99].tensor.name = std::string("bad\xff", 4);
+    auto s = side.session.RegisterBatches(batches, side.buffer, 4);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(names_in_layout().empty());
+  }
 }
