@@ -91,21 +91,29 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
         const bool omit = request_.register_().omit_layouts();
         std::vector<std::string> done;
         done.reserve(request_.register_().tensors_size());
+        // The change callback (layout report, metrics) runs once for the batch, not per tensor.
+        registry::RegionRegistry* registry = service_->registry_;
         for (const auto& reg : request_.register_().tensors()) {
-          auto layout = service_->registry_->Register(id_, owner_, reg, caller_);
-          if (!layout.ok()) {
-            for (const auto& name : done) (void)service_->registry_->Unregister(id_, name);
+          absl::Status refused;
+          if (omit) {
+            refused = registry->RegisterQuiet(id_, owner_, reg, caller_, /*notify=*/false).status();
+          } else {
+            auto layout = registry->Register(id_, owner_, reg, caller_);
+            if (layout.ok()) *response_.add_registered() = *std::move(layout);
+            refused = layout.status();
+          }
+          if (!refused.ok()) {
+            for (const auto& name : done) (void)registry->Unregister(id_, name);
+            if (omit && !done.empty()) registry->NotifyChanged();
             response_.clear_registered();
             spdlog::warn("session {}: registration refused: {}", id_,
-                         std::string(layout.status().message()));
-            if (service_->on_refused_) {
-              service_->on_refused_(std::string(layout.status().message()));
-            }
-            return Fail(layout.status().code(), std::string(layout.status().message()));
+                         std::string(refused.message()));
+            if (service_->on_refused_) service_->on_refused_(std::string(refused.message()));
+            return Fail(refused.code(), std::string(refused.message()));
           }
           done.push_back(reg.spec().name());
-          if (!omit) *response_.add_registered() = *std::move(layout);
         }
+        if (omit && !done.empty()) registry->NotifyChanged();
         return;
       }
       case v1::SessionRequest::kUnregister:

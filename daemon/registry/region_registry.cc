@@ -422,9 +422,26 @@ void RegionRegistry::UnindexLocked(const RegisteredTensor& t) {
   }
 }
 
+void RegionRegistry::NotifyChanged() { Changed(); }
+
 absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
     uint64_t session, const v1::Owner& owner, const v1::TensorRegistration& registration,
     const Caller& caller) {
+  auto id = RegisterQuiet(session, owner, registration, caller, /*notify=*/true);
+  if (!id.ok()) return id.status();
+  auto t = Find(*id);
+  v1::TensorLayout layout;
+  if (t == nullptr) return layout;  // withdrawn meanwhile
+  *layout.mutable_spec() = t->spec;
+  *layout.mutable_owner() = t->owner;
+  FillRegion(*t, layout.mutable_region());  // with a rekeying buffer's keys of the moment
+  layout.set_location(t->location);
+  return layout;
+}
+
+absl::StatusOr<uint64_t> RegionRegistry::RegisterQuiet(uint64_t session, const v1::Owner& owner,
+                                                       const v1::TensorRegistration& registration,
+                                                       const Caller& caller, bool notify) {
   const v1::TensorSpec& spec = registration.spec();
   if (owner.role() != v1::ROLE_TRAINER && owner.role() != v1::ROLE_INFERENCE) {
     return absl::InvalidArgumentError(
@@ -502,7 +519,7 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
                                                       "): no transport can register it: ", why));
   }
   t->descriptor.set_length(t->memory.length);
-  v1::TensorLayout layout;
+  uint64_t id = 0;
   {
     absl::MutexLock lock(&mu_);
     // Re-check: another session may have registered the same name meanwhile.
@@ -516,13 +533,10 @@ absl::StatusOr<v1::TensorLayout> RegionRegistry::Register(
     by_region_[t->region_id] = t;
     IndexLocked(*t);
     ++generation_;
-    *layout.mutable_spec() = t->spec;
-    *layout.mutable_owner() = t->owner;
-    FillRegion(*t, layout.mutable_region());
-    layout.set_location(t->location);
+    id = t->region_id;
   }
-  Changed();
-  return layout;
+  if (notify) Changed();
+  return id;
 }
 
 void RegionRegistry::Release(const RegisteredTensor& t) { ReleaseAll({&t}); }

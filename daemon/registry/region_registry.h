@@ -115,6 +115,14 @@ class RegionRegistry {
   absl::StatusOr<weightbeam::v1::TensorLayout> Register(
       uint64_t session, const weightbeam::v1::Owner& owner,
       const weightbeam::v1::TensorRegistration& registration, const Caller& caller = {});
+  // The same for a caller that registers many at once: returns the tensor's region id instead
+  // of building its layout, and calls the change callback only when `notify` (a batch calls
+  // NotifyChanged once at its end).
+  absl::StatusOr<uint64_t> RegisterQuiet(uint64_t session, const weightbeam::v1::Owner& owner,
+                                         const weightbeam::v1::TensorRegistration& registration,
+                                         const Caller& caller, bool notify);
+  // Calls the change callback (after RegisterQuiet without notify).
+  void NotifyChanged();
   absl::Status Unregister(uint64_t session, const std::string& name);
   // Withdraws everything a session registered (the process ended). When this returns, no
   // remote write can land in that memory any more.
