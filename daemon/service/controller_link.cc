@@ -26,9 +26,13 @@ void WithDeadline(grpc::ClientContext* ctx, int ms) {
 int LayoutDeadlineMs(const v1::AgentLayout& layout) { return 5000 + layout.tensors_size() / 20; }
 
 // A report's layout is built, sent and freed: from 10^4 tensors on, give what it held back to
-// the kernel, or the next report (built on another thread) grows the heap again.
-void ReleaseReport(int tensors) {
-  if (tensors >= 10000) ReturnFreeMemory();
+// the kernel, or the next report (built on another thread) grows the heap again. Not while the
+// layout is still changing (`moved`: registrations arrived since the report was built): the
+// next report follows within the gap and would fault every page back in, zeroed (at 10^6
+// tensors, clearing pages was an eighth of the agents' time); the last report of a burst
+// trims.
+void ReleaseReport(int tensors, bool moved) {
+  if (tensors >= 10000 && !moved) ReturnFreeMemory();
 }
 
 std::unique_ptr<v1::Controller::Stub> NewStub(const wb::grpcutil::ChannelFactory& channels,
@@ -119,7 +123,7 @@ bool ControllerLink::Register() {
     generation = req.layout().generation();
     tensors = req.layout().tensors_size();
   }
-  ReleaseReport(tensors);
+  ReleaseReport(tensors, generation_() != generation);
   if (!s.ok()) {
     // Retried with backoff (at most every 5 s); a refusal (token, certificate) shows here.
     spdlog::warn("cannot register with controller {}: {}", address_, s.error_message());
@@ -197,7 +201,7 @@ void ControllerLink::ReportLayout() {
     v1::ReportLayoutResponse resp;
     s = report_stub_->ReportLayout(&ctx, req, &resp);
   }
-  ReleaseReport(tensors);
+  ReleaseReport(tensors, generation_() != generation);
   absl::MutexLock lock(&mu_);
   if (!s.ok()) {
     spdlog::warn("reporting the layout ({} tensors) to controller {} failed: {}", tensors, address_,
