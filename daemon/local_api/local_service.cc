@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -93,12 +94,16 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
         done.reserve(request_.register_().tensors_size());
         // The change callback (layout report, metrics) runs once for the batch, not per tensor.
         registry::RegionRegistry* registry = service_->registry_;
+        // The request's tensors share one check of each memory object (registry::Caller::batch).
+        static std::atomic<uint64_t> batches{0};
+        registry::Caller caller = caller_;
+        caller.batch = ++batches;
         for (const auto& reg : request_.register_().tensors()) {
           absl::Status refused;
           if (omit) {
-            refused = registry->RegisterQuiet(id_, owner_, reg, caller_, /*notify=*/false).status();
+            refused = registry->RegisterQuiet(id_, owner_, reg, caller, /*notify=*/false).status();
           } else {
-            auto layout = registry->Register(id_, owner_, reg, caller_);
+            auto layout = registry->Register(id_, owner_, reg, caller);
             if (layout.ok()) *response_.add_registered() = *std::move(layout);
             refused = layout.status();
           }

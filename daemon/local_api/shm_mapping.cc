@@ -137,6 +137,17 @@ absl::Status ShmMapping::CheckBacked(const void* addr, uint64_t length) const {
 
 absl::StatusOr<ShmCache::View> ShmCache::Open(const std::string& name, uint64_t offset,
                                               uint64_t length, const ShmCaller& caller) {
+  if (caller.batch != 0 && length > 0) {
+    absl::MutexLock lock(&mu_);
+    const Checked& c = checked_;
+    if (c.batch == caller.batch && c.name == name && c.pid == caller.pid && c.uid == caller.uid &&
+        c.gid == caller.gid && offset <= c.size && length <= c.size - offset) {
+      if (std::shared_ptr<ShmMapping> whole = c.mapping.lock();
+          whole != nullptr && whole->length() >= offset + length) {
+        return View{whole, static_cast<char*>(whole->data()) + offset};
+      }
+    }
+  }
   int fd = -1;
   struct stat st {};
   if (auto s = OpenChecked(name, offset, length, caller, &fd, &st); !s.ok()) return s;
@@ -154,6 +165,11 @@ absl::StatusOr<ShmCache::View> ShmCache::Open(const std::string& name, uint64_t 
     entry = {st.st_dev, st.st_ino, whole};
   }
   close(fd);
+  if (caller.batch != 0) {
+    checked_ = {caller.batch, name,       caller.pid,
+                caller.uid,   caller.gid, static_cast<uint64_t>(st.st_size),
+                whole};
+  }
   return View{whole, static_cast<char*>(whole->data()) + offset};
 }
 

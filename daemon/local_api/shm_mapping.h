@@ -20,6 +20,9 @@ struct ShmCaller {
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
+  // One registration request's number (0: none). Within one request an object is opened and
+  // checked once, at its first tensor; its other tensors are ranges of what was checked then.
+  uint64_t batch = 0;
 };
 
 // The agent runs as root, so its own open() succeeds on anyone's object: after opening it
@@ -92,6 +95,19 @@ class ShmCache {
   };
   absl::Mutex mu_;
   std::unordered_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  // The object last opened and checked for a request (ShmCaller::batch): the request's later
+  // tensors in it skip shm_open, fstat and the mode check (three system calls, as long as the
+  // rest of a tiny tensor's registration).
+  struct Checked {
+    uint64_t batch = 0;
+    std::string name;
+    pid_t pid = 0;
+    uid_t uid = 0;
+    gid_t gid = 0;
+    uint64_t size = 0;
+    std::weak_ptr<ShmMapping> mapping;
+  };
+  Checked checked_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace wb::local

@@ -50,6 +50,9 @@ struct Caller {
   uid_t uid = 0;
   gid_t gid = 0;
   bool known = false;
+  // The registration request this tensor came in (0: none): openers may check a memory object
+  // once per request (local::ShmCaller::batch).
+  uint64_t batch = 0;
 };
 using MemoryOpener =
     std::function<absl::StatusOr<OpenedMemory>(const weightbeam::v1::MemoryHandle&, const Caller&)>;

@@ -57,8 +57,8 @@ absl::StatusOr<registry::OpenedMemory> OpenMemory(const weightbeam::v1::MemoryHa
   }
   if (handle.has_host_shm()) {
     const auto& h = handle.host_shm();
-    auto view =
-        ShmCache().Open(h.shm_name(), h.offset(), h.length(), {caller.pid, caller.uid, caller.gid});
+    auto view = ShmCache().Open(h.shm_name(), h.offset(), h.length(),
+                                {caller.pid, caller.uid, caller.gid, caller.batch});
     if (!view.ok()) return view.status();
     m.ref = {view->data, h.length(), transport::MemoryKind::kHost, -1};
     // The object's one mapping: every tensor in it shares one registration per transport.

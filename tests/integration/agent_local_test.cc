@@ -1,6 +1,7 @@
 // A real wb-agent process and real client processes over its Unix socket: registered tensors
 // appear in Describe, bad registrations are refused with a message naming the tensor, and a
 // process that is killed has its regions withdrawn.
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -385,4 +386,32 @@ TEST_CASE("pipelined batches: a bad tensor in the middle batch is named, nothing
     CHECK(s.code() == absl::StatusCode::kInvalidArgument);
     CHECK(names_in_layout().empty());
   }
+}
+
+// Within one request the agent checks a shared-memory object once (its first tensor) and takes
+// the request's later tensors as ranges of it; a range past its end is still refused, and the
+// next request checks the object again (here: replaced under its name by a smaller one).
+TEST_CASE("each request checks its memory object again; a range past its end is refused") {
+  AgentUnderTest agent;
+  auto side = InferenceSide::Open(agent, "recheck");  // 64 KiB
+  const std::string name = side.buffer.shm_name();
+  auto s = side.session.RegisterBatch(
+      {{Bf16("r.0", {2}), 0, 4}, {Bf16("r.1", {2}), 4, 4}, {Bf16("r.far", {2}), 1 << 16, 4}},
+      side.buffer);
+  CHECK(s.code() == absl::StatusCode::kOutOfRange);
+  CHECK_THAT(Message(s), Catch::Contains("tensor 'r.far'"));
+  CHECK(agent.Layout().tensors_size() == 0);
+  REQUIRE(shm_unlink(name.c_str()) == 0);
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, 4096) == 0);
+  close(fd);
+  s = side.session.RegisterBatch({{Bf16("r.2", {2}), 0, 4}, {Bf16("r.3", {2}), 8192, 4}},
+                                 side.buffer);
+  CHECK(s.code() == absl::StatusCode::kOutOfRange);
+  CHECK_THAT(Message(s), Catch::Contains("tensor 'r.3'"));
+  CHECK(
+      side.session.RegisterBatch({{Bf16("r.4", {2}), 0, 4}, {Bf16("r.5", {2}), 4, 4}}, side.buffer)
+          .ok());
+  CHECK(agent.Layout().tensors_size() == 2);
 }
