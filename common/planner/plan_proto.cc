@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/planner/relay.h"
@@ -54,6 +55,18 @@ absl::StatusOr<AgentLayout> LayoutFromProto(const v1::AgentInfo& info,
                                                      "\" is neither host nor cuda:N"));
     }
     out.tensors.push_back(std::move(e));
+  }
+  // Canonical order: by owner (role, replica, rank), each owner's tensors in the order it
+  // registered them. An agent lists tensors in registration order, and the worker processes of
+  // one node register at the same time, interleaved differently on every node: agents that hold
+  // alike layouts for different replicas would then not be recognized as mirrors (FoldMirrors),
+  // nor relay to each other.
+  auto before = [](const TensorEntry& a, const TensorEntry& b) {
+    return std::make_tuple(a.owner.role, a.owner.replica, a.owner.rank) <
+           std::make_tuple(b.owner.role, b.owner.replica, b.owner.rank);
+  };
+  if (!std::is_sorted(out.tensors.begin(), out.tensors.end(), before)) {
+    std::stable_sort(out.tensors.begin(), out.tensors.end(), before);
   }
   return out;
 }

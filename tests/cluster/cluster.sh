@@ -7,7 +7,7 @@
 # with them every veth, the bridge and the qdiscs), and shared memory left by killed processes.
 #
 #   tests/cluster/cluster.sh [--agents N] [--link-mbit R] [--model k2-mini|k2-tiny]
-#                            [--scenario balanced|slow-link|kill|delta|all] [--steps S] ...
+#                            [--scenario balanced|slow-link|kill|delta|relay|all] [--steps S] ...
 # Needs root, iproute2 (ip netns, veth, bridge) and tc with tbf. Built binaries in bazel-bin.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,19 +29,25 @@ BIN=$(readlink -f "${WB_BIN_DIR:-$ROOT/bazel-bin}")
 [ -x "$BIN/tests/cluster/wb-cluster" ] || { log "build first: bazel build //tests/cluster:wb-cluster"; exit 2; }
 
 AGENTS=8
+SCENARIO=
 MTU=${WB_CLUSTER_MTU:-9000}
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[$i]}" in
     --agents) AGENTS=${args[$((i + 1))]:-8} ;;
     --agents=*) AGENTS=${args[$i]#--agents=} ;;
+    --scenario) SCENARIO=${args[$((i + 1))]:-} ;;
+    --scenario=*) SCENARIO=${args[$i]#--scenario=} ;;
   esac
 done
 if ! [[ "$AGENTS" =~ ^[0-9]+$ ]] || [ "$AGENTS" -lt 4 ] || [ $((AGENTS % 4)) -ne 0 ] || [ "$AGENTS" -gt 128 ]; then
   log "--agents must be a multiple of 4 from 4 to 128"
   exit 2
 fi
-HALF=$((AGENTS / 2))
+# Half trainer nodes, half inference nodes; the relay scenario trains on a quarter (wb-cluster
+# makes the same split).
+TRAINER_NODES=$((AGENTS / 2))
+[ "$SCENARIO" = relay ] && TRAINER_NODES=$((AGENTS / 4))
 PREFIX="wbc$$"
 SUBNET=10.213.0
 
@@ -125,10 +131,8 @@ add_host() {
   sh_or_fail ip -n "$ns" link set eth0 up
 }
 add_host ctl "$SUBNET.1"
-for ((k = 0; k < HALF; k++)); do
-  add_host "t$k" "$SUBNET.$((10 + k))"
-  add_host "i$k" "$SUBNET.$((100 + k))"
-done
+for ((k = 0; k < TRAINER_NODES; k++)); do add_host "t$k" "$SUBNET.$((10 + k))"; done
+for ((k = 0; k < AGENTS - TRAINER_NODES; k++)); do add_host "i$k" "$SUBNET.$((100 + k))"; done
 log "$((AGENTS + 2)) namespaces ($PREFIX-*), $((AGENTS + 1)) veth pairs (MTU $MTU) on a bridge in $SW, subnet $SUBNET.0/24"
 
 # The committed steps' timeline goes to .cache/cluster-trace.json unless --timeline says otherwise.

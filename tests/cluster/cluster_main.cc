@@ -262,7 +262,7 @@ class Cluster {
   absl::Status StartAgent(int i);
   absl::Status StartWorkers(int node);
   absl::Status StartTrainers();
-  absl::Status MakePlan(v1::DeltaChoice delta);
+  absl::Status MakePlan(v1::DeltaChoice delta, v1::RelayChoice relays = v1::RELAY_CHOICE_CONFIG);
   std::vector<std::unique_ptr<Child>*> WorkersOf(int node);
 
   // One step: perturb, Step, verify, report. `fault` runs on a thread while the step is in
@@ -275,6 +275,7 @@ class Cluster {
   std::string VerifiedLine(size_t g, uint32_t v, std::chrono::milliseconds timeout);
   bool KillScenario();
   bool SlowLinkScenario();
+  bool RelayScenario();
   bool Scenario(const std::string& name);
 
   Options o_;
@@ -439,8 +440,8 @@ absl::Status Cluster::StartWorkers(int node) {
   return absl::OkStatus();
 }
 
-absl::Status Cluster::MakePlan(v1::DeltaChoice delta) {
-  auto plan = client_->Plan(world_, std::chrono::seconds(120), delta);
+absl::Status Cluster::MakePlan(v1::DeltaChoice delta, v1::RelayChoice relays) {
+  auto plan = client_->Plan(world_, std::chrono::seconds(120), delta, relays);
   if (!plan.ok()) return plan.status();
   plan_ = *plan;
   // The planner's rails are what the agents report: each agent's tcp rail is configured at the
@@ -685,8 +686,74 @@ bool Cluster::Scenario(const std::string& name) {
   }
   if (name == "slow-link") return SlowLinkScenario();
   if (name == "kill") return KillScenario();
-  std::printf("unknown scenario %s (balanced, slow-link, kill, delta, all)\n", name.c_str());
+  if (name == "relay") return RelayScenario();
+  std::printf("unknown scenario %s (balanced, slow-link, kill, delta, relay, all)\n", name.c_str());
   return false;
+}
+
+// Relays (issue 30): a quarter of the agents train, three quarters serve (2 -> 6 at 8 agents:
+// three replicas of two nodes), so without relays the trainers' links carry three replicas'
+// bytes while each inference link takes one replica's half. The same steps planned without
+// relays, then with them (the cost model chooses the tree): each step against the
+// receiver-limited ideal (the busiest inference link's bytes at its rate), and the speed-up.
+// Goals: with relays, efficiency >= 0.85 against that ideal and >= 2x faster than without.
+bool Cluster::RelayScenario() {
+  auto run = [&](v1::RelayChoice choice, const char* label, std::vector<double>* seconds,
+                 double* receiver_ideal) {
+    if (auto s = MakePlan(v1::DELTA_CHOICE_OFF, choice); !s.ok()) {
+      std::printf("FAIL: plan %s relays: %s\n", label, std::string(s.message()).c_str());
+      return false;
+    }
+    std::printf("plan %s relays:\n%s", label, wb::client::FormatPlan(plan_).c_str());
+    bool ok = true;
+    for (int s = 0; s < std::max(2, o_.steps); ++s) {
+      const bool step_ok = RunStep(
+          absl::StrCat("relay-", label), nullptr,
+          absl::StrCat(",\"relays\":", Json(label), ",\"relay_roots\":", plan_.relay_roots(),
+                       ",\"relay_fanout\":", plan_.relay_fanout()));
+      ok = step_ok && ok;
+      if (!step_ok || !last_step_) continue;
+      seconds->push_back(last_step_->seconds());
+      // Each inference link's bytes at its shaped rate (the planner's receiver limit: the
+      // agents' tcp rails are rated at that rate): no relay can beat it.
+      const double ideal = plan_.receiver_limit_seconds();
+      *receiver_ideal = ideal;
+    }
+    return ok;
+  };
+  std::vector<double> direct, relayed;
+  double ideal_direct = 0, ideal = 0;
+  bool ok = run(v1::RELAY_CHOICE_OFF, "off", &direct, &ideal_direct);
+  ok = run(v1::RELAY_CHOICE_ON, "on", &relayed, &ideal) && ok;
+  if (!ok || direct.empty() || relayed.empty()) {
+    std::printf("FAIL: relay scenario: a step failed\n");
+    return false;
+  }
+  // The steps after the first of each plan (the first connects and warms up).
+  auto mean_after_first = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (size_t i = 1; i < v.size(); ++i) sum += v[i];
+    return v.size() > 1 ? sum / (v.size() - 1) : v[0];
+  };
+  const double without = mean_after_first(direct), with = mean_after_first(relayed);
+  const double efficiency = ideal / with, speedup = without / with;
+  const bool met = efficiency >= 0.85 && speedup >= 2;
+  std::printf(
+      "\nrelays: %.2f s per step with relays (tree: %d root(s), fan-out %d), %.2f s without; "
+      "receiver-limited ideal %.2f s: efficiency %.3f (goal >= 0.85), %.2fx faster than "
+      "without relays (goal >= 2x): %s\n",
+      with, plan_.relay_roots(), plan_.relay_fanout(), without, ideal, efficiency, speedup,
+      met ? "met" : "NOT met");
+  json_.push_back(absl::StrCat(
+      "{\"scenario\":\"relay\",\"summary\":true,\"agents\":", AgentCount(),
+      ",\"link_mbit\":", Num(o_.link_mbit, 0), ",\"step_seconds_with_relays\":", Num(with),
+      ",\"step_seconds_without_relays\":", Num(without), ",\"receiver_ideal_seconds\":", Num(ideal),
+      ",\"efficiency\":", Num(efficiency), ",\"speedup\":", Num(speedup),
+      ",\"relay_roots\":", plan_.relay_roots(), ",\"relay_fanout\":", plan_.relay_fanout(),
+      ",\"goals_met\":", met ? "true" : "false", "}"));
+  // Later scenarios plan as the config says.
+  if (auto s = MakePlan(v1::DELTA_CHOICE_OFF); !s.ok()) return false;
+  return true;  // every step verified; the goals are figures, reported above
 }
 
 // One trainer agent's link at a quarter of the rate, the planner not told. The controller
@@ -1001,7 +1068,9 @@ int main(int argc, char** argv) {
   app.add_option("--gpus-per-node", o.shape.gpus_per_node, "ranks per agent");
   app.add_option("--link-mbit", o.link_mbit, "link rate, Mbit/s each way");
   app.add_option("--steps", o.steps, "steps per scenario");
-  app.add_option("--scenario", scenario, "balanced | slow-link | kill | delta | all (comma list)");
+  app.add_option("--scenario", scenario,
+                 "balanced | slow-link | kill | delta | relay | all (comma list; relay: a quarter "
+                 "of the agents train)");
   app.add_option("--ns-prefix", o.prefix, "network namespace prefix (made by cluster.sh)");
   app.add_option("--subnet", o.subnet, "the /24 inside the namespaces, e.g. 10.213.0");
   app.add_option("--bin-dir", o.bin_dir, "where wb-agent and wb-controller are");
@@ -1026,6 +1095,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.shape.trainer_nodes = o.shape.inference_nodes = agents / 2;
+  if (scenario == "relay") {
+    // More inference replicas than the trainers can feed: a quarter of the agents train.
+    o.shape.trainer_nodes = agents / 4;
+    o.shape.inference_nodes = agents - agents / 4;
+  }
   if (o.bin_dir.empty()) o.bin_dir = "bazel-bin";
   if (scenario == "all") scenario = "balanced,delta,slow-link,kill";
   std::stringstream ss(scenario);

@@ -2,7 +2,8 @@
 # The short cluster run of ./wb test (tests/run_extra.sh): 8 agents (two inference replicas, so
 # the kill scenario is elastic: the step commits to the other replica), two data-parallel copies
 # of the trainer weights, the small model, every scenario (balanced, delta, slow-link: three
-# slow steps, the re-plan moving work off the slow link, a recovery step; kill and catch-up), every byte
+# slow steps, the re-plan moving work off the slow link, a recovery step; kill and catch-up), then
+# the relay scenario (2 -> 6 agents, relays chosen by the cost model), every byte
 # verified; bounded in time (a scenario that blocks is killed, and the run fails) and checks
 # that nothing is left behind. A few minutes on a loaded 2-core machine.
 set -uo pipefail
@@ -14,6 +15,14 @@ out=$(mktemp)
 timeout --kill-after=30 "${WB_CLUSTER_SHORT_TIMEOUT:-900}" tests/cluster/cluster.sh --agents 8 \
   --model k2-tiny --link-seconds 1 --steps 2 --trainer-replicas 2 --scenario all 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
+# Relays: 2 trainer nodes -> 6 inference nodes (three replicas), planned without and with relays,
+# every byte verified; the plan with relays must have chosen a tree.
+if [ "$rc" -eq 0 ]; then
+  timeout --kill-after=30 "${WB_CLUSTER_SHORT_TIMEOUT:-900}" tests/cluster/cluster.sh --agents 8 \
+    --model k2-tiny --link-seconds 1 --steps 2 --scenario relay 2>&1 | tee -a "$out"
+  rc=${PIPESTATUS[0]}
+  grep -q '^relays: 1 replica(s) per family\|^relays: [0-9]* replica(s) per family' "$out" || rc=1
+fi
 [ "$rc" -eq 124 ] && echo "[cluster] the short run did not finish within ${WB_CLUSTER_SHORT_TIMEOUT:-900} s" >&2
 # Steps verified, the kill scenario's elastic checks, and the teardown left no namespace (nor,
 # with them, links or processes).

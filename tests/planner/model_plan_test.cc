@@ -1,5 +1,6 @@
 // Whole-model plans on a small Qwen3-0.6B-shaped layout: every destination byte (FP8 data
 // and block scales included) is written exactly once; proto conversion keeps everything.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <map>
 
@@ -112,8 +113,15 @@ TEST_CASE("layouts survive the proto round trip and plans convert to AgentPlans"
     auto parsed = LayoutFromProto(info, layout);
     REQUIRE(parsed.ok());
     REQUIRE(parsed->tensors.size() == a.tensors.size());
+    // LayoutFromProto lists entries by owner (role, replica, rank), each owner's in their order.
+    std::vector<TensorEntry> want = a.tensors;
+    std::stable_sort(want.begin(), want.end(), [](const TensorEntry& p, const TensorEntry& q) {
+      if (p.owner.role != q.owner.role) return p.owner.role < q.owner.role;
+      if (p.owner.replica != q.owner.replica) return p.owner.replica < q.owner.replica;
+      return p.owner.rank < q.owner.rank;
+    });
     for (size_t t = 0; t < a.tensors.size(); ++t) {
-      const TensorEntry &x = a.tensors[t], &y = parsed->tensors[t];
+      const TensorEntry &x = want[t], &y = parsed->tensors[t];
       CHECK(x.name == y.name);
       CHECK(x.shape == y.shape);
       CHECK(x.region == y.region);
