@@ -121,28 +121,37 @@ executor::Route Connect(Agent& from, Agent& to, const v1::TensorLayout& region) 
   return route;
 }
 
+// A copy of `rows` rows of `row_bytes` (element size `elem`) at byte `offset` of w, from
+// `src` to `dst` on agent `to`, the same offset on both sides.
+v1::TransferOp Copy(uint64_t id, const std::string& to, const v1::TensorLayout& src,
+                    const v1::TensorLayout& dst, uint64_t offset, uint64_t rows, uint64_t row_bytes,
+                    v1::DType dtype, uint64_t elem) {
+  v1::TransferOp op;
+  op.set_op_id(id);
+  op.set_dst_agent(to);
+  op.set_src_tensor("w");
+  op.set_dst_tensor("w");
+  op.set_src_region(src.region().region_id());
+  op.set_dst_region(dst.region().region_id());
+  op.set_src_offset(offset);
+  op.set_dst_offset(offset);
+  op.set_rows(rows);
+  op.set_row_elems(row_bytes / elem);
+  op.set_src_stride(row_bytes);
+  op.set_dst_stride(row_bytes);
+  op.set_src_dtype(dtype);
+  op.set_dst_dtype(dtype);
+  op.set_transform(v1::TRANSFORM_COPY);
+  return op;
+}
+
 // The sender's ops: 8 blocks of 64 rows, last block first (landing order is not run order).
 std::vector<v1::TransferOp> SenderOps(const v1::TensorLayout& src, const v1::TensorLayout& dst,
                                       const std::string& relay) {
   std::vector<v1::TransferOp> ops;
   for (int64_t b = 7; b >= 0; --b) {
-    v1::TransferOp op;
-    op.set_op_id(ops.size());
-    op.set_dst_agent(relay);
-    op.set_src_tensor("w");
-    op.set_dst_tensor("w");
-    op.set_src_region(src.region().region_id());
-    op.set_dst_region(dst.region().region_id());
-    op.set_src_offset(b * 64 * kRowBytes);
-    op.set_dst_offset(b * 64 * kRowBytes);
-    op.set_rows(64);
-    op.set_row_elems(kCols);
-    op.set_src_stride(kRowBytes);
-    op.set_dst_stride(kRowBytes);
-    op.set_src_dtype(v1::DTYPE_BF16);
-    op.set_dst_dtype(v1::DTYPE_BF16);
-    op.set_transform(v1::TRANSFORM_COPY);
-    ops.push_back(op);
+    ops.push_back(
+        Copy(ops.size(), relay, src, dst, b * 64 * kRowBytes, 64, kRowBytes, v1::DTYPE_BF16, 2));
   }
   return ops;
 }
@@ -152,24 +161,8 @@ std::vector<v1::TransferOp> RelayOps(const v1::TensorLayout& own, const v1::Tens
                                      const std::string& child_agent) {
   std::vector<v1::TransferOp> ops;
   for (uint64_t at = 0; at < kTensorBytes; at += kRunBytes) {
-    v1::TransferOp op;
-    op.set_op_id(ops.size());
-    op.set_dst_agent(child_agent);
-    op.set_src_tensor("w");
-    op.set_dst_tensor("w");
-    op.set_src_region(own.region().region_id());
-    op.set_dst_region(child.region().region_id());
-    op.set_src_offset(at);
-    op.set_dst_offset(at);
-    op.set_rows(1);
-    op.set_row_elems(kRunBytes);
-    op.set_src_stride(kRunBytes);
-    op.set_dst_stride(kRunBytes);
-    op.set_src_dtype(v1::DTYPE_U8);
-    op.set_dst_dtype(v1::DTYPE_U8);
-    op.set_transform(v1::TRANSFORM_COPY);
-    op.set_relay(true);
-    ops.push_back(op);
+    ops.push_back(Copy(ops.size(), child_agent, own, child, at, 1, kRunBytes, v1::DTYPE_U8, 1));
+    ops.back().set_relay(true);
   }
   return ops;
 }

@@ -7,6 +7,8 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -48,6 +50,38 @@ Side Open(const std::string& socket, v1::Role role, int replica) {
   return Side{std::move(*b), std::move(*s)};
 }
 
+// A controller, "trainer-node" and kReplicas inference agents "infer-R" (one replica each),
+// relays forced as `roots` sender-fed replicas and fan-out `fanout`; both sides registered and
+// the world planned.
+struct Fleet {
+  std::unique_ptr<Cluster> cluster;
+  std::optional<Side> trainer;
+  std::vector<Side> replicas;
+  std::optional<ControllerClient> ctl;
+  v1::PlanSummary plan;
+
+  explicit Fleet(int fanout) {
+    wb::testing::ClusterOptions options;
+    options.agents = {"trainer-node"};
+    for (int r = 0; r < kReplicas; ++r) options.agents.push_back("infer-" + std::to_string(r));
+    options.inference_replicas = kReplicas;
+    options.extra_controller_yaml =
+        "relays:\n  enabled: true\n  roots: 1\n  fanout: " + std::to_string(fanout) + "\n";
+    cluster = std::make_unique<Cluster>(wb::testing::Runfile(""), options);
+    trainer.emplace(Open(cluster->socket("trainer-node"), v1::ROLE_TRAINER, 0));
+    for (int r = 0; r < kReplicas; ++r) {
+      replicas.push_back(
+          Open(cluster->socket("infer-" + std::to_string(r)), v1::ROLE_INFERENCE, r));
+    }
+    ctl.emplace(wb::testing::ConnectController(*cluster));
+    plan = wb::testing::PlanWorld(&*ctl, wb::testing::World(1, kReplicas, 1));
+  }
+  bool Same(int replica) const {
+    return std::memcmp(replicas[replica].buffer.data(), trainer->buffer.data(), 2 * kTensorBytes) ==
+           0;
+  }
+};
+
 void Fill(Side* trainer, uint32_t version) {
   auto* p = static_cast<uint16_t*>(trainer->buffer.data());
   for (uint64_t i = 0; i < 2 * kTensorBytes / 2; ++i) {
@@ -60,20 +94,12 @@ void Fill(Side* trainer, uint32_t version) {
 TEST_CASE("relays: a chain and a tree over four replicas deliver every byte to every replica") {
   const int fanout = GENERATE(1, 2);
   INFO("fan-out " << fanout);
-  wb::testing::ClusterOptions options;
-  options.agents = {"trainer-node"};
-  for (int r = 0; r < kReplicas; ++r) options.agents.push_back("infer-" + std::to_string(r));
-  options.inference_replicas = kReplicas;
-  options.extra_controller_yaml =
-      "relays:\n  enabled: true\n  roots: 1\n  fanout: " + std::to_string(fanout) + "\n";
-  Cluster cluster(wb::testing::Runfile(""), options);
-  Side trainer = Open(cluster.socket("trainer-node"), v1::ROLE_TRAINER, 0);
-  std::vector<Side> replicas;
-  for (int r = 0; r < kReplicas; ++r) {
-    replicas.push_back(Open(cluster.socket("infer-" + std::to_string(r)), v1::ROLE_INFERENCE, r));
-  }
-  ControllerClient ctl = wb::testing::ConnectController(cluster);
-  const v1::PlanSummary plan = wb::testing::PlanWorld(&ctl, wb::testing::World(1, kReplicas, 1));
+  Fleet f(fanout);
+  Side& trainer = *f.trainer;
+  ControllerClient& ctl = *f.ctl;
+  const v1::PlanSummary& plan = f.plan;
+  CHECK(plan.relay_roots() == 1);
+  CHECK(plan.relay_fanout() == fanout);
   // Every replica's bytes move once: the trainer's to the root, the relays' to the others.
   CHECK(plan.total_bytes() == kReplicas * 2 * kTensorBytes);
 
@@ -96,7 +122,7 @@ TEST_CASE("relays: a chain and a tree over four replicas deliver every byte to e
     CHECK(relays == (fanout == 1 ? 3 : 2));  // chain: 0 -> 1 -> 2 -> 3; tree: 0 -> {1, 2}, 1 -> 3
     for (int r = 0; r < kReplicas; ++r) {
       INFO("replica " << r << " version " << v);
-      CHECK(std::memcmp(replicas[r].buffer.data(), trainer.buffer.data(), 2 * kTensorBytes) == 0);
+      CHECK(f.Same(r));
     }
   }
 }
@@ -105,19 +131,11 @@ TEST_CASE(
     "relays: a relay killed or frozen takes its subtree out of the step; back, all catch up") {
   const int sig = GENERATE(SIGKILL, SIGSTOP);
   INFO((sig == SIGKILL ? "killed" : "frozen"));
-  wb::testing::ClusterOptions options;
-  options.agents = {"trainer-node"};
-  for (int r = 0; r < kReplicas; ++r) options.agents.push_back("infer-" + std::to_string(r));
-  options.inference_replicas = kReplicas;
-  options.extra_controller_yaml = "relays:\n  enabled: true\n  roots: 1\n  fanout: 1\n";
-  Cluster cluster(wb::testing::Runfile(""), options);
-  Side trainer = Open(cluster.socket("trainer-node"), v1::ROLE_TRAINER, 0);
-  std::vector<Side> replicas;
-  for (int r = 0; r < kReplicas; ++r) {
-    replicas.push_back(Open(cluster.socket("infer-" + std::to_string(r)), v1::ROLE_INFERENCE, r));
-  }
-  ControllerClient ctl = wb::testing::ConnectController(cluster);
-  wb::testing::PlanWorld(&ctl, wb::testing::World(1, kReplicas, 1));
+  Fleet f(1);
+  Cluster& cluster = *f.cluster;
+  Side& trainer = *f.trainer;
+  std::vector<Side>& replicas = f.replicas;
+  ControllerClient& ctl = *f.ctl;
   Fill(&trainer, 1);
   CHECK(wb::testing::RequireCommitted(ctl.Step(1)).committed_replicas_size() == kReplicas);
 
@@ -135,7 +153,7 @@ TEST_CASE(
   for (const auto& s : step.skipped_replicas())
     named |= s.reason().find("relay infer-1") != std::string::npos;
   CHECK(named);  // the children say which relay they lost
-  CHECK(std::memcmp(replicas[0].buffer.data(), trainer.buffer.data(), 2 * kTensorBytes) == 0);
+  CHECK(f.Same(0));
 
   // Back (restarted and registered again, or thawed): later steps reach every replica again.
   if (sig == SIGKILL) {
@@ -155,6 +173,6 @@ TEST_CASE(
   REQUIRE(committed == kReplicas);
   for (int r = 0; r < kReplicas; ++r) {
     INFO("replica " << r);
-    CHECK(std::memcmp(replicas[r].buffer.data(), trainer.buffer.data(), 2 * kTensorBytes) == 0);
+    CHECK(f.Same(r));
   }
 }
