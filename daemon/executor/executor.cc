@@ -548,6 +548,15 @@ void Executor::ForwardWhenLanded(std::vector<Job> relays, PhaseRun* run) {
       run->error.Set(absl::CancelledError("step cancelled while relay ops wait for bytes"));
       return;
     }
+    // A relay is fed by one agent (its parent, or the senders for a root): once an agent
+    // writing here has gone, the bytes still awaited may never come; fail now, not at the
+    // deadline, so the controller can drop this subtree and finish the step in time.
+    if (const std::string gone = landing_->ended_peer(); !gone.empty()) {
+      run->error.Set(absl::UnavailableError(absl::StrCat(
+          OpName(*relays.front().op), " and ", relays.size() - 1, " more relay ops: agent ", gone,
+          ", which writes into this relay, went away mid-step")));
+      return;
+    }
     if (Clock::now() >= run->deadline) {
       run->error.Set(absl::DeadlineExceededError(absl::StrCat(
           OpName(*relays.front().op), " and ", relays.size() - 1,

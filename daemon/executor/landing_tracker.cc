@@ -10,6 +10,7 @@ void LandingTracker::Open(uint64_t step) {
     std::lock_guard<std::mutex> lock(mu_);
     step_ = step;
     ranges_.clear();
+    ended_peer_.clear();
     ++changes_;
   }
   cv_.notify_all();
@@ -45,6 +46,21 @@ bool LandingTracker::Covered(uint64_t step, const void* addr, uint64_t length) c
   if (it == ranges_.begin()) return false;
   --it;
   return it->first <= begin && it->second >= begin + length;
+}
+
+void LandingTracker::PeerEnded(const std::string& peer) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (step_ == 0 || !ended_peer_.empty()) return;
+    ended_peer_ = peer;
+    ++changes_;
+  }
+  cv_.notify_all();
+}
+
+std::string LandingTracker::ended_peer() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ended_peer_;
 }
 
 uint64_t LandingTracker::changes() const {

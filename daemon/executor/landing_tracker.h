@@ -25,6 +25,10 @@ class LandingTracker {
   uint64_t changes() const;
   // Waits until changes() differs from `seen` or `until` passes; returns changes().
   uint64_t WaitChange(uint64_t seen, std::chrono::steady_clock::time_point until) const;
+  // A peer's incoming connections all ended during the open step (it died, or gave the step
+  // up): bytes still awaited may never land. The first such peer since Open, or "".
+  void PeerEnded(const std::string& peer);
+  std::string ended_peer() const;
 
  private:
   mutable std::mutex mu_;
@@ -32,6 +36,7 @@ class LandingTracker {
   uint64_t step_ = 0;
   uint64_t changes_ = 0;
   std::map<uintptr_t, uintptr_t> ranges_;  // begin -> end, disjoint and not touching
+  std::string ended_peer_;
 };
 
 }  // namespace wb::executor

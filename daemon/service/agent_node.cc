@@ -203,6 +203,7 @@ absl::Status AgentNode::Start() {
     t->SetLandingCallback([this](uint64_t step, const void* addr, uint64_t length) {
       landing_.Landed(step, addr, length);
     });
+    t->SetPeerEndedCallback([this](const std::string& peer) { landing_.PeerEnded(peer); });
   }
   auto server_credentials = wb::grpcutil::MakeServerCredentials(config_.tls);
   if (!server_credentials.ok()) return server_credentials.status();

@@ -89,6 +89,9 @@ using ArrivalCallback = std::function<void(const std::string& peer, uint64_t bat
 // Called on the receiving side for each write that has landed, with where it landed in this
 // process's memory (a relay forwards bytes once they are in: executor/landing_tracker.h).
 using LandingCallback = std::function<void(uint64_t step, const void* addr, uint64_t length)>;
+// Called on the receiving side when the last connection a peer opened to us has ended (it died,
+// or gave its writes up): bytes a relay still waits for from it will not come.
+using PeerEndedCallback = std::function<void(const std::string& peer)>;
 // Called on the receiving side for each write refused by the step fence.
 using FenceCallback = std::function<void(const std::string& peer, uint64_t step)>;
 
@@ -148,6 +151,8 @@ class Transport {
   // Transports that see each write land (tcp, local) report it here; rdma's writes are
   // one-sided and land unseen, so it reports nothing (relays over rdma are not built yet).
   virtual void SetLandingCallback(LandingCallback cb) {}
+  // Transports with connections of their own (tcp) report a peer's last incoming one ending.
+  virtual void SetPeerEndedCallback(PeerEndedCallback cb) {}
 
   // The receiving side's step fence (docs/security.md, class 8). Until the first OpenStep or
   // CloseStep the fence is not armed and every write is accepted (a bare transport); once

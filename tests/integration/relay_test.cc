@@ -60,13 +60,14 @@ struct Fleet {
   std::optional<ControllerClient> ctl;
   v1::PlanSummary plan;
 
-  explicit Fleet(int fanout) {
+  explicit Fleet(int fanout, const std::string& trainer_yaml = "") {
     wb::testing::ClusterOptions options;
     options.agents = {"trainer-node"};
     for (int r = 0; r < kReplicas; ++r) options.agents.push_back("infer-" + std::to_string(r));
     options.inference_replicas = kReplicas;
     options.extra_controller_yaml =
         "relays:\n  enabled: true\n  roots: 1\n  fanout: " + std::to_string(fanout) + "\n";
+    if (!trainer_yaml.empty()) options.agent_yaml["trainer-node"] = trainer_yaml;
     cluster = std::make_unique<Cluster>(wb::testing::Runfile(""), options);
     trainer.emplace(Open(cluster->socket("trainer-node"), v1::ROLE_TRAINER, 0));
     for (int r = 0; r < kReplicas; ++r) {
@@ -175,4 +176,32 @@ TEST_CASE(
     INFO("replica " << r);
     CHECK(f.Same(r));
   }
+}
+
+TEST_CASE("relays: a relay killed mid-step: the replicas before it commit, without a timeout") {
+  // The trainer holds each op of version 2 for 400 ms, so the step is still running when the
+  // middle of the chain 0 -> 1 -> 2 -> 3 dies.
+  Fleet f(1, "executor:\n  test_hold_version: 2\n  test_hold_ms: 400\n");
+  Fill(&*f.trainer, 1);
+  CHECK(wb::testing::RequireCommitted(f.ctl->Step(1)).committed_replicas_size() == kReplicas);
+
+  Fill(&*f.trainer, 2);
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    f.cluster->KillAgent("infer-1", SIGKILL);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto result = f.ctl->Step(2);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  killer.join();
+  const v1::StepResult step = wb::testing::RequireCommitted(result);
+  CHECK(step.committed_replicas_size() == 1);
+  std::set<int> skipped;
+  for (const auto& s : step.skipped_replicas()) skipped.insert(s.replica());
+  CHECK(skipped == std::set<int>{1, 2, 3});
+  CHECK(f.Same(0));
+  // Replica 2's relay ops stop waiting as soon as infer-1's connections end, instead of at the
+  // step's deadline: the step is decided long before it.
+  CHECK(seconds < 10);  // the deadline is 20 s (tests/support/cluster.cc)
 }

@@ -133,6 +133,11 @@ size_t TcpReceiver::OpenBatches() {
   return batches_.size();
 }
 
+void TcpReceiver::SetPeerEndedCallback(PeerEndedCallback cb) {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  peer_ended_ = std::move(cb);
+}
+
 void TcpReceiver::SetLandingCallback(LandingCallback cb) {
   std::lock_guard<std::mutex> lock(peers_mu_);
   landing_ = std::move(cb);
@@ -195,14 +200,19 @@ void TcpReceiver::DropFencedBatches() {
 }
 
 void TcpReceiver::ConnectionEnded(const std::string& peer) {
-  std::lock_guard<std::mutex> lock(peers_mu_);
-  auto live = live_connections_.find(peer);
-  if (live == live_connections_.end() || --live->second > 0) return;
-  live_connections_.erase(live);
-  for (auto it = batches_.lower_bound({peer, 0});
-       it != batches_.end() && it->first.first == peer;) {
-    EraseBatchLocked(it++);
+  PeerEndedCallback ended;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    auto live = live_connections_.find(peer);
+    if (live == live_connections_.end() || --live->second > 0) return;
+    live_connections_.erase(live);
+    for (auto it = batches_.lower_bound({peer, 0});
+         it != batches_.end() && it->first.first == peer;) {
+      EraseBatchLocked(it++);
+    }
+    ended = peer_ended_;
   }
+  if (ended) ended(peer);
 }
 
 void TcpReceiver::CutLanding(bool keep_any, uint64_t keep) {

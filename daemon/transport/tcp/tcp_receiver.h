@@ -43,6 +43,7 @@ class TcpReceiver {
   void ForgetPeer(const std::string& peer);
   void SetArrivalCallback(ArrivalCallback cb);
   void SetLandingCallback(LandingCallback cb);
+  void SetPeerEndedCallback(PeerEndedCallback cb);
 
   // The step fence (Transport::OpenStep): writes of other steps are NACKed untouched; writes
   // of the previous step still landing are cut (their connections shut down) and waited for.
@@ -130,7 +131,8 @@ class TcpReceiver {
   uint64_t fence_epoch_ = 0;                        // bumped each time the fence moves
   std::map<std::string, size_t> live_connections_;  // peer -> its authenticated connections
   ArrivalCallback arrival_;
-  LandingCallback landing_;  // guarded by peers_mu_
+  LandingCallback landing_;       // guarded by peers_mu_
+  PeerEndedCallback peer_ended_;  // guarded by peers_mu_
 };
 
 }  // namespace wb::transport::tcp

@@ -164,6 +164,10 @@ void TcpTransport::ForgetPeer(const std::string& peer_name, PeerSide side) {
   if (peer) peer->Close(absl::StrCat("tcp peer '", peer_name, "' was forgotten"));
 }
 
+void TcpTransport::SetPeerEndedCallback(PeerEndedCallback cb) {
+  receiver_->SetPeerEndedCallback(std::move(cb));
+}
+
 void TcpTransport::SetLandingCallback(LandingCallback cb) {
   receiver_->SetLandingCallback(std::move(cb));
 }

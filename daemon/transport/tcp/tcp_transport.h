@@ -46,6 +46,7 @@ class TcpTransport : public Transport {
   void ForgetPeer(const std::string& peer_name, PeerSide side = PeerSide::kBoth) override;
   void SetArrivalCallback(ArrivalCallback cb) override;
   void SetLandingCallback(LandingCallback cb) override;
+  void SetPeerEndedCallback(PeerEndedCallback cb) override;
   absl::Status OpenStep(uint64_t step) override { return receiver_->OpenStep(step); }
   absl::Status CloseStep(bool) override { return receiver_->CloseStep(); }
   uint64_t RefusedWrites(uint64_t step) const override { return receiver_->RefusedWrites(step); }
