@@ -10,6 +10,7 @@
 #include "common/grpc/tls_config.h"
 #include "common/planner/cost_model.h"
 #include "common/planner/name_rules.h"
+#include "common/planner/relay_options.h"
 
 namespace wb::config {
 
@@ -116,6 +117,7 @@ struct AgentConfig {
 using RenameRule = ::wb::planner::RenameRule;
 using FusionRule = ::wb::planner::FusionRule;
 using CostModelConfig = ::wb::planner::CostModel;
+using RelayConfig = ::wb::planner::RelayOptions;
 using ::wb::planner::DefaultFusionRules;
 
 struct WorldConfig {
@@ -158,14 +160,9 @@ struct ControllerConfig {
   DeltaConfig delta;
   // Step commands on agents' step links where they offer one (else on gRPC step streams).
   bool step_links = true;
-  // Relays (docs/concepts.md "When the planner relays"): later inference replicas may take
-  // their bytes from an earlier replica's agent where the cost model predicts a faster step.
-  // Off by default; needs tcp or local into the relays, and is not used in delta mode.
-  struct Relays {
-    bool enabled = false;
-    int roots = 0;  // 0: the cost model chooses; else forced (with fanout)
-    int fanout = 0;
-  } relays;
+  // Relays (docs/concepts.md "When the planner relays"), off by default; not used in delta
+  // mode.
+  RelayConfig relays;
 };
 
 // Parse from text; `source` names it in errors (a file name, or e.g. "<test>").

@@ -49,9 +49,7 @@ absl::StatusOr<BuiltPlan> PlanForAgents(const std::vector<AgentRecord>& agents,
     options.renames = config.renames;
     options.fusions = config.fusions;
     options.cost = config.cost_model;
-    options.relays.enabled = config.relays.enabled;
-    options.relays.roots = config.relays.roots;
-    options.relays.fanout = config.relays.fanout;
+    options.relays = config.relays;
     auto plan = planner::BuildPlan(layouts, options);
     if (!plan.ok()) return plan.status();
     built.summary = planner::SummaryToProto(layouts, *plan, plan_id);

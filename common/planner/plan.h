@@ -11,6 +11,7 @@
 #include "common/planner/cost_model.h"
 #include "common/planner/layout.h"
 #include "common/planner/name_rules.h"
+#include "common/planner/relay_options.h"
 
 namespace wb::planner {
 
@@ -33,17 +34,8 @@ struct PlanOptions {
   // Threads for generating ops (the same plan for any count); 0: the machine's cores, at
   // most 8.
   int threads = 0;
-  // Relays (relay.h): later inference replicas may take their bytes from an earlier replica's
-  // agent instead of from the senders. Off by default: agents do not forward yet, so only
-  // predictions (plan_bench, the dry run) ask for them.
-  struct Relays {
-    bool enabled = false;
-    // 0: chosen by the cost model. Else forced (tests, operators): the first `roots` members
-    // of every replica family are fed by the senders, each later one by a relay with at most
-    // `fanout` children.
-    int roots = 0;
-    int fanout = 0;
-  } relays;
+  // Relays (relay.h), off by default.
+  RelayOptions relays;
 };
 
 // One operation: `rows` runs of `row_elems` elements read from the sender's tensor at
