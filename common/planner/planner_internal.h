@@ -429,8 +429,10 @@ class Planner {
   std::vector<int32_t> rail_base_;
   // Per agent: CostModel::agent_rate_scale (1 when not measured slow).
   std::vector<double> rate_scale_;
-  // Per rail (rail_base_): bytes received, from Finish (read by PlanRelays).
+  // Per rail (rail_base_): bytes received, and the slowest rail's receiving time, from Finish
+  // (read by PlanRelays).
   std::vector<double> recv_rail_;
+  double recv_limit_seconds_ = 0;
 };
 
 }  // namespace wb::planner::internal

@@ -170,12 +170,7 @@ void Planner::PlanRelays() {
   tree.relay_send_bytes.assign(na, 0);
   tree.relay_send_ops.assign(na, 0);
   // The receivers' limit: nothing a relay does changes what each receiver takes.
-  double recv_time = 0;
-  for (size_t a = 0; a < na; ++a) {
-    for (int k = 0; k < rail_base_[a + 1] - rail_base_[a]; ++k) {
-      recv_time = std::max(recv_time, recv_rail_[rail_base_[a] + k] / (RailGbps(a, k) * 1e9));
-    }
-  }
+  const double recv_time = recv_limit_seconds_;
   tree.receiver_limit_seconds = recv_time;
   tree.direct_predicted_seconds = tree.predicted_seconds = s.predicted_step_seconds;
   if (!options_.relays.enabled || !options_.fan_out) return;
@@ -295,8 +290,8 @@ void Planner::PlanRelays() {
       static_cast<double>(std::min(max_op, kRelayChunkBytes)) / (options_.cost.nic_gbps * 1e9) +
       overhead;
   // The predicted step with `roots` roots and fan-out `fanout` (roots >= width: no relays),
-  // and its link limit.
-  auto predict = [&](int32_t roots, int32_t fanout, double* link) {
+  // and its link limit and relay depth.
+  auto predict = [&](int32_t roots, int32_t fanout, double* link, int32_t* levels) {
     double send = 0, relay = 0, limit = recv_time;
     int32_t depth = 0;
     for (size_t a = 0; a < na; ++a) {
@@ -321,23 +316,24 @@ void Planner::PlanRelays() {
       }
     }
     if (link != nullptr) *link = limit;
+    if (levels != nullptr) *levels = depth;
     return std::max({send, recv_time, relay}) + depth * delay;
   };
 
-  const double direct = predict(width, 1, nullptr);
+  const double direct = predict(width, 1, nullptr, nullptr);
   double best = direct;
   int32_t best_roots = 0, best_fanout = 0;
   if (options_.relays.roots > 0) {
     best_roots = std::min(options_.relays.roots, width);
     best_fanout = std::max(1, options_.relays.fanout);
     if (best_roots >= width) best_roots = 0;
-    if (best_roots > 0) best = predict(best_roots, best_fanout, nullptr);
+    if (best_roots > 0) best = predict(best_roots, best_fanout, nullptr, nullptr);
   } else {
     // Fewest relayed bytes first (fan-out 1, most roots); a tree must beat the best so far by
     // 0.5 % to be taken, so a relay never replaces a direct op that is as fast.
     for (int32_t fanout = 1; fanout <= 4; ++fanout) {
       for (int32_t roots = width - 1; roots >= 1; --roots) {
-        const double t = predict(roots, fanout, nullptr);
+        const double t = predict(roots, fanout, nullptr, nullptr);
         if (t < best * 0.995) best = t, best_roots = roots, best_fanout = fanout;
       }
     }
@@ -350,12 +346,11 @@ void Planner::PlanRelays() {
   tree.roots = best_roots;
   tree.fanout = best_fanout;
   double link = 0;
-  predict(best_roots, best_fanout, &link);
+  predict(best_roots, best_fanout, &link, &tree.depth);
   // The statistics describe the plan as executed: senders send to the roots only, relays
   // forward what they received once per child.
   for (size_t a = 0; a < na; ++a) {
     const int32_t m = static_cast<int32_t>(tree.families[tree.family_head[a]].size());
-    if (m > 1) tree.depth = std::max(tree.depth, Level(m - 1, best_roots, best_fanout));
     if (s.is_sender[a]) {
       double bytes = 0, ops = 0;
       for (int32_t k = rail_base_[a]; k < rail_base_[a + 1]; ++k) {

@@ -468,6 +468,7 @@ void Planner::Finish() {
       const double send = send_rail[rail_base_[a] + r] / gbps +
                           send_rail_ops[rail_base_[a] + r] * options_.cost.op_overhead_us * 1e-6;
       const double recv = recv_rail[rail_base_[a] + r] / gbps;
+      recv_limit_seconds_ = std::max(recv_limit_seconds_, recv);
       step = std::max({step, send, recv});
       s.link_limit_seconds =
           std::max({s.link_limit_seconds, send_rail[rail_base_[a] + r] / gbps, recv});

@@ -521,14 +521,10 @@ void Executor::ForwardWhenLanded(std::vector<Job> relays, PhaseRun* run) {
     return;
   }
   const uint64_t step = run->step_run->step_id;
+  // Stage-in checked each op's bounds (CheckSourceOp): its span lies inside its region.
   auto landed = [&](const Job& job) {
-    const v1::TransferOp& op = *job.op;
-    const auto* base = static_cast<const uint8_t*>(job.source->memory.addr) + op.src_offset();
-    const uint64_t length = op.rows() == 0
-                                ? 0
-                                : (op.rows() - 1) * op.src_stride() +
-                                      op.row_elems() * tensor::DTypeBytes(op.src_dtype());
-    return landing_->Covered(step, base, length);
+    const auto* base = static_cast<const uint8_t*>(job.source->memory.addr) + job.op->src_offset();
+    return landing_->Covered(step, base, SourceSpan(*job.op));
   };
   // Each pass hands on every relay op whose bytes are all in, then waits for more to land.
   uint64_t seen = landing_->changes();

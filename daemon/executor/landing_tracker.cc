@@ -9,6 +9,7 @@ void LandingTracker::Open(uint64_t step) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     step_ = step;
+    open_step_.store(step, std::memory_order_release);
     ranges_.clear();
     ended_peer_.clear();
     ++changes_;
@@ -17,7 +18,7 @@ void LandingTracker::Open(uint64_t step) {
 }
 
 void LandingTracker::Landed(uint64_t step, const void* addr, uint64_t length) {
-  if (length == 0) return;
+  if (length == 0 || step == 0 || step != open_step_.load(std::memory_order_acquire)) return;
   uintptr_t begin = reinterpret_cast<uintptr_t>(addr);
   uintptr_t end = begin + length;
   {

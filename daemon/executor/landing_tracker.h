@@ -4,6 +4,7 @@
 // landing callbacks (tcp, local); read by the executor's relay ops.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -31,6 +32,9 @@ class LandingTracker {
   std::string ended_peer() const;
 
  private:
+  // The open step, readable without the lock: every write an agent receives calls Landed, and
+  // on agents that do not relay (step 0) it must cost no more than this load.
+  std::atomic<uint64_t> open_step_{0};
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   uint64_t step_ = 0;

@@ -67,4 +67,10 @@ absl::Status CheckSourceOp(const v1::TransferOp& op, uint64_t source_length) {
   return absl::OkStatus();
 }
 
+uint64_t SourceSpan(const v1::TransferOp& op) {
+  const uint64_t row = op.row_elems() * tensor::DTypeBytes(op.src_dtype());
+  const uint64_t stride = op.src_stride() ? op.src_stride() : row;
+  return op.rows() == 0 ? 0 : (op.rows() - 1) * stride + row;
+}
+
 }  // namespace wb::executor

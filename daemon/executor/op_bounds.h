@@ -14,4 +14,8 @@ namespace wb::executor {
 // is checked; errors say which number is out of range (the caller adds the op's name).
 absl::Status CheckSourceOp(const weightbeam::v1::TransferOp& op, uint64_t source_length);
 
+// The bytes `op` reads from src_offset on: (rows - 1) * stride + one row, where a stride of 0
+// means rows are packed. Only for an op CheckSourceOp accepted (nothing here can overflow).
+uint64_t SourceSpan(const weightbeam::v1::TransferOp& op);
+
 }  // namespace wb::executor

@@ -250,3 +250,18 @@ TEST_CASE("relays: the cost model relays a trainer-bound fleet, not a receiver-b
     CHECK(plan->hash == direct->hash);
   }
 }
+
+TEST_CASE("relays: DeepSeek (MLA, replicated q_a / kv_a, experts) TP 4 over 4 replicas, FP8") {
+  DeepSeekV3Config c = KimiK2();
+  c.hidden = 512, c.layers = 2, c.intermediate = 1024, c.experts = 4, c.moe_intermediate = 256;
+  c.heads = 4, c.q_lora_rank = 256, c.kv_lora_rank = 256, c.vocab = 1024;
+  TrainerOptions tr;
+  tr.ranks = 8;
+  InferenceOptions inf;
+  inf.gpus = 16, inf.tp = 4, inf.gpus_per_agent = 4;  // a replica per agent
+  auto agents = BuildLayouts(BuildDeepSeekV3("deepseek", c), tr, inf);
+  REQUIRE(agents.ok());
+  const auto [roots, fanout] = GENERATE(table<int, int>({{1, 1}, {1, 3}, {2, 2}}));
+  INFO("roots " << roots << " fanout " << fanout);
+  CompareForcedTree(*agents, roots, fanout, 4);
+}
