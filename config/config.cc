@@ -214,6 +214,18 @@ void ReadAgent(YamlReader& r, AgentConfig& c) {
       tls.Error("ca_file", "a CA file to verify the controller's certificate against", "none");
     }
   }
+  {
+    YamlReader cap = r.Child("capture");
+    cap.ReadBytes("max_bytes", 0, uint64_t{1} << 44, &c.capture.max_bytes);
+    cap.RejectUnknownKeys();
+  }
+  {
+    YamlReader rec = r.Child("receive");
+    rec.ReadEnum("mode", {"in_place", "staged"}, &c.receive.mode);
+    rec.ReadBytes("staging_max_bytes", 0, uint64_t{1} << 44, &c.receive.staging_max_bytes);
+    rec.ReadUint32("ack_timeout_ms", 1, 600000, &c.receive.ack_timeout_ms);
+    rec.RejectUnknownKeys();
+  }
   ReadStorage(r.Child("storage"), &c.storage);
   {
     YamlReader d = r.Child("delta");

@@ -89,6 +89,23 @@ struct StepLinkConfig {
   uint32_t port = 0;  // 0: any free port (the controller learns it in OpenStepLink)
 };
 
+// Trainer side of "nobody waits" (docs/clients.md, "Steps that do not hold the trainer"): a
+// sending agent copies the bytes its ops read into capture memory of its own (device memory for
+// CUDA sources) and sends from there, so the trainer may change its weights once every sender
+// has captured. Off (0): ops read the live trainer tensors in place, as before.
+struct CaptureConfig {
+  uint64_t max_bytes = 0;  // capture memory of this agent, all capture buffers together
+};
+
+// Inference side of "nobody waits": "in_place" (writes land in the live tensors between begin
+// and commit) or "staged" (writes land in staging memory of the agent's; the live tensors are
+// swapped in one local copy at commit, so an engine pausing on begin pauses for that copy only).
+struct ReceiveConfig {
+  std::string mode = "in_place";
+  uint64_t staging_max_bytes = 0;  // staged: staging memory budget; 0: as much as needed
+  uint32_t ack_timeout_ms = 5000;  // how long the swap waits for watchers that acknowledge
+};
+
 struct AgentConfig {
   std::string source;  // the file it came from, for messages
   std::string name;    // default: the host name
@@ -110,6 +127,8 @@ struct AgentConfig {
   StorageConfig storage;
   AgentDeltaConfig delta;
   StepLinkConfig step_link;
+  CaptureConfig capture;
+  ReceiveConfig receive;
 };
 
 // Name matching and the cost model belong to the planner (common/planner); the controller's
