@@ -73,6 +73,22 @@ std::string DeltaLine(const v1::StepResult& r) {
                       "x less; ", r.delta_ops(), " delta ops, ", r.dense_ops(), " dense)");
 }
 
+// "trainer held 0.012 s (captured); inference paused 0.004 s (replica 0: 0.004 s staged, ...)":
+// who waited for the step (docs/clients.md), or "" for a step that reports neither.
+std::string WaitLine(const v1::StepResult& r) {
+  if (r.trainer_stall_seconds() <= 0 && r.replica_pauses_size() == 0) return "";
+  std::string out = absl::StrCat("trainer held ", FixedPoint(r.trainer_stall_seconds()), " s");
+  if (!r.capture().empty()) absl::StrAppend(&out, " (", r.capture(), ")");
+  if (r.replica_pauses_size() == 0) return out;
+  std::vector<std::string> pauses;
+  for (const auto& p : r.replica_pauses()) {
+    pauses.push_back(absl::StrCat("replica ", p.replica(), ": ", FixedPoint(p.seconds()), " s ",
+                                  p.staged() ? "swap" : "in place"));
+  }
+  return absl::StrCat(out, "; inference paused ", FixedPoint(r.inference_pause_seconds()), " s (",
+                      absl::StrJoin(pauses, ", "), ")");
+}
+
 }  // namespace
 
 std::string FormatDeltaHistory(const google::protobuf::RepeatedPtrField<v1::StepResult>& steps) {
@@ -105,6 +121,7 @@ std::string FormatStep(const v1::StepResult& r) {
                    HumanBytes(r.bytes()), " in ", FixedPoint(r.seconds()), " s (",
                    FixedPoint(r.seconds() > 0 ? r.bytes() / r.seconds() / 1e9 : 0, 2), " GB/s)\n");
   if (std::string d = DeltaLine(r); !d.empty()) out += "  " + d + "\n";
+  if (std::string w = WaitLine(r); !w.empty()) out += "  " + w + "\n";
   if (r.predicted_seconds() > 0) {
     out += absl::StrCat(
         "  predicted ", FixedPoint(r.predicted_seconds()), " s (",

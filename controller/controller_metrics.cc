@@ -9,6 +9,19 @@ ControllerMetrics::ControllerMetrics(ControllerCore* core, metrics::Registry* re
                                      "Wall time of Controller.Step, begin to commit or abort.",
                                      metrics::DurationBuckets())
                       .Get();
+  trainer_stall_ = registry
+                       ->AddHistogram("weightbeam_trainer_stall_seconds",
+                                      "How long each committed step held the trainer: until every "
+                                      "sender captured, or the whole step when they read in place.",
+                                      metrics::DurationBuckets())
+                       .Get();
+  inference_pause_ =
+      registry
+          ->AddHistogram("weightbeam_inference_pause_seconds",
+                         "How long each committed replica's live tensors were being written in a "
+                         "step: the swap from staging, or the whole transfer in place.",
+                         metrics::DurationBuckets())
+          .Get();
   auto& steps = registry->AddCounter("weightbeam_steps_total",
                                      "Steps run by the controller, by outcome.", {"result"});
   committed_ = steps.WithLabels({"committed"});
@@ -37,6 +50,10 @@ ControllerMetrics::ControllerMetrics(ControllerCore* core, metrics::Registry* re
   subscription_ = core->steps().Subscribe([this](const weightbeam::v1::StepResult& r) {
     step_seconds_->Observe(r.seconds());
     (r.ok() ? committed_ : failed_)->Increment();
+    if (r.ok()) {
+      trainer_stall_->Observe(r.trainer_stall_seconds());
+      for (const auto& p : r.replica_pauses()) inference_pause_->Observe(p.seconds());
+    }
     for (const auto& v : core_->ReplicaVersions()) {
       const std::string label = std::to_string(v.replica);
       replica_version_->WithLabels({label})->Set(static_cast<double>(v.committed_version));

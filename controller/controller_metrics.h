@@ -1,6 +1,6 @@
-// The controller's Prometheus series (names prefixed weightbeam_): step durations and outcomes,
-// heard from the core's step broadcaster, and agents alive/lost and the current plan's size,
-// read from the core when scraped.
+// The controller's Prometheus series (names prefixed weightbeam_): step durations, outcomes and
+// who waited for each step (trainer stall, inference pause), heard from the core's step
+// broadcaster, and agents alive/lost and the current plan's size, read from the core when scraped.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,8 @@ class ControllerMetrics {
  private:
   ControllerCore* core_;
   metrics::Histogram* step_seconds_;
+  metrics::Histogram* trainer_stall_;    // StepResult.trainer_stall_seconds
+  metrics::Histogram* inference_pause_;  // StepResult.replica_pauses, one sample per replica
   metrics::Counter* committed_;
   metrics::Counter* failed_;
   metrics::Family<metrics::Gauge>* replica_version_;

@@ -327,3 +327,33 @@ TEST_CASE("delta mode keys: controller plan settings and the agent's shadow plac
   REQUIRE(hook.ok());
   CHECK(hook->delta.test_fail_commit_version == 6);
 }
+
+TEST_CASE(
+    "capture and staged receive: off and in place by default, read when set, bad values named") {
+  auto d = ParseAgentConfig("", "agent.yaml");
+  REQUIRE(d.ok());
+  CHECK(d->capture.max_bytes == 0);
+  CHECK(d->receive.mode == "in_place");
+  CHECK(d->receive.staging_max_bytes == 0);
+  CHECK(d->receive.ack_timeout_ms == 5000);
+
+  auto c = ParseAgentConfig(R"(
+capture:
+  max_bytes: 2GiB
+receive:
+  mode: staged
+  staging_max_bytes: 512MiB
+  ack_timeout_ms: 750
+)",
+                            "agent.yaml");
+  REQUIRE(c.ok());
+  CHECK(c->capture.max_bytes == (uint64_t{2} << 30));
+  CHECK(c->receive.mode == "staged");
+  CHECK(c->receive.staging_max_bytes == (uint64_t{512} << 20));
+  CHECK(c->receive.ack_timeout_ms == 750);
+
+  CHECK_THAT(ErrorOf("receive:\n  mode: swapped\n"),
+             Catch::Contains("receive.mode") && Catch::Contains("staged"));
+  CHECK_THAT(ErrorOf("receive:\n  ack_timeout_ms: 0\n"), Catch::Contains("receive.ack_timeout_ms"));
+  CHECK_THAT(ErrorOf("capture:\n  slots: 2\n"), Catch::Contains("capture.slots"));
+}
