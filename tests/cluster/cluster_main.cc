@@ -231,6 +231,10 @@ struct Options {
   std::vector<std::string> scenarios;
   std::string prefix, bin_dir, subnet = "10.213.0", json_out;
   bool keep_logs = false;
+  // Nobody waits (docs/clients.md): trainer agents capture (capture.max_bytes), inference
+  // agents stage (receive.mode staged).
+  bool capture = false;
+  bool staged = false;
   int trace_ms = 0;
   double switch_queue_ms = 250;
   std::string timeline;  // the committed steps as a Chrome/Perfetto trace (wbctl trace)
@@ -330,14 +334,15 @@ absl::Status Cluster::SetUp() {
                                 dir_ + "/controller.log");
   for (int i = 0; i < n; ++i) {
     const Link& l = links_[i];
-    WriteFile(
-        dir_ + "/" + l.agent + ".yaml",
-        absl::StrCat(
-            "name: ", l.agent, "\nlog_level: warn\nlocal_socket: ", Socket(i), "\nlisten: ", l.ip,
-            ":7101\ncontroller: ", Ctl(),
-            "\nheartbeat_interval_ms: 500\ntransports:\n  tcp:\n    listen: ", l.ip,
-            ":7201\n    gbps: ", Num(o_.link_mbit / 8000, 6),
-            "\n  local:\n    enabled: false\nexecutor:\n  staging_watermark_bytes: 256MiB\n"));
+    WriteFile(dir_ + "/" + l.agent + ".yaml",
+              absl::StrCat(
+                  "name: ", l.agent, "\nlog_level: warn\nlocal_socket: ", Socket(i),
+                  "\nlisten: ", l.ip, ":7101\ncontroller: ", Ctl(),
+                  "\nheartbeat_interval_ms: 500\ntransports:\n  tcp:\n    listen: ", l.ip,
+                  ":7201\n    gbps: ", Num(o_.link_mbit / 8000, 6),
+                  "\n  local:\n    enabled: false\nexecutor:\n  staging_watermark_bytes: 256MiB\n",
+                  o_.capture && i < shape().trainer_nodes ? "capture:\n  max_bytes: 64GiB\n" : "",
+                  o_.staged && i >= shape().trainer_nodes ? "receive:\n  mode: staged\n" : ""));
     agents_.emplace_back();
     if (auto s = StartAgent(i); !s.ok()) return s;
   }
@@ -634,12 +639,16 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
   const std::string kind = step->delta_anchor() ? "anchor" : (delta_step ? "delta" : "dense");
   std::printf(
       "\n[%s] version %u (%s%s): %s in %.2f s; link-limited ideal %.2f s (%s); "
-      "efficiency %.3f; predicted %.2f s (%+.1f%%); agents used %.2f cores (host %.0f%% "
+      "efficiency %.3f; predicted %.2f s (%+.1f%%); trainer held %.3f s (%.3f of the step, %s), "
+      "inference paused %.3f s (%.3f); agents used %.2f cores (host %.0f%% "
       "busy); verified %d/%d workers (%s)%s%s%s%s\n%s",
       scenario.c_str(), v, kind.c_str(), note.empty() ? "" : ", see notes",
       HumanBytes(step->bytes()).c_str(), seconds, ideal, bottleneck.c_str(), ideal / seconds,
-      predicted, (predicted / seconds - 1) * 100, cores, host_busy * 100, verified, expected,
-      HumanBytes(checked).c_str(), ok ? "" : (" MISMATCH: " + failure).c_str(),
+      predicted, (predicted / seconds - 1) * 100, step->trainer_stall_seconds(),
+      step->trainer_stall_seconds() / seconds, step->capture().c_str(),
+      step->inference_pause_seconds(), step->inference_pause_seconds() / seconds, cores,
+      host_busy * 100, verified, expected, HumanBytes(checked).c_str(),
+      ok ? "" : (" MISMATCH: " + failure).c_str(),
       skipped.empty() ? "" : ("; skipped " + skipped).c_str(),
       delta_step ? ("\n  predicted by the " + step->prediction()).c_str() : "",
       step->replanned().empty() ? "" : ("\n  re-planned: " + step->replanned()).c_str(),
@@ -659,8 +668,12 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
       Num(predicted / seconds - 1), ",\"agent_cpu_cores\":", Num(cores, 2),
       ",\"host_cpu_busy\":", Num(host_busy, 2), ",\"verified\":", ok ? "true" : "false",
       ",\"verified_bytes\":", checked, ",\"committed_replicas\":", step->committed_replicas_size(),
-      ",\"skipped_replicas\":", step->skipped_replicas_size(), ",\"wire_out\":{", wire_out_json,
-      "},\"wire_in\":{", wire_in_json, "}", note, "}"));
+      ",\"skipped_replicas\":", step->skipped_replicas_size(), ",\"trainer_stall_seconds\":",
+      Num(step->trainer_stall_seconds()), ",\"capture\":", Json(step->capture()),
+      ",\"inference_pause_seconds\":", Num(step->inference_pause_seconds()),
+      ",\"trainer_stall_ratio\":", Num(step->trainer_stall_seconds() / seconds),
+      ",\"inference_pause_ratio\":", Num(step->inference_pause_seconds() / seconds),
+      ",\"wire_out\":{", wire_out_json, "},\"wire_in\":{", wire_in_json, "}", note, "}"));
   return ok;
 }
 
@@ -1078,6 +1091,10 @@ int main(int argc, char** argv) {
                  "queue of a switch port toward an agent, in ms of the link rate");
   app.add_option("--trace-ms", o.trace_ms, "print per-link rates every N ms during steps");
   app.add_option("--json-out", o.json_out, "also append the JSON lines to this file");
+  app.add_flag("--capture", o.capture,
+               "trainer agents capture each step and send from the capture (capture.max_bytes)");
+  app.add_flag("--staged", o.staged,
+               "inference agents stage each step and swap at commit (receive.mode staged)");
   app.add_option("--timeline", o.timeline,
                  "write the committed steps as a Chrome/Perfetto trace (JSON) to this file");
   CLI11_PARSE(app, argc, argv);
