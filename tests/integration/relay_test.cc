@@ -17,6 +17,7 @@
 #include "client/weightbeam/controller_client.h"
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
+#include "daemon/transform/transform.h"
 #include "tests/support/cluster.h"
 #include "tests/support/controller_calls.h"
 #include "tests/support/one_tensor.h"
@@ -50,6 +51,29 @@ Side Open(const std::string& socket, v1::Role role, int replica) {
   return Side{std::move(*b), std::move(*s)};
 }
 
+// An FP8 inference replica: a.weight BF16, b.weight FP8 e4m3 with its float32 128x128 block
+// scales (b.weight_scale_inv), in one buffer.
+constexpr int64_t kScaleRows = kRows / 128, kScaleCols = kCols / 128;
+constexpr uint64_t kFp8Bytes = kRows * kCols, kScaleBytes = kScaleRows * kScaleCols * 4;
+constexpr uint64_t kFp8SideBytes = kTensorBytes + kFp8Bytes + kScaleBytes;
+
+Side OpenFp8(const std::string& socket, int replica) {
+  auto b = SharedBuffer::Create(kFp8SideBytes, "relay-fp8");
+  REQUIRE(b.ok());
+  auto s = LocalSession::Connect(socket, Identity{v1::ROLE_INFERENCE, 0, replica});
+  REQUIRE(s.ok());
+  REQUIRE(
+      s->Register(TensorInfo{"a.weight", v1::DTYPE_BF16, {kRows, kCols}, {}}, *b, 0, kTensorBytes)
+          .ok());
+  REQUIRE(s->Register(TensorInfo{"b.weight", v1::DTYPE_F8_E4M3, {kRows, kCols}, {}}, *b,
+                      kTensorBytes, kFp8Bytes)
+              .ok());
+  REQUIRE(s->Register(TensorInfo{"b.weight_scale_inv", v1::DTYPE_F32, {kScaleRows, kScaleCols}, {}},
+                      *b, kTensorBytes + kFp8Bytes, kScaleBytes)
+              .ok());
+  return Side{std::move(*b), std::move(*s)};
+}
+
 // A controller, "trainer-node" and kReplicas inference agents "infer-R" (one replica each),
 // relays forced as `roots` sender-fed replicas and fan-out `fanout`; both sides registered and
 // the world planned.
@@ -60,7 +84,7 @@ struct Fleet {
   std::optional<ControllerClient> ctl;
   v1::PlanSummary plan;
 
-  explicit Fleet(int fanout, const std::string& trainer_yaml = "") {
+  explicit Fleet(int fanout, const std::string& trainer_yaml = "", bool fp8 = false) {
     wb::testing::ClusterOptions options;
     options.agents = {"trainer-node"};
     for (int r = 0; r < kReplicas; ++r) options.agents.push_back("infer-" + std::to_string(r));
@@ -71,8 +95,8 @@ struct Fleet {
     cluster = std::make_unique<Cluster>(wb::testing::Runfile(""), options);
     trainer.emplace(Open(cluster->socket("trainer-node"), v1::ROLE_TRAINER, 0));
     for (int r = 0; r < kReplicas; ++r) {
-      replicas.push_back(
-          Open(cluster->socket("infer-" + std::to_string(r)), v1::ROLE_INFERENCE, r));
+      const std::string socket = cluster->socket("infer-" + std::to_string(r));
+      replicas.push_back(fp8 ? OpenFp8(socket, r) : Open(socket, v1::ROLE_INFERENCE, r));
     }
     ctl.emplace(wb::testing::ConnectController(*cluster));
     plan = wb::testing::PlanWorld(&*ctl, wb::testing::World(1, kReplicas, 1));
@@ -124,6 +148,49 @@ TEST_CASE("relays: a chain and a tree over four replicas deliver every byte to e
     for (int r = 0; r < kReplicas; ++r) {
       INFO("replica " << r << " version " << v);
       CHECK(f.Same(r));
+    }
+  }
+}
+
+TEST_CASE("relays: FP8 replicas get their quantized bytes and scales from the relay before them") {
+  const int fanout = GENERATE(1, 2);
+  INFO("fan-out " << fanout);
+  Fleet f(fanout, "", /*fp8=*/true);
+  // What every replica must hold, computed here from the trainer's BF16: a.weight as it is,
+  // b.weight quantized on the CPU with its block scales.
+  auto expected = [&] {
+    std::vector<uint8_t> out(kFp8SideBytes);
+    const auto* src = static_cast<const uint8_t*>(f.trainer->buffer.data());
+    std::memcpy(out.data(), src, kTensorBytes);
+    wb::transform::TransformDesc d;
+    d.kind = wb::transform::Kind::kFp8Block;
+    d.src_dtype = wb::transform::DType::kBF16;
+    d.dst_dtype = wb::transform::DType::kF8E4M3;
+    d.rows = kRows;
+    d.cols = kCols;
+    REQUIRE(wb::transform::ApplyTransformCpu(
+                d, src + kTensorBytes, out.data() + kTensorBytes,
+                reinterpret_cast<float*>(out.data() + kTensorBytes + kFp8Bytes), 1)
+                .ok());
+    return out;
+  };
+  for (uint32_t v = 1; v <= 2; ++v) {
+    Fill(&*f.trainer, v);
+    const v1::StepResult step = wb::testing::RequireCommitted(f.ctl->Step(v));
+    CHECK(step.committed_replicas_size() == kReplicas);
+    uint64_t trainer_bytes = 0;
+    for (const v1::AgentStepReport& a : step.agents()) {
+      if (a.agent() == "trainer-node") trainer_bytes += a.bytes_sent();
+    }
+    CHECK(trainer_bytes == kFp8SideBytes);  // the root's bytes only; the relays forward the rest
+    const std::vector<uint8_t> want = expected();
+    for (int r = 0; r < kReplicas; ++r) {
+      INFO("replica " << r << " version " << v);
+      const auto* got = static_cast<const uint8_t*>(f.replicas[r].buffer.data());
+      CHECK(std::memcmp(got, want.data(), kTensorBytes) == 0);
+      CHECK(std::memcmp(got + kTensorBytes, want.data() + kTensorBytes, kFp8Bytes) == 0);
+      CHECK(std::memcmp(got + kTensorBytes + kFp8Bytes, want.data() + kTensorBytes + kFp8Bytes,
+                        kScaleBytes) == 0);
     }
   }
 }
