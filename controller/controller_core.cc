@@ -267,13 +267,6 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
   if (relay_choice_ != v1::RELAY_CHOICE_CONFIG) {
     plan_config.relays.enabled = relay_choice_ == v1::RELAY_CHOICE_ON;
   }
-  // Delta steps land in receive slots, not where a relay forwards from: no relays then.
-  if (plan_config.relays.enabled &&
-      (delta_choice_ == v1::DELTA_CHOICE_ON ||
-       (delta_choice_ == v1::DELTA_CHOICE_CONFIG && config_.delta.enabled))) {
-    spdlog::info("plan {}: relays are configured but not used in delta mode", plan_id);
-    plan_config.relays.enabled = false;
-  }
   auto built = planner_(agents, plan_config, plan_id);
   if (!built.ok()) return built.status();
   const double planner_seconds = std::chrono::duration<double>(Clock::now() - planning).count();
@@ -401,8 +394,14 @@ absl::Status ControllerCore::LoadDeltaReceivers(BuiltPlan* built,
   *built->summary.mutable_delta() = settings;
   std::map<std::string, v1::AgentPlan> halves;  // by receiving agent
   for (auto& [sender, plan] : built->agent_plans) {
+    // Relay ops forward the applied bytes, dense (StepProtocol::ForwardAppliedDeltas): no
+    // shadows or receive slots for them.
+    bool own_ops = false;
+    for (const auto& op : plan.ops()) own_ops = own_ops || !op.relay();
+    if (!own_ops) continue;
     *plan.mutable_delta() = settings;
     for (const auto& op : plan.ops()) {
+      if (op.relay()) continue;
       v1::AgentPlan& half = halves[op.dst_agent()];
       v1::IncomingOp* in = half.add_incoming();
       in->set_src_agent(sender);
@@ -663,6 +662,9 @@ v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds 
 void ControllerCore::LearnFrom(v1::StepResult* result, std::chrono::milliseconds timeout) {
   delta_predictor_.Observe(*result, plan_.summary);
   if (result->delta_ops() > 0) return;  // a few bytes, CPU-bound: says nothing about links
+  // Delta mode with relays runs the senders and then the relays, one after the other
+  // (StepProtocol::ForwardAppliedDeltas): not the one overlapping transfer the learner models.
+  if (plan_.summary.delta().enabled() && !plan_.relay_children.empty()) return;
   std::map<std::string, double> rated;  // agent -> GB/s of its rails between hosts
   for (const AgentRecord& a : membership_.Snapshot()) {
     double gbps = 0;

@@ -214,6 +214,12 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
   }
   result->set_delta_anchor(spec.anchor);
 
+  // Delta mode with relays: the relays forward once the roots have applied their deltas.
+  const bool relay_after_apply = spec.delta && !spec.relay_children.empty();
+  if (relay_after_apply) {
+    for (const auto& [relay, children] : spec.relay_children) spec.hold_back.insert(relay);
+  }
+
   // Phase 2: execute, again without the receivers that drop out while it runs.
   while (true) {
     v1::StepResult attempt;
@@ -253,13 +259,23 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
     result->set_delta_anchor(spec.anchor);
   }
 
+  std::set<std::string> prepared_early;  // the root relays, delta mode
+  if (relay_after_apply) {
+    if (auto s = ForwardAppliedDeltas(&spec, &book, result, &prepared_early); !s.ok()) {
+      AbortEverywhere(spec.version, involved, std::string(s.message()), spec.step_id);
+      return s;
+    }
+  }
+
   // Phase 3: commit on the receivers still in the step. An agent that is a whole replica by
   // itself commits and announces at once; the agents of a replica spread over several prepare
   // first, and announce only once all of them have (a failing one drops the replica, and its
   // prepared agents are aborted without ever having announced the version).
-  const std::vector<std::string> committing = book.LiveReceivers();
-  std::set<std::string> prepare;
-  for (const auto& a : committing) {
+  std::vector<std::string> committing;
+  std::set<std::string> prepare = prepared_early;
+  for (const auto& a : book.LiveReceivers()) {
+    if (prepared_early.count(a)) continue;
+    committing.push_back(a);
     if (!book.Solo(a)) prepare.insert(a);
   }
   auto failed = CommitOnReceivers(spec, committing, result, prepare);
@@ -303,6 +319,59 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
   return absl::OkStatus();
 }
 
+absl::Status StepProtocol::ForwardAppliedDeltas(StepSpec* spec, ReplicaBook* book,
+                                                v1::StepResult* result,
+                                                std::set<std::string>* prepared) {
+  // The roots: relays no other relay feeds.
+  std::set<std::string> fed;
+  for (const auto& [relay, children] : spec->relay_children)
+    fed.insert(children.begin(), children.end());
+  std::vector<std::string> roots;
+  for (const auto& [relay, children] : spec->relay_children) {
+    if (!fed.count(relay) && !book->excluded(relay)) roots.push_back(relay);
+  }
+  std::set<std::string> as_prepare(roots.begin(), roots.end());
+  if (auto failed = CommitOnReceivers(*spec, roots, result, as_prepare); !failed.empty()) {
+    std::map<std::string, std::string> why;
+    for (const auto& [agent, e] : failed) why[agent] = absl::StrCat("commit failed: ", e);
+    const auto excluded = book->Drop(why);
+    if (book->live() < spec->min_replicas) return BelowFloor(*spec, *book, "applied on", "");
+    spdlog::warn("step {}: dropped {}", spec->version, book->DroppedSummary());
+    AbortEverywhere(spec->version, excluded, why.begin()->second, spec->step_id);
+  }
+  for (const auto& r : roots) {
+    if (!book->excluded(r)) prepared->insert(r);
+  }
+  // The relays forward, again without the receivers that drop out meanwhile (a relay's bytes
+  // stay final for the step, so a second attempt forwards the same bytes).
+  StepSpec relaying = *spec;
+  relaying.senders.assign(spec->hold_back.begin(), spec->hold_back.end());
+  relaying.hold_back.clear();
+  while (true) {
+    v1::StepResult attempt;
+    const absl::Status s = ExecuteOnSenders(relaying, book->ExcludedReceivers(), &attempt);
+    if (s.ok()) {
+      for (const auto& r : attempt.agents()) *result->add_agents() = r;
+      result->set_bytes(result->bytes() + attempt.bytes());
+      result->set_bytes_dense(result->bytes_dense() + attempt.bytes_dense());
+      result->set_dense_ops(result->dense_ops() + attempt.dense_ops());
+      return absl::OkStatus();
+    }
+    auto gone = UnreachableReceivers(*spec, book->LiveReceivers());
+    if (gone.empty()) return s;
+    const auto excluded = book->Drop(gone);
+    if (book->live() < spec->min_replicas) {
+      return BelowFloor(*spec, *book, "reachable:", std::string(s.message()));
+    }
+    spdlog::warn("step {}: {}; dropped {}; relaying again without them", spec->version,
+                 std::string(s.message()), book->DroppedSummary());
+    AbortEverywhere(spec->version, excluded, std::string(s.message()), spec->step_id);
+    for (auto it = prepared->begin(); it != prepared->end();) {
+      it = book->excluded(*it) ? prepared->erase(it) : std::next(it);
+    }
+  }
+}
+
 std::map<std::string, std::string> StepProtocol::BeginOnReceivers(
     const StepSpec& spec, const std::vector<std::string>& receivers) {
   std::vector<AgentCall<v1::BeginRequest>> calls;
@@ -327,6 +396,7 @@ absl::Status StepProtocol::ExecuteOnSenders(const StepSpec& spec,
   const std::set<std::string> skipped(skip.begin(), skip.end());
   for (const auto& a : spec.senders) {
     if (spec.relay_only.count(a) && skipped.count(a)) continue;  // a dropped relay
+    if (spec.hold_back.count(a)) continue;
     AgentCall<v1::ExecuteRequest> c{a, {}};
     c.request.set_version(spec.version);
     c.request.set_plan_id(spec.plan_id);

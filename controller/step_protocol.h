@@ -49,6 +49,8 @@ struct StepSpec {
   // the relays that send nothing of their own (not asked to execute once dropped).
   std::map<std::string, std::vector<std::string>> relay_children;
   std::set<std::string> relay_only;
+  // Senders the execute phase leaves out (run later, by ForwardAppliedDeltas).
+  std::set<std::string> hold_back;
 };
 
 // Which replicas of a step are still in it, and why the others were dropped. Dropping is closed
@@ -115,6 +117,14 @@ class StepProtocol {
                                                        const std::set<std::string>& prepare = {});
   std::map<std::string, std::string> AnnounceOnReceivers(const StepSpec& spec,
                                                          const std::vector<std::string>& receivers);
+  // Delta mode with relays: the senders' deltas land in the root relays' receive slots, not
+  // where relays forward from. The roots apply them first (a commit with prepare: nothing
+  // announced), then the relays forward the applied bytes, dense, down their trees (executing
+  // again without receivers that drop out). Adds the roots to `prepared` (they announce with
+  // the others); fails when fewer than min_replicas remain.
+  absl::Status ForwardAppliedDeltas(StepSpec* spec, ReplicaBook* book,
+                                    weightbeam::v1::StepResult* result,
+                                    std::set<std::string>* prepared);
   // After a sender failed: the receivers among `receivers` that do not answer a health check
   // (agent -> why), i.e. the ones the failure is most likely about.
   std::map<std::string, std::string> UnreachableReceivers(

@@ -11,6 +11,7 @@ void LandingTracker::Open(uint64_t step) {
     step_ = step;
     open_step_.store(step, std::memory_order_release);
     ranges_.clear();
+    all_landed_ = false;
     ended_peer_.clear();
     ++changes_;
   }
@@ -38,11 +39,21 @@ void LandingTracker::Landed(uint64_t step, const void* addr, uint64_t length) {
   cv_.notify_all();
 }
 
+void LandingTracker::LandAll(uint64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (step == 0 || step != step_) return;
+    all_landed_ = true;
+    ++changes_;
+  }
+  cv_.notify_all();
+}
+
 bool LandingTracker::Covered(uint64_t step, const void* addr, uint64_t length) const {
   const uintptr_t begin = reinterpret_cast<uintptr_t>(addr);
   std::lock_guard<std::mutex> lock(mu_);
   if (step != step_) return false;
-  if (length == 0) return true;
+  if (length == 0 || all_landed_) return true;
   auto it = ranges_.upper_bound(begin);
   if (it == ranges_.begin()) return false;
   --it;

@@ -20,6 +20,9 @@ class LandingTracker {
   // A write of `step` landed [addr, addr + length). Landings of any other step are ignored
   // (the fence refused them, or they belong to a step already given up).
   void Landed(uint64_t step, const void* addr, uint64_t length);
+  // Every byte of the open step `step` is final here (delta mode: the step's deltas were applied
+  // at a prepare-commit), so whatever a relay op asks for is there (docs/concepts.md).
+  void LandAll(uint64_t step);
   // Whether every byte of [addr, addr + length) has landed in `step`.
   bool Covered(uint64_t step, const void* addr, uint64_t length) const;
   // Landings accepted since Open (a counter that only grows within a step).
@@ -40,6 +43,7 @@ class LandingTracker {
   uint64_t step_ = 0;
   uint64_t changes_ = 0;
   std::map<uintptr_t, uintptr_t> ranges_;  // begin -> end, disjoint and not touching
+  bool all_landed_ = false;                // LandAll for step_
   std::string ended_peer_;
 };
 

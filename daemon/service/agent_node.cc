@@ -657,6 +657,9 @@ absl::Status AgentNode::Commit(const v1::CommitRequest& req) {
   spdlog::info("version {}: applied {} delta slot(s), {} bytes patching {} bytes in {:.3f} s{}",
                req.version(), stats.slots_applied, stats.payload_bytes, stats.dense_bytes,
                stats.seconds, expected.empty() ? "" : ", destinations verified");
+  // A relay's bytes of this step are final now: its relay ops, run after this prepare
+  // (controller/step_protocol.cc, delta mode with relays), forward them without waiting.
+  landing_.LandAll(req.step_id());
   return Conclude(req);
 }
 

@@ -291,4 +291,11 @@ TEST_CASE("the landing tracker merges ranges and answers coverage per step") {
   CHECK(t.Covered(1, p + 500, 10));
   t.Open(3);  // a new step forgets everything
   CHECK_FALSE(t.Covered(3, p, 1));
+  t.LandAll(2);  // not the open step: nothing changes
+  CHECK_FALSE(t.Covered(3, p, 1));
+  t.LandAll(3);  // delta mode, after the apply: every byte of the step is final
+  CHECK(t.Covered(3, p + 700, 300));
+  CHECK_FALSE(t.Covered(2, p, 1));
+  t.Open(4);  // and the next step waits for its bytes again
+  CHECK_FALSE(t.Covered(4, p, 1));
 }

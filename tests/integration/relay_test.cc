@@ -84,13 +84,15 @@ struct Fleet {
   std::optional<ControllerClient> ctl;
   v1::PlanSummary plan;
 
-  explicit Fleet(int fanout, const std::string& trainer_yaml = "", bool fp8 = false) {
+  explicit Fleet(int fanout, const std::string& trainer_yaml = "", bool fp8 = false,
+                 const std::string& controller_yaml = "") {
     wb::testing::ClusterOptions options;
     options.agents = {"trainer-node"};
     for (int r = 0; r < kReplicas; ++r) options.agents.push_back("infer-" + std::to_string(r));
     options.inference_replicas = kReplicas;
     options.extra_controller_yaml =
-        "relays:\n  enabled: true\n  roots: 1\n  fanout: " + std::to_string(fanout) + "\n";
+        "relays:\n  enabled: true\n  roots: 1\n  fanout: " + std::to_string(fanout) + "\n" +
+        controller_yaml;
     if (!trainer_yaml.empty()) options.agent_yaml["trainer-node"] = trainer_yaml;
     cluster = std::make_unique<Cluster>(wb::testing::Runfile(""), options);
     trainer.emplace(Open(cluster->socket("trainer-node"), v1::ROLE_TRAINER, 0));
@@ -193,6 +195,68 @@ TEST_CASE("relays: FP8 replicas get their quantized bytes and scales from the re
                         kScaleBytes) == 0);
     }
   }
+}
+
+TEST_CASE("relays in delta mode: the roots apply the deltas, the relays forward the result") {
+  const int fanout = GENERATE(1, 2);
+  INFO("fan-out " << fanout);
+  Fleet f(fanout, "", /*fp8=*/true, "delta:\n  enabled: true\n  verify: true\n  anchor_every: 4\n");
+  REQUIRE(f.plan.delta().enabled());
+  CHECK(f.plan.relay_fanout() == fanout);
+  // A sparse update: one element in 64 changes from one version to the next.
+  auto fill_sparse = [&](uint32_t version) {
+    auto* p = static_cast<uint16_t*>(f.trainer->buffer.data());
+    for (uint64_t i = 0; i < 2 * kTensorBytes / 2; ++i) {
+      const uint64_t bump = i % 64 == 0 ? version * 3 : 0;
+      p[i] = static_cast<uint16_t>(0x3c00 + ((i * 11 + bump) & 0x3ff));
+    }
+  };
+  auto expected = [&] {
+    std::vector<uint8_t> out(kFp8SideBytes);
+    const auto* src = static_cast<const uint8_t*>(f.trainer->buffer.data());
+    std::memcpy(out.data(), src, kTensorBytes);
+    wb::transform::TransformDesc d;
+    d.kind = wb::transform::Kind::kFp8Block;
+    d.src_dtype = wb::transform::DType::kBF16;
+    d.dst_dtype = wb::transform::DType::kF8E4M3;
+    d.rows = kRows;
+    d.cols = kCols;
+    REQUIRE(wb::transform::ApplyTransformCpu(
+                d, src + kTensorBytes, out.data() + kTensorBytes,
+                reinterpret_cast<float*>(out.data() + kTensorBytes + kFp8Bytes), 1)
+                .ok());
+    return out;
+  };
+  int delta_steps = 0;
+  for (uint32_t v = 1; v <= 6; ++v) {
+    fill_sparse(v);
+    const v1::StepResult step = wb::testing::RequireCommitted(f.ctl->Step(v));
+    CHECK(step.committed_replicas_size() == kReplicas);
+    uint64_t trainer_sent = 0, trainer_dense = 0, relayed = 0;
+    for (const v1::AgentStepReport& a : step.agents()) {
+      if (a.agent() == "trainer-node") {
+        trainer_sent += a.bytes_sent();
+        trainer_dense += a.bytes_dense();
+      } else {
+        relayed += a.bytes_sent();
+      }
+    }
+    // The trainer feeds the root only; every other replica gets the applied bytes, dense.
+    CHECK(trainer_dense == kFp8SideBytes);
+    CHECK(relayed == (kReplicas - 1) * kFp8SideBytes);
+    INFO("version " << v << ": anchor " << step.delta_anchor() << ", " << step.delta_ops()
+                    << " delta ops, " << step.replanned());
+    if (!step.delta_anchor() && step.delta_ops() > 0) {
+      ++delta_steps;
+      CHECK(trainer_sent < kFp8SideBytes / 4);
+    }
+    const std::vector<uint8_t> want = expected();
+    for (int r = 0; r < kReplicas; ++r) {
+      INFO("replica " << r << " version " << v);
+      CHECK(std::memcmp(f.replicas[r].buffer.data(), want.data(), kFp8SideBytes) == 0);
+    }
+  }
+  CHECK(delta_steps >= 3);  // anchors at 1 and 5, deltas between
 }
 
 TEST_CASE(
