@@ -49,6 +49,10 @@ struct StepSpec {
   // the relays that send nothing of their own (not asked to execute once dropped).
   std::map<std::string, std::vector<std::string>> relay_children;
   std::set<std::string> relay_only;
+  // A capture step (docs/clients.md): the senders (not the relay-only ones) captured this
+  // version into `capture_slot` and send from there.
+  bool from_capture = false;
+  uint32_t capture_slot = 0;
 };
 
 // Which replicas of a step are still in it, and why the others were dropped. Dropping is closed
