@@ -751,6 +751,7 @@ v1::StepResult ControllerCore::Step(
     }
     target = *behind;
     capture = true;
+    how = "captured";
   }
   // A capture slot: free at once, or once the send holding it is over (bounded by the deadline).
   if (capture) {
