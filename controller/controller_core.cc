@@ -701,12 +701,18 @@ v1::StepResult ControllerCore::Step(
   held.version = version;
 
   // The capture token: a step still capturing (or captured and waiting to send) goes first.
+  // A step that waited for the token behind a send (a third step: one sends, one captured
+  // waits to send) captured after that send.
+  uint64_t waited_for_send = 0;
   {
     absl::MutexLock lock(&pipe_mu_);
     auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pipe_mu_) { return !capture_token_; };
+    const uint64_t freed_before = freed_by_;
+    const bool busy = capture_token_;
     if (!pipe_mu_.AwaitWithDeadline(absl::Condition(&free), AbslDeadline(deadline))) {
       return fail("waited until the step deadline for the step before it to capture");
     }
+    if (busy && freed_by_ != freed_before) waited_for_send = freed_by_;
     capture_token_ = true;
     held.token = true;
   }
@@ -740,7 +746,8 @@ v1::StepResult ControllerCore::Step(
       for (const auto& a : senders_) {
         if (!plan_.relay_only.count(a)) target.senders.push_back(a);
       }
-      how = "captured";
+      how = waited_for_send != 0 ? absl::StrCat("captured after step ", waited_for_send, "'s send")
+                                 : "captured";
     } else {
       held.ReleaseToken();  // in place: a step coming now is refused, as ever
     }
@@ -751,7 +758,8 @@ v1::StepResult ControllerCore::Step(
     }
     target = *behind;
     capture = true;
-    how = "captured";
+    how = waited_for_send != 0 ? absl::StrCat("captured after step ", waited_for_send, "'s send")
+                               : "captured";
   }
   // A capture slot: free at once, or once the send holding it is over (bounded by the deadline).
   if (capture) {

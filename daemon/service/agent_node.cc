@@ -437,6 +437,12 @@ v1::AgentStepReport AgentNode::Capture(const v1::ExecuteRequest& req) {
 }
 
 v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
+  if (req.capture_only() && req.from_capture()) {
+    v1::AgentStepReport refused;
+    refused.set_agent(config_.name);
+    refused.set_error("an execute is capture_only or from_capture, not both");
+    return refused;
+  }
   if (req.capture_only()) return Capture(req);
   v1::AgentStepReport failed;
   failed.set_agent(config_.name);

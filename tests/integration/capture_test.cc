@@ -93,10 +93,10 @@ struct Inference {
   uint8_t* Scales() { return B() + kElems; }
 };
 
-Inference OpenInference(const std::string& socket) {
+Inference OpenInference(const std::string& socket, int replica = 0) {
   auto buf = SharedBuffer::Create(kElems * 3 + kScaleBytes, "capture-inference");
   REQUIRE(buf.ok());
-  auto s = LocalSession::Connect(socket, Identity{v1::ROLE_INFERENCE, 0, 0});
+  auto s = LocalSession::Connect(socket, Identity{v1::ROLE_INFERENCE, 0, replica});
   REQUIRE(s.ok());
   Inference inf{std::move(*buf), std::move(*s)};
   REQUIRE(inf.session
@@ -305,4 +305,31 @@ TEST_CASE("capture: a sender killed after capturing fails its step, naming it") 
   REQUIRE_FALSE(r.ok());
   INFO(r.status().message());
   CHECK_THAT(std::string(r.status().message()), Catch::Contains("trainer-node"));
+}
+
+TEST_CASE("capture: with relays, the relay forwards what the trainer sent from its capture") {
+  wb::testing::ClusterOptions opts;
+  opts.agents = {"trainer-node", "infer-0", "infer-1"};
+  opts.inference_replicas = 2;
+  opts.agent_yaml["trainer-node"] = Capture(2 * kTrainerBytes) + Hold(2, 500);
+  opts.extra_controller_yaml = "relays:\n  enabled: true\n  roots: 1\n  fanout: 1\n";
+  Cluster cluster(wb::testing::Runfile(""), opts);
+  Trainer trainer = OpenTrainer(cluster.socket("trainer-node"));
+  std::vector<Inference> replicas;
+  for (int r = 0; r < 2; ++r) {
+    replicas.push_back(OpenInference(cluster.socket("infer-" + std::to_string(r)), r));
+  }
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  const v1::PlanSummary plan = wb::testing::PlanWorld(&ctl, wb::testing::World(1, 2, 1));
+  CHECK(plan.relay_roots() == 1);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    trainer.Write(v);
+    auto h = Start(ctl, v);
+    CHECK(RequireCaptured(*h).how() == "captured");
+    trainer.Scribble();
+    const v1::StepResult r = RequireResult(*h);
+    CHECK(r.capture() == "captured");
+    CHECK(r.committed_replicas_size() == 2);
+    for (auto& inf : replicas) CheckHolds(inf, v);
+  }
 }
