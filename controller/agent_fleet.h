@@ -33,6 +33,13 @@ class AgentFleet {
   virtual std::vector<CallResult<weightbeam::v1::ExecuteResponse>> Execute(
       const std::vector<AgentCall<weightbeam::v1::ExecuteRequest>>& calls,
       std::chrono::milliseconds timeout) = 0;
+  // Capture steps: the capture_only executes, which may run while another step's execute is
+  // still out on the same agents (so never queued behind it on a step link or stream).
+  virtual std::vector<CallResult<weightbeam::v1::ExecuteResponse>> Capture(
+      const std::vector<AgentCall<weightbeam::v1::ExecuteRequest>>& calls,
+      std::chrono::milliseconds timeout) {
+    return Execute(calls, timeout);
+  }
   virtual std::vector<CallResult<weightbeam::v1::CommitResponse>> Commit(
       const std::vector<AgentCall<weightbeam::v1::CommitRequest>>& calls,
       std::chrono::milliseconds timeout) = 0;

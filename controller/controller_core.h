@@ -40,6 +40,9 @@ struct BuiltPlan {
   // ops (they send nothing of their own; a relay dropped from a step is not asked to execute).
   std::map<std::string, std::vector<std::string>> relay_children;
   std::set<std::string> relay_only;
+  // Capture (docs/clients.md): the capture slots every sender that is not relay-only reported
+  // at plan load (the fewest); 0 when any has none: steps read the trainer tensors in place.
+  uint32_t capture_slots = 0;
 };
 
 // Pure: agents' layouts + config in, plan out (no I/O).
@@ -73,8 +76,16 @@ class ControllerCore {
   // Commits `version` to the healthy inference replicas (docs/elastic.md). With
   // `max_staleness`, first waits (within `timeout`) until no known replica left out of the step
   // would be more than that many committed versions behind.
-  weightbeam::v1::StepResult Step(uint64_t version, std::chrono::milliseconds timeout,
-                                  std::optional<uint32_t> max_staleness = std::nullopt);
+  //
+  // On a capture plan (every sender has capture slots) the senders first capture the bytes
+  // they send, and `on_captured` is called once all have (the trainer may go on); a step that
+  // comes while the previous one sends captures at once when a slot is free, else after that
+  // send, and sends after it (in capture order). On an in-place plan `on_captured` comes just
+  // before the result, and one step or plan runs at a time as before.
+  weightbeam::v1::StepResult Step(
+      uint64_t version, std::chrono::milliseconds timeout,
+      std::optional<uint32_t> max_staleness = std::nullopt,
+      const std::function<void(const weightbeam::v1::StepCaptured&)>& on_captured = nullptr);
   // Aborts the step in flight, if any, on every agent it involves (SIGTERM): its senders
   // cancel, so Step returns promptly with the failure, and watchers see abort(`reason`).
   void AbortInFlight(const std::string& reason);
@@ -138,6 +149,18 @@ class ControllerCore {
   StepSpec NextStep(uint64_t version, std::chrono::steady_clock::time_point started,
                     std::chrono::milliseconds timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
   void Record(const weightbeam::v1::StepResult& r);
+  // What a capture step captures on: the plan, its senders (not the relay-only ones), and how
+  // many capture slots they all have.
+  struct CaptureTarget {
+    uint64_t plan_id = 0;
+    std::vector<std::string> senders;
+    uint32_t slots = 0;
+  };
+  // The capture phase: every sender of `target` copies version `version`'s bytes into `slot`.
+  // Fails naming each sender that did not (their captures are discarded by the caller).
+  absl::Status CaptureOnSenders(const CaptureTarget& target, uint64_t version, uint32_t slot,
+                                std::chrono::steady_clock::time_point deadline,
+                                std::map<std::string, weightbeam::v1::AgentStepReport>* reports);
   // After a committed step: what it teaches the delta predictor and the link learner, and a new
   // plan (named in `result->replanned`) when the links it measured differ from the plan's.
   void LearnFrom(weightbeam::v1::StepResult* result, std::chrono::milliseconds timeout)
@@ -187,6 +210,20 @@ class ControllerCore {
   // Learned from committed steps: delta step rates, and link rates the next plan uses.
   DeltaStepPredictor delta_predictor_ ABSL_GUARDED_BY(plan_mu_){config_.delta};
   LinkLearner link_learner_ ABSL_GUARDED_BY(plan_mu_);
+
+  // Capture steps in flight. The capture token: held by one step from before it captures until
+  // it holds plan_mu_ (the send lock), so steps send in the order they captured. `send_open_`:
+  // the step holding plan_mu_ is a capture step that a later one may capture behind
+  // (`send_target_`). Slots held by steps captured or sending; the step whose send freed one
+  // last; captured steps waiting for the send lock (link learning does not replan under them).
+  absl::Mutex pipe_mu_;
+  bool capture_token_ ABSL_GUARDED_BY(pipe_mu_) = false;
+  bool send_open_ ABSL_GUARDED_BY(pipe_mu_) = false;
+  uint64_t send_version_ ABSL_GUARDED_BY(pipe_mu_) = 0;
+  CaptureTarget send_target_ ABSL_GUARDED_BY(pipe_mu_);
+  std::set<uint32_t> busy_slots_ ABSL_GUARDED_BY(pipe_mu_);
+  uint64_t freed_by_ ABSL_GUARDED_BY(pipe_mu_) = 0;
+  int waiting_to_send_ ABSL_GUARDED_BY(pipe_mu_) = 0;
 
   mutable absl::Mutex census_mu_;
   mutable std::shared_ptr<const std::map<int, ReplicaView>> census_ ABSL_GUARDED_BY(census_mu_);

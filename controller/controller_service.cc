@@ -1,5 +1,6 @@
 #include "controller/controller_service.h"
 
+#include <deque>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,62 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const grpc::Sta
   r->Finish(s);
   return r;
 }
+
+// StepAsync's answers, written in order as the step thread hands them over; the stream ends
+// after the last. A caller that went away only stops the writes: the step runs to its end.
+class StepProgressWriter : public grpc::ServerWriteReactor<v1::StepProgress> {
+ public:
+  // From the step thread; `last` ends the stream once written. The caller must not touch the
+  // writer after handing over the last answer.
+  void Send(v1::StepProgress progress, bool last) {
+    bool start = false;
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.push_back(std::move(progress));
+      last_ = last_ || last;
+      start = !writing_;
+      writing_ = true;
+    }
+    if (start) Next();
+  }
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.pop_front();
+      if (!ok) broken_ = true;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  // Writes the next answer, or ends the stream after the last; run by whoever holds `writing_`.
+  void Next() {
+    const v1::StepProgress* next = nullptr;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (broken_) queue_.clear();
+      if (!queue_.empty()) {
+        next = &queue_.front();  // a deque keeps it in place while more are pushed
+      } else {
+        writing_ = false;
+        finish = last_;
+      }
+    }
+    if (next != nullptr) {
+      StartWrite(next);
+    } else if (finish) {
+      Finish(grpc::Status::OK);
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<v1::StepProgress> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool last_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+};
 }  // namespace
 
 grpc::ServerUnaryReactor* ControllerService::RegisterAgent(grpc::CallbackServerContext* ctx,
@@ -145,6 +202,29 @@ grpc::ServerUnaryReactor* ControllerService::Step(grpc::CallbackServerContext* c
     reactor->Finish(grpc::Status::OK);
   }).detach();
   return reactor;
+}
+
+grpc::ServerWriteReactor<v1::StepProgress>* ControllerService::StepAsync(
+    grpc::CallbackServerContext* ctx, const v1::StepRequest* req) {
+  if (auto s = guard_.Admit(*ctx); !s.ok()) {
+    return new security::RefusedWriter<v1::StepProgress>(s);
+  }
+  auto* writer = new StepProgressWriter();
+  std::thread([this, writer, req] {
+    auto timeout =
+        std::chrono::milliseconds(req->timeout_ms() ? req->timeout_ms() : step_timeout_ms_);
+    std::optional<uint32_t> max_staleness;
+    if (req->has_max_staleness()) max_staleness = req->max_staleness();
+    v1::StepProgress done;
+    *done.mutable_result() =
+        core_->Step(req->version(), timeout, max_staleness, [writer](const v1::StepCaptured& c) {
+          v1::StepProgress captured;
+          *captured.mutable_captured() = c;
+          writer->Send(std::move(captured), false);
+        });
+    writer->Send(std::move(done), true);
+  }).detach();
+  return writer;
 }
 
 grpc::ServerWriteReactor<v1::StepResult>* ControllerService::WatchSteps(

@@ -34,6 +34,10 @@ class ControllerService final : public weightbeam::v1::Controller::CallbackServi
   grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* ctx,
                                  const weightbeam::v1::StepRequest* req,
                                  weightbeam::v1::StepResponse* resp) override;
+  // Step, answering twice: StepProgress.captured once every sender captured, then the result.
+  // Admitted as Step is.
+  grpc::ServerWriteReactor<weightbeam::v1::StepProgress>* StepAsync(
+      grpc::CallbackServerContext* ctx, const weightbeam::v1::StepRequest* req) override;
   grpc::ServerWriteReactor<weightbeam::v1::StepResult>* WatchSteps(
       grpc::CallbackServerContext* ctx, const weightbeam::v1::WatchStepsRequest* req) override;
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,

@@ -129,6 +129,13 @@ std::vector<CallResult<v1::ExecuteResponse>> GrpcAgentFleet::Execute(
       [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncExecute(c, q, cq); });
 }
 
+std::vector<CallResult<v1::ExecuteResponse>> GrpcAgentFleet::Capture(
+    const std::vector<AgentCall<v1::ExecuteRequest>>& calls, std::chrono::milliseconds timeout) {
+  return CallAll<v1::ExecuteRequest, v1::ExecuteResponse>(
+      channels_, Targets(calls, false), timeout,
+      [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncExecute(c, q, cq); });
+}
+
 std::vector<CallResult<v1::CommitResponse>> GrpcAgentFleet::Commit(
     const std::vector<AgentCall<v1::CommitRequest>>& calls, std::chrono::milliseconds timeout) {
   return SendStepCommands<v1::CommitRequest, v1::CommitResponse>(

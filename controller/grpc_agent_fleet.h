@@ -35,6 +35,10 @@ class GrpcAgentFleet : public AgentFleet {
   std::vector<CallResult<weightbeam::v1::ExecuteResponse>> Execute(
       const std::vector<AgentCall<weightbeam::v1::ExecuteRequest>>& calls,
       std::chrono::milliseconds timeout) override;
+  // Plain unary calls: a step link or stream carries one fan-out at a time.
+  std::vector<CallResult<weightbeam::v1::ExecuteResponse>> Capture(
+      const std::vector<AgentCall<weightbeam::v1::ExecuteRequest>>& calls,
+      std::chrono::milliseconds timeout) override;
   std::vector<CallResult<weightbeam::v1::CommitResponse>> Commit(
       const std::vector<AgentCall<weightbeam::v1::CommitRequest>>& calls,
       std::chrono::milliseconds timeout) override;

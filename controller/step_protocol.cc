@@ -404,6 +404,10 @@ absl::Status StepProtocol::ExecuteOnSenders(const StepSpec& spec,
     c.request.set_step_id(spec.step_id);
     c.request.set_delta_anchor(spec.anchor);
     c.request.set_step_nonce(spec.nonce);
+    if (spec.from_capture && !spec.relay_only.count(a)) {
+      c.request.set_from_capture(true);
+      c.request.set_capture_slot(spec.capture_slot);
+    }
     for (const auto& s : skip) c.request.add_skip_agents(s);
     calls.push_back(std::move(c));
   }

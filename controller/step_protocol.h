@@ -51,6 +51,10 @@ struct StepSpec {
   std::set<std::string> relay_only;
   // Senders the execute phase leaves out (run later, by ForwardAppliedDeltas).
   std::set<std::string> hold_back;
+  // A capture step (docs/clients.md): the senders (not the relay-only ones) captured this
+  // version into `capture_slot` and send from there.
+  bool from_capture = false;
+  uint32_t capture_slot = 0;
 };
 
 // Which replicas of a step are still in it, and why the others were dropped. Dropping is closed

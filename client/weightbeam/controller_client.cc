@@ -2,7 +2,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/credentials.h"
@@ -17,7 +20,7 @@ namespace v1 = weightbeam::v1;
 struct ControllerClient::Impl {
   std::string address;
   bool tls = false;
-  std::unique_ptr<v1::Controller::Stub> stub;
+  std::shared_ptr<v1::Controller::Stub> stub;  // shared with StepAsync's readers
 
   // gRPC's own text for a dead server is noisy; say it plainly.
   absl::Status Convert(const grpc::Status& s) const {
@@ -121,6 +124,106 @@ absl::StatusOr<v1::StepResult> ControllerClient::Step(uint64_t version,
     return absl::AbortedError(absl::StrCat("step ", version, " failed: ", resp.result().error()));
   }
   return resp.result();
+}
+
+// One StepAsync call: its reader thread fills in what came, the handle waits for it.
+struct ControllerClient::StepHandle::State {
+  uint64_t version = 0;
+  std::shared_ptr<v1::Controller::Stub> stub;
+  grpc::ClientContext ctx;
+  std::thread reader;
+  std::mutex mu;
+  std::condition_variable changed;
+  std::optional<v1::StepCaptured> captured;
+  std::optional<v1::StepResult> result;
+  std::optional<absl::Status> ended;  // the call ended without a result: why
+
+  absl::Status Failed(const v1::StepResult& r) const {
+    return absl::AbortedError(absl::StrCat("step ", version, " failed: ", r.error()));
+  }
+};
+
+ControllerClient::StepHandle::~StepHandle() {
+  if (!state_) return;
+  state_->ctx.TryCancel();  // a no-op once the stream has ended
+  if (state_->reader.joinable()) state_->reader.join();
+}
+
+absl::StatusOr<v1::StepCaptured> ControllerClient::StepHandle::WaitCaptured(
+    std::chrono::milliseconds timeout) {
+  State& st = *state_;
+  std::unique_lock<std::mutex> lock(st.mu);
+  if (!st.changed.wait_for(lock, timeout, [&] { return st.captured || st.result || st.ended; })) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "step ", st.version, ": the senders had not all captured within ", timeout.count(), " ms"));
+  }
+  if (st.captured) return *st.captured;
+  if (st.result) {
+    if (!st.result->ok()) return st.Failed(*st.result);
+    v1::StepCaptured c;  // an answer without the captured message (an older controller)
+    c.set_version(st.version);
+    c.set_seconds(st.result->trainer_stall_seconds());
+    c.set_how(st.result->capture());
+    return c;
+  }
+  return *st.ended;
+}
+
+absl::StatusOr<v1::StepResult> ControllerClient::StepHandle::Result(
+    std::chrono::milliseconds timeout) {
+  State& st = *state_;
+  std::unique_lock<std::mutex> lock(st.mu);
+  if (!st.changed.wait_for(lock, timeout, [&] { return st.result || st.ended; })) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("step ", st.version, ": no result within ", timeout.count(), " ms"));
+  }
+  if (st.result) {
+    if (!st.result->ok()) return st.Failed(*st.result);
+    return *st.result;
+  }
+  return *st.ended;
+}
+
+absl::StatusOr<std::unique_ptr<ControllerClient::StepHandle>> ControllerClient::StepAsync(
+    uint64_t version, std::chrono::milliseconds timeout, std::optional<uint32_t> max_staleness) {
+  std::unique_ptr<StepHandle> handle(new StepHandle());
+  handle->state_ = std::make_shared<StepHandle::State>();
+  StepHandle::State* st = handle->state_.get();
+  st->version = version;
+  st->stub = impl_->stub;
+  // As Step: the controller enforces `timeout`; this only guards against one that stalls.
+  const auto backstop = timeout.count() > 0 ? timeout + std::chrono::seconds(60)
+                                            : std::chrono::milliseconds(std::chrono::minutes(15));
+  st->ctx.set_deadline(std::chrono::system_clock::now() + backstop);
+  v1::StepRequest req;
+  req.set_version(version);
+  req.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
+  if (max_staleness) req.set_max_staleness(*max_staleness);
+  const Impl* impl = impl_.get();
+  std::string address = impl->address;
+  bool tls = impl->tls;
+  st->reader = std::thread([st, req, address, tls] {
+    auto reader = st->stub->StepAsync(&st->ctx, req);
+    v1::StepProgress p;
+    while (reader->Read(&p)) {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (p.has_captured()) st->captured = p.captured();
+      if (p.has_result()) st->result = p.result();
+      st->changed.notify_all();
+    }
+    const grpc::Status s = reader->Finish();
+    std::lock_guard<std::mutex> lock(st->mu);
+    if (!st->result) {
+      Impl converter{address, tls, nullptr};
+      st->ended =
+          s.ok() ? absl::UnavailableError(absl::StrCat("step ", st->version,
+                                                       ": the controller ended the call without "
+                                                       "a result"))
+                 : converter.Convert(s);
+    }
+    st->changed.notify_all();
+  });
+  return handle;
 }
 
 absl::StatusOr<v1::StatusResponse> ControllerClient::Status() {

@@ -51,6 +51,29 @@ class ControllerClient {
   absl::StatusOr<weightbeam::v1::StepResult> Step(
       uint64_t version, std::chrono::milliseconds timeout = {},
       std::optional<uint32_t> max_staleness = std::nullopt);
+  // The same step, answering twice (Controller.StepAsync, docs/clients.md): WaitCaptured
+  // returns once every sender has captured the version (the trainer may change its weights
+  // from then on; before, doing so is the caller's bug), Result with the step's result. A step
+  // that failed is an error (ABORTED, naming the agent and cause) from both; a wait that runs
+  // out is DEADLINE_EXCEEDED. Dropping the handle before the result cancels the call only:
+  // the step goes on in the controller.
+  class StepHandle {
+   public:
+    ~StepHandle();
+    StepHandle(const StepHandle&) = delete;
+    StepHandle& operator=(const StepHandle&) = delete;
+    absl::StatusOr<weightbeam::v1::StepCaptured> WaitCaptured(std::chrono::milliseconds timeout);
+    absl::StatusOr<weightbeam::v1::StepResult> Result(std::chrono::milliseconds timeout);
+
+   private:
+    friend class ControllerClient;
+    struct State;
+    StepHandle() = default;
+    std::shared_ptr<State> state_;
+  };
+  absl::StatusOr<std::unique_ptr<StepHandle>> StepAsync(
+      uint64_t version, std::chrono::milliseconds timeout = {},
+      std::optional<uint32_t> max_staleness = std::nullopt);
   absl::StatusOr<weightbeam::v1::StatusResponse> Status();
   absl::StatusOr<weightbeam::v1::ListTensorsResponse> ListTensors(const std::string& agent);
   // Calls `on_step` for every step result until it returns false or the stream ends.

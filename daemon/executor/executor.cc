@@ -76,6 +76,7 @@ struct Executor::Job {
   std::shared_ptr<const registry::RegisteredTensor> source;
   StagingLease staging;  // empty for zero-copy ops; dropping the job gives it back
   const Route* route = nullptr;
+  bool captured = false;     // `source` is a capture's stand-in (capture_store.h)
   uint64_t dense_bytes = 0;  // what a dense write of this op lands
   // Delta mode: the staging buffer holds slot header + packed delta for this slot.
   bool packed = false;
@@ -355,14 +356,15 @@ absl::Status Executor::RecordDelta(Job* job, const delta::OpOutcome& out, double
 struct Executor::PhaseRun {
   PhaseRun(std::shared_ptr<const OpList> plan, std::shared_ptr<const Routes> routes,
            std::shared_ptr<StepRun> step_run, Clock::time_point deadline,
-           const delta::StepDelta& step, delta::DeltaSender* delta, v1::AgentStepReport* report,
-           int prepare_threads)
+           const delta::StepDelta& step, delta::DeltaSender* delta, const CapturedSources* captured,
+           v1::AgentStepReport* report, int prepare_threads)
       : plan(std::move(plan)),
         routes(std::move(routes)),
         step_run(std::move(step_run)),
         deadline(deadline),
         step(step),
         delta(delta),
+        captured(captured),
         report(report),
         preparers_left(prepare_threads),
         preparers_running(prepare_threads) {}
@@ -377,7 +379,8 @@ struct Executor::PhaseRun {
   // The three below are used by the stages only, never by completions: they live in
   // Execute's frame.
   const delta::StepDelta& step;
-  delta::DeltaSender* delta;  // null unless this step runs in delta mode
+  delta::DeltaSender* delta;        // null unless this step runs in delta mode
+  const CapturedSources* captured;  // null unless this step sends from a capture
   v1::AgentStepReport* report;
   absl::Mutex report_mu;  // preparers add delta counts and hashes
   const Clock::time_point t0 = Clock::now();
@@ -417,10 +420,11 @@ absl::Status Executor::RunPhase(std::shared_ptr<const OpList> plan,
                                 std::shared_ptr<StepRun> step_run,
                                 const std::vector<const v1::TransferOp*>& ops,
                                 Clock::time_point deadline, const delta::StepDelta& step,
-                                delta::DeltaSender* delta, v1::AgentStepReport* report) {
+                                delta::DeltaSender* delta, const CapturedSources* captured,
+                                v1::AgentStepReport* report) {
   auto shared_run =
       std::make_shared<PhaseRun>(std::move(plan), std::move(routes), std::move(step_run), deadline,
-                                 step, delta, report, options_.prepare_threads);
+                                 step, delta, captured, report, options_.prepare_threads);
   PhaseRun& run = *shared_run;
   // A phase with relay ops stages in on its own thread: they are handed on as their bytes land,
   // while the stages below already prepare and write what is ready.
@@ -471,7 +475,9 @@ void Executor::StageIn(const std::vector<const v1::TransferOp*>& ops, PhaseRun* 
   for (const v1::TransferOp* op : ops) {
     Job job;
     job.op = op;
-    job.source = registry_->Find(op->src_region());
+    if (run->captured != nullptr) job.source = run->captured->For(*op);
+    job.captured = job.source != nullptr;
+    if (!job.captured) job.source = registry_->Find(op->src_region());
     if (!job.source) {
       run->error.Set(absl::FailedPreconditionError(
           absl::StrCat(OpName(*op), ": source region ", op->src_region(),
@@ -584,11 +590,16 @@ absl::Status Executor::Prepare(Job* job, PhaseRun* run) {
   if (run->delta != nullptr) {
     const delta::OpLayout* layout = run->delta->Layout(job->op->op_id());
     job->dense_bytes = layout ? layout->dense_bytes : 0;
-    return PrepareDelta(job, run->step, run->delta, run->report, &run->report_mu,
-                        &run->step_run->cancelled);
+    if (auto s = PrepareDelta(job, run->step, run->delta, run->report, &run->report_mu,
+                              &run->step_run->cancelled);
+        !s.ok()) {
+      return s;
+    }
+    return StageCaptured(job, &run->step_run->cancelled);
   }
   const uint64_t need = preparer_->StagingBytes(*job->op);
-  if (need == 0) return absl::OkStatus();  // written zero-copy from the source
+  // Written zero-copy from the source, unless the source is a capture.
+  if (need == 0) return StageCaptured(job, &run->step_run->cancelled);
   auto lease = staging_->Acquire(need, &run->step_run->cancelled);
   if (!lease.ok()) return lease.status();
   job->staging = std::move(*lease);
@@ -603,6 +614,30 @@ absl::Status Executor::Prepare(Job* job, PhaseRun* run) {
     return MemoryVanished(OpName(*job->op), *job->source);
   }
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(OpName(*job->op), ": ", s.message()));
+  return absl::OkStatus();
+}
+
+absl::Status Executor::StageCaptured(Job* job, const std::atomic<bool>* cancelled) {
+  if (!job->captured || job->packed || job->staging) return absl::OkStatus();
+  const v1::TransferOp& op = *job->op;
+  const uint64_t row = op.row_elems() * tensor::DTypeBytes(op.dst_dtype());
+  auto rows = HostSourceRows::Read(op, *job->source);  // a device capture: a host copy
+  if (!rows.ok()) {
+    return absl::Status(rows.status().code(),
+                        absl::StrCat(OpName(op), ": ", rows.status().message()));
+  }
+  auto lease = staging_->Acquire(row * op.rows(), cancelled);
+  if (!lease.ok()) return lease.status();
+  job->staging = std::move(*lease);
+  const uint64_t stride = op.src_stride() ? op.src_stride() : row;
+  const uint8_t* src = rows->base() + rows->op().src_offset();
+  if (stride == row) {
+    std::memcpy(job->staging->data, src, row * op.rows());
+  } else {
+    for (uint64_t r = 0; r < op.rows(); ++r) {
+      std::memcpy(job->staging->data + r * row, src + r * stride, row);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -748,7 +783,8 @@ void Executor::AwaitCompletions(PhaseRun* run, Clock::time_point deadline) {
 
 v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::milliseconds timeout,
                                       delta::StepDelta step, const std::set<std::string>& skip,
-                                      uint64_t step_id) {
+                                      uint64_t step_id,
+                                      std::shared_ptr<const CapturedSources> captured) {
   v1::AgentStepReport report;
   const auto t0 = Clock::now();
   const auto deadline = t0 + timeout;
@@ -803,7 +839,8 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
     if (skip.empty() || !skip.count(ops[i].dst_agent())) phase.push_back(&ops[i]);
     if (i + 1 == ops.size() || ops[i + 1].phase() != ops[i].phase()) {
       if (!phase.empty()) {
-        status = RunPhase(plan, routes, step_run, phase, deadline, step, delta.get(), &report);
+        status = RunPhase(plan, routes, step_run, phase, deadline, step, delta.get(),
+                          captured.get(), &report);
       }
       phase.clear();
     }

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/metrics/metric_registry.h"
 #include "daemon/delta/delta_sender.h"
+#include "daemon/executor/capture_store.h"
 #include "daemon/executor/landing_tracker.h"
 #include "daemon/executor/staging_pool.h"
 #include "daemon/executor/worker_pool.h"
@@ -105,10 +106,12 @@ class Executor {
   // `step_id` (the receivers' step fence). One step at a time: a step still running is
   // cancelled (the controller gave up on it) and waited for until nothing of it is left: its
   // batches not yet on the wire are abandoned, and none is posted after its deadline.
-  weightbeam::v1::AgentStepReport Execute(uint64_t version, std::chrono::milliseconds timeout,
-                                          delta::StepDelta step = {},
-                                          const std::set<std::string>& skip = {},
-                                          uint64_t step_id = 0);
+  // With `captured` (capture_store.h), every op it has a capture for reads its source from
+  // there instead of the live tensor (staged: the capture is not registered with transports).
+  weightbeam::v1::AgentStepReport Execute(
+      uint64_t version, std::chrono::milliseconds timeout, delta::StepDelta step = {},
+      const std::set<std::string>& skip = {}, uint64_t step_id = 0,
+      std::shared_ptr<const CapturedSources> captured = nullptr);
   // Relay ops (TransferOp.relay) read this agent's own destination bytes and are handed on only
   // once `landing` has seen every byte of them land in the running step. Set before Load.
   void SetLandingTracker(const LandingTracker* landing) { landing_ = landing; }
@@ -140,7 +143,7 @@ class Executor {
                         const std::vector<const weightbeam::v1::TransferOp*>& ops,
                         std::chrono::steady_clock::time_point deadline,
                         const delta::StepDelta& step, delta::DeltaSender* delta,
-                        weightbeam::v1::AgentStepReport* report);
+                        const CapturedSources* captured, weightbeam::v1::AgentStepReport* report);
   // The stages. Stage-in: resolve each op's source and route, in plan order; relay ops last,
   // each as soon as its bytes have landed (ForwardWhenLanded).
   void StageIn(const std::vector<const weightbeam::v1::TransferOp*>& ops, PhaseRun* run);
@@ -178,6 +181,9 @@ class Executor {
                            const delta::StepDelta& step, weightbeam::v1::AgentStepReport* report,
                            absl::Mutex* report_mu);
   absl::Status BuildWrites(const Job& job, std::vector<transport::WriteOp>* writes) const;
+  // A captured op that would go zero-copy: its rows into staging, densely (a capture is not
+  // registered with the transports).
+  absl::Status StageCaptured(Job* job, const std::atomic<bool>* cancelled);
 
   registry::RegionRegistry* registry_;
   StagingPool* staging_;

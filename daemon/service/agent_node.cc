@@ -199,6 +199,7 @@ absl::Status AgentNode::Start() {
       std::make_unique<executor::Executor>(registry_.get(), staging_.get(), preparer_.get(), eopts);
   // Relay ops forward this agent's destination bytes of the open step once they have landed.
   executor_->SetLandingTracker(&landing_);
+  captures_ = std::make_unique<executor::CaptureStore>(registry_.get());
   for (auto& t : transports_) {
     t->SetLandingCallback([this](uint64_t step, const void* addr, uint64_t length) {
       landing_.Landed(step, addr, length);
@@ -345,6 +346,17 @@ absl::Status AgentNode::LoadPlan(v1::AgentPlan plan, v1::LoadPlanResponse* resp)
   }
   // The ops leave the plan (kept below without them) as they were parsed: a swap of pointers,
   // no copy or move of 10^6 messages. The executor holds the only list of them.
+  // A new plan discards the captures of the old one; one that cannot be captured within the
+  // budget is refused (capture.max_bytes), never loaded to read in place instead.
+  auto capture_bytes =
+      captures_->Load(plan.ops(), config_.capture.max_bytes,
+                      absl::StrCat("plan ", plan.plan_id(), " on agent ", config_.name));
+  if (!capture_bytes.ok()) {
+    metrics_.Error(AgentMetrics::kPlanLoadFailed);
+    return capture_bytes.status();
+  }
+  resp->set_capture_bytes(*capture_bytes);
+  resp->set_capture_slots(captures_->slots());
   auto ops = std::make_shared<executor::OpList>();
   ops->Swap(plan.mutable_ops());
   executor::SortByPhase(ops.get());
@@ -405,7 +417,33 @@ absl::Status AgentNode::ConnectAndLoad(const v1::AgentPlan& plan,
   return absl::OkStatus();
 }
 
+v1::AgentStepReport AgentNode::Capture(const v1::ExecuteRequest& req) {
+  v1::AgentStepReport report;
+  report.set_agent(config_.name);
+  {
+    absl::MutexLock lock(&mu_);
+    if (req.plan_id() != plan_id_) {
+      report.set_error(absl::StrCat("capture of version ", req.version(), ": plan ", req.plan_id(),
+                                    " is not loaded (agent has plan ", plan_id_, ")"));
+      return report;
+    }
+  }
+  if (auto s = captures_->Capture(req.version(), req.capture_slot(), &report); !s.ok()) {
+    report.set_error(absl::StrCat("capture of version ", req.version(), ": ", s.message()));
+    return report;
+  }
+  report.set_ok(true);
+  return report;
+}
+
 v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
+  if (req.capture_only() && req.from_capture()) {
+    v1::AgentStepReport refused;
+    refused.set_agent(config_.name);
+    refused.set_error("an execute is capture_only or from_capture, not both");
+    return refused;
+  }
+  if (req.capture_only()) return Capture(req);
   v1::AgentStepReport failed;
   failed.set_agent(config_.name);
   bool reconnect = false;
@@ -447,9 +485,22 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
       return failed;
     }
   }
+  std::shared_ptr<const executor::CapturedSources> captured;
+  if (req.from_capture()) {
+    auto sources = captures_->BeginSend(req.version(), req.capture_slot());
+    if (!sources.ok()) {
+      failed.set_error(std::string(sources.status().message()));
+      metrics_.Error(AgentMetrics::kStepFailed);
+      absl::MutexLock lock(&mu_);
+      state_ = v1::AGENT_ACTIVITY_IDLE;
+      return failed;
+    }
+    captured = std::move(*sources);
+  }
   auto timeout = std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 60000);
   v1::AgentStepReport report =
-      executor_->Execute(req.version(), timeout, step, skip, req.step_id());
+      executor_->Execute(req.version(), timeout, step, skip, req.step_id(), captured);
+  if (req.from_capture()) captures_->EndSend(req.capture_slot());
   report.set_agent(config_.name);
   for (auto& h : *report.mutable_hashes()) h.set_src_agent(config_.name);
   metrics_.StepFinished(report.seconds(), report.ok());
@@ -667,6 +718,7 @@ absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint6
   // Sending side: the step's executor stops, and its batches not yet on the wire are dropped;
   // the next step connects afresh (the receivers may have cut this step's connections).
   executor_->Cancel(step_id, reason);
+  captures_->Discard(version);  // a capture of the step is never sent now
   {
     absl::MutexLock fence(&fence_mu_);
     bool close = false;

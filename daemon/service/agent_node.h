@@ -18,6 +18,7 @@
 #include "common/metrics/metric_registry.h"
 #include "config/config.h"
 #include "daemon/delta/delta_receiver.h"
+#include "daemon/executor/capture_store.h"
 #include "daemon/executor/executor.h"
 #include "daemon/executor/landing_tracker.h"
 #include "daemon/executor/staging_pool.h"
@@ -56,6 +57,8 @@ class AgentNode {
   // the executor. Delta mode: a receiving-half load fills `resp` with the receive region and
   // slots.
   absl::Status LoadPlan(weightbeam::v1::AgentPlan plan, weightbeam::v1::LoadPlanResponse* resp);
+  // capture_only: copies what this agent's ops read into capture slot `capture_slot` and sends
+  // nothing; from_capture: sends that capture (of the same version) instead of the live bytes.
   weightbeam::v1::AgentStepReport Execute(const weightbeam::v1::ExecuteRequest& req);
   // The storage path's begin and commit: watchers only (its bytes do not use a transport).
   absl::Status Begin(uint64_t version);
@@ -97,6 +100,9 @@ class AgentNode {
   // Begin and Commit: refuse versions not newer than the committed one, then tell watchers.
   absl::Status Advance(weightbeam::v1::Event::Kind kind, uint64_t version);
   absl::Status CheckNewer(uint64_t version);
+  // Execute with capture_only: touches neither the executor nor the step state, so it may run
+  // while the previous step still sends from another slot.
+  weightbeam::v1::AgentStepReport Capture(const weightbeam::v1::ExecuteRequest& req);
   // Commit's side of the fence: the step must still be open here with none of its writes
   // refused; then the fence closes.
   absl::Status CloseFenceForCommit(uint64_t version, uint64_t step_id);
@@ -126,6 +132,7 @@ class AgentNode {
   std::unique_ptr<executor::StagingPool> staging_;
   std::unique_ptr<executor::Preparer> preparer_;
   std::unique_ptr<executor::Executor> executor_;
+  std::unique_ptr<executor::CaptureStore> captures_;  // config capture.max_bytes
   std::unique_ptr<delta::DeltaReceiver> delta_receiver_;
   std::unique_ptr<PeerConnector> connector_;
   std::unique_ptr<local::UnixListener> local_listener_;  // before local_server_: stops first

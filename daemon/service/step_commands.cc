@@ -35,12 +35,15 @@ void RunStepCommand(AgentNode* node, executor::WorkerPool* long_calls, ExecuteOn
       });
       return;
     case v1::StepCommand::kExecute: {
+      const bool from_capture = command.execute().from_capture();
       auto execute = [node, reply = std::move(reply), command = std::move(command)] {
         v1::StepReply r = StepReplyFor(command.seq(), absl::OkStatus());
         *r.mutable_execute()->mutable_report() = node->Execute(command.execute());
         reply(std::move(r));
       };
-      if (execute_on == ExecuteOn::kCaller) {
+      // A send from a capture goes to the pool: the next step's capture may come on this link
+      // while it sends, and must not queue behind it.
+      if (execute_on == ExecuteOn::kCaller && !from_capture) {
         execute();
       } else {
         long_calls->Submit(std::move(execute));

@@ -13,10 +13,10 @@ import pkgutil
 # bazel-bin/client/python): let this package span both.
 __path__ = pkgutil.extend_path(__path__, __name__)
 
-from weightbeam.errors import StepFailed, WeightbeamError  # noqa: E402
+from weightbeam.errors import StepFailed, StepTimeout, WeightbeamError  # noqa: E402
 from weightbeam.shared_buffer import SharedBuffer  # noqa: E402
 from weightbeam.local_session import Event, LocalSession  # noqa: E402
-from weightbeam.controller_client import ControllerClient  # noqa: E402
+from weightbeam.controller_client import ControllerClient, StepHandle  # noqa: E402
 from weightbeam import engines  # noqa: E402,F401
 
 try:  # written into the wheel and sdist by `./wb package` (deploy/package.sh)
@@ -25,6 +25,7 @@ except ImportError:  # a source checkout
     __version__, __commit__ = "0+source", "unknown"
 
 __all__ = [
-    "ControllerClient", "Event", "LocalSession", "SharedBuffer", "StepFailed", "WeightbeamError",
+    "ControllerClient", "Event", "LocalSession", "SharedBuffer", "StepFailed", "StepHandle", "StepTimeout",
+    "WeightbeamError",
     "__version__",
 ]

@@ -2,11 +2,12 @@
 optimizer step; plus the status queries. Mirrors the C++ ``wb::client::ControllerClient``."""
 
 import os
+import threading
 
 import grpc
 
 from weightbeam import _stubs
-from weightbeam.errors import StepFailed, WeightbeamError, from_rpc_error
+from weightbeam.errors import StepFailed, StepTimeout, WeightbeamError, from_rpc_error
 
 controller_pb2 = _stubs.controller_pb2
 controller_pb2_grpc = _stubs.controller_pb2_grpc
@@ -94,6 +95,39 @@ class ControllerClient:
             raise StepFailed(result.error or f"step {version} failed", result)
         return result
 
+    def step_async(self, version, timeout_s=0, max_staleness=None):
+        """Starts step ``version`` and returns its StepHandle at once (Controller.StepAsync).
+        ``handle.wait_captured(timeout)`` returns once every sender has captured the version:
+        from then on the trainer may change its weights (changing them before is the caller's
+        bug: the step may send some of the new bytes). ``handle.result(timeout)`` returns the
+        StepResult, or raises StepFailed as step() does. On a plan without capture
+        (capture.max_bytes 0 on a sender) the senders read in place and wait_captured returns
+        only with the result. Arguments as for step()."""
+        request = controller_pb2.StepRequest(version=int(version),
+                                             timeout_ms=int(timeout_s * 1000))
+        if max_staleness is not None:
+            request.max_staleness = int(max_staleness)
+        # As step(): the controller enforces the step's timeout; this guards against one that
+        # stalls.
+        backstop = timeout_s + 60 if timeout_s else 15 * 60
+        try:
+            call = self._stub.StepAsync(request, timeout=backstop, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, f"StepAsync on controller {self._address}") from None
+        return StepHandle(int(version), call, self._address)
+
+    def step_captured(self, version, timeout_s=0, max_staleness=None, capture_timeout_s=None):
+        """The training loop's one call: starts step ``version``, waits until every sender has
+        captured it, and returns the StepHandle (its result() comes later). The weights may
+        change as soon as this returns. ``capture_timeout_s`` (default: the step's timeout, or
+        15 minutes) bounds the wait for the capture."""
+        handle = self.step_async(version, timeout_s=timeout_s, max_staleness=max_staleness)
+        wait = capture_timeout_s
+        if wait is None:
+            wait = timeout_s + 60 if timeout_s else 15 * 60
+        handle.wait_captured(wait)
+        return handle
+
     def status(self):
         """The controller's StatusResponse: agents, plan, last committed version, recent steps."""
         return self._unary(self._stub.Status, controller_pb2.StatusRequest(), "Status", 30)
@@ -129,3 +163,86 @@ class ControllerClient:
                 raise StepFailed(error.message, None, error.code) from None
             raise error from None
 
+
+
+class StepHandle:
+    """One step started with ControllerClient.step_async: its answers as they come."""
+
+    def __init__(self, version, call, address):
+        self.version = version
+        self._call = call
+        self._address = address
+        self._changed = threading.Condition()
+        self._captured = None  # StepCaptured
+        self._result = None  # StepResult
+        self._error = None  # WeightbeamError: the call ended without a result
+        self._reader = threading.Thread(target=self._read, daemon=True,
+                                        name=f"weightbeam-step-{version}")
+        self._reader.start()
+
+    def _read(self):
+        error = None
+        try:
+            for progress in self._call:
+                with self._changed:
+                    if progress.HasField("captured"):
+                        self._captured = progress.captured
+                    if progress.HasField("result"):
+                        self._result = progress.result
+                    self._changed.notify_all()
+        except grpc.RpcError as e:
+            error = from_rpc_error(e, f"StepAsync on controller {self._address}")
+            if error.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
+                error = StepFailed(error.message, None, error.code)
+        with self._changed:
+            if self._result is None:
+                self._error = error or WeightbeamError(
+                    f"step {self.version}: the controller ended the call without a result",
+                    "UNAVAILABLE")
+            self._changed.notify_all()
+
+    def _failed(self):
+        r = self._result
+        return StepFailed(r.error or f"step {self.version} failed", r)
+
+    def wait_captured(self, timeout=None):
+        """Returns the StepCaptured (version, seconds, how) once every sender has captured;
+        raises StepFailed if the step failed first, StepTimeout after ``timeout`` seconds
+        (None: no limit)."""
+        with self._changed:
+            if not self._changed.wait_for(
+                    lambda: self._captured is not None or self._result is not None
+                    or self._error is not None, timeout):
+                raise StepTimeout(f"step {self.version}: the senders had not all captured "
+                                  f"within {timeout} s")
+            if self._captured is not None:
+                return self._captured
+            if self._result is not None:
+                if not self._result.ok:
+                    raise self._failed()
+                return controller_pb2.StepCaptured(
+                    version=self.version, seconds=self._result.trainer_stall_seconds,
+                    how=self._result.capture)
+            raise self._error
+
+    def captured(self):
+        """Whether every sender has captured (without waiting)."""
+        with self._changed:
+            return self._captured is not None
+
+    def result(self, timeout=None):
+        """The StepResult once the step committed; raises StepFailed as step() does, or
+        StepTimeout after ``timeout`` seconds (None: no limit)."""
+        with self._changed:
+            if not self._changed.wait_for(
+                    lambda: self._result is not None or self._error is not None, timeout):
+                raise StepTimeout(f"step {self.version}: no result within {timeout} s")
+            if self._result is not None:
+                if not self._result.ok:
+                    raise self._failed()
+                return self._result
+            raise self._error
+
+    def cancel(self):
+        """Stops listening (the step itself goes on in the controller)."""
+        self._call.cancel()

@@ -28,6 +28,13 @@ class StepFailed(WeightbeamError):
         self.result = result
 
 
+class StepTimeout(WeightbeamError, TimeoutError):
+    """A wait on a StepHandle that ran out before the step got there (the step goes on)."""
+
+    def __init__(self, message):
+        super().__init__(message, "DEADLINE_EXCEEDED")
+
+
 def from_rpc_error(error, what):
     """A WeightbeamError from a grpc.RpcError; ``what`` says where (used when no detail came)."""
     code = error.code().name if hasattr(error, "code") and error.code() else "UNKNOWN"

@@ -1,0 +1,278 @@
+#include "daemon/executor/capture_store.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/executor/gpu_source.h"
+#include "daemon/executor/op_bounds.h"
+#include "daemon/gpu/device_memory.h"
+#include "daemon/gpu/staging.h"
+#include "daemon/registry/bus_guard.h"
+
+namespace wb::executor {
+
+namespace v1 = weightbeam::v1;
+
+namespace {
+
+// Keeps one region's captured bytes alive for as long as a step (or a late completion of one)
+// may read them through a stand-in.
+class CaptureMemory : public registry::MemoryHold {
+ public:
+  std::unique_ptr<uint8_t[]> host;
+  gpu::DeviceBuffer device;
+  uint8_t* data() const { return host ? host.get() : static_cast<uint8_t*>(device.data()); }
+};
+
+}  // namespace
+
+std::shared_ptr<const registry::RegisteredTensor> CapturedSources::For(
+    const v1::TransferOp& op) const {
+  if (op.relay()) return nullptr;
+  auto it = regions_.find(op.src_region());
+  if (it == regions_.end()) return nullptr;
+  const auto& pieces = it->second;
+  // The last range starting at or before the op's first byte holds all of it (ranges merged).
+  auto after = std::upper_bound(pieces.begin(), pieces.end(), op.src_offset(),
+                                [](uint64_t off, const Piece& p) { return off < p.offset; });
+  if (after == pieces.begin()) return nullptr;
+  const Piece& p = *std::prev(after);
+  if (op.src_offset() - p.offset + SourceSpan(op) > p.length) return nullptr;
+  return p.stand_in;
+}
+
+absl::StatusOr<CaptureLayout> CaptureLayout::ForOps(
+    const google::protobuf::RepeatedPtrField<v1::TransferOp>& ops) {
+  std::map<uint64_t, std::vector<Range>> spans;
+  for (const auto& op : ops) {
+    if (op.relay()) continue;  // reads this agent's own destination bytes
+    // Bounds against the largest region there could be: the spans below cannot overflow.
+    if (auto s = CheckSourceOp(op, uint64_t{1} << 62); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("op ", op.op_id(), " (", op.src_tensor(), "): ", s.message()));
+    }
+    spans[op.src_region()].push_back({op.src_offset(), SourceSpan(op)});
+  }
+  CaptureLayout layout;
+  for (auto& [region, ranges] : spans) {
+    std::sort(ranges.begin(), ranges.end(),
+              [](const Range& a, const Range& b) { return a.offset < b.offset; });
+    std::vector<Range>& merged = layout.regions[region];
+    for (const Range& r : ranges) {
+      if (!merged.empty() && r.offset <= merged.back().offset + merged.back().length) {
+        Range& last = merged.back();
+        last.length = std::max(last.offset + last.length, r.offset + r.length) - last.offset;
+      } else {
+        merged.push_back(r);
+      }
+    }
+    for (const Range& r : merged) layout.bytes += r.length;
+  }
+  return layout;
+}
+
+absl::StatusOr<uint64_t> CaptureStore::Load(
+    const google::protobuf::RepeatedPtrField<v1::TransferOp>& ops, uint64_t max_bytes,
+    const std::string& who) {
+  auto layout = CaptureLayout::ForOps(ops);
+  absl::MutexLock lock(&mu_);
+  ++generation_;
+  slots_.clear();
+  layout_.reset();
+  if (!layout.ok()) return layout.status();
+  const uint64_t bytes = layout->bytes;
+  if (max_bytes == 0) return bytes;  // capture off: ops read the live tensors in place
+  if (bytes > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        who, ": one capture of the trainer bytes its ops read needs ", bytes,
+        " bytes, over the capture budget capture.max_bytes = ", max_bytes,
+        " bytes; raise capture.max_bytes to at least ", bytes, " or set it to 0 (no capture)"));
+  }
+  slots_.resize(bytes <= max_bytes / 2 ? 2 : 1);
+  layout_ = std::make_shared<const CaptureLayout>(std::move(*layout));
+  return bytes;
+}
+
+uint32_t CaptureStore::slots() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<uint32_t>(slots_.size());
+}
+
+std::string CaptureStore::Describe(const Slot& s) {
+  switch (s.state) {
+    case State::kEmpty:
+      return "empty";
+    case State::kCapturing:
+      return absl::StrCat("being captured into for version ", s.version);
+    case State::kCaptured:
+      return absl::StrCat("holding version ", s.version, "'s capture, not yet sent");
+    case State::kSending:
+      return absl::StrCat("being sent from (version ", s.version, ")");
+    case State::kSent:
+      return absl::StrCat("holding version ", s.version, "'s capture, sent");
+  }
+  return "";
+}
+
+absl::StatusOr<std::shared_ptr<const CapturedSources>> CaptureStore::Copy(
+    const CaptureLayout& layout) const {
+  auto sources = std::make_shared<CapturedSources>();
+  for (const auto& [region, ranges] : layout.regions) {
+    auto live = registry_->Find(region);
+    if (!live) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("source region ", region, " is gone (its process unregistered or exited)"));
+    }
+    const std::string what = absl::StrCat("source tensor '", live->spec.name(), "'");
+    uint64_t total = 0;
+    for (const auto& r : ranges) {
+      if (r.offset > live->memory.length || r.length > live->memory.length - r.offset) {
+        return absl::OutOfRangeError(absl::StrCat(what, ": the plan reads [", r.offset, ", +",
+                                                  r.length, ") of ", live->memory.length,
+                                                  " bytes"));
+      }
+      total += r.length;
+    }
+    auto memory = std::make_shared<CaptureMemory>();
+    const bool device = IsDeviceSource(live->memory);
+    if (device) {
+      // Device memory of the source's own device: the copy stays on the device.
+      auto buffer = gpu::DeviceBuffer::Allocate(total, live->memory.device);
+      if (!buffer.ok()) {
+        return absl::Status(buffer.status().code(),
+                            absl::StrCat(what, " on cuda:", live->memory.device,
+                                         ": capture memory: ", buffer.status().message()));
+      }
+      memory->device = std::move(*buffer);
+    } else {
+      memory->host.reset(new (std::nothrow) uint8_t[std::max<uint64_t>(total, 1)]);
+      if (!memory->host) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat(what, ": cannot allocate ", total, " bytes of capture memory"));
+      }
+    }
+    if (live->hold) {
+      if (auto s = live->hold->CheckBacked(live->memory.addr, live->memory.length, what); !s.ok()) {
+        return s;
+      }
+    }
+    const auto* src = static_cast<const uint8_t*>(live->memory.addr);
+    uint64_t at = 0;
+    auto& pieces = sources->regions_[region];
+    for (const auto& r : ranges) {
+      uint8_t* dst = memory->data() + at;
+      if (device) {
+        if (auto s = gpu::CopyAnyToAny(dst, src + r.offset, r.length, live->memory.device);
+            !s.ok()) {
+          return absl::Status(s.code(), absl::StrCat(what, ": capture copy: ", s.message()));
+        }
+      } else if (!registry::RunBusGuarded([&] { std::memcpy(dst, src + r.offset, r.length); })) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            what,
+            ": its memory went away during the capture (SIGBUS: the shared-memory object "
+            "was shrunk after registration)"));
+      }
+      // A stand-in with the region's offsets: byte `r.offset` of the region is `dst`. Only
+      // the range's own bytes are ever read through it (CapturedSources::For).
+      auto stand_in = std::make_shared<registry::RegisteredTensor>();
+      stand_in->region_id = live->region_id;
+      stand_in->session = live->session;
+      stand_in->spec = live->spec;
+      stand_in->owner = live->owner;
+      stand_in->location = live->location;
+      stand_in->memory = live->memory;
+      stand_in->memory.addr = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(dst) - r.offset);
+      stand_in->hold = memory;
+      pieces.push_back({r.offset, r.length, std::move(stand_in)});
+      at += r.length;
+    }
+  }
+  return std::shared_ptr<const CapturedSources>(std::move(sources));
+}
+
+absl::Status CaptureStore::Capture(uint64_t version, uint32_t slot, v1::AgentStepReport* report) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::shared_ptr<const CaptureLayout> layout;
+  uint64_t generation;
+  {
+    absl::MutexLock lock(&mu_);
+    if (slots_.empty()) {
+      return absl::FailedPreconditionError(
+          "capture is off on this agent for the loaded plan (capture.max_bytes is 0)");
+    }
+    if (slot >= slots_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("capture slot ", slot, " does not exist (", slots_.size(), " slot(s))"));
+    }
+    Slot& s = slots_[slot];
+    if (s.state != State::kEmpty && s.state != State::kSent) {
+      return absl::FailedPreconditionError(absl::StrCat("capture slot ", slot, " is ", Describe(s),
+                                                        ": not capturing version ", version,
+                                                        " into it"));
+    }
+    s.state = State::kCapturing;
+    s.version = version;
+    s.sources.reset();  // the old capture's memory goes first: the budget holds `slots` of them
+    layout = layout_;
+    generation = generation_;
+  }
+  auto sources = Copy(*layout);
+  absl::MutexLock lock(&mu_);
+  if (generation != generation_) {
+    return absl::AbortedError("a new plan was loaded during the capture");
+  }
+  Slot& s = slots_[slot];
+  if (!sources.ok()) {
+    s = Slot();
+    return sources.status();
+  }
+  s.state = State::kCaptured;
+  s.sources = std::move(*sources);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report->set_capture_seconds(report->capture_seconds() + seconds);
+  report->set_capture_bytes(report->capture_bytes() + layout->bytes);
+  spdlog::info("version {}: captured {} bytes into slot {} in {:.3f} s", version, layout->bytes,
+               slot, seconds);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const CapturedSources>> CaptureStore::BeginSend(uint64_t version,
+                                                                               uint32_t slot) {
+  absl::MutexLock lock(&mu_);
+  if (slot >= slots_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("no capture of version ", version,
+                                                      " in slot ", slot, " (", slots_.size(),
+                                                      " capture slot(s) for the loaded plan)"));
+  }
+  Slot& s = slots_[slot];
+  if ((s.state != State::kCaptured && s.state != State::kSent) || s.version != version) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no capture of version ", version, " in slot ", slot, ": the slot is ", Describe(s)));
+  }
+  s.state = State::kSending;
+  return s.sources;
+}
+
+void CaptureStore::EndSend(uint32_t slot) {
+  absl::MutexLock lock(&mu_);
+  if (slot < slots_.size() && slots_[slot].state == State::kSending) {
+    slots_[slot].state = State::kSent;
+  }
+}
+
+void CaptureStore::Discard(uint64_t version) {
+  absl::MutexLock lock(&mu_);
+  for (Slot& s : slots_) {
+    if (s.version == version && (s.state == State::kCaptured || s.state == State::kSent)) {
+      s = Slot();
+    }
+  }
+}
+
+}  // namespace wb::executor
