@@ -45,6 +45,10 @@ log "end-to-end demo (./wb demo): Qwen3-0.6B shape over tcp, verified bit for bi
 if tests/demo/demo.sh --steps 3; then log "demo: PASS"; else log "demo: FAIL"; failed=1; fi
 took demo
 
+log "demo with capture and staged receive (./wb demo --capture --staged): trainers move on once captured"
+if tests/demo/demo.sh --steps 3 --capture --staged; then log "demo nobody-waits: PASS"; else log "demo nobody-waits: FAIL"; failed=1; fi
+took demo-nobody-waits
+
 log "cluster in miniature (./wb cluster, short): 8 agents in network namespaces, shaped links, every scenario"
 if [ "$(id -u)" -ne 0 ] || ! ip netns list >/dev/null 2>&1; then
   log "cluster: SKIPPED (needs root and ip netns)"

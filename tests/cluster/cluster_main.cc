@@ -296,6 +296,7 @@ class Cluster {
   v1::PlanSummary plan_;
   double rail_gbps_ = 0;  // what the agents' tcp rails report to the planner (transports.tcp.gbps)
   uint32_t version_ = 0;
+  uint32_t trained_ = 0;  // the version the trainer ranks hold
   std::vector<std::string> json_;
   std::vector<weightbeam::v1::StepResult> committed_;  // for --timeline
   bool all_verified_ = true;
@@ -468,14 +469,20 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
   const uint32_t v = ++version_;
   last_step_.reset();
   last_error_.clear();
-  for (auto& t : trainers_) t->Send(absl::StrCat("perturb ", v));
-  for (auto& t : trainers_) {
-    if (t->ReceiveWithin(kLineTimeout).value_or("") != absl::StrCat("ok ", v)) {
-      std::printf("FAIL: a trainer rank did not apply version %u\n", v);
-      all_verified_ = false;
-      return false;
+  // The trainer ranks apply version `version` (with --capture, v + 1 while v sends).
+  auto train = [&](uint32_t version) {
+    for (auto& t : trainers_) t->Send(absl::StrCat("perturb ", version));
+    for (auto& t : trainers_) {
+      if (t->ReceiveWithin(kLineTimeout).value_or("") != absl::StrCat("ok ", version)) {
+        std::printf("FAIL: a trainer rank did not apply version %u\n", version);
+        all_verified_ = false;
+        return false;
+      }
     }
-  }
+    trained_ = version;
+    return true;
+  };
+  if (trained_ < v && !train(v)) return false;
   std::vector<pid_t> pids{controller_->pid()};
   for (auto& a : agents_) pids.push_back(a->pid());
   double cpu0 = 0;
@@ -497,7 +504,23 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
       }
     });
   }
-  auto step = client_->Step(v);
+  absl::StatusOr<v1::StepResult> step;
+  if (o_.capture) {
+    // As a training loop would (docs/clients.md): once every sender has captured v, the ranks
+    // overwrite their weights with v + 1 while v is still on the links; the workers verify v.
+    auto handle = client_->StepAsync(v);
+    auto captured = handle.ok() ? (*handle)->WaitCaptured(std::chrono::minutes(5))
+                                : absl::StatusOr<v1::StepCaptured>(handle.status());
+    // A rank that fails to train fails this step's report (after the threads below are joined).
+    if (captured.ok() && !train(v + 1)) {
+      step = absl::InternalError(absl::StrCat("a trainer rank did not apply version ", v + 1));
+    } else {
+      step = captured.ok() ? (*handle)->Result(std::chrono::minutes(5))
+                           : absl::StatusOr<v1::StepResult>(captured.status());
+    }
+  } else {
+    step = client_->Step(v);
+  }
   const double wall = Now() - t0;
   stepping = false;
   if (tracer.joinable()) tracer.join();

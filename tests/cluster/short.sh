@@ -3,8 +3,8 @@
 # the kill scenario is elastic: the step commits to the other replica), two data-parallel copies
 # of the trainer weights, the small model, every scenario (balanced, delta, slow-link: three
 # slow steps, the re-plan moving work off the slow link, a recovery step; kill and catch-up), then
-# the relay scenario (2 -> 6 agents, relays chosen by the cost model), every byte
-# verified; bounded in time (a scenario that blocks is killed, and the run fails) and checks
+# the relay scenario (2 -> 6 agents, relays chosen by the cost model), then balanced steps with
+# capture and staged receive, every byte verified; bounded in time (a scenario that blocks is killed, and the run fails) and checks
 # that nothing is left behind. A few minutes on a loaded 2-core machine.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,6 +22,15 @@ if [ "$rc" -eq 0 ]; then
     --model k2-tiny --link-seconds 1 --steps 2 --scenario relay 2>&1 | tee -a "$out"
   rc=${PIPESTATUS[0]}
   grep -q '^relays: 1 replica(s) per family\|^relays: [0-9]* replica(s) per family' "$out" || rc=1
+fi
+# Nobody waits: trainer agents capture, inference agents stage; the ranks move to the next
+# version as soon as a step is captured, the workers still verify every byte of each version.
+if [ "$rc" -eq 0 ]; then
+  timeout --kill-after=30 "${WB_CLUSTER_SHORT_TIMEOUT:-900}" tests/cluster/cluster.sh --agents 8 \
+    --model k2-tiny --link-seconds 1 --steps 2 --scenario balanced --capture --staged 2>&1 |
+    tee -a "$out"
+  rc=${PIPESTATUS[0]}
+  grep -q '"capture":"captured' "$out" || rc=1
 fi
 [ "$rc" -eq 124 ] && echo "[cluster] the short run did not finish within ${WB_CLUSTER_SHORT_TIMEOUT:-900} s" >&2
 # Steps verified, the kill scenario's elastic checks, and the teardown left no namespace (nor,

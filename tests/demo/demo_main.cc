@@ -44,7 +44,7 @@ std::string MetricsYaml(int metrics_port) {
 
 std::string AgentYaml(const std::string& name, const std::string& dir, int port, int ctl_port,
                       const std::string& transport, const std::string& rdma_device,
-                      int metrics_port) {
+                      int metrics_port, const std::string& extra) {
   std::string y =
       absl::StrCat("name: ", name, "\nlog_level: warn\nlocal_socket: ", dir, "/", name,
                    ".sock\nlisten: 127.0.0.1:", port, "\ncontroller: 127.0.0.1:", ctl_port,
@@ -54,7 +54,7 @@ std::string AgentYaml(const std::string& name, const std::string& dir, int port,
     y += absl::StrCat("  rdma:\n    enabled: true\n    devices: [", rdma_device, "]\n");
   }
   y += "executor:\n  staging_watermark_bytes: 256MiB\n";
-  return y;
+  return y + extra;
 }
 
 }  // namespace
@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   std::string role = "driver", socket, transport = "tcp", rdma_device = "rxe0", bin_dir;
   wb::demo::DemoShape shape;
   int rank = 0, steps = 3, hold_seconds = 0;
-  bool delta = false, gpu = false;
+  bool delta = false, gpu = false, capture = false, staged = false;
   std::vector<int> metrics_ports;
   app.add_option("--role", role, "driver | trainer | inference (internal)");
   app.add_option("--rank", rank, "rank of a trainer or inference worker (internal)");
@@ -79,6 +79,12 @@ int main(int argc, char** argv) {
   app.add_flag("--gpu", gpu,
                "trainer and inference tensors in GPU memory (CUDA device 0, registered through "
                "CUDA IPC); exits 3 when there is no usable GPU");
+  app.add_flag("--capture", capture,
+               "the trainer agent captures each step (capture.max_bytes) and the trainers move "
+               "on to the next version while it sends");
+  app.add_flag("--staged", staged,
+               "the inference agent stages each step and swaps it in at commit "
+               "(receive.mode staged)");
   app.add_option("--bin-dir", bin_dir, "where wb-agent and wb-controller are (default bazel-bin)");
   app.add_option("--metrics-ports", metrics_ports,
                  "serve /metrics on 127.0.0.1: controller,trainer-node,inference-node ports")
@@ -137,7 +143,10 @@ int main(int argc, char** argv) {
     int port = wb::testing::FreePort();
     int metrics_port = metrics_ports.empty() ? 0 : metrics_ports[agents.size() + 1];
     WriteFile(dir + "/" + name + ".yaml",
-              AgentYaml(name, dir, port, ctl_port, transport, rdma_device, metrics_port));
+              AgentYaml(name, dir, port, ctl_port, transport, rdma_device, metrics_port,
+                        std::string(name) == "trainer-node"
+                            ? (capture ? "capture:\n  max_bytes: 16GiB\n" : "")
+                            : (staged ? "receive:\n  mode: staged\n" : "")));
     agents.push_back(
         std::make_unique<Process>(std::vector<std::string>{bin_dir + "/daemon/wb-agent", "--config",
                                                            dir + "/" + name + ".yaml"},
@@ -206,22 +215,40 @@ int main(int argc, char** argv) {
   }
   std::printf("\n%s\n", wb::client::FormatPlan(*plan).c_str());
 
-  std::printf("%-8s  %-12s  %-8s  %-6s  %s\n", "VERSION", "BYTES", "SECONDS", "GB/s",
+  // HELD: how long the trainer waited for the step (until captured, or all of it in place);
+  // PAUSED: how long the replica's live tensors were being written (the swap, or all of it).
+  std::printf("%-8s  %-12s  %-8s  %-6s  %-14s  %-14s  %s\n", "VERSION", "BYTES", "SECONDS", "GB/s",
+              "TRAINER HELD", "INFER. PAUSED",
               delta ? "VERIFIED      DELTA: DENSE BYTES, KIND" : "VERIFIED");
   bool pass = true;
   std::string failure;
   v1::StepResult last;
   std::vector<v1::StepResult> results;
-  for (int v = 1; v <= steps && pass; ++v) {
+  // The trainers apply version v (their optimizer step); false when one did not.
+  auto train = [&](int v) {
     for (auto& t : trainers) t->Send(absl::StrCat("perturb ", v));
-    for (auto& t : trainers) {
-      if (t->Receive() != absl::StrCat("ok ", v)) {
-        pass = false;
-        failure = "a trainer did not apply its update";
-      }
+    bool ok = true;
+    for (auto& t : trainers) ok = t->Receive() == absl::StrCat("ok ", v) && ok;
+    if (!ok) failure = "a trainer did not apply its update";
+    return ok;
+  };
+  for (int v = 1; v <= steps && pass; ++v) {
+    // With --capture the trainers already moved to v while v - 1 was sending.
+    if ((!capture || v == 1) && !(pass = train(v))) break;
+    absl::StatusOr<v1::StepResult> step;
+    if (capture) {
+      // The training loop of docs/clients.md: once every sender has captured v, the trainers
+      // overwrite their weights with v + 1 while v is still on its way; the workers still
+      // verify v, bit for bit.
+      auto handle = client->StepAsync(v);
+      auto captured = handle.ok() ? (*handle)->WaitCaptured(std::chrono::minutes(2))
+                                  : absl::StatusOr<v1::StepCaptured>(handle.status());
+      if (captured.ok() && v < steps && !(pass = train(v + 1))) break;
+      step = !captured.ok() ? absl::StatusOr<v1::StepResult>(captured.status())
+                            : (*handle)->Result(std::chrono::minutes(2));
+    } else {
+      step = client->Step(v);
     }
-    if (!pass) break;
-    auto step = client->Step(v);
     if (!step.ok()) {
       pass = false;
       failure = std::string(step.status().message());
@@ -241,11 +268,18 @@ int main(int argc, char** argv) {
       delta_cols = absl::StrCat("   ", wb::client::HumanBytes(step->bytes_dense()), ", ",
                                 step->delta_anchor() ? "anchor" : "delta");
     }
-    std::printf("%-8d  %-12s  %-8s  %-6s  %-11s%s\n", v,
+    // A share of the step, next to the seconds: the goal is a small one.
+    auto share = [&](double seconds) {
+      return absl::StrCat(wb::client::FixedPoint(seconds), " (",
+                          wb::client::FixedPoint(seconds / step->seconds(), 2), ")");
+    };
+    std::printf("%-8d  %-12s  %-8s  %-6s  %-14s  %-14s  %-11s%s\n", v,
                 wb::client::HumanBytes(step->bytes()).c_str(),
                 wb::client::FixedPoint(step->seconds()).c_str(),
                 wb::client::FixedPoint(step->bytes() / step->seconds() / 1e9, 2).c_str(),
-                verdict.c_str(), delta_cols.c_str());
+                share(step->trainer_stall_seconds()).c_str(),
+                share(step->inference_pause_seconds()).c_str(), verdict.c_str(),
+                delta_cols.c_str());
     std::fflush(stdout);
     last = *step;
     results.push_back(*step);
