@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -126,6 +127,10 @@ absl::StatusOr<v1::StepResult> ControllerClient::Step(uint64_t version,
   return resp.result();
 }
 
+namespace {
+constexpr std::chrono::milliseconds kLongestWait = std::chrono::hours(24 * 365);
+}  // namespace
+
 // One StepAsync call: its reader thread fills in what came, the handle waits for it.
 struct ControllerClient::StepHandle::State {
   uint64_t version = 0;
@@ -143,6 +148,16 @@ struct ControllerClient::StepHandle::State {
   }
 };
 
+ControllerClient::StepHandle::StepHandle() = default;
+ControllerClient::StepHandle::StepHandle(StepHandle&&) noexcept = default;
+ControllerClient::StepHandle& ControllerClient::StepHandle::operator=(StepHandle&& other) noexcept {
+  if (this != &other) {
+    StepHandle gone(std::move(*this));  // cancels and joins the one held until now
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
 ControllerClient::StepHandle::~StepHandle() {
   if (!state_) return;
   state_->ctx.TryCancel();  // a no-op once the stream has ended
@@ -151,6 +166,8 @@ ControllerClient::StepHandle::~StepHandle() {
 
 absl::StatusOr<v1::StepCaptured> ControllerClient::StepHandle::WaitCaptured(
     std::chrono::milliseconds timeout) {
+  if (!state_) return absl::FailedPreconditionError("a moved-from StepHandle");
+  timeout = std::min(timeout, kLongestWait);  // milliseconds::max() would overflow the clock
   State& st = *state_;
   std::unique_lock<std::mutex> lock(st.mu);
   if (!st.changed.wait_for(lock, timeout, [&] { return st.captured || st.result || st.ended; })) {
@@ -171,6 +188,8 @@ absl::StatusOr<v1::StepCaptured> ControllerClient::StepHandle::WaitCaptured(
 
 absl::StatusOr<v1::StepResult> ControllerClient::StepHandle::Result(
     std::chrono::milliseconds timeout) {
+  if (!state_) return absl::FailedPreconditionError("a moved-from StepHandle");
+  timeout = std::min(timeout, kLongestWait);  // milliseconds::max() would overflow the clock
   State& st = *state_;
   std::unique_lock<std::mutex> lock(st.mu);
   if (!st.changed.wait_for(lock, timeout, [&] { return st.result || st.ended; })) {
@@ -184,11 +203,12 @@ absl::StatusOr<v1::StepResult> ControllerClient::StepHandle::Result(
   return *st.ended;
 }
 
-absl::StatusOr<std::unique_ptr<ControllerClient::StepHandle>> ControllerClient::StepAsync(
-    uint64_t version, std::chrono::milliseconds timeout, std::optional<uint32_t> max_staleness) {
-  std::unique_ptr<StepHandle> handle(new StepHandle());
-  handle->state_ = std::make_shared<StepHandle::State>();
-  StepHandle::State* st = handle->state_.get();
+ControllerClient::StepHandle ControllerClient::StepAsync(uint64_t version,
+                                                         std::chrono::milliseconds timeout,
+                                                         std::optional<uint32_t> max_staleness) {
+  StepHandle handle;
+  handle.state_ = std::make_shared<StepHandle::State>();
+  StepHandle::State* st = handle.state_.get();
   st->version = version;
   st->stub = impl_->stub;
   // As Step: the controller enforces `timeout`; this only guards against one that stalls.

@@ -59,21 +59,25 @@ class ControllerClient {
   // the step goes on in the controller.
   class StepHandle {
    public:
-    ~StepHandle();
+    StepHandle(StepHandle&&) noexcept;
+    StepHandle& operator=(StepHandle&&) noexcept;
     StepHandle(const StepHandle&) = delete;
     StepHandle& operator=(const StepHandle&) = delete;
+    ~StepHandle();
     absl::StatusOr<weightbeam::v1::StepCaptured> WaitCaptured(std::chrono::milliseconds timeout);
     absl::StatusOr<weightbeam::v1::StepResult> Result(std::chrono::milliseconds timeout);
+    // For callers that hold handles by pointer: `h->Result(...)` reads the same as `h.Result`.
+    StepHandle* operator->() { return this; }
 
    private:
     friend class ControllerClient;
     struct State;
-    StepHandle() = default;
+    StepHandle();
     std::shared_ptr<State> state_;
   };
-  absl::StatusOr<std::unique_ptr<StepHandle>> StepAsync(
-      uint64_t version, std::chrono::milliseconds timeout = {},
-      std::optional<uint32_t> max_staleness = std::nullopt);
+  // Never fails here: an unreachable controller or a refused call is the handle's error.
+  StepHandle StepAsync(uint64_t version, std::chrono::milliseconds timeout = {},
+                       std::optional<uint32_t> max_staleness = std::nullopt);
   absl::StatusOr<weightbeam::v1::StatusResponse> Status();
   absl::StatusOr<weightbeam::v1::ListTensorsResponse> ListTensors(const std::string& agent);
   // Calls `on_step` for every step result until it returns false or the stream ends.

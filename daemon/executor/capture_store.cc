@@ -18,18 +18,15 @@ namespace wb::executor {
 
 namespace v1 = weightbeam::v1;
 
-namespace {
-
-// Keeps one region's captured bytes alive for as long as a step (or a late completion of one)
-// may read them through a stand-in.
+// Keeps a slot's captured bytes on one device (or the host) alive for as long as a step (or a
+// late completion of one) may read them through a stand-in.
 class CaptureMemory : public registry::MemoryHold {
  public:
   std::unique_ptr<uint8_t[]> host;
   gpu::DeviceBuffer device;
+  uint64_t size = 0;
   uint8_t* data() const { return host ? host.get() : static_cast<uint8_t*>(device.data()); }
 };
-
-}  // namespace
 
 std::shared_ptr<const registry::RegisteredTensor> CapturedSources::For(
     const v1::TransferOp& op) const {
@@ -120,56 +117,68 @@ std::string CaptureStore::Describe(const Slot& s) {
 }
 
 absl::StatusOr<std::shared_ptr<const CapturedSources>> CaptureStore::Copy(
-    const CaptureLayout& layout) const {
-  auto sources = std::make_shared<CapturedSources>();
+    const CaptureLayout& layout, SlotMemory* memory) const {
+  // The live tensors, checked, and the bytes each device (-1: the host) needs.
+  std::map<uint64_t, std::shared_ptr<const registry::RegisteredTensor>> live;
+  std::map<int, uint64_t> need;
   for (const auto& [region, ranges] : layout.regions) {
-    auto live = registry_->Find(region);
-    if (!live) {
+    auto t = registry_->Find(region);
+    if (!t) {
       return absl::FailedPreconditionError(
           absl::StrCat("source region ", region, " is gone (its process unregistered or exited)"));
     }
-    const std::string what = absl::StrCat("source tensor '", live->spec.name(), "'");
-    uint64_t total = 0;
     for (const auto& r : ranges) {
-      if (r.offset > live->memory.length || r.length > live->memory.length - r.offset) {
-        return absl::OutOfRangeError(absl::StrCat(what, ": the plan reads [", r.offset, ", +",
-                                                  r.length, ") of ", live->memory.length,
-                                                  " bytes"));
+      if (r.offset > t->memory.length || r.length > t->memory.length - r.offset) {
+        return absl::OutOfRangeError(absl::StrCat("source tensor '", t->spec.name(),
+                                                  "': the plan reads [", r.offset, ", +", r.length,
+                                                  ") of ", t->memory.length, " bytes"));
       }
-      total += r.length;
+      need[IsDeviceSource(t->memory) ? t->memory.device : -1] += r.length;
     }
-    auto memory = std::make_shared<CaptureMemory>();
-    const bool device = IsDeviceSource(live->memory);
-    if (device) {
-      // Device memory of the source's own device: the copy stays on the device.
-      auto buffer = gpu::DeviceBuffer::Allocate(total, live->memory.device);
+    live[region] = std::move(t);
+  }
+  // One buffer per device, the slot's last one again where only the slot still holds it.
+  for (const auto& [device, bytes] : need) {
+    auto& m = (*memory)[device];
+    if (m && m.use_count() == 1 && m->size == bytes) continue;
+    m = std::make_shared<CaptureMemory>();
+    m->size = bytes;
+    if (device >= 0) {
+      auto buffer = gpu::DeviceBuffer::Allocate(std::max<uint64_t>(bytes, 1), device);
       if (!buffer.ok()) {
         return absl::Status(buffer.status().code(),
-                            absl::StrCat(what, " on cuda:", live->memory.device,
-                                         ": capture memory: ", buffer.status().message()));
+                            absl::StrCat("capture memory of ", bytes, " bytes on cuda:", device,
+                                         ": ", buffer.status().message()));
       }
-      memory->device = std::move(*buffer);
+      m->device = std::move(*buffer);
     } else {
-      memory->host.reset(new (std::nothrow) uint8_t[std::max<uint64_t>(total, 1)]);
-      if (!memory->host) {
+      m->host.reset(new (std::nothrow) uint8_t[std::max<uint64_t>(bytes, 1)]);
+      if (!m->host) {
         return absl::ResourceExhaustedError(
-            absl::StrCat(what, ": cannot allocate ", total, " bytes of capture memory"));
+            absl::StrCat("cannot allocate ", bytes, " bytes of capture memory"));
       }
     }
-    if (live->hold) {
-      if (auto s = live->hold->CheckBacked(live->memory.addr, live->memory.length, what); !s.ok()) {
-        return s;
-      }
+  }
+  auto sources = std::make_shared<CapturedSources>();
+  std::map<int, uint64_t> at;  // next free byte per device
+  for (const auto& [region, ranges] : layout.regions) {
+    const auto& t = live.at(region);
+    const std::string what = absl::StrCat("source tensor '", t->spec.name(), "'");
+    if (t->hold) {
+      if (auto s = t->hold->CheckBacked(t->memory.addr, t->memory.length, what); !s.ok()) return s;
     }
-    const auto* src = static_cast<const uint8_t*>(live->memory.addr);
-    uint64_t at = 0;
+    const bool device = IsDeviceSource(t->memory);
+    const std::shared_ptr<CaptureMemory>& m = memory->at(device ? t->memory.device : -1);
+    uint64_t& next = at[device ? t->memory.device : -1];
+    const auto* src = static_cast<const uint8_t*>(t->memory.addr);
     auto& pieces = sources->regions_[region];
     for (const auto& r : ranges) {
-      uint8_t* dst = memory->data() + at;
+      uint8_t* dst = m->data() + next;
       if (device) {
-        if (auto s = gpu::CopyAnyToAny(dst, src + r.offset, r.length, live->memory.device);
-            !s.ok()) {
-          return absl::Status(s.code(), absl::StrCat(what, ": capture copy: ", s.message()));
+        // Device to device, on the source's own GPU.
+        if (auto s = gpu::CopyAnyToAny(dst, src + r.offset, r.length, t->memory.device); !s.ok()) {
+          return absl::Status(s.code(), absl::StrCat(what, " on cuda:", t->memory.device,
+                                                     ": capture copy: ", s.message()));
         }
       } else if (!registry::RunBusGuarded([&] { std::memcpy(dst, src + r.offset, r.length); })) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -180,16 +189,16 @@ absl::StatusOr<std::shared_ptr<const CapturedSources>> CaptureStore::Copy(
       // A stand-in with the region's offsets: byte `r.offset` of the region is `dst`. Only
       // the range's own bytes are ever read through it (CapturedSources::For).
       auto stand_in = std::make_shared<registry::RegisteredTensor>();
-      stand_in->region_id = live->region_id;
-      stand_in->session = live->session;
-      stand_in->spec = live->spec;
-      stand_in->owner = live->owner;
-      stand_in->location = live->location;
-      stand_in->memory = live->memory;
+      stand_in->region_id = t->region_id;
+      stand_in->session = t->session;
+      stand_in->spec = t->spec;
+      stand_in->owner = t->owner;
+      stand_in->location = t->location;
+      stand_in->memory = t->memory;
       stand_in->memory.addr = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(dst) - r.offset);
-      stand_in->hold = memory;
+      stand_in->hold = m;
       pieces.push_back({r.offset, r.length, std::move(stand_in)});
-      at += r.length;
+      next += r.length;
     }
   }
   return std::shared_ptr<const CapturedSources>(std::move(sources));
@@ -198,6 +207,7 @@ absl::StatusOr<std::shared_ptr<const CapturedSources>> CaptureStore::Copy(
 absl::Status CaptureStore::Capture(uint64_t version, uint32_t slot, v1::AgentStepReport* report) {
   const auto t0 = std::chrono::steady_clock::now();
   std::shared_ptr<const CaptureLayout> layout;
+  std::shared_ptr<SlotMemory> memory;
   uint64_t generation;
   {
     absl::MutexLock lock(&mu_);
@@ -217,11 +227,14 @@ absl::Status CaptureStore::Capture(uint64_t version, uint32_t slot, v1::AgentSte
     }
     s.state = State::kCapturing;
     s.version = version;
-    s.sources.reset();  // the old capture's memory goes first: the budget holds `slots` of them
+    // The old capture goes first (its memory is reused, or freed before more is taken: the
+    // budget holds `slots` captures).
+    s.sources.reset();
+    memory = s.memory;
     layout = layout_;
     generation = generation_;
   }
-  auto sources = Copy(*layout);
+  auto sources = Copy(*layout, memory.get());
   absl::MutexLock lock(&mu_);
   if (generation != generation_) {
     return absl::AbortedError("a new plan was loaded during the capture");

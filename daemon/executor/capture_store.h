@@ -26,6 +26,8 @@
 
 namespace wb::executor {
 
+class CaptureMemory;  // one slot's capture memory on one device (or the host)
+
 // Where a step's captured ops read their sources: per byte range of a source region that the
 // plan's ops read, a stand-in tensor over the captured bytes, addressed with the region's own
 // offsets (only the captured ranges may be read through it). Ops it has nothing for read the
@@ -85,13 +87,17 @@ class CaptureStore {
 
  private:
   enum class State { kEmpty, kCapturing, kCaptured, kSending, kSent };
+  // Capture memory per device (-1: host), one buffer each, kept for the slot's next capture.
+  using SlotMemory = std::map<int, std::shared_ptr<CaptureMemory>>;
   struct Slot {
     State state = State::kEmpty;
     uint64_t version = 0;
     std::shared_ptr<const CapturedSources> sources;
+    std::shared_ptr<SlotMemory> memory = std::make_shared<SlotMemory>();
   };
-  // The copy itself, without the lock.
-  absl::StatusOr<std::shared_ptr<const CapturedSources>> Copy(const CaptureLayout& layout) const;
+  // The copy itself, without the lock, into `memory` (reused where no one else holds it).
+  absl::StatusOr<std::shared_ptr<const CapturedSources>> Copy(const CaptureLayout& layout,
+                                                              SlotMemory* memory) const;
   static std::string Describe(const Slot& s);
 
   registry::RegionRegistry* const registry_;

@@ -21,6 +21,8 @@ weightbeam::v1::StepReply StepReplyFor(uint64_t seq, const absl::Status& s);
 // for the transfers: one thread hand-off less per step (docs/performance.md, "Execute on the
 // step link's thread"); for a step link, whose thread has nothing else to do while its agent
 // sends (the controller sends one command at a time and a sender gets no other in a step).
+// A send from a capture (ExecuteRequest.from_capture) always goes to the pool: the next step's
+// capture may come while it sends.
 enum class ExecuteOn { kPool, kCaller };
 
 // Runs `command`; `reply` gets its one answer, on this thread or on a `long_calls` worker.

@@ -4,9 +4,9 @@
 // a link over its admitted gRPC call (Agent.OpenStepLink), which Issue answers with a fresh id
 // and key; a connection must present that id and prove that key within the handshake timeout,
 // once, or it is closed before anything runs. One thread serves every connection with epoll
-// and runs the commands, execute included (step_commands.h, ExecuteOn::kCaller): while an agent
-// sends, its links wait, handshakes of new ones too. Replies are sealed and sent by whichever
-// thread finishes the command.
+// and runs the commands, execute included (step_commands.h, ExecuteOn::kCaller; a send from a
+// capture excepted): while an agent sends, its links wait, handshakes of new ones too. Replies are
+// sealed and sent by whichever thread finishes the command.
 #pragma once
 
 #include <atomic>

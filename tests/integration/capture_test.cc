@@ -163,9 +163,7 @@ struct Fleet {
 };
 
 std::unique_ptr<ControllerClient::StepHandle> Start(ControllerClient& ctl, uint64_t v) {
-  auto h = ctl.StepAsync(v, milliseconds(30000));
-  REQUIRE(h.ok());
-  return std::move(*h);
+  return std::make_unique<ControllerClient::StepHandle>(ctl.StepAsync(v, milliseconds(30000)));
 }
 
 v1::StepCaptured RequireCaptured(ControllerClient::StepHandle& h) {
@@ -255,6 +253,15 @@ TEST_CASE("capture: a step asked for while the previous one sends captures at on
       std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
   // Is version 2 still sending when version 3 has captured?
   const bool two_sending = !h2->Result(milliseconds(0)).ok();
+  // Two slots: a third step, while 2 sends and 3 waits to send, waits for 2's send to capture.
+  uint64_t last = 3;
+  std::unique_ptr<ControllerClient::StepHandle> h4;
+  if (slots == 2) {
+    f.trainer->Write(4);
+    h4 = Start(ctl, 4);
+    CHECK(RequireCaptured(*h4).how() == "captured after step 2's send");
+    last = 4;
+  }
   f.trainer->Scribble();
   const v1::StepResult r2 = RequireResult(*h2);
   const v1::StepResult r3 = RequireResult(*h3);
@@ -264,20 +271,21 @@ TEST_CASE("capture: a step asked for while the previous one sends captures at on
     CHECK(r3.capture() == "captured");
     CHECK(two_sending);
     CHECK(waited < 1.0);
+    CHECK(RequireResult(*h4).capture() == "captured after step 2's send");
   } else {
     CHECK(c3.how() == "captured after step 2's send");
     CHECK(r3.capture() == "captured after step 2's send");
     CHECK(waited > 1.0);
   }
   CHECK(r3.trainer_stall_seconds() == Approx(c3.seconds()));
-  CheckHolds(*f.inference, 3);
+  CheckHolds(*f.inference, last);
   // And the pipeline is empty again: a plain step after it.
-  f.trainer->Write(4);
-  auto r4 = ctl.Step(4);
-  INFO((r4.ok() ? "" : std::string(r4.status().message())));
-  REQUIRE(r4.ok());
-  CHECK(r4->capture() == "captured");
-  CheckHolds(*f.inference, 4);
+  f.trainer->Write(last + 1);
+  auto plain = ctl.Step(last + 1);
+  INFO((plain.ok() ? "" : std::string(plain.status().message())));
+  REQUIRE(plain.ok());
+  CHECK(plain->capture() == "captured");
+  CheckHolds(*f.inference, last + 1);
 }
 
 TEST_CASE("capture: a plan whose capture does not fit the budget is refused, naming both") {
