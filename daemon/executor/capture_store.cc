@@ -8,6 +8,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "common/parallel/parallel_for.h"
 #include "daemon/executor/gpu_source.h"
 #include "daemon/executor/op_bounds.h"
 #include "daemon/gpu/device_memory.h"
@@ -17,6 +18,12 @@
 namespace wb::executor {
 
 namespace v1 = weightbeam::v1;
+
+namespace {
+// Host copies (and the paging-in of fresh capture memory) go in pieces of this size, spread
+// over the store's threads.
+constexpr uint64_t kCopyChunk = uint64_t{8} << 20;
+}  // namespace
 
 // Keeps a slot's captured bytes on one device (or the host) alive for as long as a step (or a
 // late completion of one) may read them through a stand-in.
@@ -92,6 +99,18 @@ absl::StatusOr<uint64_t> CaptureStore::Load(
   }
   slots_.resize(bytes <= max_bytes / 2 ? 2 : 1);
   layout_ = std::make_shared<const CaptureLayout>(std::move(*layout));
+  // The slots' memory now, while the plan loads; a source that is not there yet (or a device
+  // that refuses the memory) is left to the first capture, which names it.
+  std::map<uint64_t, std::shared_ptr<const registry::RegisteredTensor>> live;
+  std::map<int, uint64_t> need;
+  if (Need(*layout_, &live, &need).ok()) {
+    for (Slot& slot : slots_) {
+      if (auto s = EnsureMemory(need, slot.memory.get()); !s.ok()) {
+        spdlog::warn("{}: capture memory not taken at load: {}", who, std::string(s.message()));
+        break;
+      }
+    }
+  }
   return bytes;
 }
 
@@ -116,11 +135,10 @@ std::string CaptureStore::Describe(const Slot& s) {
   return "";
 }
 
-absl::StatusOr<std::shared_ptr<const CapturedSources>> CaptureStore::Copy(
-    const CaptureLayout& layout, SlotMemory* memory) const {
-  // The live tensors, checked, and the bytes each device (-1: the host) needs.
-  std::map<uint64_t, std::shared_ptr<const registry::RegisteredTensor>> live;
-  std::map<int, uint64_t> need;
+absl::Status CaptureStore::Need(
+    const CaptureLayout& layout,
+    std::map<uint64_t, std::shared_ptr<const registry::RegisteredTensor>>* live,
+    std::map<int, uint64_t>* need) const {
   for (const auto& [region, ranges] : layout.regions) {
     auto t = registry_->Find(region);
     if (!t) {
@@ -133,11 +151,15 @@ absl::StatusOr<std::shared_ptr<const CapturedSources>> CaptureStore::Copy(
                                                   "': the plan reads [", r.offset, ", +", r.length,
                                                   ") of ", t->memory.length, " bytes"));
       }
-      need[IsDeviceSource(t->memory) ? t->memory.device : -1] += r.length;
+      (*need)[IsDeviceSource(t->memory) ? t->memory.device : -1] += r.length;
     }
-    live[region] = std::move(t);
+    (*live)[region] = std::move(t);
   }
-  // One buffer per device, the slot's last one again where only the slot still holds it.
+  return absl::OkStatus();
+}
+
+absl::Status CaptureStore::EnsureMemory(const std::map<int, uint64_t>& need,
+                                        SlotMemory* memory) const {
   for (const auto& [device, bytes] : need) {
     auto& m = (*memory)[device];
     if (m && m.use_count() == 1 && m->size == bytes) continue;
@@ -157,10 +179,35 @@ absl::StatusOr<std::shared_ptr<const CapturedSources>> CaptureStore::Copy(
         return absl::ResourceExhaustedError(
             absl::StrCat("cannot allocate ", bytes, " bytes of capture memory"));
       }
+      // Paged in now: a first capture into fresh memory took 2-4x as long as the next ones.
+      uint8_t* base = m->host.get();
+      const uint64_t chunks = (bytes + kCopyChunk - 1) / kCopyChunk;
+      ParallelFor(chunks, threads_, [&](uint64_t i) {
+        const uint64_t off = i * kCopyChunk;
+        std::memset(base + off, 0, std::min(kCopyChunk, bytes - off));
+      });
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const CapturedSources>> CaptureStore::Copy(
+    const CaptureLayout& layout, SlotMemory* memory) const {
+  // The live tensors, checked, and the bytes each device (-1: the host) needs.
+  std::map<uint64_t, std::shared_ptr<const registry::RegisteredTensor>> live;
+  std::map<int, uint64_t> need;
+  if (auto s = Need(layout, &live, &need); !s.ok()) return s;
+  if (auto s = EnsureMemory(need, memory); !s.ok()) return s;
   auto sources = std::make_shared<CapturedSources>();
-  std::map<int, uint64_t> at;  // next free byte per device
+  struct HostCopy {
+    uint8_t* dst;
+    const uint8_t* src;
+    uint64_t length;
+    const std::string* what;
+  };
+  std::vector<HostCopy> host_copies;
+  std::map<uint64_t, std::string> what_of;  // region -> "source tensor 'name'"
+  std::map<int, uint64_t> at;               // next free byte per device
   for (const auto& [region, ranges] : layout.regions) {
     const auto& t = live.at(region);
     const std::string what = absl::StrCat("source tensor '", t->spec.name(), "'");
@@ -180,11 +227,13 @@ absl::StatusOr<std::shared_ptr<const CapturedSources>> CaptureStore::Copy(
           return absl::Status(s.code(), absl::StrCat(what, " on cuda:", t->memory.device,
                                                      ": capture copy: ", s.message()));
         }
-      } else if (!registry::RunBusGuarded([&] { std::memcpy(dst, src + r.offset, r.length); })) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            what,
-            ": its memory went away during the capture (SIGBUS: the shared-memory object "
-            "was shrunk after registration)"));
+      } else {
+        // Host copies run together below, in chunks across threads.
+        for (uint64_t off = 0; off < r.length; off += kCopyChunk) {
+          host_copies.push_back({dst + off, src + r.offset + off,
+                                 std::min(kCopyChunk, r.length - off), &what_of[region]});
+        }
+        what_of[region] = what;
       }
       // A stand-in with the region's offsets: byte `r.offset` of the region is `dst`. Only
       // the range's own bytes are ever read through it (CapturedSources::For).
@@ -200,6 +249,18 @@ absl::StatusOr<std::shared_ptr<const CapturedSources>> CaptureStore::Copy(
       pieces.push_back({r.offset, r.length, std::move(stand_in)});
       next += r.length;
     }
+  }
+  std::vector<char> bus_error(host_copies.size(), 0);
+  ParallelFor(host_copies.size(), threads_, [&](uint64_t i) {
+    const HostCopy& c = host_copies[i];
+    bus_error[i] = !registry::RunBusGuarded([&] { std::memcpy(c.dst, c.src, c.length); });
+  });
+  for (size_t i = 0; i < host_copies.size(); ++i) {
+    if (!bus_error[i]) continue;
+    return absl::FailedPreconditionError(
+        absl::StrCat(*host_copies[i].what,
+                     ": its memory went away during the capture (SIGBUS: the shared-memory object "
+                     "was shrunk after registration)"));
   }
   return std::shared_ptr<const CapturedSources>(std::move(sources));
 }

@@ -64,10 +64,14 @@ struct CaptureLayout {
 
 class CaptureStore {
  public:
-  explicit CaptureStore(registry::RegionRegistry* registry) : registry_(registry) {}
+  // Host copies run on up to `threads` threads (a capture is a memory-bandwidth-bound copy the
+  // trainer waits for: one thread does not saturate memory).
+  explicit CaptureStore(registry::RegionRegistry* registry, int threads = 4)
+      : registry_(registry), threads_(threads) {}
 
   // A new plan: discards every capture, sizes one capture of `ops` and decides the slots for a
-  // budget of `max_bytes` (0: capture off, no slots): 2 when two captures fit, else 1. A plan
+  // budget of `max_bytes` (0: capture off, no slots): 2 when two captures fit, else 1, each
+  // slot's memory taken (and paged in) now, while the plan loads, not in a step. A plan
   // whose capture does not fit is refused, naming the bytes needed and the budget (`who`
   // names the plan and agent). Returns the bytes of one capture.
   absl::StatusOr<uint64_t> Load(
@@ -95,12 +99,21 @@ class CaptureStore {
     std::shared_ptr<const CapturedSources> sources;
     std::shared_ptr<SlotMemory> memory = std::make_shared<SlotMemory>();
   };
+  // Gives every device (-1: host) the slot's buffer for `need` bytes, the last one again where
+  // only the slot still holds it. New host memory is paged in at once (on `threads_` threads),
+  // so no capture pays for first touches.
+  absl::Status EnsureMemory(const std::map<int, uint64_t>& need, SlotMemory* memory) const;
+  // The bytes each device (-1: host) needs for `layout`, and the live tensors, checked.
+  absl::Status Need(const CaptureLayout& layout,
+                    std::map<uint64_t, std::shared_ptr<const registry::RegisteredTensor>>* live,
+                    std::map<int, uint64_t>* need) const;
   // The copy itself, without the lock, into `memory` (reused where no one else holds it).
   absl::StatusOr<std::shared_ptr<const CapturedSources>> Copy(const CaptureLayout& layout,
                                                               SlotMemory* memory) const;
   static std::string Describe(const Slot& s);
 
   registry::RegionRegistry* const registry_;
+  const int threads_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const CaptureLayout> layout_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);

@@ -509,13 +509,12 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
     // As a training loop would (docs/clients.md): once every sender has captured v, the ranks
     // overwrite their weights with v + 1 while v is still on the links; the workers verify v.
     auto handle = client_->StepAsync(v);
-    auto captured = handle.ok() ? (*handle)->WaitCaptured(std::chrono::minutes(5))
-                                : absl::StatusOr<v1::StepCaptured>(handle.status());
+    auto captured = handle.WaitCaptured(std::chrono::minutes(5));
     // A rank that fails to train fails this step's report (after the threads below are joined).
     if (captured.ok() && !train(v + 1)) {
       step = absl::InternalError(absl::StrCat("a trainer rank did not apply version ", v + 1));
     } else {
-      step = captured.ok() ? (*handle)->Result(std::chrono::minutes(5))
+      step = captured.ok() ? handle.Result(std::chrono::minutes(5))
                            : absl::StatusOr<v1::StepResult>(captured.status());
     }
   } else {

@@ -241,11 +241,10 @@ int main(int argc, char** argv) {
       // overwrite their weights with v + 1 while v is still on its way; the workers still
       // verify v, bit for bit.
       auto handle = client->StepAsync(v);
-      auto captured = handle.ok() ? (*handle)->WaitCaptured(std::chrono::minutes(2))
-                                  : absl::StatusOr<v1::StepCaptured>(handle.status());
+      auto captured = handle.WaitCaptured(std::chrono::minutes(2));
       if (captured.ok() && v < steps && !(pass = train(v + 1))) break;
       step = !captured.ok() ? absl::StatusOr<v1::StepResult>(captured.status())
-                            : (*handle)->Result(std::chrono::minutes(2));
+                            : handle.Result(std::chrono::minutes(2));
     } else {
       step = client->Step(v);
     }
