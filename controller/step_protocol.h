@@ -113,8 +113,11 @@ class StepProtocol {
                                                        const std::vector<std::string>& receivers,
                                                        weightbeam::v1::StepResult* result,
                                                        const std::set<std::string>& prepare = {});
+  // Both add the pauses of the replicas they announce on to `result` (replica_pauses,
+  // inference_pause_seconds): per replica the longest its agents' live tensors were written.
   std::map<std::string, std::string> AnnounceOnReceivers(const StepSpec& spec,
-                                                         const std::vector<std::string>& receivers);
+                                                         const std::vector<std::string>& receivers,
+                                                         weightbeam::v1::StepResult* result);
   // After a sender failed: the receivers among `receivers` that do not answer a health check
   // (agent -> why), i.e. the ones the failure is most likely about.
   std::map<std::string, std::string> UnreachableReceivers(
