@@ -694,7 +694,8 @@ absl::Status AgentNode::AnnounceCommit(uint64_t version, v1::CommitResponse* res
                                          version, ": ", swapped.message());
     Publish(v1::Event::KIND_ABORT, version, why);
     metrics_.Error(AgentMetrics::kCommitRefused);
-    return absl::Status(swapped.code(), why);
+    // Aborted, never DEADLINE_EXCEEDED: the controller reads that as "no answer".
+    return absl::AbortedError(why);
   }
   // The live tensors were written during the copy; a watcher swapping by itself, from ready(v)
   // until it answered.
