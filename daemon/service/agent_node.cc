@@ -742,11 +742,21 @@ void AgentNode::Publish(v1::Event::Kind kind, uint64_t version, const std::strin
   events_.Publish(e);
 }
 
-absl::Status AgentNode::Begin(uint64_t version) { return Advance(v1::Event::KIND_BEGIN, version); }
-
-absl::Status AgentNode::Commit(uint64_t version) {
-  return Advance(v1::Event::KIND_COMMIT, version);
+absl::Status AgentNode::Begin(uint64_t version) {
+  if (!mirrors_) return Advance(v1::Event::KIND_BEGIN, version);
+  // Staged: the storage path writes the version into the staging mirrors (the registry's
+  // memory); begin(v) is announced at the swap.
+  if (auto s = CheckNewer(version); !s.ok()) return s;
+  {
+    absl::MutexLock fence(&fence_mu_);
+    RestoreStaging();
+  }
+  absl::MutexLock lock(&mu_);
+  staging_dirty_ = true;
+  return absl::OkStatus();
 }
+
+absl::Status AgentNode::Commit(uint64_t version) { return AnnounceCommit(version, nullptr); }
 
 absl::Status AgentNode::Commit(const v1::CommitRequest& req, v1::CommitResponse* resp) {
   if (req.announce()) return Announce(req.version(), req.step_id(), resp);

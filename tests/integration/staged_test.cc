@@ -341,3 +341,53 @@ TEST_CASE("in place: the pause reported is the whole transfer") {
   REQUIRE_FALSE(s.ok());
   CHECK_THAT(std::string(s.message()), Catch::Contains("receive.mode staged"));
 }
+
+TEST_CASE("staged: a replica spread over two agents swaps at announce, both halves at once") {
+  // Replica 0 has two ranks on two agents, each holding three of the six tensors.
+  wb::testing::ClusterOptions options;
+  options.agents = {"trainer-node", "infer-a", "infer-b"};
+  options.inference_ranks_per_replica = 2;
+  options.agent_yaml["infer-a"] = StagedYaml();
+  options.agent_yaml["infer-b"] = StagedYaml();
+  Cluster cluster(wb::testing::Runfile(""), options);
+  Side trainer = Open(cluster.socket("trainer-node"), v1::ROLE_TRAINER, 0);
+  std::vector<Side> halves;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto b = SharedBuffer::Create(kBytes, "staged-half");
+    REQUIRE(b.ok());
+    auto s = LocalSession::Connect(cluster.socket(rank == 0 ? "infer-a" : "infer-b"),
+                                   Identity{v1::ROLE_INFERENCE, rank, 0});
+    REQUIRE(s.ok());
+    for (int t = rank * 3; t < rank * 3 + 3; ++t) {
+      REQUIRE(
+          s->Register(
+               TensorInfo{
+                   "layer." + std::to_string(t) + ".weight", v1::DTYPE_BF16, {kRows, kCols}, {}},
+               *b, t * kTensorBytes, kTensorBytes)
+              .ok());
+    }
+    REQUIRE(s->Watch().ok());
+    halves.push_back(Side{std::move(*b), std::move(*s)});
+  }
+  auto ctl = wb::testing::ConnectController(cluster);
+  wb::testing::PlanWorld(&ctl, wb::testing::World(1, 1, 2));
+  for (uint64_t v = 1; v <= 2; ++v) {
+    Fill(&trainer, v);
+    const v1::StepResult step = wb::testing::RequireCommitted(ctl.Step(v));
+    const auto expected = Expected(v);
+    for (int rank = 0; rank < 2; ++rank) {
+      INFO("version " << v << " rank " << rank);
+      const auto* live = static_cast<const uint8_t*>(halves[rank].buffer.data());
+      CHECK(std::memcmp(live + rank * 3 * kTensorBytes, expected.data() + rank * 3 * kTensorBytes,
+                        3 * kTensorBytes) == 0);
+      // begin(v) only at the announce, then commit(v).
+      auto begin = halves[rank].session.NextEvent(std::chrono::seconds(5));
+      REQUIRE(begin.ok());
+      CHECK(begin->kind() == v1::Event::KIND_BEGIN);
+      CHECK(begin->version() == v);
+      CHECK(NextOf(halves[rank].session, v1::Event::KIND_COMMIT, v, std::chrono::seconds(5)).ok());
+    }
+    REQUIRE(step.replica_pauses_size() == 1);
+    CHECK(step.replica_pauses(0).staged());
+  }
+}
