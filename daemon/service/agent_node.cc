@@ -677,11 +677,24 @@ absl::Status AgentNode::AnnounceCommit(uint64_t version, v1::CommitResponse* res
   ready.set_kind(v1::Event::KIND_READY);
   ready.set_version(version);
   for (auto& o : mirrors_->HostObjects()) *ready.add_staged() = std::move(o);
+  {
+    absl::MutexLock lock(&mu_);
+    swapping_version_ = version;
+    swap_aborted_ = false;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   events_.Publish(ready);
   Publish(v1::Event::KIND_BEGIN, version, "");
   absl::Status swapped =
       acks_.Wait(version, std::chrono::milliseconds(config_.receive.ack_timeout_ms));
+  {
+    // An abort that came while the watchers were waited for: the version never goes live.
+    absl::MutexLock lock(&mu_);
+    if (swap_aborted_ && swapped.ok()) {
+      swapped = absl::AbortedError("the step was aborted while its watchers were waited for");
+    }
+    swapping_version_ = 0;
+  }
   const auto t1 = std::chrono::steady_clock::now();
   if (swapped.ok() && !swapper) {
     swapped = staging::CopyStagedToLive(registry_->Destinations());
@@ -827,6 +840,7 @@ absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint6
     if (prepared_ && (step_id != 0 ? prepared_step_ == step_id : prepared_version_ == version)) {
       prepared_ = false;
     }
+    if (swapping_version_ == version) swap_aborted_ = true;
   }
   Publish(v1::Event::KIND_ABORT, version, reason);
   return absl::OkStatus();

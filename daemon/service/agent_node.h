@@ -185,6 +185,9 @@ class AgentNode {
   bool staging_dirty_ ABSL_GUARDED_BY(mu_) = false;
   bool staging_stale_ ABSL_GUARDED_BY(mu_) = false;
   bool prepared_dense_ ABSL_GUARDED_BY(mu_) = false;  // the prepared version was no delta patch
+  // The version whose swap waits for watchers now (0: none), and whether an abort of it came.
+  uint64_t swapping_version_ ABSL_GUARDED_BY(mu_) = 0;
+  bool swap_aborted_ ABSL_GUARDED_BY(mu_) = false;
   // In place: when the open step began (its live tensors are written from then on).
   std::chrono::steady_clock::time_point begun_at_ ABSL_GUARDED_BY(mu_);
   // Serializes fence moves (Begin, Commit, Abort) so the transports see them in one order.
