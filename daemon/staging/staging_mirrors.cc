@@ -119,11 +119,13 @@ absl::StatusOr<std::optional<registry::OpenedMemory>> StagingMirrors::Mirror(
         spdlog::warn("staging memory {}: cannot hand it to uid {}: {}", name, caller.uid,
                      std::strerror(errno));
       }
+      // Reserved now (tmpfs): a page that /dev/shm cannot back would raise SIGBUS on a write.
       void* data = MAP_FAILED;
-      if (ftruncate(fd, static_cast<off_t>(whole.length)) == 0) {
+      int err = posix_fallocate(fd, 0, static_cast<off_t>(whole.length));
+      if (err == 0) {
         data = mmap(nullptr, whole.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (data == MAP_FAILED) err = errno;
       }
-      const int err = errno;
       close(fd);
       if (data == MAP_FAILED) {
         shm_unlink(name.c_str());
