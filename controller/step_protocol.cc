@@ -33,9 +33,9 @@ std::chrono::milliseconds QuickCallTimeout(const StepSpec& spec) {
 }
 
 // Commit and announce: as quick calls, plus what a staged receiver may wait for the watchers
-// that acknowledge a version before its swap (receive.ack_timeout_ms; keep it below this).
+// that acknowledge a version before its swap.
 std::chrono::milliseconds CommitCallTimeout(const StepSpec& spec) {
-  return QuickCallTimeout(spec) + std::chrono::milliseconds(15000);
+  return QuickCallTimeout(spec) + spec.commit_wait;
 }
 
 // The pauses of the replicas that `announced` (agent -> its commit answer; those that failed

@@ -49,6 +49,9 @@ struct StepSpec {
   // the relays that send nothing of their own (not asked to execute once dropped).
   std::map<std::string, std::vector<std::string>> relay_children;
   std::set<std::string> relay_only;
+  // The longest a receiver's commit may wait for its watchers (staged receive,
+  // AgentInfo.commit_wait_ms): commit and announce calls allow that much more.
+  std::chrono::milliseconds commit_wait{0};
 };
 
 // Which replicas of a step are still in it, and why the others were dropped. Dropping is closed

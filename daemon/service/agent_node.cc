@@ -310,6 +310,7 @@ v1::AgentInfo AgentNode::Info() const {
   info.set_version(wb::version::Number());
   std::string why;
   info.set_supports_gpu_memory(GpuMemorySupported(&why));
+  if (mirrors_) info.set_commit_wait_ms(config_.receive.ack_timeout_ms);
   for (const auto& g : gpu::ProbeGpus().gpus) *info.add_gpus() = g;
   return info;
 }
