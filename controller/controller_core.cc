@@ -574,6 +574,15 @@ StepSpec ControllerCore::NextStep(uint64_t version, Clock::time_point started,
   spec.relay_children = plan_.relay_children;
   spec.relay_only = plan_.relay_only;
   spec.receivers = receivers_;
+  {
+    // Staged receivers may wait for their watchers before answering a commit.
+    const std::set<std::string> receiving(receivers_.begin(), receivers_.end());
+    uint32_t wait_ms = 0;
+    for (const AgentRecord& a : membership_.Snapshot()) {
+      if (receiving.count(a.info.name())) wait_ms = std::max(wait_ms, a.info.commit_wait_ms());
+    }
+    spec.commit_wait = std::chrono::milliseconds(wait_ms);
+  }
   spec.started = started;
   spec.timeout = timeout;
   // Delta mode: anchors (dense, shadows refreshed) after a new plan or a failed step and every

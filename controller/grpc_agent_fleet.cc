@@ -140,7 +140,7 @@ std::vector<CallResult<v1::CommitResponse>> GrpcAgentFleet::Commit(
     const std::vector<AgentCall<v1::CommitRequest>>& calls, std::chrono::milliseconds timeout) {
   return SendStepCommands<v1::CommitRequest, v1::CommitResponse>(
       calls, timeout, [](const auto& req, v1::StepCommand* c) { *c->mutable_commit() = req; },
-      [](v1::StepReply*, v1::CommitResponse*) {},
+      [](v1::StepReply* r, v1::CommitResponse* resp) { resp->Swap(r->mutable_commit()); },
       [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncCommit(c, q, cq); });
 }
 

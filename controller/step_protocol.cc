@@ -32,6 +32,46 @@ std::chrono::milliseconds QuickCallTimeout(const StepSpec& spec) {
                     std::chrono::milliseconds(5000));
 }
 
+// Commit and announce: as quick calls, plus what a staged receiver may wait for the watchers
+// that acknowledge a version before its swap.
+std::chrono::milliseconds CommitCallTimeout(const StepSpec& spec) {
+  return QuickCallTimeout(spec) + spec.commit_wait;
+}
+
+// The pauses of the replicas that `announced` (agent -> its commit answer; those that failed
+// left out) completed: per replica whose every agent announced here, the longest of its
+// agents; receivers outside any replica count towards inference_pause_seconds only.
+void AddReplicaPauses(const StepSpec& spec,
+                      const std::map<std::string, v1::CommitResponse>& announced,
+                      const std::set<std::string>& failed, v1::StepResult* result) {
+  if (result == nullptr || announced.empty()) return;
+  std::set<std::string> in_replicas;
+  for (const auto& [replica, agents] : spec.replicas) {
+    double longest = 0;
+    bool staged = false, any = false, whole = true;
+    for (const auto& a : agents) {
+      in_replicas.insert(a);
+      if (failed.count(a)) whole = false;
+      auto it = announced.find(a);
+      if (it == announced.end()) continue;
+      any = true;
+      longest = std::max(longest, it->second.live_write_seconds());
+      staged = staged || it->second.staged();
+    }
+    if (!any || !whole) continue;
+    v1::ReplicaPause* p = result->add_replica_pauses();
+    p->set_replica(replica);
+    p->set_seconds(longest);
+    p->set_staged(staged);
+    result->set_inference_pause_seconds(std::max(result->inference_pause_seconds(), longest));
+  }
+  for (const auto& [agent, answer] : announced) {
+    if (in_replicas.count(agent)) continue;
+    result->set_inference_pause_seconds(
+        std::max(result->inference_pause_seconds(), answer.live_write_seconds()));
+  }
+}
+
 std::string CallError(const grpc::Status& s) {
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return "no answer before the deadline (agent stalled or overloaded)";
@@ -298,7 +338,7 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
   for (const auto& a : book.LiveReceivers()) {
     if (prepare.count(a)) announcing.push_back(a);
   }
-  if (auto unannounced = AnnounceOnReceivers(spec, announcing); !unannounced.empty()) {
+  if (auto unannounced = AnnounceOnReceivers(spec, announcing, result); !unannounced.empty()) {
     // Lost between the two rounds (it died, or the step was aborted there meanwhile): its
     // replica is dropped; the others of that replica announced already (docs/reliability.md).
     std::map<std::string, std::string> as_announce;
@@ -489,14 +529,22 @@ std::map<std::string, std::string> StepProtocol::CommitOnReceivers(
   // The hashes travelled to the receivers; the step result does not need them.
   for (auto& report : *result->mutable_agents()) report.clear_hashes();
   std::map<std::string, std::string> failed;
-  for (const auto& r : fleet_->Commit(calls, QuickCallTimeout(spec))) {
-    if (!r.status.ok()) failed[r.agent] = CallError(r.status);
+  std::map<std::string, v1::CommitResponse> announced;  // those committing without prepare
+  std::set<std::string> failing;
+  for (auto& r : fleet_->Commit(calls, CommitCallTimeout(spec))) {
+    if (!r.status.ok()) {
+      failed[r.agent] = CallError(r.status);
+      failing.insert(r.agent);
+    } else if (!prepare.count(r.agent)) {
+      announced[r.agent] = std::move(r.response);
+    }
   }
+  AddReplicaPauses(spec, announced, failing, result);
   return failed;
 }
 
 std::map<std::string, std::string> StepProtocol::AnnounceOnReceivers(
-    const StepSpec& spec, const std::vector<std::string>& receivers) {
+    const StepSpec& spec, const std::vector<std::string>& receivers, v1::StepResult* result) {
   if (receivers.empty()) return {};
   std::vector<AgentCall<v1::CommitRequest>> calls;
   calls.reserve(receivers.size());
@@ -508,9 +556,17 @@ std::map<std::string, std::string> StepProtocol::AnnounceOnReceivers(
     calls.push_back(std::move(c));
   }
   std::map<std::string, std::string> failed;
-  for (const auto& r : fleet_->Commit(calls, QuickCallTimeout(spec))) {
-    if (!r.status.ok()) failed[r.agent] = CallError(r.status);
+  std::map<std::string, v1::CommitResponse> announced;
+  std::set<std::string> failing;
+  for (auto& r : fleet_->Commit(calls, CommitCallTimeout(spec))) {
+    if (!r.status.ok()) {
+      failed[r.agent] = CallError(r.status);
+      failing.insert(r.agent);
+    } else {
+      announced[r.agent] = std::move(r.response);
+    }
   }
+  AddReplicaPauses(spec, announced, failing, result);
   return failed;
 }
 

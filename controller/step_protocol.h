@@ -49,7 +49,9 @@ struct StepSpec {
   // the relays that send nothing of their own (not asked to execute once dropped).
   std::map<std::string, std::vector<std::string>> relay_children;
   std::set<std::string> relay_only;
-  // Senders the execute phase leaves out (run later, by ForwardAppliedDeltas).
+  // The longest a receiver's commit may wait for its watchers (staged receive,
+  // AgentInfo.commit_wait_ms): commit and announce calls allow that much more.
+  std::chrono::milliseconds commit_wait{0};
   std::set<std::string> hold_back;
   // A capture step (docs/clients.md): the senders (not the relay-only ones) captured this
   // version into `capture_slot` and send from there.
@@ -119,8 +121,11 @@ class StepProtocol {
                                                        const std::vector<std::string>& receivers,
                                                        weightbeam::v1::StepResult* result,
                                                        const std::set<std::string>& prepare = {});
+  // Both add the pauses of the replicas they announce on to `result` (replica_pauses,
+  // inference_pause_seconds): per replica the longest its agents' live tensors were written.
   std::map<std::string, std::string> AnnounceOnReceivers(const StepSpec& spec,
-                                                         const std::vector<std::string>& receivers);
+                                                         const std::vector<std::string>& receivers,
+                                                         weightbeam::v1::StepResult* result);
   // Delta mode with relays: the senders' deltas land in the root relays' receive slots, not
   // where relays forward from. The roots apply them first (a commit with prepare: nothing
   // announced), then the relays forward the applied bytes, dense, down their trees (executing

@@ -41,6 +41,8 @@ struct LocalSession::Impl {
   absl::Mutex events_mu;
   std::deque<v1::Event> events ABSL_GUARDED_BY(events_mu);
   bool watch_ended ABSL_GUARDED_BY(events_mu) = false;
+  grpc::Status watch_status ABSL_GUARDED_BY(events_mu);  // how the event stream ended
+  std::string watcher_name;  // the acknowledging watch's (Watch with ack or swap)
   bool subscribed ABSL_GUARDED_BY(events_mu) = false;
   uint64_t subscribed_version ABSL_GUARDED_BY(events_mu) = 0;
 
@@ -430,10 +432,38 @@ absl::StatusOr<PublishReport> LocalSession::Publish(uint64_t version) {
 }
 
 absl::Status LocalSession::Watch(std::chrono::milliseconds confirm_timeout) {
+  return Watch(WatchOptions{}, confirm_timeout);
+}
+
+std::string LocalSession::watcher_name() const { return impl_->watcher_name; }
+
+absl::Status LocalSession::Ack(uint64_t version, const std::string& error) {
+  if (impl_->watcher_name.empty()) {
+    return absl::FailedPreconditionError("ack: watch with ack or swap first");
+  }
+  v1::SessionRequest req;
+  req.mutable_ack()->set_version(version);
+  req.mutable_ack()->set_watcher(impl_->watcher_name);
+  req.mutable_ack()->set_error(error);
+  return impl_->Call(std::move(req)).status();
+}
+
+absl::Status LocalSession::Watch(const WatchOptions& options,
+                                 std::chrono::milliseconds confirm_timeout) {
   if (impl_->watcher.joinable()) return absl::OkStatus();
   impl_->watch_ctx = std::make_unique<grpc::ClientContext>();
   v1::WatchEventsRequest req;
   req.set_send_subscribed(true);
+  if (options.ack || options.swap) {
+    // One name per session unless the caller picks one: pid and a counter.
+    static std::atomic<uint64_t> sessions{0};
+    impl_->watcher_name = options.watcher.empty()
+                              ? absl::StrCat("pid ", getpid(), " session ", ++sessions)
+                              : options.watcher;
+    req.set_ack(options.ack);
+    req.set_swap(options.swap);
+    req.set_watcher(impl_->watcher_name);
+  }
   auto reader = impl_->stub->WatchEvents(impl_->watch_ctx.get(), req);
   Impl* impl = impl_.get();
   impl_->watcher = std::thread([impl, r = std::move(reader)]() mutable {
@@ -447,8 +477,9 @@ absl::Status LocalSession::Watch(std::chrono::milliseconds confirm_timeout) {
       }
       impl->events.push_back(e);
     }
-    r->Finish().ok();
+    grpc::Status finished = r->Finish();
     absl::MutexLock lock(&impl->events_mu);
+    impl->watch_status = finished;
     impl->watch_ended = true;
   });
   absl::MutexLock lock(&impl->events_mu);
@@ -458,7 +489,8 @@ absl::Status LocalSession::Watch(std::chrono::milliseconds confirm_timeout) {
   impl->events_mu.AwaitWithTimeout(absl::Condition(&confirmed), absl::FromChrono(confirm_timeout));
   if (impl->watch_ended && !impl->subscribed) {
     return absl::UnavailableError(
-        absl::StrCat("the agent at ", impl->socket, " ended the event stream"));
+        absl::StrCat("the agent at ", impl->socket,
+                     " ended the event stream: ", impl->watch_status.error_message()));
   }
   return absl::OkStatus();
 }

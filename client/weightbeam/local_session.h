@@ -106,6 +106,24 @@ class LocalSession {
   // subscription (waiting up to `confirm_timeout`): every event published after Watch()
   // returns is delivered. Agents too old to confirm are waited for the full timeout.
   absl::Status Watch(std::chrono::milliseconds confirm_timeout = std::chrono::seconds(5));
+  // The same, as a watcher that answers (agent receive.mode staged, docs/clients.md): with
+  // `ack` the agent's swap of each version waits (up to its receive.ack_timeout_ms) for this
+  // session's Ack(v) after begin(v), sent once the engine has paused; with `swap` this watcher
+  // hears ready(v) instead of begin(v), copies the staged bytes (Event.staged) into its live
+  // tensors itself and answers Ack(v), or Ack(v, error) when that failed. The watcher name is
+  // this session's (watcher_name()) unless `watcher` names one.
+  struct WatchOptions {
+    bool ack = false;
+    bool swap = false;
+    std::string watcher;
+  };
+  absl::Status Watch(const WatchOptions& options,
+                     std::chrono::milliseconds confirm_timeout = std::chrono::seconds(5));
+  // The name this session's acknowledging watch uses.
+  std::string watcher_name() const;
+  // Answers the agent for `version` (see WatchOptions): paused, swapped, or (error not
+  // empty) the swap failed, which drops this replica from the step, naming the error.
+  absl::Status Ack(uint64_t version, const std::string& error = "");
   // The agent's committed version when the subscription was confirmed (0 before Watch).
   uint64_t watch_start_version() const;
   // The next event, or DEADLINE_EXCEEDED after `timeout`.

@@ -59,9 +59,20 @@ template <typename T>
 class BroadcastWriter : public grpc::ServerWriteReactor<T> {
  public:
   // `first` (optional) builds a message sent before everything published from then on.
-  explicit BroadcastWriter(Broadcaster<T>* bus, std::function<T()> first = nullptr) : bus_(bus) {
-    auto push = [this](const T& m) { Push(m); };
-    id_ = first ? bus_->SubscribeWithFirst(push, first) : bus_->Subscribe(push);
+  explicit BroadcastWriter(Broadcaster<T>* bus, std::function<T()> first = nullptr)
+      : BroadcastWriter(bus, Options{std::move(first), nullptr, nullptr}) {}
+
+  struct Options {
+    std::function<T()> first;            // as above
+    std::function<bool(const T&)> keep;  // null: every message; else those it keeps
+    std::function<void()> on_done;       // when the stream has ended
+  };
+  BroadcastWriter(Broadcaster<T>* bus, Options options)
+      : bus_(bus), keep_(std::move(options.keep)), on_done_(std::move(options.on_done)) {
+    auto push = [this](const T& m) {
+      if (!keep_ || keep_(m)) Push(m);
+    };
+    id_ = options.first ? bus_->SubscribeWithFirst(push, options.first) : bus_->Subscribe(push);
   }
 
   void OnWriteDone(bool ok) override {
@@ -83,6 +94,7 @@ class BroadcastWriter : public grpc::ServerWriteReactor<T> {
 
   void OnDone() override {
     bus_->Unsubscribe(id_);
+    if (on_done_) on_done_();
     delete this;
   }
 
@@ -107,6 +119,8 @@ class BroadcastWriter : public grpc::ServerWriteReactor<T> {
   }
 
   Broadcaster<T>* bus_;
+  const std::function<bool(const T&)> keep_;
+  const std::function<void()> on_done_;
   uint64_t id_ = 0;
   absl::Mutex mu_;
   std::deque<T> queue_ ABSL_GUARDED_BY(mu_);

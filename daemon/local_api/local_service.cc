@@ -13,6 +13,15 @@ namespace wb::local {
 
 namespace v1 = weightbeam::v1;
 
+namespace {
+
+// A watch refused before it started: finishes with its error.
+class RefusedWatch : public grpc::ServerWriteReactor<v1::Event> {
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
 // One process's session: requests are handled one at a time, each answered before the next
 // read, so responses need no queue.
 class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
@@ -128,6 +137,17 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
           }
         }
         return;
+      case v1::SessionRequest::kAck: {
+        const v1::AckVersion& ack = request_.ack();
+        if (service_->acks_ == nullptr) {
+          return Fail(absl::StatusCode::kFailedPrecondition,
+                      "ack: this agent takes no acknowledgements");
+        }
+        if (auto s = service_->acks_->Ack(ack.watcher(), ack.version(), ack.error()); !s.ok()) {
+          return Fail(s.code(), std::string(s.message()));
+        }
+        return;
+      }
       case v1::SessionRequest::kPublish:
         return Fail(absl::StatusCode::kFailedPrecondition,
                     "this agent does not publish to storage (set storage.dir and "
@@ -166,17 +186,45 @@ grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* LocalService::
   return new SessionReactor(this, next_session_++, ctx->peer());
 }
 
-grpc::ServerWriteReactor<v1::Event>* LocalService::WatchEvents(grpc::CallbackServerContext*,
+grpc::ServerWriteReactor<v1::Event>* LocalService::WatchEvents(grpc::CallbackServerContext* ctx,
                                                                const v1::WatchEventsRequest* req) {
-  if (!req->send_subscribed()) return new BroadcastWriter<v1::Event>(events_);
+  const bool acknowledges = req->ack() || req->swap();
+  std::string refused;
+  if (acknowledges && req->watcher().empty()) {
+    refused = "watch with ack or swap needs a watcher name (WatchEventsRequest.watcher)";
+  } else if (acknowledges && acks_ == nullptr) {
+    refused = "this agent takes no acknowledgements";
+  } else if (req->swap() && !staged_) {
+    refused = "watch with swap needs receive.mode staged on this agent (it writes in place)";
+  }
+  if (!refused.empty()) {
+    auto* reactor = new RefusedWatch();
+    reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, refused));
+    return reactor;
+  }
+  BroadcastWriter<v1::Event>::Options options;
   // Built under the bus lock: a commit that lands meanwhile is either counted in the version
   // or delivered after this event (never lost).
-  return new BroadcastWriter<v1::Event>(events_, [this] {
-    v1::Event e;
-    e.set_kind(v1::Event::KIND_SUBSCRIBED);
-    e.set_version(committed_version_ ? committed_version_() : 0);
-    return e;
-  });
+  if (req->send_subscribed()) {
+    options.first = [this] {
+      v1::Event e;
+      e.set_kind(v1::Event::KIND_SUBSCRIBED);
+      e.set_version(committed_version_ ? committed_version_() : 0);
+      return e;
+    };
+  }
+  // A staged agent announces a version as ready(v) and begin(v) at once: watchers that swap
+  // hear the first, the others the second.
+  const bool swap = req->swap();
+  options.keep = [swap, staged = staged_](const v1::Event& e) {
+    if (e.kind() == v1::Event::KIND_READY) return swap;
+    return !(swap && staged && e.kind() == v1::Event::KIND_BEGIN);
+  };
+  if (acknowledges) {
+    const uint64_t id = acks_->Enter(req->watcher(), swap);
+    options.on_done = [acks = acks_, id] { acks->Leave(id); };
+  }
+  return new BroadcastWriter<v1::Event>(events_, std::move(options));
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/local_api/event_bus.h"
 #include "daemon/registry/region_registry.h"
+#include "daemon/staging/ack_book.h"
 #include "weightbeam/v1/local.grpc.pb.h"
 
 namespace wb::local {
@@ -57,12 +58,22 @@ class LocalService final : public weightbeam::v1::Local::CallbackService {
       std::function<absl::StatusOr<weightbeam::v1::PublishResult>(uint64_t version)>;
   void SetPublishHandler(PublishHandler handler) { on_publish_ = std::move(handler); }
 
+  // Watchers that acknowledge (WatchEventsRequest.ack / swap) enter `acks`; their
+  // SessionRequest.ack answers go there. `staged`: receive.mode staged (a watcher that swaps
+  // hears ready(v) instead of begin(v); without it, swap is refused). Set before serving.
+  void SetAckBook(staging::AckBook* acks, bool staged) {
+    acks_ = acks;
+    staged_ = staged;
+  }
+
  private:
   friend class SessionReactor;
   registry::RegionRegistry* registry_;
   EventBus* events_;
   const std::function<void(const std::string& why)> on_refused_;
   PublishHandler on_publish_;
+  staging::AckBook* acks_ = nullptr;
+  bool staged_ = false;
   CredentialLookup credentials_;
   const std::function<uint64_t()> committed_version_;
   std::atomic<uint64_t> next_session_{1};

@@ -473,6 +473,19 @@ absl::StatusOr<uint64_t> RegionRegistry::RegisterQuiet(uint64_t session, const v
     t->object_length = object.length;
   }
   t->owner = owner;
+  t->live = opened->ref;
+  if (stager_ != nullptr && owner.role() == v1::ROLE_INFERENCE) {
+    auto mirror = stager_->Mirror(*opened, caller);
+    if (!mirror.ok()) {
+      return absl::Status(
+          mirror.status().code(),
+          absl::StrCat("tensor '", spec.name(), "': staging: ", mirror.status().message()));
+    }
+    if (mirror->has_value()) {
+      opened = std::move(**mirror);
+      t->staged = true;
+    }
+  }
   t->memory = opened->ref;
   t->location = opened->location;
   t->hold = opened->hold;
@@ -629,6 +642,15 @@ std::shared_ptr<const RegisteredTensor> RegionRegistry::Find(uint64_t region_id)
   auto it = by_region_.find(region_id);
   if (it == by_region_.end()) return nullptr;
   return it->second;
+}
+
+std::vector<std::shared_ptr<const RegisteredTensor>> RegionRegistry::Destinations() const {
+  std::vector<std::shared_ptr<const RegisteredTensor>> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, t] : by_region_) {
+    if (t->owner.role() == v1::ROLE_INFERENCE) out.push_back(t);
+  }
+  return out;
 }
 
 v1::AgentLayout RegionRegistry::Layout(const std::string& agent_name) const {

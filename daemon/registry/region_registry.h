@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -42,6 +43,9 @@ struct OpenedMemory {
   // which transports with windows register once for all its tensors; `hold` keeps it alive.
   // addr == nullptr: `ref` is its own buffer.
   transport::MemoryRef buffer;
+  // Host memory: the shared-memory object `buffer` maps whole (staged swap watchers are told
+  // which staging object mirrors it); empty otherwise.
+  std::string shm_name;
 };
 // Who is registering, as the kernel says (SO_PEERCRED on the Local socket), never as the
 // request says. `known` is false where no kernel credentials exist; openers then refuse.
@@ -57,6 +61,19 @@ struct Caller {
 using MemoryOpener =
     std::function<absl::StatusOr<OpenedMemory>(const weightbeam::v1::MemoryHandle&, const Caller&)>;
 
+// receive.mode staged (daemon/staging): gives a destination the staging mirror that remote
+// writes land in instead of its live memory. The registry registers the mirror with the
+// transports, so every transport (and the delta receiver, and relays) writes and reads it.
+class DestinationStager {
+ public:
+  virtual ~DestinationStager() = default;
+  // The mirror of `live` (the same length, its bytes copied from live), as memory to register;
+  // its hold keeps live and mirror alive. nullopt: the staging budget is spent; the tensor is
+  // registered in place and counted, and the next plan load is refused (never a silent fallback).
+  virtual absl::StatusOr<std::optional<OpenedMemory>> Mirror(const OpenedMemory& live,
+                                                             const Caller& caller) = 0;
+};
+
 // The current keys of a buffer's registration with the transports that rekey it (rdma: a
 // withdrawal inside the buffer registers it afresh), shared by the buffer's tensors, so that
 // every tensor's layout shows the buffer's key of the moment (with the tensor's base).
@@ -71,7 +88,11 @@ struct RegisteredTensor {
   uint64_t session = 0;
   weightbeam::v1::TensorSpec spec;
   weightbeam::v1::Owner owner;
+  // Where writes land and sends read: the live memory, or its staging mirror when staged.
   transport::MemoryRef memory;
+  // The memory its owner reads (the live tensor); the same as `memory` unless staged.
+  transport::MemoryRef live;
+  bool staged = false;
   std::string location;
   std::shared_ptr<MemoryHold> hold;
   // transport name -> the region id that transport assigned (its buffer's, where the transport
@@ -132,6 +153,10 @@ class RegionRegistry {
   int WithdrawSession(uint64_t session);
 
   std::shared_ptr<const RegisteredTensor> Find(uint64_t region_id) const;
+  // Every destination (inference) tensor registered now: the staged swap copies them.
+  std::vector<std::shared_ptr<const RegisteredTensor>> Destinations() const;
+  // receive.mode staged: destinations register their staging mirror (set before serving).
+  void SetStager(DestinationStager* stager) { stager_ = stager; }
   weightbeam::v1::AgentLayout Layout(const std::string& agent_name) const;
   uint64_t generation() const;
   size_t size() const;
@@ -176,6 +201,7 @@ class RegionRegistry {
   std::vector<bool> windowed_;  // per transport: caps().windows
   std::vector<bool> rekeys_;    // per transport: caps().rekeys
   MemoryOpener opener_;
+  DestinationStager* stager_ = nullptr;
 
   // A buffer registered once with the windowed transports, shared by the tensors inside it.
   struct BufferRegistration {

@@ -188,6 +188,10 @@ absl::Status AgentNode::Start() {
   std::vector<transport::Transport*> raw;
   for (auto& t : transports_) raw.push_back(t.get());
   registry_ = std::make_unique<registry::RegionRegistry>(raw, OpenMemory);
+  if (config_.receive.mode == "staged") {
+    mirrors_ = std::make_unique<staging::StagingMirrors>(config_.receive.staging_max_bytes);
+    registry_->SetStager(mirrors_.get());
+  }
   staging_ = std::make_unique<executor::StagingPool>(config_.executor.staging_watermark_bytes, raw);
   preparer_ = std::make_unique<executor::OpPreparer>();
   executor::ExecutorOptions eopts;
@@ -226,6 +230,7 @@ absl::Status AgentNode::Start() {
         absl::MutexLock lock(&mu_);
         return committed_version_;
       });
+  local_service_->SetAckBook(&acks_, mirrors_ != nullptr);
   agent_service_ = std::make_unique<AgentService>(this, *guard);
   if (auto s = StartMetrics(); !s.ok()) return s;
   if (auto s = StartStorage(); !s.ok()) return s;
@@ -306,13 +311,33 @@ v1::AgentInfo AgentNode::Info() const {
   info.set_version(wb::version::Number());
   std::string why;
   info.set_supports_gpu_memory(GpuMemorySupported(&why));
+  if (mirrors_) info.set_commit_wait_ms(config_.receive.ack_timeout_ms);
   for (const auto& g : gpu::ProbeGpus().gpus) *info.add_gpus() = g;
   return info;
 }
 
 v1::AgentLayout AgentNode::Layout() const { return registry_->Layout(config_.name); }
 
+absl::Status AgentNode::CheckStagingFits(uint64_t plan_id) {
+  if (!mirrors_) return absl::OkStatus();
+  uint64_t unstaged = 0, tensors = 0;
+  for (const auto& t : registry_->Destinations()) {
+    if (t->staged) continue;
+    unstaged += t->memory.length;
+    ++tensors;
+  }
+  if (tensors == 0) return absl::OkStatus();
+  metrics_.Error(AgentMetrics::kPlanLoadFailed);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "plan ", plan_id, ": agent ", config_.name, " (receive.mode staged) needs at least ",
+      mirrors_->staged_bytes() + unstaged, " bytes of staging memory (", mirrors_->staged_bytes(),
+      " held, ", unstaged, " more for ", tensors,
+      " destination tensor(s) that did not fit) but receive.staging_max_bytes is ",
+      mirrors_->budget_bytes(), "; raise it, or use receive.mode in_place"));
+}
+
 absl::Status AgentNode::LoadPlan(v1::AgentPlan plan, v1::LoadPlanResponse* resp) {
+  if (auto s = CheckStagingFits(plan.plan_id()); !s.ok()) return s;
   if (plan.delta_receive()) {
     auto s = delta_receiver_->Load(plan, resp);
     if (!s.ok()) metrics_.Error(AgentMetrics::kPlanLoadFailed);
@@ -540,6 +565,7 @@ absl::Status AgentNode::BeginStep(uint64_t version, uint64_t step_id, uint64_t p
   }
   {
     absl::MutexLock fence(&fence_mu_);
+    RestoreStaging();
     // From here on only this step's writes land; writes of an older step (aborted, timed out)
     // still landing are cut and waited for before the controller hears that we began.
     for (auto& t : transports_) {
@@ -555,8 +581,37 @@ absl::Status AgentNode::BeginStep(uint64_t version, uint64_t step_id, uint64_t p
     step_open_ = true;
     open_step_ = step_id;
     open_version_ = version;
+    begun_at_ = std::chrono::steady_clock::now();
+    if (mirrors_) {
+      staging_dirty_ = true;
+      // Staged: the engine keeps serving; begin(v) is announced at the swap.
+      return absl::OkStatus();
+    }
   }
   return Advance(v1::Event::KIND_BEGIN, version);
+}
+
+void AgentNode::RestoreStaging() {
+  if (!mirrors_) return;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!staging_dirty_) return;
+    staging_dirty_ = false;
+    if (acks_.AnySwapper()) {
+      // The live tensors may not hold what a swapping watcher made of its versions.
+      staging_stale_ = true;
+      spdlog::warn(
+          "agent {}: staging holds bytes of an unswapped version; delta patches are "
+          "refused until a dense step",
+          config_.name);
+      return;
+    }
+  }
+  if (auto s = staging::CopyLiveToStaged(registry_->Destinations()); !s.ok()) {
+    spdlog::error("agent {}: {}", config_.name, s.ToString());
+    absl::MutexLock lock(&mu_);
+    staging_stale_ = true;
+  }
 }
 
 absl::Status AgentNode::CloseFenceForCommit(uint64_t version, uint64_t step_id) {
@@ -602,16 +657,26 @@ absl::Status AgentNode::CommitStep(uint64_t version, uint64_t step_id) {
   return CommitStep(req);
 }
 
-absl::Status AgentNode::CommitStep(const v1::CommitRequest& req) {
-  if (req.announce()) return Announce(req.version(), req.step_id());
-  if (auto s = CheckNewer(req.version()); !s.ok()) return s;
-  if (auto s = CloseFenceForCommit(req.version(), req.step_id()); !s.ok()) return s;
-  return Conclude(req);
+bool AgentNode::CommitMayWait(const v1::CommitRequest& req) const {
+  return mirrors_ != nullptr || (req.step_nonce() != 0 && !req.announce());
 }
 
-absl::Status AgentNode::Conclude(const v1::CommitRequest& req) {
-  if (!req.prepare()) return Advance(v1::Event::KIND_COMMIT, req.version());
+absl::Status AgentNode::CommitStep(const v1::CommitRequest& req, v1::CommitResponse* resp) {
+  if (req.announce()) return Announce(req.version(), req.step_id(), resp);
+  if (auto s = CheckNewer(req.version()); !s.ok()) return s;
+  if (auto s = CloseFenceForCommit(req.version(), req.step_id()); !s.ok()) return s;
+  return Conclude(req, resp);
+}
+
+absl::Status AgentNode::Conclude(const v1::CommitRequest& req, v1::CommitResponse* resp) {
+  if (!req.prepare()) {
+    if (auto s = AnnounceCommit(req.version(), resp); !s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    if (req.delta_base_version() == 0) staging_stale_ = false;  // rewritten whole
+    return absl::OkStatus();
+  }
   absl::MutexLock lock(&mu_);
+  prepared_dense_ = req.delta_base_version() == 0;
   if (req.version() <= committed_version_) {
     metrics_.Error(AgentMetrics::kCommitRefused);
     return absl::FailedPreconditionError(absl::StrCat("version ", req.version(),
@@ -624,7 +689,8 @@ absl::Status AgentNode::Conclude(const v1::CommitRequest& req) {
   return absl::OkStatus();
 }
 
-absl::Status AgentNode::Announce(uint64_t version, uint64_t step_id) {
+absl::Status AgentNode::Announce(uint64_t version, uint64_t step_id, v1::CommitResponse* resp) {
+  bool dense = false;
   {
     absl::MutexLock lock(&mu_);
     if (!prepared_ || prepared_version_ != version || prepared_step_ != step_id) {
@@ -635,7 +701,76 @@ absl::Status AgentNode::Announce(uint64_t version, uint64_t step_id) {
                        "to announce it"));
     }
     prepared_ = false;
+    dense = prepared_dense_;
   }
+  if (auto s = AnnounceCommit(version, resp); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (dense) staging_stale_ = false;  // rewritten whole
+  return absl::OkStatus();
+}
+
+absl::Status AgentNode::AnnounceCommit(uint64_t version, v1::CommitResponse* resp) {
+  v1::CommitResponse unused;
+  if (resp == nullptr) resp = &unused;
+  if (!mirrors_) {
+    {
+      absl::MutexLock lock(&mu_);
+      resp->set_live_write_seconds(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - begun_at_).count());
+    }
+    return Advance(v1::Event::KIND_COMMIT, version);
+  }
+  resp->set_staged(true);
+  if (auto s = CheckNewer(version); !s.ok()) return s;
+  // Watchers that pause hear begin(v); those that swap by themselves hear ready(v) and where
+  // the staged bytes lie (local::LocalService sends each kind to its own watchers).
+  const bool swapper = acks_.AnySwapper();
+  v1::Event ready;
+  ready.set_kind(v1::Event::KIND_READY);
+  ready.set_version(version);
+  for (auto& o : mirrors_->HostObjects()) *ready.add_staged() = std::move(o);
+  {
+    absl::MutexLock lock(&mu_);
+    swapping_version_ = version;
+    swap_aborted_ = false;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  events_.Publish(ready);
+  Publish(v1::Event::KIND_BEGIN, version, "");
+  absl::Status swapped =
+      acks_.Wait(version, std::chrono::milliseconds(config_.receive.ack_timeout_ms));
+  {
+    // An abort that came while the watchers were waited for: the version never goes live.
+    absl::MutexLock lock(&mu_);
+    if (swap_aborted_ && swapped.ok()) {
+      swapped = absl::AbortedError("the step was aborted while its watchers were waited for");
+    }
+    swapping_version_ = 0;
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  if (swapped.ok() && !swapper) {
+    swapped = staging::CopyStagedToLive(registry_->Destinations());
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  if (!swapped.ok()) {
+    // Watchers heard begin(v): they hear abort(v). The live tensors still hold v-1 unless a
+    // copy failed part way (then the replica is dropped from the step and serves no version).
+    const std::string why = absl::StrCat("agent ", config_.name, ": staged swap of version ",
+                                         version, ": ", swapped.message());
+    Publish(v1::Event::KIND_ABORT, version, why);
+    metrics_.Error(AgentMetrics::kCommitRefused);
+    // Aborted, never DEADLINE_EXCEEDED: the controller reads that as "no answer".
+    return absl::AbortedError(why);
+  }
+  // The live tensors were written during the copy; a watcher swapping by itself, from ready(v)
+  // until it answered.
+  resp->set_live_write_seconds(std::chrono::duration<double>(swapper ? t2 - t0 : t2 - t1).count());
+  {
+    absl::MutexLock lock(&mu_);
+    staging_dirty_ = false;
+  }
+  spdlog::info("version {}: swapped into the live tensors in {:.3f} s{}", version,
+               resp->live_write_seconds(), swapper ? " (by a watcher)" : "");
   return Advance(v1::Event::KIND_COMMIT, version);
 }
 
@@ -672,14 +807,24 @@ void AgentNode::Publish(v1::Event::Kind kind, uint64_t version, const std::strin
   events_.Publish(e);
 }
 
-absl::Status AgentNode::Begin(uint64_t version) { return Advance(v1::Event::KIND_BEGIN, version); }
-
-absl::Status AgentNode::Commit(uint64_t version) {
-  return Advance(v1::Event::KIND_COMMIT, version);
+absl::Status AgentNode::Begin(uint64_t version) {
+  if (!mirrors_) return Advance(v1::Event::KIND_BEGIN, version);
+  // Staged: the storage path writes the version into the staging mirrors (the registry's
+  // memory); begin(v) is announced at the swap.
+  if (auto s = CheckNewer(version); !s.ok()) return s;
+  {
+    absl::MutexLock fence(&fence_mu_);
+    RestoreStaging();
+  }
+  absl::MutexLock lock(&mu_);
+  staging_dirty_ = true;
+  return absl::OkStatus();
 }
 
-absl::Status AgentNode::Commit(const v1::CommitRequest& req) {
-  if (req.announce()) return Announce(req.version(), req.step_id());
+absl::Status AgentNode::Commit(uint64_t version) { return AnnounceCommit(version, nullptr); }
+
+absl::Status AgentNode::Commit(const v1::CommitRequest& req, v1::CommitResponse* resp) {
+  if (req.announce()) return Announce(req.version(), req.step_id(), resp);
   {
     absl::MutexLock lock(&mu_);
     if (req.version() <= committed_version_) {
@@ -696,6 +841,14 @@ absl::Status AgentNode::Commit(const v1::CommitRequest& req) {
           " apply on version ", req.delta_base_version(), " but this agent holds version ",
           committed_version_, "; refusing them (the next anchor brings it up to date)"));
     }
+    if (req.delta_base_version() != 0 && staging_stale_) {
+      metrics_.Error(AgentMetrics::kCommitRefused);
+      return absl::FailedPreconditionError(
+          absl::StrCat("delta mode on agent ", config_.name,
+                       ": its staging memory holds bytes of an aborted "
+                       "version that could not be restored; refusing deltas of version ",
+                       req.version(), " (the next anchor brings it up to date)"));
+    }
   }
   if (auto s = CloseFenceForCommit(req.version(), req.step_id()); !s.ok()) return s;
   delta::ApplyStats stats;
@@ -711,7 +864,7 @@ absl::Status AgentNode::Commit(const v1::CommitRequest& req) {
   // A relay's bytes of this step are final now: its relay ops, run after this prepare
   // (controller/step_protocol.cc, delta mode with relays), forward them without waiting.
   landing_.LandAll(req.step_id());
-  return Conclude(req);
+  return Conclude(req, resp);
 }
 
 absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint64_t step_id) {
@@ -743,6 +896,7 @@ absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint6
     if (prepared_ && (step_id != 0 ? prepared_step_ == step_id : prepared_version_ == version)) {
       prepared_ = false;
     }
+    if (swapping_version_ == version) swap_aborted_ = true;
   }
   Publish(v1::Event::KIND_ABORT, version, reason);
   return absl::OkStatus();
@@ -785,6 +939,10 @@ absl::StatusOr<std::string> AgentNode::Handshake(const v1::HandshakeRequest& req
 }
 
 absl::Status AgentNode::Introduce(uint64_t plan_id, const std::vector<std::string>& senders) {
+  // A receiver of the plan: its staging must hold every destination (plans load after this).
+  if (!senders.empty()) {
+    if (auto s = CheckStagingFits(plan_id); !s.ok()) return s;
+  }
   std::vector<std::string> dropped;
   {
     absl::MutexLock lock(&mu_);

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <set>
@@ -28,6 +29,8 @@
 #include "daemon/registry/region_registry.h"
 #include "daemon/service/agent_metrics.h"
 #include "daemon/service/peer_connector.h"
+#include "daemon/staging/ack_book.h"
+#include "daemon/staging/staging_mirrors.h"
 #include "daemon/storage/storage_agent.h"
 #include "daemon/transport/transport.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
@@ -71,9 +74,15 @@ class AgentNode {
   absl::Status CommitStep(uint64_t version, uint64_t step_id);
   // The same for a request: with `prepare` the commit is done but not announced, and a later
   // request with `announce` announces it (an Abort, or the next Begin, withdraws it instead).
-  absl::Status CommitStep(const weightbeam::v1::CommitRequest& req);
+  // `resp` (optional): on the commit that announces, how long the live tensors were written.
+  absl::Status CommitStep(const weightbeam::v1::CommitRequest& req,
+                          weightbeam::v1::CommitResponse* resp = nullptr);
   // Delta mode: applies this attempt's delta slots (and checks hashes) before committing.
-  absl::Status Commit(const weightbeam::v1::CommitRequest& req);
+  absl::Status Commit(const weightbeam::v1::CommitRequest& req,
+                      weightbeam::v1::CommitResponse* resp = nullptr);
+  // Whether a commit of `req` may wait (delta application, or a staged swap waiting for
+  // watchers' acknowledgements): then it runs off the calling thread.
+  bool CommitMayWait(const weightbeam::v1::CommitRequest& req) const;
   // Cancels the step's execution here and closes its fence if it is the open one (a late
   // abort of an older step leaves the current one alone). step_id 0: by version.
   absl::Status Abort(uint64_t version, const std::string& reason, uint64_t step_id = 0);
@@ -108,8 +117,18 @@ class AgentNode {
   absl::Status CloseFenceForCommit(uint64_t version, uint64_t step_id);
   // The end of a commit whose work is done: announced at once, or held (prepare) until
   // Announce.
-  absl::Status Conclude(const weightbeam::v1::CommitRequest& req);
-  absl::Status Announce(uint64_t version, uint64_t step_id);
+  absl::Status Conclude(const weightbeam::v1::CommitRequest& req,
+                        weightbeam::v1::CommitResponse* resp);
+  absl::Status Announce(uint64_t version, uint64_t step_id, weightbeam::v1::CommitResponse* resp);
+  // Announces a committed version: in place, commit(v) at once; staged, begin(v) (ready(v) to
+  // watchers that swap), the wait for acknowledging watchers, the copy staging -> live (unless
+  // a watcher swaps), then commit(v). `resp` gets the time the live tensors were written.
+  absl::Status AnnounceCommit(uint64_t version, weightbeam::v1::CommitResponse* resp);
+  // Staged, before a step's fence opens: mirrors a step left unswapped (aborted, withdrawn) are
+  // made equal to the live tensors again, so that writes and deltas land on what is live.
+  void RestoreStaging() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fence_mu_);
+  // Staged: refuses plans while a destination tensor has no staging mirror (budget spent).
+  absl::Status CheckStagingFits(uint64_t plan_id);
   // A prepared version not announced: withdrawn (abort(v) to the watchers) with `reason`.
   void WithdrawPrepared(const std::string& reason);
   void Publish(weightbeam::v1::Event::Kind kind, uint64_t version, const std::string& reason);
@@ -163,6 +182,21 @@ class AgentNode {
   bool prepared_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t prepared_step_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t prepared_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // receive.mode staged (null when in place): staging mirrors and acknowledging watchers.
+  std::unique_ptr<staging::StagingMirrors> mirrors_;
+  staging::AckBook acks_;
+  // Staged: a step began and its version was not swapped in yet (the mirrors may differ from
+  // the live tensors). Stale: an aborted step's mirrors could not be restored (a watcher swaps
+  // by itself, so the live tensors are not ours to read); delta patches are refused until a
+  // dense step rewrites them.
+  bool staging_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  bool staging_stale_ ABSL_GUARDED_BY(mu_) = false;
+  bool prepared_dense_ ABSL_GUARDED_BY(mu_) = false;  // the prepared version was no delta patch
+  // The version whose swap waits for watchers now (0: none), and whether an abort of it came.
+  uint64_t swapping_version_ ABSL_GUARDED_BY(mu_) = 0;
+  bool swap_aborted_ ABSL_GUARDED_BY(mu_) = false;
+  // In place: when the open step began (its live tensors are written from then on).
+  std::chrono::steady_clock::time_point begun_at_ ABSL_GUARDED_BY(mu_);
   // Serializes fence moves (Begin, Commit, Abort) so the transports see them in one order.
   absl::Mutex fence_mu_;  // taken before mu_
   std::atomic<bool> shutting_down_{false};

@@ -75,12 +75,17 @@ grpc::ServerUnaryReactor* AgentService::Begin(grpc::CallbackServerContext* ctx,
 }
 
 grpc::ServerUnaryReactor* AgentService::Commit(grpc::CallbackServerContext* ctx,
-                                               const v1::CommitRequest* req, v1::CommitResponse*) {
+                                               const v1::CommitRequest* req,
+                                               v1::CommitResponse* resp) {
   if (auto a = guard_.AdmitController(*ctx, "Agent.Commit"); !a.ok()) return Refuse(ctx, a);
-  if (req->step_nonce() == 0 || req->announce()) return Done(ctx, node_->CommitStep(*req));
-  // Delta mode: applying the deltas takes a while; do it off the callback thread.
+  const bool delta = req->step_nonce() != 0 && !req->announce();
+  if (!node_->CommitMayWait(*req)) return Done(ctx, node_->CommitStep(*req, resp));
+  // Delta mode (applying the deltas) and staged swaps (waiting for watchers) take a while:
+  // off the callback thread.
   auto* reactor = ctx->DefaultReactor();
-  long_calls_.Submit([this, reactor, req] { reactor->Finish(ToGrpc(node_->Commit(*req))); });
+  long_calls_.Submit([this, reactor, req, resp, delta] {
+    reactor->Finish(ToGrpc(delta ? node_->Commit(*req, resp) : node_->CommitStep(*req, resp)));
+  });
   return reactor;
 }
 

@@ -64,6 +64,7 @@ absl::StatusOr<registry::OpenedMemory> OpenMemory(const weightbeam::v1::MemoryHa
     // The object's one mapping: every tensor in it shares one registration per transport.
     m.buffer = {view->mapping->data(), view->mapping->length(), transport::MemoryKind::kHost, -1};
     m.location = "host";
+    m.shm_name = h.shm_name();
     m.hold = std::make_shared<ShmHold>(std::move(view->mapping));
     return m;
   }

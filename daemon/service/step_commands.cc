@@ -24,16 +24,28 @@ void RunStepCommand(AgentNode* node, executor::WorkerPool* long_calls, ExecuteOn
       reply(StepReplyFor(seq, node->BeginStep(req.version(), req.step_id(), req.plan_id())));
       return;
     }
-    case v1::StepCommand::kCommit:
-      if (command.commit().step_nonce() == 0 || command.commit().announce()) {
-        reply(StepReplyFor(seq, node->CommitStep(command.commit())));
+    case v1::StepCommand::kCommit: {
+      // The commit's own answer travels with the reply (how long live tensors were written).
+      auto commit = [node](const v1::StepCommand& c) {
+        v1::CommitResponse resp;
+        const v1::CommitRequest& req = c.commit();
+        const bool delta = req.step_nonce() != 0 && !req.announce();
+        absl::Status s = delta ? node->Commit(req, &resp) : node->CommitStep(req, &resp);
+        v1::StepReply r = StepReplyFor(c.seq(), s);
+        if (s.ok()) *r.mutable_commit() = std::move(resp);
+        return r;
+      };
+      if (!node->CommitMayWait(command.commit())) {
+        reply(commit(command));
         return;
       }
-      // Delta mode: applying the deltas takes a while; off the calling thread.
-      long_calls->Submit([node, reply = std::move(reply), command = std::move(command)] {
-        reply(StepReplyFor(command.seq(), node->Commit(command.commit())));
+      // Delta mode (applying the deltas) and staged swaps (waiting for watchers) take a while:
+      // off the calling thread.
+      long_calls->Submit([commit, reply = std::move(reply), command = std::move(command)] {
+        reply(commit(command));
       });
       return;
+    }
     case v1::StepCommand::kExecute: {
       const bool from_capture = command.execute().from_capture();
       auto execute = [node, reply = std::move(reply), command = std::move(command)] {

@@ -437,3 +437,35 @@ TEST_CASE("shared memory shrunk under the storage path fails a version, not the 
   ExpectCommit(inference, 5);
   CHECK(Verified(inference, truth));
 }
+
+TEST_CASE("storage path into a staged agent: versions land in staging and swap at commit") {
+  const std::string dir = wb::testing::TempDir("wb-storage-staged-");
+  const std::string shared = dir + "/bucket";
+  auto pub =
+      StartAgent(dir, "train-site", "  dir: " + shared + "\n  role: publish\n  anchor_every: 4\n");
+  auto sub = StartAgent(
+      dir, "infer-site",
+      "  dir: " + shared + "\n  role: subscribe\n  poll_ms: 50\nreceive:\n  mode: staged\n");
+  std::vector<Side> inference;
+  for (int r = 0; r < 2; ++r) {
+    inference.push_back(OpenSide(dir + "/infer-site.sock", v1::ROLE_INFERENCE, r));
+  }
+  std::vector<Side> trainers;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(OpenSide(dir + "/train-site.sock", v1::ROLE_TRAINER, r));
+  }
+  Truth truth;
+  // An anchor, then deltas: each patches the staging mirrors, which hold what is live.
+  for (uint32_t v = 1; v <= 3; ++v) {
+    TrainStep(trainers, v);
+    truth.Advance(v);
+    auto r = trainers[0].session.Publish(v);
+    INFO((r.ok() ? "" : std::string(r.status().message())));
+    REQUIRE(r.ok());
+    ExpectCommit(inference, v);
+    CHECK(Verified(inference, truth));
+  }
+  std::ifstream log(dir + "/infer-site.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  CHECK_THAT(text, Catch::Contains("version 3: swapped into the live tensors"));
+}

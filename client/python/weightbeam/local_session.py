@@ -28,18 +28,30 @@ _KINDS = {
     types_pb2.Event.KIND_BEGIN: "begin",
     types_pb2.Event.KIND_COMMIT: "commit",
     types_pb2.Event.KIND_ABORT: "abort",
+    5: "ready",  # Event.KIND_READY (by number, as below)
 }
 _KIND_SUBSCRIBED = 4  # Event.KIND_SUBSCRIBED (by number: older generated stubs lack the name)
 _END = object()  # ends the request stream
 
 
 @dataclasses.dataclass(frozen=True)
+class StagedObject:
+    """Where a "ready" event's staged bytes lie: a tensor at offset o of the shared-memory
+    object ``shm_name`` (as registered) is staged at offset o of ``staging_shm_name``."""
+    shm_name: str
+    staging_shm_name: str
+    length: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Event:
-    """A step event on this node: kind "begin", "commit" or "abort", the version, and for an
-    abort the reason."""
+    """A step event on this node: kind "begin", "commit", "abort" or (a watcher that swaps,
+    agent receive.mode staged) "ready", the version, for an abort the reason, for "ready"
+    where the staged bytes lie (``staged``, StagedObject's)."""
     kind: str
     version: int
     reason: str = ""
+    staged: tuple = ()
 
 
 class LocalSession(ClosesOnExit):
@@ -63,6 +75,7 @@ class LocalSession(ClosesOnExit):
         self._next_id = 1
         self._closed = False
         self._events = queue.Queue()
+        self.watcher_name = ""  # the acknowledging watch's (watch(ack=True) or swap=True)
         self._watch_call = None
         self._watcher = None
         self._ready = {}  # tensor name -> what sources_ready() waits for before a step
@@ -181,11 +194,18 @@ class LocalSession(ClosesOnExit):
 
     # ---- events -------------------------------------------------------------------------
 
-    def watch(self, confirm_timeout=5.0):
+    def watch(self, confirm_timeout=5.0, ack=False, swap=False, watcher=None):
         """Subscribes to this node's events and returns once the agent confirms the
         subscription (up to ``confirm_timeout`` seconds): every event published after
         watch() returns is delivered. ``watch_start_version`` is then the agent's committed
-        version at that moment."""
+        version at that moment.
+
+        Agent receive.mode staged (docs/clients.md): with ``ack`` the swap of each version
+        waits (up to the agent's receive.ack_timeout_ms) for ``ack(v)`` after "begin" v, sent
+        once the engine has paused; with ``swap`` this watcher hears "ready" v instead of
+        "begin", copies the staged bytes (``Event.staged``) into its live tensors itself and
+        answers ``ack(v)``, or ``ack(v, error=...)`` when that failed. ``watcher`` names the
+        watcher (default: one name per session, ``watcher_name``)."""
         if self._watcher is not None:
             return
         self._check_open()
@@ -193,12 +213,32 @@ class LocalSession(ClosesOnExit):
             request = local_pb2.WatchEventsRequest(send_subscribed=True)
         except ValueError:  # stubs generated before the field existed
             request = local_pb2.WatchEventsRequest()
+        if ack or swap:
+            self.watcher_name = watcher or f"pid {os.getpid()} session {id(self):x}"
+            request.ack = bool(ack)
+            request.swap = bool(swap)
+            request.watcher = self.watcher_name
         self._subscribed = threading.Event()
         self.watch_start_version = 0
         self._watch_call = self._stub.WatchEvents(request)
         self._watcher = threading.Thread(target=self._pump_events, name="wb-events", daemon=True)
         self._watcher.start()
         self._subscribed.wait(confirm_timeout)
+        if (ack or swap) and self.watch_start_version == 0 and not self._events.empty():
+            # Refused (no watcher name, swap on an agent writing in place): say why now.
+            item = self._events.queue[0]
+            if isinstance(item, WeightbeamError):
+                raise item
+
+    def ack(self, version, error=""):
+        """Answers the agent for ``version`` after watch(ack=True) (paused) or
+        watch(swap=True) (swapped; a non-empty ``error``: the swap failed, which drops this
+        replica from the step, naming the error)."""
+        if not self.watcher_name:
+            raise WeightbeamError("ack: watch with ack=True or swap=True first",
+                                  "FAILED_PRECONDITION")
+        self._call(local_pb2.SessionRequest(ack=local_pb2.AckVersion(
+            version=version, watcher=self.watcher_name, error=error)))
 
     def next_event(self, timeout=None):
         """The next Event, or None after ``timeout`` seconds (None: wait for ever). Raises
@@ -272,7 +312,10 @@ class LocalSession(ClosesOnExit):
                     self.watch_start_version = e.version
                     self._subscribed.set()
                     continue
-                self._events.put(Event(_KINDS.get(e.kind, "unspecified"), e.version, e.reason))
+                staged = tuple(StagedObject(o.shm_name, o.staging_shm_name, o.length)
+                               for o in e.staged)
+                self._events.put(Event(_KINDS.get(e.kind, "unspecified"), e.version, e.reason,
+                                       staged))
             end = WeightbeamError("the agent ended the event stream", "UNAVAILABLE")
         except grpc.RpcError as e:
             end = WeightbeamError(

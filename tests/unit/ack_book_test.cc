@@ -1,0 +1,63 @@
+// The watchers a staged swap waits for (daemon/staging/ack_book.h).
+#include "daemon/staging/ack_book.h"
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <string>
+#include <thread>
+
+using wb::staging::AckBook;
+using namespace std::chrono_literals;
+
+TEST_CASE("ack book: nobody asked, nothing to wait for") {
+  AckBook book;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(book.Wait(7, 2s).ok());
+  CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
+  CHECK_FALSE(book.AnySwapper());
+}
+
+TEST_CASE("ack book: waits for each watcher's answer to this version") {
+  AckBook book;
+  book.Enter("engine-a", false);
+  book.Enter("engine-b", true);
+  CHECK(book.AnySwapper());
+  REQUIRE(book.Ack("engine-a", 3, "").ok());
+  REQUIRE(book.Ack("engine-b", 2, "").ok());  // an older version does not count
+  std::thread late([&] {
+    std::this_thread::sleep_for(200ms);
+    book.Ack("engine-b", 3, "").IgnoreError();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(book.Wait(3, 5s).ok());
+  CHECK(std::chrono::steady_clock::now() - t0 >= 150ms);
+  late.join();
+}
+
+TEST_CASE("ack book: a silent watcher times out by name; one that leaves is not waited for") {
+  AckBook book;
+  book.Enter("answers", false);
+  const uint64_t silent = book.Enter("silent", false);
+  REQUIRE(book.Ack("answers", 5, "").ok());
+  absl::Status s = book.Wait(5, 300ms);
+  CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("silent") && Catch::Contains("300 ms"));
+  CHECK_THAT(std::string(s.message()), !Catch::Contains("answers"));
+  std::thread leave([&] {
+    std::this_thread::sleep_for(100ms);
+    book.Leave(silent);
+  });
+  CHECK(book.Wait(5, 5s).ok());
+  leave.join();
+}
+
+TEST_CASE("ack book: a failed swap is named; unknown watchers are refused") {
+  AckBook book;
+  book.Enter("swapper", true);
+  REQUIRE(book.Ack("swapper", 9, "out of memory").ok());
+  absl::Status s = book.Wait(9, 5s);
+  CHECK(s.code() == absl::StatusCode::kAborted);
+  CHECK_THAT(std::string(s.message()),
+             Catch::Contains("swapper") && Catch::Contains("out of memory"));
+  CHECK(book.Ack("nobody", 9, "").code() == absl::StatusCode::kNotFound);
+}
