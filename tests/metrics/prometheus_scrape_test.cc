@@ -101,6 +101,11 @@ TEST_CASE("Prometheus scrapes the controller and both agents through two real st
   CHECK(value("weightbeam_controller_step_duration_seconds_count") == 2);
   CHECK(value("weightbeam_controller_step_duration_seconds_sum") > 0);
   CHECK(value("weightbeam_controller_step_duration_seconds_bucket{le=\"+Inf\"}") == 2);
+  // Who waited: in place, the trainer for each whole step and the one replica for its transfer.
+  CHECK(value("weightbeam_trainer_stall_seconds_count") == 2);
+  CHECK(value("weightbeam_trainer_stall_seconds_sum") > 0);
+  CHECK(value("weightbeam_inference_pause_seconds_count") == 2);
+  CHECK(value("weightbeam_inference_pause_seconds_sum") > 0);
   CHECK(value("weightbeam_agents_alive") == 2);
   CHECK(value("weightbeam_agents_lost") == 0);
   const double plan_bytes = value("weightbeam_plan_bytes");
