@@ -17,9 +17,9 @@
 #include "client/weightbeam/controller_client.h"
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
-#include "daemon/transform/transform.h"
 #include "tests/support/cluster.h"
 #include "tests/support/controller_calls.h"
+#include "tests/support/fp8_reference.h"
 #include "tests/support/one_tensor.h"
 
 namespace v1 = weightbeam::v1;
@@ -72,6 +72,17 @@ Side OpenFp8(const std::string& socket, int replica) {
                       *b, kTensorBytes + kFp8Bytes, kScaleBytes)
               .ok());
   return Side{std::move(*b), std::move(*s)};
+}
+
+// What an FP8 replica must hold, from the trainer's BF16: a.weight as it is, b.weight
+// quantized on the CPU with its block scales.
+std::vector<uint8_t> ExpectedFp8Side(const Side& trainer) {
+  std::vector<uint8_t> out(kFp8SideBytes);
+  const auto* src = static_cast<const uint8_t*>(trainer.buffer.data());
+  std::memcpy(out.data(), src, kTensorBytes);
+  wb::testing::QuantizeFp8Blocks(src + kTensorBytes, kRows, kCols, out.data() + kTensorBytes,
+                                 reinterpret_cast<float*>(out.data() + kTensorBytes + kFp8Bytes));
+  return out;
 }
 
 // A controller, "trainer-node" and kReplicas inference agents "infer-R" (one replica each),
@@ -158,24 +169,6 @@ TEST_CASE("relays: FP8 replicas get their quantized bytes and scales from the re
   const int fanout = GENERATE(1, 2);
   INFO("fan-out " << fanout);
   Fleet f(fanout, "", /*fp8=*/true);
-  // What every replica must hold, computed here from the trainer's BF16: a.weight as it is,
-  // b.weight quantized on the CPU with its block scales.
-  auto expected = [&] {
-    std::vector<uint8_t> out(kFp8SideBytes);
-    const auto* src = static_cast<const uint8_t*>(f.trainer->buffer.data());
-    std::memcpy(out.data(), src, kTensorBytes);
-    wb::transform::TransformDesc d;
-    d.kind = wb::transform::Kind::kFp8Block;
-    d.src_dtype = wb::transform::DType::kBF16;
-    d.dst_dtype = wb::transform::DType::kF8E4M3;
-    d.rows = kRows;
-    d.cols = kCols;
-    REQUIRE(wb::transform::ApplyTransformCpu(
-                d, src + kTensorBytes, out.data() + kTensorBytes,
-                reinterpret_cast<float*>(out.data() + kTensorBytes + kFp8Bytes), 1)
-                .ok());
-    return out;
-  };
   for (uint32_t v = 1; v <= 2; ++v) {
     Fill(&*f.trainer, v);
     const v1::StepResult step = wb::testing::RequireCommitted(f.ctl->Step(v));
@@ -185,7 +178,7 @@ TEST_CASE("relays: FP8 replicas get their quantized bytes and scales from the re
       if (a.agent() == "trainer-node") trainer_bytes += a.bytes_sent();
     }
     CHECK(trainer_bytes == kFp8SideBytes);  // the root's bytes only; the relays forward the rest
-    const std::vector<uint8_t> want = expected();
+    const std::vector<uint8_t> want = ExpectedFp8Side(*f.trainer);
     for (int r = 0; r < kReplicas; ++r) {
       INFO("replica " << r << " version " << v);
       const auto* got = static_cast<const uint8_t*>(f.replicas[r].buffer.data());
@@ -211,22 +204,6 @@ TEST_CASE("relays in delta mode: the roots apply the deltas, the relays forward 
       p[i] = static_cast<uint16_t>(0x3c00 + ((i * 11 + bump) & 0x3ff));
     }
   };
-  auto expected = [&] {
-    std::vector<uint8_t> out(kFp8SideBytes);
-    const auto* src = static_cast<const uint8_t*>(f.trainer->buffer.data());
-    std::memcpy(out.data(), src, kTensorBytes);
-    wb::transform::TransformDesc d;
-    d.kind = wb::transform::Kind::kFp8Block;
-    d.src_dtype = wb::transform::DType::kBF16;
-    d.dst_dtype = wb::transform::DType::kF8E4M3;
-    d.rows = kRows;
-    d.cols = kCols;
-    REQUIRE(wb::transform::ApplyTransformCpu(
-                d, src + kTensorBytes, out.data() + kTensorBytes,
-                reinterpret_cast<float*>(out.data() + kTensorBytes + kFp8Bytes), 1)
-                .ok());
-    return out;
-  };
   int delta_steps = 0;
   for (uint32_t v = 1; v <= 6; ++v) {
     fill_sparse(v);
@@ -250,7 +227,7 @@ TEST_CASE("relays in delta mode: the roots apply the deltas, the relays forward 
       ++delta_steps;
       CHECK(trainer_sent < kFp8SideBytes / 4);
     }
-    const std::vector<uint8_t> want = expected();
+    const std::vector<uint8_t> want = ExpectedFp8Side(*f.trainer);
     for (int r = 0; r < kReplicas; ++r) {
       INFO("replica " << r << " version " << v);
       CHECK(std::memcmp(f.replicas[r].buffer.data(), want.data(), kFp8SideBytes) == 0);
