@@ -2,8 +2,10 @@
 with an inference worker holding the same tensors, its steps commit."""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 
 import numpy as np
@@ -11,7 +13,9 @@ import numpy as np
 import weightbeam
 from cluster import Cluster
 
-EXAMPLE = os.path.join(os.environ.get("WB_SRC_DIR", "."), "client/python/examples/train_loop.py")
+EXAMPLES = os.path.join(os.environ.get("WB_SRC_DIR", "."), "client/python/examples")
+EXAMPLE = os.path.join(EXAMPLES, "train_loop.py")
+WORKER = os.path.join(EXAMPLES, "inference_worker.py")
 SHAPES = {"embed.weight": (1024, 256), "layers.0.mlp.weight": (512, 256), "norm.weight": (256,)}
 
 
@@ -41,6 +45,34 @@ class TrainLoopExampleTest(unittest.TestCase):
             worker.close()
             buffer.close()
         finally:
+            cluster.stop()
+
+    def test_the_examples_with_capture_and_an_acknowledging_staged_worker(self):
+        # The agent captures each step and stages what it receives; the worker acknowledges
+        # each begin, and checks every commit against the checksum the trainer wrote.
+        cluster = Cluster(["node"], trainer_ranks=1,
+                          agent_yaml=lambda name: "capture:\n  max_bytes: 64MiB\n"
+                                                  "receive:\n  mode: staged\n")
+        checksums = tempfile.mkdtemp(prefix="wb-example-")
+        try:
+            worker = subprocess.Popen(
+                [sys.executable, WORKER, "--socket", cluster.sockets["node"], "--ack",
+                 "--commits", "3", "--timeout", "60", "--checksum-dir", checksums],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self.assertIn("waiting for commits", worker.stdout.readline())
+            run = subprocess.run(
+                [sys.executable, EXAMPLE, "--socket", cluster.sockets["node"], "--controller",
+                 cluster.controller_address, "--steps", "3", "--checksum-dir", checksums],
+                capture_output=True, text=True, timeout=120)
+            self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+            self.assertIn("step 3: ", run.stdout)
+            self.assertIn("(trainer held", run.stdout)
+            self.assertIn("captured)", run.stdout)  # not "in place": the agent captured
+            out, _ = worker.communicate(timeout=60)
+            self.assertEqual(worker.returncode, 0, out)
+            self.assertEqual(out.count("checksum OK"), 3, out)
+        finally:
+            shutil.rmtree(checksums, ignore_errors=True)
             cluster.stop()
 
 

@@ -14,7 +14,11 @@
 
 The agent writes new weights straight into the registered memory while a step runs ("begin"),
 and "commit" says the version is complete on every worker; an engine stops reading the weights
-between the two (or double-buffers). Host tensors live in a SharedBuffer, as in train_loop.py.
+between the two (or double-buffers). With the agent's `receive.mode: staged` the bytes land in
+staging memory instead and "begin" comes only when all of them are there: the live tensors
+change in one local copy before "commit". With --ack this worker acknowledges each "begin"
+(`session.watch(ack=True)`, `session.ack(version)`), as an engine does once it has paused: the
+agent's copy waits for that. Host tensors live in a SharedBuffer, as in train_loop.py.
 
 This worker holds the same toy model as train_loop.py, prints each commit with the SHA-256 of
 the weights it received and, with --checksum-dir (where train_loop.py writes v<version>.sha256),
@@ -95,6 +99,8 @@ def main():
     parser.add_argument("--timeout", type=float, default=0,
                         help="give up after this many seconds without an event (0: never)")
     parser.add_argument("--checksum-dir", help="where train_loop.py writes v<version>.sha256")
+    parser.add_argument("--ack", action="store_true",
+                        help="acknowledge each begin (the staged agent's swap waits for it)")
     args = parser.parse_args()
 
     size = sum((nbytes(s) + 63) // 64 * 64 for s in SHAPES.values())
@@ -106,7 +112,7 @@ def main():
                                       replica=args.replica)
     for name, p in params.items():
         session.register(name, "bf16", SHAPES[name], buffer=p)  # full tensors: no shard
-    session.watch()
+    session.watch(ack=args.ack)
     # ------------------------------------------------------------------------------------------
     print(f"replica {args.replica} rank {args.rank}: {len(params)} tensors ({size} bytes) "
           f"registered with {args.socket}; waiting for commits", flush=True)
@@ -120,6 +126,10 @@ def main():
                 return 1
             if event.kind == "abort":
                 print(f"version {event.version} aborted: {event.reason}", flush=True)
+                continue
+            if event.kind == "begin" and args.ack:
+                # An engine pauses here (stops reading the weights), then says so.
+                session.ack(event.version)
                 continue
             if event.kind != "commit":
                 continue

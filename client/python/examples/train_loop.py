@@ -10,6 +10,10 @@
 
     # after each optimizer.step():
     ctl.step(version)                               # raises weightbeam.StepFailed on failure
+    # or, with a capture budget on the agents (capture.max_bytes), hold the loop only until
+    # the step's bytes are copied, and collect the result later:
+    handle = ctl.step_captured(version)             # weights may change once this returns
+    ...; handle.result()                            # StepResult, or raises StepFailed
 
 Host parameters must live in shared memory the agent can map: allocate a SharedBuffer and build
 the tensors on it (``torch.frombuffer(buf.memoryview(off, n), dtype=torch.bfloat16)``), then copy
@@ -120,7 +124,18 @@ def main():
         print(f"plan {plan.plan_hash}: {plan.total_bytes} bytes in {plan.total_ops} ops")
     # --------------------------------------------------------------------------------------
 
+    def report(version, digest, handle):
+        """Waits for a step pushed earlier and prints its result."""
+        try:
+            result = handle.result(timeout=600)
+            print(f"step {version}: {result.bytes} bytes in {result.seconds:.3f} s "
+                  f"(trainer held {result.trainer_stall_seconds:.3f} s, {result.capture}), "
+                  f"sha256 {digest}", flush=True)
+        except weightbeam.StepFailed as e:
+            print(f"step {version} not pushed: {e}")  # training goes on; next step retries
+
     rng = np.random.default_rng(1)
+    pending = None  # (version, digest, handle) of the step still sending
     for version in range(1, args.steps + 1):
         if version > 1 and args.interval > 0:
             time.sleep(args.interval)
@@ -132,16 +147,22 @@ def main():
                 f.write(digest + "\n")
             os.replace(path + ".tmp", path)
         # --- weightbeam: push this version. Rank 0 drives. With several ranks, all must have
-        # finished their optimizer step before step() starts, and none may change its weights
-        # until it returns (agents read registered memory in place): a barrier on each side,
-        # e.g. torch.distributed.barrier(). -------------------------------------------------
+        # finished their optimizer step before the step starts, and none may change its weights
+        # until step_captured() returns: with a capture budget on the agents that is once every
+        # sender has copied what it sends (the step then sends while training goes on), without
+        # one at the step's end (agents read registered memory in place). A barrier on each
+        # side, e.g. torch.distributed.barrier(). --------------------------------------------
         if args.rank == 0:
             try:
-                result = ctl.step(version)
-                print(f"step {version}: {result.bytes} bytes in {result.seconds:.3f} s, "
-                      f"sha256 {digest}", flush=True)
+                handle = ctl.step_captured(version)
             except weightbeam.StepFailed as e:
                 print(f"step {version} not pushed: {e}")  # training goes on; next step retries
+                handle = None
+            if pending is not None:
+                report(*pending)
+            pending = (version, digest, handle) if handle is not None else None
+    if pending is not None:
+        report(*pending)
 
     session.close()
     buffer.close()
