@@ -267,6 +267,11 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
   if (relay_choice_ != v1::RELAY_CHOICE_CONFIG) {
     plan_config.relays.enabled = relay_choice_ == v1::RELAY_CHOICE_ON;
   }
+  // Senders hold fallback ops to feed a dropped relay's children themselves (not in delta
+  // mode: those would need shadows and receive slots for every replica).
+  plan_config.relays.direct_fallback =
+      !(delta_choice_ == v1::DELTA_CHOICE_ON ||
+        (delta_choice_ == v1::DELTA_CHOICE_CONFIG && config_.delta.enabled));
   auto built = planner_(agents, plan_config, plan_id);
   if (!built.ok()) return built.status();
   const double planner_seconds = std::chrono::duration<double>(Clock::now() - planning).count();
@@ -573,6 +578,7 @@ StepSpec ControllerCore::NextStep(uint64_t version, Clock::time_point started,
   spec.senders = senders_;
   spec.relay_children = plan_.relay_children;
   spec.relay_only = plan_.relay_only;
+  spec.predicted_seconds = plan_.summary.predicted_step_seconds();
   spec.receivers = receivers_;
   {
     // Staged receivers may wait for their watchers before answering a commit.
@@ -590,6 +596,8 @@ StepSpec ControllerCore::NextStep(uint64_t version, Clock::time_point started,
   spec.replicas = plan_replicas_;
   spec.min_replicas = std::max<uint32_t>(1, config_.min_replicas);
   spec.delta = plan_.summary.delta().enabled();
+  // Plans with relays hold the senders' direct fallback ops, except in delta mode.
+  spec.direct_fallback = !spec.delta && !plan_.relay_children.empty();
   spec.anchor = spec.delta && (delta_need_anchor_ ||
                                delta_since_anchor_ + 1 >=
                                    std::max<uint32_t>(1, plan_.summary.delta().anchor_every()));

@@ -25,6 +25,14 @@ std::chrono::milliseconds Remaining(const StepSpec& spec) {
   return std::max(left, std::chrono::milliseconds(1));
 }
 
+// Whether a dropped relay's children are fed by the senders in this step: the plan holds the
+// direct ops, and at least twice the plan's step time is left.
+bool CanFeedDirectly(const StepSpec& spec) {
+  if (!spec.direct_fallback) return false;
+  const double left = std::chrono::duration<double>(Remaining(spec)).count();
+  return spec.predicted_seconds <= 0 || left >= 2 * spec.predicted_seconds;
+}
+
 // Begin and commit answer at once unless the agent stalls: 5 s, never past the step deadline
 // (but at least 1 s, so a commit after a long transfer still gets its chance).
 std::chrono::milliseconds QuickCallTimeout(const StepSpec& spec) {
@@ -99,7 +107,8 @@ ReplicaBook::ReplicaBook(const StepSpec& spec)
   }
 }
 
-std::vector<std::string> ReplicaBook::Drop(const std::map<std::string, std::string>& failed) {
+std::vector<std::string> ReplicaBook::Drop(const std::map<std::string, std::string>& failed,
+                                           bool rescue) {
   std::vector<std::string> pending;
   for (const auto& [agent, why] : failed) {
     pending.push_back(agent);
@@ -123,9 +132,14 @@ std::vector<std::string> ReplicaBook::Drop(const std::map<std::string, std::stri
         if (!excluded_.count(other)) pending.push_back(other);
       }
     }
-    // A dropped relay's children get nothing this step: they leave with it.
+    // A dropped relay's children get nothing this step (they leave with it), unless the senders
+    // feed them directly.
     auto children = relay_children_.find(agent);
     if (children == relay_children_.end()) continue;
+    if (rescue) {
+      for (const auto& child : children->second) direct_.insert(child);
+      continue;
+    }
     for (const auto& child : children->second) {
       if (excluded_.count(child)) continue;
       for (int r : replicas_of_[child]) {
@@ -135,6 +149,14 @@ std::vector<std::string> ReplicaBook::Drop(const std::map<std::string, std::stri
     }
   }
   return {newly.begin(), newly.end()};
+}
+
+std::set<std::string> ReplicaBook::Direct() const {
+  std::set<std::string> out;
+  for (const auto& a : direct_) {
+    if (!excluded_.count(a)) out.insert(a);
+  }
+  return out;
 }
 
 bool ReplicaBook::Solo(const std::string& agent) const {
@@ -241,7 +263,7 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
 
   // Phase 1: begin. A receiver that fails it leaves the step with its replicas.
   if (auto failed = BeginOnReceivers(spec, spec.receivers); !failed.empty()) {
-    auto excluded = book.Drop(failed);
+    auto excluded = book.Drop(failed, CanFeedDirectly(spec));
     const std::string why =
         absl::StrCat("agent ", failed.begin()->first, ": ", failed.begin()->second);
     if (book.live() < spec.min_replicas) {
@@ -263,6 +285,11 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
   // Phase 2: execute, again without the receivers that drop out while it runs.
   while (true) {
     v1::StepResult attempt;
+    spec.direct = book.Direct();
+    if (!spec.direct.empty()) {
+      spdlog::warn("step {}: the senders feed {} directly (their relay was dropped)", spec.version,
+                   absl::StrJoin(spec.direct, ", "));
+    }
     const absl::Status s = ExecuteOnSenders(spec, book.ExcludedReceivers(), &attempt);
     // The result tells of the attempt that decided the step.
     result->clear_agents();
@@ -283,7 +310,7 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
       AbortEverywhere(spec.version, involved, std::string(s.message()), spec.step_id);
       return s;
     }
-    auto excluded = book.Drop(gone);
+    auto excluded = book.Drop(gone, CanFeedDirectly(spec));
     if (book.live() < spec.min_replicas) {
       const absl::Status floor = BelowFloor(spec, book, "reachable:", std::string(s.message()));
       AbortEverywhere(spec.version, involved, std::string(floor.message()), spec.step_id);
@@ -434,6 +461,10 @@ absl::Status StepProtocol::ExecuteOnSenders(const StepSpec& spec,
                                             v1::StepResult* result) {
   std::vector<AgentCall<v1::ExecuteRequest>> calls;
   const std::set<std::string> skipped(skip.begin(), skip.end());
+  std::map<std::string, std::string> parents;  // relayed receiver -> the relay feeding it
+  for (const auto& [relay, children] : spec.relay_children) {
+    for (const auto& child : children) parents[child] = relay;
+  }
   for (const auto& a : spec.senders) {
     if (spec.relay_only.count(a) && skipped.count(a)) continue;  // a dropped relay
     if (spec.hold_back.count(a)) continue;
@@ -449,6 +480,18 @@ absl::Status StepProtocol::ExecuteOnSenders(const StepSpec& spec,
       c.request.set_capture_slot(spec.capture_slot);
     }
     for (const auto& s : skip) c.request.add_skip_agents(s);
+    for (const auto& d : spec.direct) c.request.add_direct_agents(d);
+    // A relay waits on its parent, or on the senders once they feed it directly.
+    if (spec.relay_children.count(a)) {
+      const auto parent = parents.find(a);
+      if (parent != parents.end() && !spec.direct.count(a)) {
+        c.request.add_feeders(parent->second);
+      } else {
+        for (const auto& sender : spec.senders) {
+          if (!spec.relay_only.count(sender)) c.request.add_feeders(sender);
+        }
+      }
+    }
     calls.push_back(std::move(c));
   }
   // The barrier: every sender answers (its executor stops at the deadline it was given; 2 s

@@ -52,7 +52,15 @@ struct StepSpec {
   // The longest a receiver's commit may wait for its watchers (staged receive,
   // AgentInfo.commit_wait_ms): commit and announce calls allow that much more.
   std::chrono::milliseconds commit_wait{0};
+  // Senders the execute phase leaves out (run later, by ForwardAppliedDeltas).
   std::set<std::string> hold_back;
+  // Relays with direct fallback (not in delta mode): the senders hold the direct ops to every
+  // relayed replica (TransferOp.fallback), so a dropped relay's children can be fed by them in
+  // the same step when the deadline allows (`predicted_seconds`: the plan's step time).
+  bool direct_fallback = false;
+  double predicted_seconds = 0;
+  // The receivers fed directly in this attempt (their relay was dropped).
+  std::set<std::string> direct;
   // A capture step (docs/clients.md): the senders (not the relay-only ones) captured this
   // version into `capture_slot` and send from there.
   bool from_capture = false;
@@ -67,8 +75,13 @@ class ReplicaBook {
   explicit ReplicaBook(const StepSpec& spec);
 
   // Drops every replica holding one of `failed` (agent -> why); returns the agents newly
-  // excluded from the step (the failed ones and their replicas' other agents), sorted.
-  std::vector<std::string> Drop(const std::map<std::string, std::string>& failed);
+  // excluded from the step (the failed ones and their replicas' other agents), sorted. A
+  // dropped relay takes the replicas it feeds with it, unless `rescue`: then they stay, to be
+  // fed by the senders directly (Direct()).
+  std::vector<std::string> Drop(const std::map<std::string, std::string>& failed,
+                                bool rescue = false);
+  // The receivers still in the step whose relay was dropped with `rescue`.
+  std::set<std::string> Direct() const;
   // Receivers still in the step, in the spec's order.
   std::vector<std::string> LiveReceivers() const;
   std::vector<std::string> ExcludedReceivers() const;
@@ -91,6 +104,7 @@ class ReplicaBook {
   std::map<int, std::string> dropped_;                // replica -> reason
   std::set<std::string> excluded_;
   std::map<std::string, std::vector<std::string>> relay_children_;
+  std::set<std::string> direct_;
 };
 
 class StepProtocol {

@@ -139,6 +139,9 @@ struct RelayTree {
   std::vector<uint64_t> relay_send_bytes;  // per input agent: bytes it forwards
   std::vector<uint64_t> relay_send_ops;    // per input agent: relay ops it executes
   uint64_t relayed_bytes = 0;              // bytes sent by relays in all
+  // RelayOptions::direct_fallback: PlanToProto also gives the senders their direct ops to the
+  // relayed replicas, marked fallback.
+  bool direct_fallback = false;
 };
 
 struct Plan {

@@ -175,6 +175,13 @@ std::vector<v1::AgentPlan> PlanToProto(const std::vector<AgentLayout>& agents, c
     };
     if (relays) {
       ForEachSentOp(plan, a, add);
+      if (plan.relay.direct_fallback) {
+        ForEachExecutedOp(plan, a, [&](const PlannedOp& op) {
+          if (!IsRelayed(plan, op.dst_agent)) return;
+          add(op);
+          p.mutable_ops(p.ops_size() - 1)->set_fallback(true);
+        });
+      }
       if (forwards) {
         for (PlannedOp op : relay_ops[a]) {
           op.phase = relay_phase;

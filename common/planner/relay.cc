@@ -163,6 +163,7 @@ void Planner::PlanRelays() {
   const size_t nr = rail_base_.back();
   const double overhead = options_.cost.op_overhead_us * 1e-6;
   tree = RelayTree{};
+  tree.direct_fallback = options_.relays.direct_fallback;
   tree.family_head.resize(na);
   std::iota(tree.family_head.begin(), tree.family_head.end(), 0);
   tree.family_pos.assign(na, 0);

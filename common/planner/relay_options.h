@@ -13,6 +13,11 @@ struct RelayOptions {
   // `fanout` children.
   int roots = 0;
   int fanout = 0;
+  // With relays, senders also hold the direct ops to every relayed replica (TransferOp
+  // fallback), run only when its relay is dropped from a step, so its children are fed in that
+  // same step (StepProtocol). Costs the senders what a plan without relays holds. Set by the
+  // controller (off in delta mode), not a configuration key.
+  bool direct_fallback = false;
 };
 
 }  // namespace wb::planner

@@ -553,7 +553,7 @@ void Executor::ForwardWhenLanded(std::vector<Job> relays, PhaseRun* run) {
     // A relay is fed by one agent (its parent, or the senders for a root): once an agent
     // writing here has gone, the bytes still awaited may never come; fail now, not at the
     // deadline, so the controller can drop this subtree and finish the step in time.
-    if (const std::string gone = landing_->ended_peer(); !gone.empty()) {
+    if (const std::string gone = landing_->EndedAmong(run->step_run->feeders); !gone.empty()) {
       run->error.Set(absl::UnavailableError(absl::StrCat(
           OpName(*relays.front().op), " and ", relays.size() - 1, " more relay ops: agent ", gone,
           ", which writes into this relay, went away mid-step")));
@@ -784,7 +784,8 @@ void Executor::AwaitCompletions(PhaseRun* run, Clock::time_point deadline) {
 v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::milliseconds timeout,
                                       delta::StepDelta step, const std::set<std::string>& skip,
                                       uint64_t step_id,
-                                      std::shared_ptr<const CapturedSources> captured) {
+                                      std::shared_ptr<const CapturedSources> captured,
+                                      const std::set<std::string>& feeders) {
   v1::AgentStepReport report;
   const auto t0 = Clock::now();
   const auto deadline = t0 + timeout;
@@ -793,6 +794,7 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   CancelCurrent(absl::StrCat("superseded by a step of version ", version));
   absl::MutexLock serial(&run_mu_);
   auto step_run = std::make_shared<StepRun>(step_id);
+  step_run->feeders = feeders;
   std::shared_ptr<const OpList> plan;
   std::shared_ptr<const Routes> routes;
   {

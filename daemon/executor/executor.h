@@ -108,12 +108,15 @@ class Executor {
   // batches not yet on the wire are abandoned, and none is posted after its deadline.
   // With `captured` (capture_store.h), every op it has a capture for reads its source from
   // there instead of the live tensor (staged: the capture is not registered with transports).
-  weightbeam::v1::AgentStepReport Execute(
-      uint64_t version, std::chrono::milliseconds timeout, delta::StepDelta step = {},
-      const std::set<std::string>& skip = {}, uint64_t step_id = 0,
-      std::shared_ptr<const CapturedSources> captured = nullptr);
+  weightbeam::v1::AgentStepReport Execute(uint64_t version, std::chrono::milliseconds timeout,
+                                          delta::StepDelta step = {},
+                                          const std::set<std::string>& skip = {},
+                                          uint64_t step_id = 0,
+                                          std::shared_ptr<const CapturedSources> captured = nullptr,
+                                          const std::set<std::string>& feeders = {});
   // Relay ops (TransferOp.relay) read this agent's own destination bytes and are handed on only
-  // once `landing` has seen every byte of them land in the running step. Set before Load.
+  // once `landing` has seen every byte of them land in the running step; they fail at once
+  // when one of `feeders` (Execute; empty: any writer) went away mid-step. Set before Load.
   void SetLandingTracker(const LandingTracker* landing) { landing_ = landing; }
   // Makes a running Execute fail promptly with `reason`.
   void Cancel(const std::string& reason) { Cancel(0, reason); }
@@ -131,6 +134,7 @@ class Executor {
   struct StepRun {
     explicit StepRun(uint64_t step_id) : step_id(step_id) {}
     const uint64_t step_id;
+    std::set<std::string> feeders;  // the agents relay ops wait on (empty: any)
     std::atomic<bool> cancelled{false};
     std::string reason;  // why it was cancelled; guarded by the executor's mu_
   };

@@ -13,6 +13,7 @@ void LandingTracker::Open(uint64_t step) {
     ranges_.clear();
     all_landed_ = false;
     ended_peer_.clear();
+    ended_peers_.clear();
     ++changes_;
   }
   cv_.notify_all();
@@ -63,8 +64,9 @@ bool LandingTracker::Covered(uint64_t step, const void* addr, uint64_t length) c
 void LandingTracker::PeerEnded(const std::string& peer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (step_ == 0 || !ended_peer_.empty()) return;
-    ended_peer_ = peer;
+    if (step_ == 0 || ended_peers_.count(peer)) return;
+    ended_peers_.insert(peer);
+    if (ended_peer_.empty()) ended_peer_ = peer;
     ++changes_;
   }
   cv_.notify_all();
@@ -73,6 +75,15 @@ void LandingTracker::PeerEnded(const std::string& peer) {
 std::string LandingTracker::ended_peer() const {
   std::lock_guard<std::mutex> lock(mu_);
   return ended_peer_;
+}
+
+std::string LandingTracker::EndedAmong(const std::set<std::string>& feeders) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (feeders.empty()) return ended_peer_;
+  for (const auto& peer : ended_peers_) {
+    if (feeders.count(peer)) return peer;
+  }
+  return "";
 }
 
 uint64_t LandingTracker::changes() const {

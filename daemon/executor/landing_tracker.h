@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
+#include <string>
 
 namespace wb::executor {
 
@@ -33,6 +35,10 @@ class LandingTracker {
   // up): bytes still awaited may never land. The first such peer since Open, or "".
   void PeerEnded(const std::string& peer);
   std::string ended_peer() const;
+  // The first peer among `feeders` whose connections ended in the open step (any peer when
+  // `feeders` is empty), or "": a relay fed afresh after its parent died waits only on its new
+  // feeders.
+  std::string EndedAmong(const std::set<std::string>& feeders) const;
 
  private:
   // The open step, readable without the lock: every write an agent receives calls Landed, and
@@ -45,6 +51,7 @@ class LandingTracker {
   std::map<uintptr_t, uintptr_t> ranges_;  // begin -> end, disjoint and not touching
   bool all_landed_ = false;                // LandAll for step_
   std::string ended_peer_;
+  std::set<std::string> ended_peers_;  // every peer that ended in the open step
 };
 
 }  // namespace wb::executor

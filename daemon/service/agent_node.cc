@@ -382,10 +382,16 @@ absl::Status AgentNode::LoadPlan(v1::AgentPlan plan, v1::LoadPlanResponse* resp)
   }
   resp->set_capture_bytes(*capture_bytes);
   resp->set_capture_slots(captures_->slots());
+  // Fallback ops' destinations (relays): fed only in a step whose relay for them was dropped,
+  // so connected only then.
+  std::set<std::string> fallback_peers;
+  for (const auto& op : plan.ops()) {
+    if (op.fallback()) fallback_peers.insert(op.dst_agent());
+  }
   auto ops = std::make_shared<executor::OpList>();
   ops->Swap(plan.mutable_ops());
   executor::SortByPhase(ops.get());
-  if (auto s = ConnectAndLoad(plan, ops); !s.ok()) return s;
+  if (auto s = ConnectAndLoad(plan, ops, fallback_peers); !s.ok()) return s;
   std::set<std::string> now;
   for (const auto& p : plan.peers()) now.insert(p.agent());
   std::vector<std::string> dropped;
@@ -403,6 +409,7 @@ absl::Status AgentNode::LoadPlan(v1::AgentPlan plan, v1::LoadPlanResponse* resp)
   }
   plan_ = std::move(plan);
   plan_id_ = plan_.plan_id();
+  fallback_peers_ = std::move(fallback_peers);
   reconnect_ = false;
   delta_sending_ = plan_.delta().enabled() && config_.delta.shadow == "host";
   spdlog::info("loaded plan {}: {} ops to {} peer(s)", plan_.plan_id(), ops->size(),
@@ -473,10 +480,16 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
   failed.set_agent(config_.name);
   bool reconnect = false;
   v1::AgentPlan plan;
-  const std::set<std::string> skip(req.skip_agents().begin(), req.skip_agents().end());
+  std::set<std::string> skip(req.skip_agents().begin(), req.skip_agents().end());
   delta::StepDelta step;
   {
     absl::MutexLock lock(&mu_);
+    // Fallback ops run only to the destinations the controller names (their relay was
+    // dropped from this step).
+    const std::set<std::string> direct(req.direct_agents().begin(), req.direct_agents().end());
+    for (const auto& peer : fallback_peers_) {
+      if (!direct.count(peer)) skip.insert(peer);
+    }
     if (req.plan_id() != plan_id_) {
       // No plan at all: this process started after the plan was made (a restart); the
       // controller plans again once it has registered.
@@ -524,7 +537,8 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
   }
   auto timeout = std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 60000);
   v1::AgentStepReport report =
-      executor_->Execute(req.version(), timeout, step, skip, req.step_id(), captured);
+      executor_->Execute(req.version(), timeout, step, skip, req.step_id(), captured,
+                         {req.feeders().begin(), req.feeders().end()});
   if (req.from_capture()) captures_->EndSend(req.capture_slot());
   report.set_agent(config_.name);
   for (auto& h : *report.mutable_hashes()) h.set_src_agent(config_.name);

@@ -169,6 +169,9 @@ class AgentNode {
   // Peers of the plan left unconnected by the last (re)connect: a step that needs one
   // connects again.
   std::set<std::string> unconnected_ ABSL_GUARDED_BY(mu_);
+  // Destinations of the loaded plan's fallback ops (TransferOp.fallback): skipped unless a step
+  // names them in ExecuteRequest.direct_agents.
+  std::set<std::string> fallback_peers_ ABSL_GUARDED_BY(mu_);
   uint64_t committed_version_ ABSL_GUARDED_BY(mu_) = 0;
   bool delta_sending_ ABSL_GUARDED_BY(mu_) = false;  // the loaded plan sends deltas
   weightbeam::v1::AgentActivity state_ ABSL_GUARDED_BY(mu_) = weightbeam::v1::AGENT_ACTIVITY_IDLE;
