@@ -126,7 +126,8 @@ int DryRunPlan(const std::string& model_path, const std::string& engine_name,
   plan_options.relays.enabled = relays;
   auto plan = wb::planner::BuildPlan(*layouts, plan_options);
   if (!plan.ok()) return Fail(plan.status());
-  const std::string relay_text = relays ? RelayReport(*layouts, *plan, json) : "";
+  // The JSON line always carries the relays as JSON; the tables above it show them as text.
+  const std::string relay_json = relays ? RelayReport(*layouts, *plan, /*json=*/true) : "";
   v1::PlanSummary summary = wb::planner::SummaryToProto(*layouts, *plan, 0);
   std::vector<wb::engines::NicLoad> nics = wb::engines::SenderNicLoads(*layouts, *plan);
   std::string nic_json;
@@ -139,14 +140,14 @@ int DryRunPlan(const std::string& model_path, const std::string& engine_name,
   const std::string out = absl::StrCat(
       "{\"model\":\"", model_path, "\",\"engine\":\"", engine_name, "\",\"trainer\":\"",
       trainer_dialect, "\",\"plan\":", Json(summary), ",\"sender_nics\":[", nic_json, "]",
-      relays ? absl::StrCat(",\"relays\":", relay_text) : "", "}");
+      relays ? absl::StrCat(",\"relays\":", relay_json) : "", "}");
   if (!json) {
     std::printf(
         "dry run: %s on %s, %d %s trainers -> %d inference GPUs (tp %d, ep %d, %s)\n%s\n%s\n",
         model_path.c_str(), engine_name.c_str(), options.trainers, trainer_dialect.c_str(),
         options.inference_gpus, options.tp, options.ep, options.fp8 ? "fp8" : "bf16",
         wb::client::FormatPlan(summary).c_str(), t.Render().c_str());
-    if (relays) std::printf("%s\n", relay_text.c_str());
+    if (relays) std::printf("%s\n", RelayReport(*layouts, *plan, /*json=*/false).c_str());
   }
   std::printf("%s\n", out.c_str());
   return 0;

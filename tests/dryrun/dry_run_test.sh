@@ -55,6 +55,9 @@ PY
 out=$($W plan --dry-run --model $M/qwen3.json --engine vllm --trainers 64 --inference-gpus 16 --tp 4 \
   --fp8 --relays) || fail "receiver-bound relay dry run exited $?"
 grep -qF "relays: none" <<<"$out" || fail "receiver-bound dry run relays: $out"
+# The tables' text above, and a JSON line whose relays are JSON too (not the tables' text).
+tail -1 <<<"$out" | python3 -c 'import json, sys; r = json.load(sys.stdin)["relays"]; assert r["roots"] == 0, r' ||
+  fail "the last line of a relay dry run is not JSON with its relays: $(tail -1 <<<"$out")"
 out=$($W plan --dry-run --model $M/qwen3.json --engine vllm --trainers 2 --inference-gpus 32 --tp 4 --json)
 grep -qF '"relays":{' <<<"$out" && fail "a relay report without --relays: $out"
 echo PASS
