@@ -566,6 +566,7 @@ absl::Status AgentNode::BeginStep(uint64_t version, uint64_t step_id, uint64_t p
   WithdrawPrepared(absl::StrCat("superseded by version ", version, " before it was announced"));
   {
     absl::MutexLock lock(&mu_);
+    abort_told_version_ = 0;
     if (plan_id != 0 && plan_id != introduced_plan_) {
       // Its senders would be refused at the handshake: say so now, naming the cause, so the
       // controller drops this receiver from the step instead of failing the senders.
@@ -772,6 +773,10 @@ absl::Status AgentNode::AnnounceCommit(uint64_t version, v1::CommitResponse* res
     const std::string why = absl::StrCat("agent ", config_.name, ": staged swap of version ",
                                          version, ": ", swapped.message());
     Publish(v1::Event::KIND_ABORT, version, why);
+    {
+      absl::MutexLock lock(&mu_);
+      abort_told_version_ = version;
+    }
     metrics_.Error(AgentMetrics::kCommitRefused);
     // Aborted, never DEADLINE_EXCEEDED: the controller reads that as "no answer".
     return absl::AbortedError(why);
@@ -911,6 +916,10 @@ absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint6
       prepared_ = false;
     }
     if (swapping_version_ == version) swap_aborted_ = true;
+    if (abort_told_version_ == version) {
+      abort_told_version_ = 0;  // the failed swap told the watchers already
+      return absl::OkStatus();
+    }
   }
   Publish(v1::Event::KIND_ABORT, version, reason);
   return absl::OkStatus();

@@ -198,6 +198,9 @@ class AgentNode {
   // The version whose swap waits for watchers now (0: none), and whether an abort of it came.
   uint64_t swapping_version_ ABSL_GUARDED_BY(mu_) = 0;
   bool swap_aborted_ ABSL_GUARDED_BY(mu_) = false;
+  // A version whose failed swap told the watchers abort(v) already: the controller's Abort for
+  // it that follows tells them nothing again (0: none; cleared by the next Begin).
+  uint64_t abort_told_version_ ABSL_GUARDED_BY(mu_) = 0;
   // In place: when the open step began (its live tensors are written from then on).
   std::chrono::steady_clock::time_point begun_at_ ABSL_GUARDED_BY(mu_);
   // Serializes fence moves (Begin, Commit, Abort) so the transports see them in one order.

@@ -142,6 +142,8 @@ class SwapByTheWorker(unittest.TestCase):
         t.join()
         self.assertIn("error", out)
         self.assertIn("engine out of memory", str(out["error"]))
+        # Told once: the controller's abort that follows adds no second abort(2).
+        self.assertIsNone(s.worker.next_event(timeout=1.0))
 
 
 if __name__ == "__main__":
