@@ -143,7 +143,10 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
           return Fail(absl::StatusCode::kFailedPrecondition,
                       "ack: this agent takes no acknowledgements");
         }
-        if (auto s = service_->acks_->Ack(ack.watcher(), ack.version(), ack.error()); !s.ok()) {
+        const std::optional<uid_t> uid =
+            caller_.known ? std::optional<uid_t>(caller_.uid) : std::nullopt;
+        if (auto s = service_->acks_->Ack(ack.watcher(), ack.version(), ack.error(), uid);
+            !s.ok()) {
           return Fail(s.code(), std::string(s.message()));
         }
         return;
@@ -221,7 +224,11 @@ grpc::ServerWriteReactor<v1::Event>* LocalService::WatchEvents(grpc::CallbackSer
     return !(swap && staged && e.kind() == v1::Event::KIND_BEGIN);
   };
   if (acknowledges) {
-    const uint64_t id = acks_->Enter(req->watcher(), swap);
+    std::optional<uid_t> owner;
+    if (credentials_) {
+      if (auto c = credentials_(ctx->peer()); c && c->known) owner = c->uid;
+    }
+    const uint64_t id = acks_->Enter(req->watcher(), swap, owner);
     options.on_done = [acks = acks_, id] { acks->Leave(id); };
   }
   return new BroadcastWriter<v1::Event>(events_, std::move(options));

@@ -8,23 +8,39 @@
 
 namespace wb::staging {
 
-uint64_t AckBook::Enter(const std::string& watcher, bool swap) {
+uint64_t AckBook::Enter(const std::string& watcher, bool swap, std::optional<uid_t> owner) {
   absl::MutexLock lock(&mu_);
   const uint64_t id = next_++;
-  watching_[id] = {watcher, swap};
+  watching_[id] = {watcher, swap, owner};
   return id;
 }
 
 void AckBook::Leave(uint64_t id) {
   absl::MutexLock lock(&mu_);
-  watching_.erase(id);
+  auto it = watching_.find(id);
+  if (it == watching_.end()) return;
+  const std::string name = it->second.name;
+  watching_.erase(it);
+  // The last stream of that name: its answers go too (the book holds only open watchers').
+  bool more = false;
+  for (const auto& [other, w] : watching_) more = more || w.name == name;
+  if (!more) answers_.erase(name);
   changed_.SignalAll();
 }
 
-absl::Status AckBook::Ack(const std::string& watcher, uint64_t version, const std::string& error) {
+absl::Status AckBook::Ack(const std::string& watcher, uint64_t version, const std::string& error,
+                          std::optional<uid_t> caller) {
   absl::MutexLock lock(&mu_);
   bool known = false;
-  for (const auto& [id, w] : watching_) known = known || w.name == watcher;
+  for (const auto& [id, w] : watching_) {
+    if (w.name != watcher) continue;
+    known = true;
+    if (w.owner && caller && *w.owner != *caller) {
+      return absl::PermissionDeniedError(absl::StrCat("ack of version ", version, ": watcher '",
+                                                      watcher, "' is watched by another user (uid ",
+                                                      *w.owner, ", not ", *caller, ")"));
+    }
+  }
   if (!known) {
     return absl::NotFoundError(absl::StrCat(
         "ack of version ", version, ": no watch stream of watcher '", watcher,

@@ -4,9 +4,12 @@
 // ended its stream, or the timeout passes. Thread-safe.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -17,12 +20,16 @@ namespace wb::staging {
 class AckBook {
  public:
   // A watch stream that acknowledges, by watcher name; `swap`: it swaps the staged bytes
-  // itself. Returns the id to Leave with when the stream ends.
-  uint64_t Enter(const std::string& watcher, bool swap);
+  // itself; `owner`: the user id of the process watching (SO_PEERCRED), when known. Returns the
+  // id to Leave with when the stream ends.
+  uint64_t Enter(const std::string& watcher, bool swap, std::optional<uid_t> owner = {});
   void Leave(uint64_t id);
-  // A watcher's answer for `version` (error: its swap failed). NotFound for a watcher no open
-  // stream has entered.
-  absl::Status Ack(const std::string& watcher, uint64_t version, const std::string& error);
+  // A watcher's answer for `version` (error: its swap failed), from a process of user `caller`
+  // when known. NotFound for a watcher no open stream has entered; PermissionDenied when the
+  // watcher's stream belongs to another user (one user cannot let a swap go on under
+  // another's engine).
+  absl::Status Ack(const std::string& watcher, uint64_t version, const std::string& error,
+                   std::optional<uid_t> caller = {});
   // Whether a watcher that swaps by itself is watching now.
   bool AnySwapper() const;
   // Waits as above. DeadlineExceeded names the watchers that did not answer; Aborted names a
@@ -33,6 +40,7 @@ class AckBook {
   struct Watcher {
     std::string name;
     bool swap = false;
+    std::optional<uid_t> owner;
   };
   struct Answer {
     uint64_t version = 0;

@@ -61,3 +61,20 @@ TEST_CASE("ack book: a failed swap is named; unknown watchers are refused") {
              Catch::Contains("swapper") && Catch::Contains("out of memory"));
   CHECK(book.Ack("nobody", 9, "").code() == absl::StatusCode::kNotFound);
 }
+
+TEST_CASE("an ack counts only from the watcher's own user, and a left watcher's answers go") {
+  AckBook book;
+  const uint64_t id = book.Enter("engine", false, uid_t{1000});
+  const absl::Status other = book.Ack("engine", 4, "", uid_t{1001});
+  CHECK(other.code() == absl::StatusCode::kPermissionDenied);
+  CHECK_THAT(std::string(other.message()), Catch::Contains("another user"));
+  // Not counted: the wait still names the watcher.
+  CHECK(book.Wait(4, std::chrono::milliseconds(50)).code() == absl::StatusCode::kDeadlineExceeded);
+  REQUIRE(book.Ack("engine", 4, "", uid_t{1000}).ok());
+  CHECK(book.Wait(4, std::chrono::milliseconds(50)).ok());
+  book.Leave(id);
+  CHECK(book.Ack("engine", 5, "", uid_t{1000}).code() == absl::StatusCode::kNotFound);
+  // Entered again under the same name, it owes version 4 afresh: the old answer went with it.
+  book.Enter("engine", false, uid_t{1000});
+  CHECK(book.Wait(4, std::chrono::milliseconds(50)).code() == absl::StatusCode::kDeadlineExceeded);
+}
