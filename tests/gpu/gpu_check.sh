@@ -43,6 +43,7 @@ CHECKS=(
   "transport-local-gpu|transport suite, local, GPU regions (CUDA driver copies)"
   "transport-rdma-gpu|transport suite, rdma, GPU regions (dma-buf or nvidia-peermem), where an RDMA device exists"
   "demo-gpu|end-to-end demo with GPU buffers on both sides (wb-demo --gpu, dense and --delta)"
+  "demo-gpu-nowait|the same with capture (device-to-device into the agent's GPU memory) and staged receive (GPU mirrors, swapped at commit): wb-demo --gpu --capture --staged"
 )
 
 TEST_TARGETS=(
@@ -252,6 +253,13 @@ delta=$(demo_gpu demo-gpu-delta --delta)
 r=FAIL
 if [ "$dense" = PASS ] && [ "$delta" = PASS ]; then r=PASS; elif [ "$dense" = NO-GPU ]; then r=SKIPPED; fi
 row demo-gpu "$r" "dense $dense ($(last_gbps "$LOGS/demo-gpu.log")), delta $delta"
+nowait=$(demo_gpu demo-gpu-nowait --capture --staged)
+r=FAIL
+case $nowait in PASS) r=PASS ;; NO-GPU) r=SKIPPED ;; esac
+# The last step's trainer hold and inference pause (TRAINER HELD and INFER. PAUSED columns).
+held=$(awk '/^[0-9]+ +[0-9.]+ [KMGT]?i?B /{h=$6 " " $7; p=$8 " " $9} END{if (h != "") print "held " h ", paused " p}' \
+  "$LOGS/demo-gpu-nowait.log")
+row demo-gpu-nowait "$r" "$nowait ($(last_gbps "$LOGS/demo-gpu-nowait.log")${held:+, $held})"
 
 printf '\n%-20s %-8s %s\n' check result figure
 for r in "${ROWS[@]}"; do
