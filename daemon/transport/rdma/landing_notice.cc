@@ -146,7 +146,7 @@ absl::Status NoticeAssembler::Add(const void* data, size_t size) {
 absl::StatusOr<std::vector<LandedRange>> NoticeAssembler::Close() {
   if (!active_) {
     Reset();
-    return absl::FailedPreconditionError("a batch closed without a landing notice");
+    return absl::NotFoundError("a batch closed without a landing notice");
   }
   if (received_ != count_) {
     const std::string error = absl::StrCat("batch ", seq_, " closed with ", received_, " of ",

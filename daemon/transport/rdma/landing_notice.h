@@ -58,8 +58,9 @@ class NoticeAssembler {
   // A notice arrived (the `size` bytes a receive completion reported).
   absl::Status Add(const void* data, size_t size);
   // The batch's immediate was polled on this queue pair: the ranges of the batch whose notices
-  // all arrived before it, and the assembler starts afresh. An error when there were none or the
-  // set is incomplete (nothing is reported then).
+  // all arrived before it, and the assembler starts afresh. NOT_FOUND when no notice came (a
+  // sender without landing notices), FAILED_PRECONDITION when the set is incomplete or was
+  // spoiled: nothing is reported then.
   absl::StatusOr<std::vector<LandedRange>> Close();
   // Forgets what was gathered (the connection ended).
   void Reset();

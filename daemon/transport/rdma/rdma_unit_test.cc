@@ -10,9 +10,11 @@
 
 #include "daemon/transport/rdma/chunk_plan.h"
 #include "daemon/transport/rdma/gid.h"
+#include "daemon/transport/rdma/handshake.h"
 #include "daemon/transport/rdma/landing_notice.h"
 #include "daemon/transport/rdma/rdma_transport.h"
 #include "daemon/transport/rdma/verbs.h"
+#include "weightbeam/v1/transport.pb.h"
 
 namespace fs = std::filesystem;
 using namespace wb::transport;
@@ -178,8 +180,9 @@ TEST_CASE("landing notices: ranges merge per step, encode into slots and assembl
   std::sort(got.begin(), got.end(),
             [](const LandedRange& x, const LandedRange& y) { return x.addr < y.addr; });
   CHECK(got == ranges);
-  // Closed: a second immediate without notices reports nothing.
-  CHECK_FALSE(a.Close().ok());
+  // Closed: a second immediate without notices reports nothing (NOT_FOUND: a sender without
+  // landing notices, not a malformed set).
+  CHECK(absl::IsNotFound(a.Close().status()));
 
   // An empty batch still sends one notice, with no entries.
   auto empty = EncodeNotices(43, {}, 2048);
@@ -230,7 +233,7 @@ TEST_CASE("landing notices: malformed or lying notices are refused and change no
   std::string empty_range = n;
   for (int i = 0; i < 8; ++i) empty_range[24 + 16 + i] = 0;  // length 0
   CHECK_FALSE(a.Add(empty_range.data(), empty_range.size()).ok());
-  CHECK_FALSE(a.Close().ok());  // none of those was kept
+  CHECK(absl::IsNotFound(a.Close().status()));  // none of those was kept
   // A duplicate notice spoils its batch: nothing is reported for it.
   REQUIRE(a.Add(n.data(), n.size()).ok());
   CHECK_FALSE(a.Add(n.data(), n.size()).ok());
@@ -245,4 +248,22 @@ TEST_CASE("landing notices: malformed or lying notices are refused and change no
     (void)a.Add(junk.data(), junk.size());
   }
   (void)a.Close();
+}
+
+TEST_CASE("the rdma handshake announces the landing-notice buffers; an older record says none") {
+  QpEndpoint ep;
+  ep.device = "mlx5_0";
+  ep.qpn = 17;
+  uint32_t notice_bytes = 99;
+  auto parsed = ParseHandshake("peer", SerializeHandshake("me", {ep}, 2048), &notice_bytes);
+  REQUIRE(parsed.ok());
+  REQUIRE(parsed->size() == 1);
+  CHECK((*parsed)[0].qpn == 17);
+  CHECK(notice_bytes == 2048);
+  // An agent built before landing notices leaves the field out: it takes none.
+  weightbeam::v1::RdmaHandshake old;
+  old.set_from_agent("old");
+  old.add_qps()->set_gid(std::string(16, '\0'));
+  REQUIRE(ParseHandshake("old", old.SerializeAsString(), &notice_bytes).ok());
+  CHECK(notice_bytes == 0);
 }

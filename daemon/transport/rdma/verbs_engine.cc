@@ -133,7 +133,8 @@ absl::StatusOr<VerbsEngine::NewConnection> VerbsEngine::CreateConnection(const s
   return result;
 }
 
-absl::Status VerbsEngine::ConnectQps(uint64_t connection, const std::vector<QpEndpoint>& remote) {
+absl::Status VerbsEngine::ConnectQps(uint64_t connection, const std::vector<QpEndpoint>& remote,
+                                     uint32_t peer_notice_bytes) {
   absl::Status result;
   RunSync([&] {
     auto it = connections_.find(connection);
@@ -164,6 +165,7 @@ absl::Status VerbsEngine::ConnectQps(uint64_t connection, const std::vector<QpEn
       qp.recv_missing = options_.recv_queue_depth;
       PostRecvs(conn, qp);
     }
+    conn.notice_bytes = std::min<size_t>(options_.notice_bytes, peer_notice_bytes);
     conn.connected = true;
   });
   return result;
@@ -245,11 +247,15 @@ void VerbsEngine::Submit(uint64_t connection, std::vector<WorkRequest> wrs, Work
           absl::StrCat("rdma batch names queue pair ", last.qp, " of ", conn.qps.size())));
       return;
     }
-    absl::StatusOr<std::vector<std::string>> notices =
-        EncodeNotices(next_batch_, landed, options_.notice_bytes);
-    if (!notices.ok()) {
-      done(notices.status());
-      return;
+    std::vector<std::string> notices;
+    if (conn.notice_bytes > 0) {  // a peer without landing notices gets the immediate only
+      absl::StatusOr<std::vector<std::string>> encoded =
+          EncodeNotices(next_batch_, landed, conn.notice_bytes);
+      if (!encoded.ok()) {
+        done(encoded.status());
+        return;
+      }
+      notices = std::move(*encoded);
     }
     Batch& batch = batches_[next_batch_];
     batch.id = next_batch_++;
@@ -259,7 +265,7 @@ void VerbsEngine::Submit(uint64_t connection, std::vector<WorkRequest> wrs, Work
     batch.deadline = std::chrono::steady_clock::now() + options_.batch_timeout;
     batch.outstanding = wrs.size();
     batch.last = PendingWr{batch.id, last, true, htonl(EncodeBatchBytes(bytes)), nullptr};
-    for (std::string& n : *notices) {
+    for (std::string& n : notices) {
       WorkRequest on_qp;
       on_qp.qp = last.qp;
       batch.notices.push_back(
@@ -456,7 +462,8 @@ void VerbsEngine::HandleCompletion(const ibv_wc& wc) {
         // others were acknowledged, and this queue pair delivers its notices before it.
         absl::StatusOr<std::vector<LandedRange>> landed = qp->notices.Close();
         if (!landed.ok()) {
-          bad_notice(landed.status());
+          // No notice at all: a sender without landing notices (nothing to report, no lie).
+          if (!absl::IsNotFound(landed.status())) bad_notice(landed.status());
         } else if (landing_ && !landed->empty()) {
           landing_(conn->peer, *landed);
         }

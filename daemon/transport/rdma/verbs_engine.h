@@ -106,7 +106,10 @@ class VerbsEngine {
   // Creates qps_per_rail queue pairs per rail in INIT state for `peer`.
   absl::StatusOr<NewConnection> CreateConnection(const std::string& peer, bool accepted);
   // Connects our queue pairs to the peer's (same count, pairwise) and posts receives.
-  absl::Status ConnectQps(uint64_t connection, const std::vector<QpEndpoint>& remote);
+  // `peer_notice_bytes`: the peer's landing-notice receive buffers (0: it takes none, an agent
+  // without landing notices; batches to it carry only the immediate).
+  absl::Status ConnectQps(uint64_t connection, const std::vector<QpEndpoint>& remote,
+                          uint32_t peer_notice_bytes = 0);
   // Fails its queued batches, flushes and destroys its queue pairs.
   void DestroyConnection(uint64_t connection, const std::string& reason);
   // The connections with `peer` (empty: with anyone) on `side` (incoming: the accepted ones).
@@ -155,7 +158,8 @@ class VerbsEngine {
     bool accepted = false;
     bool connected = false;
     bool closing = false;
-    absl::Status broken;  // first fatal error; later batches fail with it
+    size_t notice_bytes = 0;  // per notice we send: min(ours, the peer's buffers); 0: none
+    absl::Status broken;      // first fatal error; later batches fail with it
     std::shared_ptr<std::atomic<bool>> broken_flag = std::make_shared<std::atomic<bool>>(false);
     std::vector<QueuePair> qps;
   };
