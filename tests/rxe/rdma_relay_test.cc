@@ -1,7 +1,8 @@
 // Relays over rdma (issue 30), with real processes on Soft-RoCE (run inside tests/rxe/vm.sh by
 // in_vm_suite.sh): a controller, a trainer agent and three inference agents (one replica each),
 // every agent with rdma on rxe0 (preferred over tcp between agents), relays forced as a chain
-// trainer -> infer-0 -> infer-1 -> infer-2. The trainer feeds the root only; each relay forwards
+// trainer -> infer-0 -> infer-1 -> infer-2 (fan-out 1) and as a tree trainer -> infer-0 ->
+// {infer-1, infer-2} (fan-out 2). The trainer feeds the root only; each relay forwards
 // the bytes that landed in it by one-sided writes, which it learns of from the landing notices
 // (daemon/transport/rdma/landing_notice.h). Every byte of every replica is compared with the
 // trainer's over several versions, the relays' forwarded bytes are checked in the step results,
@@ -66,13 +67,16 @@ uint64_t SentPackets(const std::string& device) {
 
 }  // namespace
 
-TEST_CASE("relays over rdma: a chain of three replicas on rxe0 gets every byte, forwarded") {
+TEST_CASE("relays over rdma: a chain and a tree of three replicas on rxe0 get every byte") {
+  const int fanout = GENERATE(1, 2);
+  INFO("fan-out " << fanout);
   wb::testing::ClusterOptions options;
   options.agents = {"trainer-node"};
   for (int r = 0; r < kReplicas; ++r) options.agents.push_back("infer-" + std::to_string(r));
   options.inference_replicas = kReplicas;
   options.transports_yaml = "  rdma:\n    enabled: true\n    devices: [rxe0]\n";
-  options.extra_controller_yaml = "relays:\n  enabled: true\n  roots: 1\n  fanout: 1\n";
+  options.extra_controller_yaml =
+      "relays:\n  enabled: true\n  roots: 1\n  fanout: " + std::to_string(fanout) + "\n";
   Cluster cluster(wb::testing::Runfile(""), options);
   Side trainer = Open(cluster.socket("trainer-node"), v1::ROLE_TRAINER, 0);
   std::vector<Side> replicas;
@@ -83,7 +87,7 @@ TEST_CASE("relays over rdma: a chain of three replicas on rxe0 gets every byte, 
   // Planning loads every agent's plan: an agent that refused relay ops over rdma fails it here.
   const v1::PlanSummary plan = wb::testing::PlanWorld(&ctl, wb::testing::World(1, kReplicas, 1));
   CHECK(plan.relay_roots() == 1);
-  CHECK(plan.relay_fanout() == 1);
+  CHECK(plan.relay_fanout() == fanout);
   CHECK(plan.total_bytes() == kReplicas * 2 * kTensorBytes);
 
   for (uint32_t v = 1; v <= 3; ++v) {
@@ -104,7 +108,7 @@ TEST_CASE("relays over rdma: a chain of three replicas on rxe0 gets every byte, 
     INFO("version " << v);
     CHECK(trainer_bytes == 2 * kTensorBytes);  // the root's bytes only
     CHECK(relayed_bytes == (kReplicas - 1) * 2 * kTensorBytes);
-    CHECK(relays == kReplicas - 1);  // infer-0 -> infer-1 -> infer-2
+    CHECK(relays == (fanout == 1 ? 2 : 1));  // chain: infer-0 and infer-1; tree: infer-0
     // Over rdma: at least one packet per 4 KiB (the largest MTU) of all three replicas' bytes.
     CHECK(SentPackets("rxe0") - packets_before >= kReplicas * 2 * kTensorBytes / 4096);
     for (int r = 0; r < kReplicas; ++r) {

@@ -4,7 +4,7 @@
 #   1. the shared transport suite with WB_TEST_TRANSPORT=rdma on rxe0 (its [remote] cases fork a
 #      receiver: two processes on rxe0),
 #   2. the rdma device tests (multi-rail rxe0+rxe1, credits, error completions, vanished peer,
-#      landing notices), and relays over rdma (a chain of agents on rxe0, rdma_relay_test),
+#      landing notices), and relays over rdma (a chain and a tree of agents on rxe0, rdma_relay_test),
 #   3. the end-to-end demo with --transport=rdma (both agents on rxe0), dense and --delta,
 #   4. ib_write_bw and transport_bench --transport=rdma at 1 MiB messages on rxe0, side by side
 #      (printed, never failing the run: speed lives in benchmarks).
