@@ -343,8 +343,10 @@ absl::Status AgentNode::LoadPlan(v1::AgentPlan plan, v1::LoadPlanResponse* resp)
     if (!s.ok()) metrics_.Error(AgentMetrics::kPlanLoadFailed);
     return s;
   }
-  // Relay ops wait for their bytes to be seen landing: a transport that lands writes unseen
-  // (rdma) could carry them here, and the relay would wait out every step's deadline.
+  // Relay ops wait for their bytes to be seen landing: a transport that could carry them here
+  // without reporting them landed would make the relay wait out every step's deadline. Every
+  // built-in transport reports landings (rdma through its landing notices); the check stays for
+  // any that does not.
   if (std::any_of(plan.ops().begin(), plan.ops().end(),
                   [](const v1::TransferOp& op) { return op.relay(); })) {
     for (const auto& t : transports_) {
@@ -352,7 +354,7 @@ absl::Status AgentNode::LoadPlan(v1::AgentPlan plan, v1::LoadPlanResponse* resp)
         metrics_.Error(AgentMetrics::kPlanLoadFailed);
         return absl::FailedPreconditionError(absl::StrCat(
             "plan ", plan.plan_id(), " makes agent ", config_.name, " a relay, but its ", t->Name(),
-            " transport does not report landed writes (relays need tcp or local "
+            " transport does not report landed writes (relays need a transport that does "
             "into the relay; disable relays in the controller's config or ",
             t->Name(), " on this agent)"));
       }

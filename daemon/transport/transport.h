@@ -40,7 +40,8 @@ struct Capabilities {
   // NIC checks only the memory region), so the buffer's keys change on CloseWindow(s) and
   // OpenWindow; read them again with BufferKeys. tcp and local refuse per window, keys stay.
   bool rekeys = false;
-  // Calls the landing callback for every write that lands (SetLandingCallback): tcp, local.
+  // Calls the landing callback for every write that lands (SetLandingCallback): tcp, local,
+  // rdma.
   bool reports_landing = false;
 };
 
@@ -148,8 +149,9 @@ class Transport {
   virtual void ForgetPeer(const std::string& peer_name, PeerSide side = PeerSide::kBoth) = 0;
 
   virtual void SetArrivalCallback(ArrivalCallback cb) = 0;
-  // Transports that see each write land (tcp, local) report it here; rdma's writes are
-  // one-sided and land unseen, so it reports nothing (relays over rdma are not built yet).
+  // Transports report each write that has landed here: tcp and local as they place it, rdma
+  // (one-sided writes land unseen) once the immediate closing the batch is polled, for the
+  // ranges its landing notices name (rdma/landing_notice.h).
   virtual void SetLandingCallback(LandingCallback cb) {}
   // Transports with connections of their own (tcp) report a peer's last incoming one ending.
   virtual void SetPeerEndedCallback(PeerEndedCallback cb) {}

@@ -5,7 +5,7 @@
 # against Debian's absl/yaml-cpp.
 #
 #   tests/fuzz/run.sh [--seconds N]
-#                     [--target frame|config|registration|plan_op|manifest|steplink|model_config]
+#                     [--target frame|config|registration|plan_op|manifest|steplink|model_config|landing_notice]
 #                     [--build-only]
 #   (--seconds 0: only replay the seeds, a quick regression check)
 #
@@ -16,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 seconds=20
-targets=(frame config registration plan_op manifest steplink model_config)
+targets=(frame config registration plan_op manifest steplink model_config landing_notice)
 build_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -82,6 +82,8 @@ fuzz_target manifest 2048 -lcrypto tests/fuzz/manifest_fuzz.cc daemon/storage/st
 fuzz_target steplink 4096 -lcrypto tests/fuzz/steplink_fuzz.cc common/steplink/link_cipher.cc
 fuzz_target model_config 4096 "" tests/fuzz/model_config_fuzz.cc common/engines/model_config.cc \
   common/engines/engine_layout.cc common/planner/name_rules.cc common/planner/layout.cc
+fuzz_target landing_notice 512 "" tests/fuzz/landing_notice_fuzz.cc \
+  daemon/transport/rdma/landing_notice.cc
 
 # Recompiles a source when it, a project header, this script or the ignorelist is newer.
 compile() {

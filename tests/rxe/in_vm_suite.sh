@@ -67,6 +67,13 @@ section "rdma device tests (rxe0, rxe0+rxe1 rails)"
 need "$BIN/tests/rxe/rdma_device_test" &&
   { timeout 600 "$BIN/tests/rxe/rdma_device_test" --use-colour no || failed=1; }
 
+# Relays over rdma (issue 30): the landing notices tell a relay what landed by one-sided writes;
+# a chain trainer -> infer-0 -> infer-1 -> infer-2 and a tree (fan-out 2) on rxe0, every byte
+# compared.
+section "relays over rdma (rxe0): a chain and a tree of three replicas, forwarded as bytes land"
+need "$BIN/tests/rxe/rdma_relay_test" "$BIN/daemon/wb-agent" "$BIN/controller/wb-controller" &&
+  { timeout 600 "$BIN/tests/rxe/rdma_relay_test" --use-colour no || failed=1; }
+
 DEMO_BINS=("$BIN/tests/demo/wb-demo" "$BIN/daemon/wb-agent" "$BIN/controller/wb-controller")
 section "end-to-end demo over rdma (rxe0): ./wb demo --transport=rdma, 1 layer, 2 steps"
 if [ "${WB_RXE_DEMO:-1}" = "1" ] && need "${DEMO_BINS[@]}"; then

@@ -7,9 +7,11 @@
 
 namespace wb::transport::rdma {
 
-std::string SerializeHandshake(const std::string& our_name, const std::vector<QpEndpoint>& ours) {
+std::string SerializeHandshake(const std::string& our_name, const std::vector<QpEndpoint>& ours,
+                               uint32_t notice_bytes) {
   weightbeam::v1::RdmaHandshake handshake;
   handshake.set_from_agent(our_name);
+  handshake.set_landing_notice_bytes(notice_bytes);
   for (const QpEndpoint& ep : ours) {
     auto* qp = handshake.add_qps();
     qp->set_device(ep.device);
@@ -24,11 +26,13 @@ std::string SerializeHandshake(const std::string& our_name, const std::vector<Qp
 }
 
 absl::StatusOr<std::vector<QpEndpoint>> ParseHandshake(const std::string& peer,
-                                                       const std::string& record) {
+                                                       const std::string& record,
+                                                       uint32_t* notice_bytes) {
   weightbeam::v1::RdmaHandshake handshake;
   if (!handshake.ParseFromString(record)) {
     return absl::InvalidArgumentError("peer '" + peer + "' sent an unreadable rdma handshake");
   }
+  if (notice_bytes != nullptr) *notice_bytes = handshake.landing_notice_bytes();
   std::vector<QpEndpoint> out;
   for (const auto& qp : handshake.qps()) {
     if (qp.gid().size() != 16) {
@@ -59,11 +63,17 @@ absl::StatusOr<Handshaken> ConnectToPeer(VerbsEngine& engine, const std::string&
     return absl::Status(s.code(),
                         absl::StrCat("rdma connect to peer '", peer_name, "': ", s.message()));
   };
-  absl::StatusOr<std::string> theirs = exchange(SerializeHandshake(our_name, created->endpoints));
+  const uint32_t ours = static_cast<uint32_t>(engine.options().notice_bytes);
+  absl::StatusOr<std::string> theirs =
+      exchange(SerializeHandshake(our_name, created->endpoints, ours));
   if (!theirs.ok()) return fail(theirs.status());
-  absl::StatusOr<std::vector<QpEndpoint>> remote = ParseHandshake(peer_name, *theirs);
+  uint32_t peer_notice_bytes = 0;
+  absl::StatusOr<std::vector<QpEndpoint>> remote =
+      ParseHandshake(peer_name, *theirs, &peer_notice_bytes);
   if (!remote.ok()) return fail(remote.status());
-  if (absl::Status s = engine.ConnectQps(created->id, *remote); !s.ok()) return fail(s);
+  if (absl::Status s = engine.ConnectQps(created->id, *remote, peer_notice_bytes); !s.ok()) {
+    return fail(s);
+  }
   Handshaken out;
   out.connection = std::move(*created);
   for (const QpEndpoint& ep : *remote) out.remote_devices.push_back(ep.device);
@@ -72,18 +82,21 @@ absl::StatusOr<Handshaken> ConnectToPeer(VerbsEngine& engine, const std::string&
 
 absl::StatusOr<std::string> AcceptPeer(VerbsEngine& engine, const std::string& peer_name,
                                        const std::string& their_record) {
-  absl::StatusOr<std::vector<QpEndpoint>> remote = ParseHandshake(peer_name, their_record);
+  uint32_t peer_notice_bytes = 0;
+  absl::StatusOr<std::vector<QpEndpoint>> remote =
+      ParseHandshake(peer_name, their_record, &peer_notice_bytes);
   if (!remote.ok()) return remote.status();
   // A peer that reconnects (after an error, or restarted) replaces its previous connection.
   engine.DestroyConnections(peer_name, PeerSide::kIncoming, "peer reconnected");
   absl::StatusOr<VerbsEngine::NewConnection> created =
       engine.CreateConnection(peer_name, /*accepted=*/true);
   if (!created.ok()) return created.status();
-  if (absl::Status s = engine.ConnectQps(created->id, *remote); !s.ok()) {
+  if (absl::Status s = engine.ConnectQps(created->id, *remote, peer_notice_bytes); !s.ok()) {
     engine.DestroyConnection(created->id, "accept failed");
     return s;
   }
-  return SerializeHandshake(/*our_name=*/"", created->endpoints);
+  return SerializeHandshake(/*our_name=*/"", created->endpoints,
+                            static_cast<uint32_t>(engine.options().notice_bytes));
 }
 
 }  // namespace wb::transport::rdma

@@ -12,9 +12,13 @@
 
 namespace wb::transport::rdma {
 
-std::string SerializeHandshake(const std::string& our_name, const std::vector<QpEndpoint>& ours);
+// `notice_bytes`: our landing-notice receive buffers' size (EngineOptions::notice_bytes).
+std::string SerializeHandshake(const std::string& our_name, const std::vector<QpEndpoint>& ours,
+                               uint32_t notice_bytes);
+// `notice_bytes` (optional) gets the peer's landing-notice buffer size (0: send it none).
 absl::StatusOr<std::vector<QpEndpoint>> ParseHandshake(const std::string& peer,
-                                                       const std::string& record);
+                                                       const std::string& record,
+                                                       uint32_t* notice_bytes = nullptr);
 
 struct Handshaken {
   VerbsEngine::NewConnection connection;

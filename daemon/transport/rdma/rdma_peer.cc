@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/transport/rdma/chunk_plan.h"
+#include "daemon/transport/rdma/landing_notice.h"
 #include "daemon/transport/rdma/rdma_transport.h"
 
 namespace wb::transport::rdma {
@@ -73,6 +74,7 @@ void RdmaPeer::PostBatch(std::vector<WriteOp> ops, BatchDone done) {
   const int qps = state_->engine->options().qps_per_rail;
   std::map<uint64_t, RdmaState::LocalView> locals;
   std::map<uint64_t, RemoteRegion> remotes;
+  std::vector<LandedRange> landed;  // in the receiver's own addresses (its keys' address)
   uint64_t bytes = 0;
   for (size_t i = 0; i < ops.size(); ++i) {
     const WriteOp& op = ops[i];
@@ -117,6 +119,9 @@ void RdmaPeer::PostBatch(std::vector<WriteOp> ops, BatchDone done) {
       return;
     }
     bytes += op.length;
+    if (op.length > 0 && !remote.keys.empty()) {
+      landed.push_back({op.step, remote.keys.begin()->second.first + op.remote_offset, op.length});
+    }
   }
 
   ChunkPlanOptions plan;
@@ -151,7 +156,8 @@ void RdmaPeer::PostBatch(std::vector<WriteOp> ops, BatchDone done) {
     last = wrs.back();
     wrs.pop_back();
   }
-  state_->engine->Submit(connected->connection.id, std::move(wrs), last, bytes, std::move(done));
+  state_->engine->Submit(connected->connection.id, std::move(wrs), last, bytes,
+                         MergeRanges(std::move(landed)), std::move(done));
 }
 
 }  // namespace wb::transport::rdma

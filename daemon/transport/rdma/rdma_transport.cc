@@ -167,6 +167,21 @@ bool RdmaState::LocalCovered(uint64_t region_id, uint64_t offset, uint64_t lengt
   return !it->second.windowed || it->second.windows.Covers(offset, length);
 }
 
+bool RdmaState::DestinationCovers(uint64_t addr, uint64_t length) const {
+  if (length == 0 || addr + length < addr) return false;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [id, region] : regions) {
+    if (region.access != Access::kDestination || region.mrs.empty()) continue;
+    const uint64_t base = reinterpret_cast<uint64_t>(region.mem.addr);
+    if (addr < base || addr - base > region.mem.length ||
+        length > region.mem.length - (addr - base)) {
+      continue;
+    }
+    if (!region.windowed || region.windows.Covers(addr - base, length)) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<RdmaState::LocalView> RdmaState::LookupLocal(uint64_t region_id) const {
   std::lock_guard<std::mutex> lock(mu);
   auto it = regions.find(region_id);
@@ -212,6 +227,7 @@ absl::StatusOr<std::unique_ptr<RdmaTransport>> RdmaTransport::Create(
 
 RdmaTransport::~RdmaTransport() {
   state_->engine->SetArrivalCallback(nullptr);
+  state_->engine->SetLandingNoticeCallback(nullptr);
   state_->engine->DestroyConnections("", PeerSide::kIncoming, "rdma transport closed");
 }
 
@@ -222,6 +238,7 @@ Capabilities RdmaTransport::caps() const {
   caps.max_write_bytes = 0;
   caps.windows = true;
   caps.rekeys = true;
+  caps.reports_landing = true;  // landing notices, reported once the batch's immediate is polled
   return caps;
 }
 
@@ -483,6 +500,33 @@ absl::Status RdmaTransport::CloseStep(bool committed) {
 void RdmaTransport::SetArrivalCallback(ArrivalCallback cb) {
   state_->engine->SetArrivalCallback(std::move(cb));
 }
+
+void RdmaTransport::SetLandingCallback(LandingCallback cb) {
+  if (!cb) {
+    state_->engine->SetLandingNoticeCallback(nullptr);
+    return;
+  }
+  // The engine lives inside the state and joins its poller before the state's members go.
+  RdmaState* state = state_.get();
+  state_->engine->SetLandingNoticeCallback(
+      [state, ignored = ignored_landings_, cb = std::move(cb)](
+          const std::string& peer, const std::vector<LandedRange>& ranges) {
+        for (const LandedRange& r : ranges) {
+          if (state->DestinationCovers(r.addr, r.length)) {
+            cb(r.step, reinterpret_cast<const void*>(r.addr), r.length);
+            continue;
+          }
+          if (ignored->fetch_add(1) % 1000 == 0) {
+            spdlog::warn(
+                "rdma: peer '{}' reported bytes landed at [{:#x}, +{}) of step {}, outside "
+                "this agent's destination memory: ignored",
+                peer, r.addr, r.length, r.step);
+          }
+        }
+      });
+}
+
+uint64_t RdmaTransport::ignored_landings() const { return ignored_landings_->load(); }
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeRdmaTransport(const config::AgentConfig& config) {
   RdmaTuning tuning;

@@ -70,6 +70,10 @@ class RdmaState {
   // For a buffer region: whether [offset, offset + length) lies inside its open windows (live
   // tensors); any other region: true.
   bool LocalCovered(uint64_t region_id, uint64_t offset, uint64_t length) const;
+  // Whether [addr, addr + length) lies inside one of this process's destination regions, and
+  // for a buffer region inside its open windows: a landing notice naming anything else is a
+  // peer's mistake or lie, and is not reported.
+  bool DestinationCovers(uint64_t addr, uint64_t length) const;
 
   struct LocalRegion {
     MemoryRef mem;
@@ -127,6 +131,11 @@ class RdmaTransport : public Transport {
   void ForgetPeer(const std::string& peer_name, PeerSide side = PeerSide::kBoth) override;
   // Runs on the poller thread: it must not call back into the transport synchronously.
   void SetArrivalCallback(ArrivalCallback cb) override;
+  // Runs on the poller thread when the immediate closing a batch is polled, once per range its
+  // landing notices named (landing_notice.h) that lies inside our destination memory
+  // (DestinationCovers); ranges outside it are dropped and counted (ignored_landings()).
+  void SetLandingCallback(LandingCallback cb) override;
+  uint64_t ignored_landings() const;
 
   // RDMA WRITEs are one-sided and carry no step, so the receiver cannot refuse one by its
   // step. It fences by connection instead: when a step ends without a commit (abort), or a new
@@ -155,6 +164,8 @@ class RdmaTransport : public Transport {
   std::mutex fence_mu_;
   bool step_open_ = false;  // guarded by fence_mu_
   std::atomic<uint64_t> rekeys_{0};
+  std::shared_ptr<std::atomic<uint64_t>> ignored_landings_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 // The factory's entry (daemon/transport/factory.cc): config.rdma, with

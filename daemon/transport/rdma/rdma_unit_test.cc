@@ -1,14 +1,20 @@
 // Device-free tests of the rdma backend: GID selection from a fake sysfs tree, chunk planning
 // across rails and queue pairs, the batch-size immediate, and probing without devices.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 
 #include "daemon/transport/rdma/chunk_plan.h"
 #include "daemon/transport/rdma/gid.h"
+#include "daemon/transport/rdma/handshake.h"
+#include "daemon/transport/rdma/landing_notice.h"
 #include "daemon/transport/rdma/rdma_transport.h"
 #include "daemon/transport/rdma/verbs.h"
+#include "weightbeam/v1/transport.pb.h"
 
 namespace fs = std::filesystem;
 using namespace wb::transport;
@@ -148,4 +154,116 @@ TEST_CASE("without RDMA devices the transport says so instead of crashing") {
   REQUIRE_FALSE(transport.ok());
   CHECK(transport.status().code() == absl::StatusCode::kUnavailable);
   CHECK(transport.status().message() == "not available: no RDMA device found");
+}
+
+TEST_CASE("landing notices: ranges merge per step, encode into slots and assemble back") {
+  std::vector<LandedRange> merged = MergeRanges(
+      {{7, 1000, 100}, {7, 1100, 50}, {7, 900, 10}, {8, 1000, 10}, {7, 0, 0}, {7, 1120, 100}});
+  CHECK(merged == std::vector<LandedRange>{{7, 900, 10}, {7, 1000, 220}, {8, 1000, 10}});
+
+  std::vector<LandedRange> ranges;
+  for (uint64_t i = 0; i < 10; ++i) ranges.push_back({3, 4096 * i, 100 + i});
+  // 24-byte header and 24-byte entries: 4 entries per 120-byte slot, so 3 notices.
+  auto notices = EncodeNotices(42, ranges, 120);
+  REQUIRE(notices.ok());
+  REQUIRE(notices->size() == 3);
+  for (const std::string& n : *notices) CHECK(n.size() <= 120);
+  NoticeAssembler a;
+  // In any order: the immediate closes the set once every notice of the batch is in.
+  REQUIRE(a.Add((*notices)[2].data(), (*notices)[2].size()).ok());
+  REQUIRE(a.Add((*notices)[0].data(), (*notices)[0].size()).ok());
+  CHECK_FALSE(a.Close().ok());  // notice 1 missing: nothing is reported
+  for (const std::string& n : *notices) REQUIRE(a.Add(n.data(), n.size()).ok());
+  auto closed = a.Close();
+  REQUIRE(closed.ok());
+  std::vector<LandedRange> got = *closed;
+  std::sort(got.begin(), got.end(),
+            [](const LandedRange& x, const LandedRange& y) { return x.addr < y.addr; });
+  CHECK(got == ranges);
+  // Closed: a second immediate without notices reports nothing (NOT_FOUND: a sender without
+  // landing notices, not a malformed set).
+  CHECK(absl::IsNotFound(a.Close().status()));
+
+  // An empty batch still sends one notice, with no entries.
+  auto empty = EncodeNotices(43, {}, 2048);
+  REQUIRE(empty.ok());
+  REQUIRE(empty->size() == 1);
+  REQUIRE(a.Add((*empty)[0].data(), (*empty)[0].size()).ok());
+  auto none = a.Close();
+  REQUIRE(none.ok());
+  CHECK(none->empty());
+}
+
+TEST_CASE("landing notices: a batch whose immediate never came is dropped by the next one") {
+  auto first = EncodeNotices(1, {{5, 0, 10}, {5, 100, 10}}, 48);  // one entry each: two notices
+  auto second = EncodeNotices(2, {{5, 200, 10}}, 2048);
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  REQUIRE(first->size() == 2);
+  NoticeAssembler a;
+  REQUIRE(a.Add((*first)[0].data(), (*first)[0].size()).ok());
+  // Batch 1 timed out before its other notice and immediate went out; batch 2 follows.
+  REQUIRE(a.Add((*second)[0].data(), (*second)[0].size()).ok());
+  auto closed = a.Close();
+  REQUIRE(closed.ok());
+  CHECK(*closed == std::vector<LandedRange>{{5, 200, 10}});
+}
+
+TEST_CASE("landing notices: malformed or lying notices are refused and change nothing") {
+  auto good = EncodeNotices(9, {{1, 64, 64}}, 2048);
+  REQUIRE(good.ok());
+  const std::string n = (*good)[0];
+  NoticeAssembler a;
+  CHECK_FALSE(a.Add(n.data(), 10).ok());            // shorter than the header
+  CHECK_FALSE(a.Add(n.data(), n.size() - 1).ok());  // entries do not match the size
+  std::string longer = n + std::string(24, '\0');   // one more entry than it says
+  CHECK_FALSE(a.Add(longer.data(), longer.size()).ok());
+  std::string magic = n;
+  magic[0] ^= 1;
+  CHECK_FALSE(a.Add(magic.data(), magic.size()).ok());
+  std::string index = n;
+  index[8] = 5;  // index 5 of count 1
+  CHECK_FALSE(a.Add(index.data(), index.size()).ok());
+  std::string zero = n;
+  zero[10] = 0;  // count 0
+  CHECK_FALSE(a.Add(zero.data(), zero.size()).ok());
+  std::string wrap = n;
+  for (int i = 0; i < 8; ++i) wrap[24 + 8 + i] = static_cast<char>(0xff);  // address near 2^64
+  CHECK_FALSE(a.Add(wrap.data(), wrap.size()).ok());
+  std::string empty_range = n;
+  for (int i = 0; i < 8; ++i) empty_range[24 + 16 + i] = 0;  // length 0
+  CHECK_FALSE(a.Add(empty_range.data(), empty_range.size()).ok());
+  CHECK(absl::IsNotFound(a.Close().status()));  // none of those was kept
+  // A duplicate notice spoils its batch: nothing is reported for it.
+  REQUIRE(a.Add(n.data(), n.size()).ok());
+  CHECK_FALSE(a.Add(n.data(), n.size()).ok());
+  CHECK_FALSE(a.Close().ok());
+  // Random bytes never crash it.
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    std::string junk = n;
+    junk.resize(rng() % 128);
+    for (char& c : junk) c = static_cast<char>(rng());
+    if (rng() % 2 && junk.size() >= 4) std::memcpy(junk.data(), n.data(), 4);
+    (void)a.Add(junk.data(), junk.size());
+  }
+  (void)a.Close();
+}
+
+TEST_CASE("the rdma handshake announces the landing-notice buffers; an older record says none") {
+  QpEndpoint ep;
+  ep.device = "mlx5_0";
+  ep.qpn = 17;
+  uint32_t notice_bytes = 99;
+  auto parsed = ParseHandshake("peer", SerializeHandshake("me", {ep}, 2048), &notice_bytes);
+  REQUIRE(parsed.ok());
+  REQUIRE(parsed->size() == 1);
+  CHECK((*parsed)[0].qpn == 17);
+  CHECK(notice_bytes == 2048);
+  // An agent built before landing notices leaves the field out: it takes none.
+  weightbeam::v1::RdmaHandshake old;
+  old.set_from_agent("old");
+  old.add_qps()->set_gid(std::string(16, '\0'));
+  REQUIRE(ParseHandshake("old", old.SerializeAsString(), &notice_bytes).ok());
+  CHECK(notice_bytes == 0);
 }

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -95,6 +96,23 @@ absl::StatusOr<VerbsEngine::NewConnection> VerbsEngine::CreateConnection(const s
         QueuePair pair;
         pair.rail = r;
         pair.psn = RandomPsn();
+        const int slots = options_.recv_queue_depth + options_.notice_send_slots;
+        pair.notice_mem = std::make_unique<uint8_t[]>(slots * options_.notice_bytes);
+        absl::StatusOr<MrPtr> mr =
+            RegisterHostMr(rail.pd.get(), pair.notice_mem.get(), slots * options_.notice_bytes,
+                           IBV_ACCESS_LOCAL_WRITE);
+        if (!mr.ok()) {
+          result = absl::Status(mr.status().code(),
+                                absl::StrCat("registering landing notice "
+                                             "buffers on ",
+                                             rail.name, ": ", mr.status().message()));
+          return;
+        }
+        pair.notice_mr = std::move(*mr);
+        for (int i = 0; i < options_.recv_queue_depth; ++i) pair.free_recv_slots.push_back(i);
+        for (int i = 0; i < options_.notice_send_slots; ++i) {
+          pair.free_send_slots.push_back(options_.recv_queue_depth + i);
+        }
         pair.qp = std::move(*qp);
         QpEndpoint ep;
         ep.device = rail.name;
@@ -115,7 +133,8 @@ absl::StatusOr<VerbsEngine::NewConnection> VerbsEngine::CreateConnection(const s
   return result;
 }
 
-absl::Status VerbsEngine::ConnectQps(uint64_t connection, const std::vector<QpEndpoint>& remote) {
+absl::Status VerbsEngine::ConnectQps(uint64_t connection, const std::vector<QpEndpoint>& remote,
+                                     uint32_t peer_notice_bytes) {
   absl::Status result;
   RunSync([&] {
     auto it = connections_.find(connection);
@@ -146,6 +165,7 @@ absl::Status VerbsEngine::ConnectQps(uint64_t connection, const std::vector<QpEn
       qp.recv_missing = options_.recv_queue_depth;
       PostRecvs(conn, qp);
     }
+    conn.notice_bytes = std::min<size_t>(options_.notice_bytes, peer_notice_bytes);
     conn.connected = true;
   });
   return result;
@@ -192,9 +212,26 @@ void VerbsEngine::SetArrivalCallback(ArrivalCallback cb) {
   RunOrDefer([this, cb = std::move(cb)]() mutable { arrival_ = std::move(cb); });
 }
 
+void VerbsEngine::SetLandingNoticeCallback(LandingNoticeCallback cb) {
+  RunOrDefer([this, cb = std::move(cb)]() mutable { landing_ = std::move(cb); });
+}
+
+void VerbsEngine::QueueClosing(Connection& conn, Batch& batch) {
+  batch.last_sent = true;
+  QueuePair& qp = conn.qps[batch.last.wr.qp];
+  for (PendingWr& notice : batch.notices) {
+    qp.pending.push_back(std::move(notice));
+    ++queued_wrs_;
+  }
+  batch.notices.clear();
+  qp.pending.push_back(batch.last);
+  ++queued_wrs_;
+}
+
 void VerbsEngine::Submit(uint64_t connection, std::vector<WorkRequest> wrs, WorkRequest last,
-                         uint64_t bytes, BatchDone done) {
-  Post([this, connection, wrs = std::move(wrs), last, bytes, done = std::move(done)]() mutable {
+                         uint64_t bytes, std::vector<LandedRange> landed, BatchDone done) {
+  Post([this, connection, wrs = std::move(wrs), last, bytes, landed = std::move(landed),
+        done = std::move(done)]() mutable {
     auto it = connections_.find(connection);
     if (it == connections_.end() || !it->second->connected || it->second->closing) {
       done(absl::FailedPreconditionError("rdma connection is closed"));
@@ -205,6 +242,21 @@ void VerbsEngine::Submit(uint64_t connection, std::vector<WorkRequest> wrs, Work
       done(conn.broken);
       return;
     }
+    if (last.qp < 0 || last.qp >= static_cast<int>(conn.qps.size())) {
+      done(absl::InvalidArgumentError(
+          absl::StrCat("rdma batch names queue pair ", last.qp, " of ", conn.qps.size())));
+      return;
+    }
+    std::vector<std::string> notices;
+    if (conn.notice_bytes > 0) {  // a peer without landing notices gets the immediate only
+      absl::StatusOr<std::vector<std::string>> encoded =
+          EncodeNotices(next_batch_, landed, conn.notice_bytes);
+      if (!encoded.ok()) {
+        done(encoded.status());
+        return;
+      }
+      notices = std::move(*encoded);
+    }
     Batch& batch = batches_[next_batch_];
     batch.id = next_batch_++;
     batch.connection = connection;
@@ -212,16 +264,18 @@ void VerbsEngine::Submit(uint64_t connection, std::vector<WorkRequest> wrs, Work
     batch.done = std::move(done);
     batch.deadline = std::chrono::steady_clock::now() + options_.batch_timeout;
     batch.outstanding = wrs.size();
-    batch.last = PendingWr{batch.id, last, true, htonl(EncodeBatchBytes(bytes))};
+    batch.last = PendingWr{batch.id, last, true, htonl(EncodeBatchBytes(bytes)), nullptr};
+    for (std::string& n : notices) {
+      WorkRequest on_qp;
+      on_qp.qp = last.qp;
+      batch.notices.push_back(
+          PendingWr{batch.id, on_qp, false, 0, std::make_shared<const std::string>(std::move(n))});
+    }
     for (const WorkRequest& wr : wrs) {
-      conn.qps[wr.qp].pending.push_back(PendingWr{batch.id, wr, false, 0});
+      conn.qps[wr.qp].pending.push_back(PendingWr{batch.id, wr, false, 0, nullptr});
       ++queued_wrs_;
     }
-    if (wrs.empty()) {
-      batch.last_sent = true;
-      conn.qps[last.qp].pending.push_back(batch.last);
-      ++queued_wrs_;
-    }
+    if (wrs.empty()) QueueClosing(conn, batch);
   });
 }
 
@@ -274,24 +328,40 @@ void VerbsEngine::PostPending() {
       wrs.reserve(std::min<size_t>(credits, qp.pending.size()));
       sges.reserve(wrs.capacity());
       while (!qp.pending.empty() && static_cast<int>(wrs.size()) < credits) {
-        PendingWr p = qp.pending.front();
+        // A notice needs a send buffer: without one, it and what follows wait (in order).
+        if (qp.pending.front().notice && qp.free_send_slots.empty()) break;
+        PendingWr p = std::move(qp.pending.front());
         qp.pending.pop_front();
         --queued_wrs_;
         auto batch = batches_.find(p.batch);
         if (batch == batches_.end() || batch->second.finished) continue;  // failed or timed out
         uint64_t wr_id = next_wr_id_++;
-        sges.push_back(ibv_sge{p.wr.local_addr, p.wr.length, p.wr.lkey});
         ibv_send_wr wr{};
         wr.wr_id = wr_id;
-        wr.sg_list = p.wr.length > 0 ? &sges.back() : nullptr;
-        wr.num_sge = p.wr.length > 0 ? 1 : 0;
-        wr.opcode = p.with_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
         wr.send_flags = IBV_SEND_SIGNALED;
-        wr.imm_data = p.imm;
-        wr.wr.rdma.remote_addr = p.wr.remote_addr;
-        wr.wr.rdma.rkey = p.wr.rkey;
+        int slot = -1;
+        if (p.notice) {
+          slot = qp.free_send_slots.back();
+          qp.free_send_slots.pop_back();
+          uint8_t* buf = NoticeSlot(qp, slot);
+          const size_t n = std::min(p.notice->size(), options_.notice_bytes);
+          std::memcpy(buf, p.notice->data(), n);
+          sges.push_back(ibv_sge{reinterpret_cast<uint64_t>(buf), static_cast<uint32_t>(n),
+                                 qp.notice_mr->lkey});
+          wr.sg_list = &sges.back();
+          wr.num_sge = 1;
+          wr.opcode = IBV_WR_SEND;
+        } else {
+          sges.push_back(ibv_sge{p.wr.local_addr, p.wr.length, p.wr.lkey});
+          wr.sg_list = p.wr.length > 0 ? &sges.back() : nullptr;
+          wr.num_sge = p.wr.length > 0 ? 1 : 0;
+          wr.opcode = p.with_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+          wr.imm_data = p.imm;
+          wr.wr.rdma.remote_addr = p.wr.remote_addr;
+          wr.wr.rdma.rkey = p.wr.rkey;
+        }
         wrs.push_back(wr);
-        inflight_[wr_id] = InflightWr{p.batch, conn.id, qi, wr.opcode, false};
+        inflight_[wr_id] = InflightWr{p.batch, conn.id, qi, wr.opcode, false, slot};
         ++batch->second.in_flight;
       }
       if (wrs.empty()) continue;
@@ -304,6 +374,7 @@ void VerbsEngine::PostPending() {
         for (size_t i = posted; i < wrs.size(); ++i) {
           auto info = inflight_.find(wrs[i].wr_id);
           --batches_[info->second.batch].in_flight;
+          if (info->second.slot >= 0) qp.free_send_slots.push_back(info->second.slot);
           inflight_.erase(info);
         }
       }
@@ -320,14 +391,21 @@ void VerbsEngine::PostPending() {
 
 void VerbsEngine::PostRecvs(Connection& conn, QueuePair& qp) {
   Rail& rail = rails_[qp.rail];
-  while (qp.recv_missing > 0 && rail.cq_used < rail.cq_capacity && conn.broken.ok()) {
+  while (qp.recv_missing > 0 && rail.cq_used < rail.cq_capacity && conn.broken.ok() &&
+         !qp.free_recv_slots.empty()) {
     uint64_t wr_id = next_wr_id_++;
+    const int slot = qp.free_recv_slots.back();
+    ibv_sge sge{reinterpret_cast<uint64_t>(NoticeSlot(qp, slot)),
+                static_cast<uint32_t>(options_.notice_bytes), qp.notice_mr->lkey};
     ibv_recv_wr wr{};
     wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
     ibv_recv_wr* bad = nullptr;
     if (ibv_post_recv(qp.qp.get(), &wr, &bad) != 0) break;
+    qp.free_recv_slots.pop_back();
     inflight_[wr_id] =
-        InflightWr{0, conn.id, static_cast<int>(&qp - conn.qps.data()), IBV_WR_SEND, true};
+        InflightWr{0, conn.id, static_cast<int>(&qp - conn.qps.data()), IBV_WR_SEND, true, slot};
     --qp.recv_missing;
     ++qp.recv_posted;
     ++rail.cq_used;
@@ -364,9 +442,35 @@ void VerbsEngine::HandleCompletion(const ibv_wc& wc) {
     if (qp == nullptr) return;
     --qp->recv_posted;
     if (wc.status == IBV_WC_SUCCESS) {
-      if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && arrival_) {
-        arrival_(conn->peer, DecodeBatchBytes(ntohl(wc.imm_data)));
+      auto bad_notice = [&](const absl::Status& why) {
+        if (bad_notices_++ % 1000 < 5) {
+          spdlog::warn("rdma: landing notice from peer '{}' on {} ignored ({} so far): {}",
+                       conn->peer, rails_[qp->rail].name, bad_notices_, std::string(why.message()));
+        }
+      };
+      if (wc.opcode == IBV_WC_RECV) {
+        // A landing notice: held until the immediate closing its batch is polled.
+        const size_t size = std::min<size_t>(wc.byte_len, options_.notice_bytes);
+        if (info.slot >= 0) {
+          if (absl::Status s = qp->notices.Add(NoticeSlot(*qp, info.slot), size); !s.ok()) {
+            bad_notice(s);
+          }
+        }
+      } else if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+        if (arrival_) arrival_(conn->peer, DecodeBatchBytes(ntohl(wc.imm_data)));
+        // Every write of the batch is placed: the sender posted the immediate only after the
+        // others were acknowledged, and this queue pair delivers its notices before it.
+        absl::StatusOr<std::vector<LandedRange>> landed = qp->notices.Close();
+        if (!landed.ok()) {
+          // No notice at all: a sender without landing notices (nothing to report, no lie).
+          if (!absl::IsNotFound(landed.status())) bad_notice(landed.status());
+        } else if (landing_ && !landed->empty()) {
+          landing_(conn->peer, *landed);
+        }
       }
+    }
+    if (info.slot >= 0) qp->free_recv_slots.push_back(info.slot);
+    if (wc.status == IBV_WC_SUCCESS) {
       ++qp->recv_missing;
       PostRecvs(*conn, *qp);
     }
@@ -375,6 +479,7 @@ void VerbsEngine::HandleCompletion(const ibv_wc& wc) {
   }
 
   if (qp != nullptr) --qp->send_used;
+  if (qp != nullptr && info.slot >= 0) qp->free_send_slots.push_back(info.slot);
   auto batch_it = batches_.find(info.batch);
   if (batch_it == batches_.end()) return;
   Batch& batch = batch_it->second;
@@ -398,12 +503,12 @@ void VerbsEngine::HandleCompletion(const ibv_wc& wc) {
     FinishBatch(batch, error);
   } else if (info.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
     FinishBatch(batch, absl::OkStatus());
+  } else if (info.opcode == IBV_WR_SEND) {
+    // A landing notice went out; the immediate follows it on the same queue pair.
   } else if (--batch.outstanding == 0 && !batch.last_sent && !batch.finished && qp != nullptr) {
-    // Every other write has been acknowledged: the immediate now tells the receiver that the
-    // whole batch is in place.
-    batch.last_sent = true;
-    conn->qps[batch.last.wr.qp].pending.push_back(batch.last);
-    ++queued_wrs_;
+    // Every other write has been acknowledged: the notices and the immediate now tell the
+    // receiver that the whole batch is in place, and where.
+    QueueClosing(*conn, batch);
   }
   ReapBatch(info.batch);
   if (conn != nullptr && conn->closing) ReapConnection(conn->id);

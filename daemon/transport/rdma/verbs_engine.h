@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/transport/rdma/landing_notice.h"
 #include "daemon/transport/rdma/verbs.h"
 #include "daemon/transport/transport.h"
 
@@ -53,7 +54,17 @@ struct EngineOptions {
   // last progress before sleeping on the completion channels: a fast NIC completes within the
   // spin (no wake-up latency), a slow link (or an oversubscribed host) does not burn a core.
   std::chrono::microseconds busy_poll{100};
+  // Landing notices (landing_notice.h): bytes per notice, and notice buffers a queue pair can
+  // have on the wire at once (the receive side has one per posted receive, recv_queue_depth).
+  // Registered once per queue pair for local access only: nothing a peer can write by RDMA.
+  size_t notice_bytes = 2048;
+  int notice_send_slots = 8;
 };
+
+// Runs on the poller thread when the immediate closing a batch was polled: the ranges its
+// landing notices named (the sender's word: the transport checks them against its regions).
+using LandingNoticeCallback =
+    std::function<void(const std::string& peer, const std::vector<LandedRange>& ranges)>;
 
 // A fully resolved work request: addresses and keys already checked against the regions.
 struct WorkRequest {
@@ -95,20 +106,26 @@ class VerbsEngine {
   // Creates qps_per_rail queue pairs per rail in INIT state for `peer`.
   absl::StatusOr<NewConnection> CreateConnection(const std::string& peer, bool accepted);
   // Connects our queue pairs to the peer's (same count, pairwise) and posts receives.
-  absl::Status ConnectQps(uint64_t connection, const std::vector<QpEndpoint>& remote);
+  // `peer_notice_bytes`: the peer's landing-notice receive buffers (0: it takes none, an agent
+  // without landing notices; batches to it carry only the immediate).
+  absl::Status ConnectQps(uint64_t connection, const std::vector<QpEndpoint>& remote,
+                          uint32_t peer_notice_bytes = 0);
   // Fails its queued batches, flushes and destroys its queue pairs.
   void DestroyConnection(uint64_t connection, const std::string& reason);
   // The connections with `peer` (empty: with anyone) on `side` (incoming: the accepted ones).
   void DestroyConnections(const std::string& peer, PeerSide side, const std::string& reason);
 
-  // Posts `wrs` on the connection; `last` goes out as RDMA_WRITE_WITH_IMM carrying
-  // EncodeBatchBytes(bytes) once every other work request has completed. `done` runs once.
+  // Posts `wrs` on the connection; once every one of them has completed, the batch's landing
+  // notices (naming `landed`) go out as SENDs on `last`'s queue pair, then `last` as
+  // RDMA_WRITE_WITH_IMM carrying EncodeBatchBytes(bytes). `done` runs once.
   void Submit(uint64_t connection, std::vector<WorkRequest> wrs, WorkRequest last, uint64_t bytes,
-              BatchDone done);
+              std::vector<LandedRange> landed, BatchDone done);
 
   // Runs on the poller thread. Callbacks (this one and BatchDone) may destroy peers and
   // connections and post batches; they must not Connect or Accept (those wait for the poller).
   void SetArrivalCallback(ArrivalCallback cb);
+  // Same rules as the arrival callback. Malformed or incomplete notices are logged and dropped.
+  void SetLandingNoticeCallback(LandingNoticeCallback cb);
 
  private:
   struct PendingWr {
@@ -116,8 +133,16 @@ class VerbsEngine {
     WorkRequest wr;
     bool with_imm = false;
     uint32_t imm = 0;
+    std::shared_ptr<const std::string> notice;  // a SEND of these bytes (wr: only its qp)
   };
   struct QueuePair {
+    // Declared before the queue pair so that it is destroyed first: receive buffers
+    // [0, recv_queue_depth) then send buffers, notice_bytes each, in one local-only region.
+    std::unique_ptr<uint8_t[]> notice_mem;
+    MrPtr notice_mr;
+    std::vector<int> free_recv_slots;
+    std::vector<int> free_send_slots;
+    NoticeAssembler notices;
     QpPtr qp;
     int rail = 0;
     uint32_t psn = 0;
@@ -133,7 +158,8 @@ class VerbsEngine {
     bool accepted = false;
     bool connected = false;
     bool closing = false;
-    absl::Status broken;  // first fatal error; later batches fail with it
+    size_t notice_bytes = 0;  // per notice we send: min(ours, the peer's buffers); 0: none
+    absl::Status broken;      // first fatal error; later batches fail with it
     std::shared_ptr<std::atomic<bool>> broken_flag = std::make_shared<std::atomic<bool>>(false);
     std::vector<QueuePair> qps;
   };
@@ -148,6 +174,7 @@ class VerbsEngine {
     bool finished = false;
     size_t in_flight = 0;  // posted and not completed (keeps the batch until completions drain)
     std::chrono::steady_clock::time_point deadline;
+    std::vector<PendingWr> notices;  // sent right before `last`, on its queue pair
   };
   struct InflightWr {
     uint64_t batch = 0;  // 0 for receives
@@ -155,6 +182,7 @@ class VerbsEngine {
     int qp = 0;
     ibv_wr_opcode opcode = IBV_WR_RDMA_WRITE;
     bool recv = false;
+    int slot = -1;  // the notice buffer a receive or a notice SEND uses
   };
 
   // Runs `fn` on the poller thread and waits (inline when already on it).
@@ -175,6 +203,11 @@ class VerbsEngine {
   void BreakConnection(Connection& conn, absl::Status status);
   void ReapBatch(uint64_t batch_id);
   void ReapConnection(uint64_t connection_id);
+  // Queues the batch's notices and its closing immediate on the last write's queue pair.
+  void QueueClosing(Connection& conn, Batch& batch);
+  uint8_t* NoticeSlot(QueuePair& qp, int slot) const {
+    return qp.notice_mem.get() + static_cast<size_t>(slot) * options_.notice_bytes;
+  }
 
   std::vector<Rail> rails_;
   const EngineOptions options_;
@@ -188,6 +221,8 @@ class VerbsEngine {
   uint64_t next_wr_id_ = 1;
   size_t queued_wrs_ = 0;
   ArrivalCallback arrival_;
+  LandingNoticeCallback landing_;
+  uint64_t bad_notices_ = 0;  // logged: the first few, then every 1000th
   std::chrono::steady_clock::time_point next_deadline_check_;
   std::chrono::steady_clock::time_point last_progress_;
 
