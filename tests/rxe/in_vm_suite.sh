@@ -70,7 +70,7 @@ need "$BIN/tests/rxe/rdma_device_test" &&
 # Relays over rdma (issue 30): the landing notices tell a relay what landed by one-sided writes;
 # a chain trainer -> infer-0 -> infer-1 -> infer-2 and a tree (fan-out 2) on rxe0, every byte
 # compared.
-section "relays over rdma (rxe0): a chain and a tree of three replicas, forwarded as bytes land"
+section "relays over rdma (rxe0): a chain and a tree of four replicas, forwarded as bytes land"
 need "$BIN/tests/rxe/rdma_relay_test" "$BIN/daemon/wb-agent" "$BIN/controller/wb-controller" &&
   { timeout 600 "$BIN/tests/rxe/rdma_relay_test" --use-colour no || failed=1; }
 

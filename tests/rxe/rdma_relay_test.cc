@@ -1,11 +1,11 @@
 // Relays over rdma (issue 30), with real processes on Soft-RoCE (run inside tests/rxe/vm.sh by
-// in_vm_suite.sh): a controller, a trainer agent and three inference agents (one replica each),
+// in_vm_suite.sh): a controller, a trainer agent and four inference agents (one replica each),
 // every agent with rdma on rxe0 (preferred over tcp between agents), relays forced as a chain
-// trainer -> infer-0 -> infer-1 -> infer-2 (fan-out 1) and as a tree trainer -> infer-0 ->
-// {infer-1, infer-2} (fan-out 2). The trainer feeds the root only; each relay forwards
-// the bytes that landed in it by one-sided writes, which it learns of from the landing notices
-// (daemon/transport/rdma/landing_notice.h). Every byte of every replica is compared with the
-// trainer's over several versions, the relays' forwarded bytes are checked in the step results,
+// trainer -> infer-0 -> infer-1 -> infer-2 -> infer-3 (fan-out 1) and as a tree trainer ->
+// infer-0 -> {infer-1 -> infer-3, infer-2} (fan-out 2). The trainer feeds the root only; each relay
+// forwards the bytes that landed in it by one-sided writes, which it learns of from the landing
+// notices (daemon/transport/rdma/landing_notice.h). Every byte of every replica is compared with
+// the trainer's over several versions, the relays' forwarded bytes are checked in the step results,
 // and rxe0's packet counter shows the bytes went over rdma, not tcp.
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -28,7 +28,7 @@ using wb::testing::Cluster;
 
 namespace {
 
-constexpr int kReplicas = 3;
+constexpr int kReplicas = 4;
 constexpr int64_t kRows = 256, kCols = 512;  // 256 KiB of BF16 per tensor, two tensors
 constexpr uint64_t kTensorBytes = kRows * kCols * 2;
 
@@ -67,7 +67,7 @@ uint64_t SentPackets(const std::string& device) {
 
 }  // namespace
 
-TEST_CASE("relays over rdma: a chain and a tree of three replicas on rxe0 get every byte") {
+TEST_CASE("relays over rdma: a chain and a tree of four replicas on rxe0 get every byte") {
   const int fanout = GENERATE(1, 2);
   INFO("fan-out " << fanout);
   wb::testing::ClusterOptions options;
@@ -108,8 +108,8 @@ TEST_CASE("relays over rdma: a chain and a tree of three replicas on rxe0 get ev
     INFO("version " << v);
     CHECK(trainer_bytes == 2 * kTensorBytes);  // the root's bytes only
     CHECK(relayed_bytes == (kReplicas - 1) * 2 * kTensorBytes);
-    CHECK(relays == (fanout == 1 ? 2 : 1));  // chain: infer-0 and infer-1; tree: infer-0
-    // Over rdma: at least one packet per 4 KiB (the largest MTU) of all three replicas' bytes.
+    CHECK(relays == (fanout == 1 ? 3 : 2));  // chain: 0 -> 1 -> 2 -> 3; tree: 0 -> {1, 2}, 1 -> 3
+    // Over rdma: at least one packet per 4 KiB (the largest MTU) of all four replicas' bytes.
     CHECK(SentPackets("rxe0") - packets_before >= kReplicas * 2 * kTensorBytes / 4096);
     for (int r = 0; r < kReplicas; ++r) {
       INFO("replica " << r);
