@@ -21,6 +21,7 @@
 #include "tests/support/cluster.h"
 #include "tests/support/controller_calls.h"
 #include "tests/support/one_tensor.h"
+#include "tests/support/two_tensor_sides.h"
 
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
@@ -32,23 +33,10 @@ constexpr int kReplicas = 4;
 constexpr int64_t kRows = 256, kCols = 512;  // 256 KiB of BF16 per tensor, two tensors
 constexpr uint64_t kTensorBytes = kRows * kCols * 2;
 
-struct Side {
-  SharedBuffer buffer;
-  LocalSession session;
-};
+using wb::testing::two_tensors::Side;
 
 Side Open(const std::string& socket, v1::Role role, int replica) {
-  auto b = SharedBuffer::Create(2 * kTensorBytes, "rdma-relay");
-  REQUIRE(b.ok());
-  auto s = LocalSession::Connect(socket, Identity{role, 0, replica});
-  REQUIRE(s.ok());
-  for (int t = 0; t < 2; ++t) {
-    const std::string name = t == 0 ? "a.weight" : "b.weight";
-    REQUIRE(s->Register(TensorInfo{name, v1::DTYPE_BF16, {kRows, kCols}, {}}, *b, t * kTensorBytes,
-                        kTensorBytes)
-                .ok());
-  }
-  return Side{std::move(*b), std::move(*s)};
+  return wb::testing::two_tensors::OpenSide(socket, role, replica, kRows, kCols, "rdma-relay");
 }
 
 void Fill(Side* trainer, uint32_t version) {

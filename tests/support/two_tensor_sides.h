@@ -1,6 +1,7 @@
 // Shared by the tests that kill, freeze and restart agents under a trainer and inference
-// replicas (elastic_test, restart_test): each side registers two 4 MiB BF16 tensors, a.weight and
-// b.weight, from one shared buffer, and waits for the watcher events of a step.
+// replicas (elastic_test, restart_test) and the relay tests: each side registers two BF16
+// tensors (4 MiB each by default), a.weight and b.weight, from one shared buffer (OpenSide), and
+// waits for the watcher events of a step.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/weightbeam/controller_client.h"
 #include "client/weightbeam/local_session.h"
+#include "client/weightbeam/shared_buffer.h"
 #include "tests/support/cluster.h"
 
 namespace wb::testing::two_tensors {
@@ -26,6 +28,29 @@ inline constexpr uint64_t kSideBytes = 2 * kTensorBytes;
 inline constexpr auto kStepTimeout = std::chrono::seconds(8);
 
 inline std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+// One process's side: a.weight and b.weight, rows x cols BF16 each, back to back in one buffer.
+struct Side {
+  client::SharedBuffer buffer;
+  client::LocalSession session;
+};
+
+// A session of `role` (replica `replica`) on `socket` with both tensors registered.
+inline Side OpenSide(const std::string& socket, weightbeam::v1::Role role, int replica,
+                     int64_t rows = kRows, int64_t cols = kCols, const std::string& hint = "side") {
+  const uint64_t tensor_bytes = static_cast<uint64_t>(rows * cols * 2);
+  auto b = client::SharedBuffer::Create(2 * tensor_bytes, hint);
+  REQUIRE(b.ok());
+  auto s = client::LocalSession::Connect(socket, client::Identity{role, 0, replica});
+  REQUIRE(s.ok());
+  for (int t = 0; t < 2; ++t) {
+    const std::string name = t == 0 ? "a.weight" : "b.weight";
+    REQUIRE(s->Register(client::TensorInfo{name, weightbeam::v1::DTYPE_BF16, {rows, cols}, {}}, *b,
+                        t * tensor_bytes, tensor_bytes)
+                .ok());
+  }
+  return Side{std::move(*b), std::move(*s)};
+}
 
 // The agent of inference replica k.
 inline std::string ReplicaAgent(int k) { return absl::StrCat("inference-", k); }
