@@ -25,6 +25,15 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// Copies `rows` rows of `row` bytes, `stride` bytes apart from `src`, packed into `dst`.
+void GatherRows(const uint8_t* src, uint64_t row, uint64_t stride, uint64_t rows, uint8_t* dst) {
+  if (stride == row) {
+    std::memcpy(dst, src, row * rows);
+    return;
+  }
+  for (uint64_t r = 0; r < rows; ++r) std::memcpy(dst + r * row, src + r * stride, row);
+}
+
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -306,11 +315,8 @@ absl::Status Executor::PrepareDelta(Job* job, const delta::StepDelta& step,
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(OpName(op), ": ", s.message()));
   } else {
     // A strided copy: gather its rows densely (the shadow compare needs them side by side).
-    uint8_t* staged = job->staging->data;
     if (!registry::RunBusGuarded([&] {
-          for (uint64_t r = 0; r < op.rows(); ++r) {
-            std::memcpy(staged + r * row, src + rows->op().src_offset() + r * stride, row);
-          }
+          GatherRows(src + rows->op().src_offset(), row, stride, op.rows(), job->staging->data);
         })) {
       return MemoryVanished(OpName(op), *job->source);
     }
@@ -630,14 +636,7 @@ absl::Status Executor::StageCaptured(Job* job, const std::atomic<bool>* cancelle
   if (!lease.ok()) return lease.status();
   job->staging = std::move(*lease);
   const uint64_t stride = op.src_stride() ? op.src_stride() : row;
-  const uint8_t* src = rows->base() + rows->op().src_offset();
-  if (stride == row) {
-    std::memcpy(job->staging->data, src, row * op.rows());
-  } else {
-    for (uint64_t r = 0; r < op.rows(); ++r) {
-      std::memcpy(job->staging->data + r * row, src + r * stride, row);
-    }
-  }
+  GatherRows(rows->base() + rows->op().src_offset(), row, stride, op.rows(), job->staging->data);
   return absl::OkStatus();
 }
 

@@ -20,8 +20,8 @@
 #include "client/weightbeam/controller_client.h"
 #include "client/weightbeam/local_session.h"
 #include "client/weightbeam/shared_buffer.h"
-#include "daemon/transform/transform.h"
 #include "tests/support/cluster.h"
+#include "tests/support/fp8_reference.h"
 #include "tests/support/one_tensor.h"
 #include "tests/support/synthetic_adam.h"
 
@@ -114,13 +114,7 @@ void CheckBitForBit(Trainer& t, Inference& inf, uint64_t version) {
   CHECK(std::memcmp(inf.A(), t.A(), kElems * 2) == 0);
   std::vector<uint8_t> fp8(kElems);
   std::vector<float> scales(kScaleRows * kScaleCols);
-  wb::transform::TransformDesc d;
-  d.kind = wb::transform::Kind::kFp8Block;
-  d.src_dtype = wb::transform::DType::kBF16;
-  d.dst_dtype = wb::transform::DType::kF8E4M3;
-  d.rows = kRows;
-  d.cols = kCols;
-  REQUIRE(wb::transform::ApplyTransformCpu(d, t.B(), fp8.data(), scales.data(), 1).ok());
+  wb::testing::QuantizeFp8Blocks(t.B(), kRows, kCols, fp8.data(), scales.data());
   CHECK(std::memcmp(inf.B(), fp8.data(), kElems) == 0);
   CHECK(std::memcmp(inf.Scales(), scales.data(), kScaleBytes) == 0);
 }
