@@ -693,6 +693,9 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
       ",\"skipped_replicas\":", step->skipped_replicas_size(), ",\"trainer_stall_seconds\":",
       Num(step->trainer_stall_seconds()), ",\"capture\":", Json(step->capture()),
       ",\"inference_pause_seconds\":", Num(step->inference_pause_seconds()),
+      ",\"staged_replicas\":",
+      std::count_if(step->replica_pauses().begin(), step->replica_pauses().end(),
+                    [](const v1::ReplicaPause& p) { return p.staged(); }),
       ",\"trainer_stall_ratio\":", Num(step->trainer_stall_seconds() / seconds),
       ",\"inference_pause_ratio\":", Num(step->inference_pause_seconds() / seconds),
       ",\"wire_out\":{", wire_out_json, "},\"wire_in\":{", wire_in_json, "}", note, "}"));

@@ -31,6 +31,7 @@ if [ "$rc" -eq 0 ]; then
     tee -a "$out"
   rc=${PIPESTATUS[0]}
   grep -q '"capture":"captured' "$out" || rc=1
+  grep -q '"staged_replicas":[1-9]' "$out" || rc=1
 fi
 [ "$rc" -eq 124 ] && echo "[cluster] the short run did not finish within ${WB_CLUSTER_SHORT_TIMEOUT:-900} s" >&2
 # Steps verified, the kill scenario's elastic checks, and the teardown left no namespace (nor,

@@ -253,6 +253,19 @@ int main(int argc, char** argv) {
       failure = std::string(step.status().message());
       break;
     }
+    // The modes asked for are the ones that ran: a capture step says so, and a staged replica's
+    // pause is its swap.
+    if (capture && step->capture().rfind("captured", 0) != 0) {
+      pass = false;
+      failure = absl::StrCat("step ", v, " was not captured (", step->capture(), ")");
+    }
+    for (const auto& p : step->replica_pauses()) {
+      if (p.staged() != staged) {
+        pass = false;
+        failure = absl::StrCat("replica ", p.replica(), " was ", p.staged() ? "" : "not ",
+                               "staged in step ", v);
+      }
+    }
     std::string verdict = "all workers";
     for (auto& w : workers) {
       std::string line = w->Receive();
