@@ -21,9 +21,12 @@ MODELS = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM,
               dict(COMMON, num_hidden_layers=2, intermediate_size=256, tie_word_embeddings=True)),
     # Layer 0 dense (mlp_only_layers), layer 1 MoE: both decoder-layer kinds in one model.
+    # Every token goes to every expert (top-k = experts), weighted by the router: a top-2 choice
+    # would let the two sides' BF16 rounding pick different experts for a near-tie, a
+    # discontinuity no tolerance covers.
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM,
                   dict(COMMON, num_hidden_layers=2, intermediate_size=256,
-                       moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=64, num_experts=4, num_experts_per_tok=4,
                        decoder_sparse_step=1, mlp_only_layers=[0], norm_topk_prob=True,
                        tie_word_embeddings=False)),
 }

@@ -163,7 +163,7 @@ def main():
     ap.add_argument("--fail-agent-pid", type=int, default=0)
     ap.add_argument("--wrong-layout", default="")
     ap.add_argument("--report-dir", default="")
-    ap.add_argument("--lr", type=float, default=2e-2)
+    ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--step-timeout", type=float, default=60.0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 import torch
 
 IN_PLACE = "in place"
+# Written in place, then the module's own post-load processing runs again at finish (it derives
+# state, a kernel for instance, from bytes it leaves as the loader wrote them).
+REPROCESS = "in place + reprocess"
 FALLBACK = "fallback"
 
 
@@ -30,9 +33,31 @@ FALLBACK = "fallback"
 class Row:
     """One engine parameter's path and why."""
     param: str
-    path: str  # IN_PLACE or FALLBACK
+    path: str  # IN_PLACE, REPROCESS or FALLBACK
     why: str
     probed: str  # the module the role was checked on
+    module: str = ""  # the module that holds the parameter in this vLLM
+
+
+def resolve(model, name):
+    """(module path, attribute) of the live tensor behind layout parameter ``name``: the named
+    module's own parameter, or else the one parameter of that name among its descendants
+    (vLLM 0.32 keeps a MoE layer's ``experts.w13_weight`` in ``experts.routed_experts``)."""
+    module_path, _, attr = name.rpartition(".")
+    try:
+        module = model.get_submodule(module_path)
+    except AttributeError:
+        return module_path, attr
+    if module._parameters.get(attr) is not None:
+        return module_path, attr
+    found = [f"{module_path}.{sub}" if sub else module_path
+             for sub, m in module.named_modules() if m._parameters.get(attr) is not None]
+    return (found[0], attr) if len(found) == 1 else (module_path, attr)
+
+
+def live_tensor(model, name):
+    module_path, attr = resolve(model, name)
+    return model.get_submodule(module_path)._parameters[attr]
 
 
 def role_of(module_path):
@@ -44,8 +69,7 @@ def check(model, layout):
     """Rows for every parameter of ``layout`` (EngineParam messages), one role probed once."""
     by_module = {}
     for p in layout:
-        module_path, _, _ = p.name.rpartition(".")
-        by_module.setdefault(module_path, []).append(p)
+        by_module.setdefault(resolve(model, p.name)[0], []).append(p)
     holders = parameter_holders(model)
     verdicts = {}
     rows = []
@@ -54,9 +78,9 @@ def check(model, layout):
         if role not in verdicts:
             verdict = _shared_verdict(model, module_path, params, holders)
             verdicts[role] = (module_path, verdict or _verdict(model, module_path, params))
-        probed, (ok, why) = verdicts[role]
+        probed, (path, why) = verdicts[role]
         for p in params:
-            rows.append(Row(p.name, IN_PLACE if ok else FALLBACK, why, probed))
+            rows.append(Row(p.name, path, why, probed, module_path))
     return rows
 
 
@@ -95,14 +119,14 @@ def _shared_verdict(model, module_path, params, holders):
     re-processes every holder."""
     shared = sharing_modules(model, module_path, holders)
     if shared:
-        return False, f"shared with {', '.join(shared)}, which may derive state from it"
+        return FALLBACK, f"shared with {', '.join(shared)}, which may derive state from it"
     return None
 
 
 def format_table(rows):
     width = max([len(r.param) for r in rows] + [9])
-    lines = [f"{'parameter':<{width}}  {'path':<8}  why"]
-    lines += [f"{r.param:<{width}}  {r.path:<8}  {r.why}" for r in rows]
+    lines = [f"{'parameter':<{width}}  {'path':<20}  why"]
+    lines += [f"{r.param:<{width}}  {r.path:<20}  {r.why}" for r in rows]
     return "\n".join(lines)
 
 
@@ -116,19 +140,20 @@ def probe_tensor(name, shape, dtype):
 
 
 def _verdict(model, module_path, params):
+    """(IN_PLACE | REPROCESS | FALLBACK, why) for the module holding ``params``."""
     try:
         module = model.get_submodule(module_path)
     except AttributeError:
-        return False, f"no module '{module_path}' in this vLLM's model"
+        return FALLBACK, f"no module '{module_path}' in this vLLM's model"
     for p in params:
         attr = p.name.rpartition(".")[2]
         live = module._parameters.get(attr)
         if live is None:
-            return False, f"{type(module).__name__} has no parameter '{attr}'"
+            return FALLBACK, f"{type(module).__name__} has no parameter '{attr}'"
         want = tuple(p.shape)
         if tuple(live.shape) != want:
-            return False, (f"'{attr}' is {list(live.shape)} in the running engine, the layout "
-                           f"writes {list(want)}: repacked after loading")
+            return FALLBACK, (f"'{attr}' is {list(live.shape)} in the running engine, the "
+                              f"layout writes {list(want)}: repacked after loading")
     try:
         from weightbeam.vllm_backend.torch_dtypes import torch_dtype
         sources = {}
@@ -136,17 +161,30 @@ def _verdict(model, module_path, params):
             for part in p.parts:
                 sources.setdefault(part.source, (list(part.source_shape), torch_dtype(p.dtype)))
         probe = {n: probe_tensor(n, s, d) for n, (s, d) in sources.items()}
-        loaded, derived = _scratch_load(model, module, probe)
+        loaded, processed, derived = _scratch_load(model, module, probe)
     except Exception as e:  # an engine whose loader cannot run on a scratch module: fall back
-        return False, f"the check could not run: {type(e).__name__}: {e}"
-    if derived:
-        return False, ("the engine derives " + ", ".join(sorted(derived)) +
-                       " from it after loading")
+        return FALLBACK, f"the check could not run: {type(e).__name__}: {e}"
     for p in params:
-        why = _compare(p, loaded.get(p.name.rpartition(".")[2]), probe)
+        attr = p.name.rpartition(".")[2]
+        why = _compare(p, loaded.get(attr), probe)
         if why:
-            return False, why
-    return True, "matches the engine's loader byte for byte"
+            return FALLBACK, why
+    changed = [a for a, t in loaded.items()
+               if a not in processed or not _same_bytes(t, processed[a])]
+    if changed:
+        return FALLBACK, ("the engine's processing after loading rewrites " +
+                          ", ".join(f"'{a}'" for a in sorted(changed)))
+    if derived:
+        return REPROCESS, ("matches the engine's loader byte for byte; its processing derives " +
+                           ", ".join(sorted(derived)) + " from it: run again at finish")
+    return IN_PLACE, "matches the engine's loader byte for byte"
+
+
+def _same_bytes(a, b):
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().flatten().view(torch.uint8),
+                       b.contiguous().flatten().view(torch.uint8))
 
 
 def _compare(param, got, probe):
@@ -182,6 +220,8 @@ def _scratch_load(model, module, probe):
     saved_params = dict(module._parameters)
     saved_buffers = dict(module._buffers)
     saved_non_persistent = set(module._non_persistent_buffers_set)
+    quant_method = getattr(module, "quant_method", None)
+    saved_qm = dict(vars(quant_method)) if quant_method is not None else None
     try:
         # Tensors the reload machinery leaves in place (bias, expert maps) get private copies,
         # so that nothing the probe loads reaches a live tensor.
@@ -195,22 +235,30 @@ def _scratch_load(model, module, probe):
         before_tensors = set(module._parameters) | set(module._buffers)
         with torch.no_grad():
             model.load_weights(iter(probe.items()))
+        loaded = {n: t.detach().clone() for n, t in module._parameters.items() if t is not None}
         before = {k: id(v) for k, v in module.__dict__.items() if not k.startswith("_")}
-        quant_method = getattr(module, "quant_method", None)
+        before_qm = {k: id(v) for k, v in vars(quant_method).items()} if quant_method else {}
         if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
             with torch.no_grad():
                 quant_method.process_weights_after_loading(module)
         derived = {k for k, v in module.__dict__.items()
                    if not k.startswith("_") and before.get(k) != id(v)}
         derived |= (set(module._parameters) | set(module._buffers)) - before_tensors
-        loaded = {n: t.detach().clone() for n, t in module._parameters.items() if t is not None}
-        return loaded, derived
+        if quant_method is not None:
+            derived |= {f"quant_method.{k}" for k, v in vars(quant_method).items()
+                        if before_qm.get(k) != id(v)}
+        processed = {n: t.detach().clone() for n, t in module._parameters.items()
+                     if t is not None}
+        return loaded, processed, derived
     finally:
         module.__dict__.clear()
         module.__dict__.update(saved)
         module.__dict__["_parameters"] = saved_params
         module.__dict__["_buffers"] = saved_buffers
         module.__dict__["_non_persistent_buffers_set"] = saved_non_persistent
+        if quant_method is not None:  # its kernel must keep pointing at the live tensors
+            vars(quant_method).clear()
+            vars(quant_method).update(saved_qm)
 
 
 def _private_copy(t):

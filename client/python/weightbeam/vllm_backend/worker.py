@@ -72,12 +72,18 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
         self._received = None
         self._buffers = []
         self._sharers = []
+        self._reprocess = []
 
     # ---- init ----------------------------------------------------------------------------
 
     def init_transfer_engine(self, info):
+        # Again (a trainer that restarted): the old registrations go with the old session; the
+        # old buffers are closed once the parameters have moved out of them.
+        old_buffers, self._buffers = self._buffers, []
         if self.session is not None:
-            raise RuntimeError("weightbeam: init_weight_transfer_engine was already called")
+            self.session.close()
+            self.session = None
+        self.fallback = {}
         tp, tp_rank, ep, ep_rank = _parallel_ranks(self.vllm_config)
         fp8 = (self.model_config.quantization or "") == "fp8"
         config = _config_json(self.model_config, info.config)
@@ -90,10 +96,14 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
         start = time.monotonic()
         self.rows = conformance.check(self.model, layout)
         check_s = time.monotonic() - start
-        in_place = {r.param for r in self.rows if r.path == conformance.IN_PLACE}
+        in_place = {r.param for r in self.rows if r.path != conformance.FALLBACK}
+        self._reprocess = sorted({r.module for r in self.rows
+                                  if r.path == conformance.REPROCESS})
         log.info("weightbeam conformance (replica %s, tp rank %d of %d, %.2f s):\n%s",
                  info.replica, tp_rank, tp, check_s, conformance.format_table(self.rows))
         moved_s, moved_bytes = self._register_in_place([p for p in layout if p.name in in_place])
+        # What the processing derived (a MoE kernel) must see the tensors where they now live.
+        _reprocess(self.model, self._reprocess)
         fallback = [p for p in layout if p.name not in in_place]
         self._register_fallback(fallback, fp8)
         holders = conformance.parameter_holders(self.model)
@@ -107,14 +117,15 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
                                              f"pid {os.getpid()}")
         if info.report_dir:
             self._write_report(info.report_dir, info.replica, tp_rank, check_s)
+        for b in old_buffers:
+            b.close()
 
     def conformance_table(self):
         """[(parameter, "in place" | "fallback", why)] of this worker."""
         return [(r.param, r.path, r.why) for r in self.rows]
 
     def _register_in_place(self, params):
-        named = dict(self.model.named_parameters())
-        live = {p.name: named[p.name] for p in params}
+        live = {p.name: conformance.live_tensor(self.model, p.name) for p in params}
         start = time.monotonic()
         host = [t for t in live.values() if not t.is_cuda]
         moved = sum(t.numel() * t.element_size() for t in host)
@@ -160,14 +171,14 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
         with open(stem + ".json", "w") as f:
             json.dump({"replica": replica, "rank": rank, "check_seconds": check_s,
                        "rows": [r.__dict__ for r in self.rows]}, f, indent=1)
-        counts = {conformance.IN_PLACE: 0, conformance.FALLBACK: 0}
+        counts = {conformance.IN_PLACE: 0, conformance.REPROCESS: 0, conformance.FALLBACK: 0}
         for r in self.rows:
             counts[r.path] += 1
         with open(stem + ".prom", "w") as f:  # node_exporter textfile-collector format
             f.write("# TYPE weightbeam_vllm_parameters gauge\n")
             for path, n in counts.items():
                 f.write(f'weightbeam_vllm_parameters{{replica="{replica}",rank="{rank}",'
-                        f'path="{path.replace(" ", "_")}"}} {n}\n')
+                        f'path="{path.replace(" + ", "_").replace(" ", "_")}"}} {n}\n')
 
     # ---- a round ---------------------------------------------------------------------------
 
@@ -215,6 +226,8 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
             _reload_through_engine(self.model, self.model_config, self.fallback, self._sharers)
             log.info("weightbeam: version %d: %d fallback tensors through load_weights in "
                      "%.3f s", self._received, len(self.fallback), time.monotonic() - start)
+        if self._reprocess:
+            _reprocess(self.model, self._reprocess)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.version, self._received = self._received, None
@@ -245,6 +258,15 @@ def _reload_through_engine(model, model_config, tensors, sharers):
         model.load_weights(iter(list(tensors.items())))
         finalize_layerwise_reload(model, model_config)
         for path in sharers:
+            module = model.get_submodule(path)
+            module.quant_method.process_weights_after_loading(module)
+
+
+def _reprocess(model, module_paths):
+    """Runs the post-load processing of modules written in place whose processing derives
+    state from their bytes (conformance.REPROCESS)."""
+    with torch.no_grad():
+        for path in module_paths:
             module = model.get_submodule(path)
             module.quant_method.process_weights_after_loading(module)
 
