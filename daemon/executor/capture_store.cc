@@ -95,7 +95,12 @@ absl::StatusOr<uint64_t> CaptureStore::Load(
     ++generation_;
     generation = generation_;
     for (Slot& slot : slots_) {
-      if (slot.stop) *slot.stop = true;  // a capture still running on the old plan ends now
+      // A capture still running on the old plan ends now; its buffers are its own until then
+      // (it may be taking them), so only the other slots' are kept for reuse.
+      if (slot.state == State::kCapturing) {
+        *slot.stop = true;
+        continue;
+      }
       old.push_back(std::move(slot.memory));
     }
     slots_.clear();
