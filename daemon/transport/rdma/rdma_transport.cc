@@ -263,18 +263,53 @@ absl::StatusOr<std::vector<MrPtr>> RdmaTransport::RegisterMrs(const MemoryRef& m
   int flags = IBV_ACCESS_LOCAL_WRITE;
   if (access == Access::kDestination) flags |= IBV_ACCESS_REMOTE_WRITE;
   std::vector<MrPtr> mrs;
-  for (const Rail& rail : state_->engine->rails()) {
-    absl::StatusOr<MrPtr> mr = RegisterMemory(rail.pd.get(), mem, flags);
-    if (!mr.ok() && IsDeclined(mr.status())) {
-      return DeclineRegion(absl::StrCat(mr.status().message(), " (on ", rail.name, ")"));
+  const std::vector<Rail>& rails = state_->engine->rails();
+  for (size_t i = 0; i < rails.size(); ++i) {
+    const Rail& rail = rails[i];
+    // Registrations that came back with an rkey revoked before stay registered until this one
+    // is done, so the HCA cannot hand the same key out again at once.
+    std::vector<MrPtr> aside;
+    for (int draw = 0;; ++draw) {
+      absl::StatusOr<MrPtr> mr = RegisterMemory(rail.pd.get(), mem, flags);
+      if (!mr.ok() && IsDeclined(mr.status())) {
+        return DeclineRegion(absl::StrCat(mr.status().message(), " (on ", rail.name, ")"));
+      }
+      if (!mr.ok()) {
+        return absl::Status(mr.status().code(),
+                            absl::StrCat("registering ", mem.length, " bytes on ", rail.name, ": ",
+                                         mr.status().message()));
+      }
+      bool revoked;
+      {
+        std::lock_guard<std::mutex> lock(revoked_mu_);
+        revoked = i < revoked_.size() && revoked_[i].count((*mr)->rkey) > 0;
+      }
+      if (!revoked) {
+        mrs.push_back(std::move(*mr));
+        break;
+      }
+      if (draw + 1 >= kMaxRedraws) {
+        return absl::UnavailableError(absl::StrCat(
+            "registering ", mem.length, " bytes on ", rail.name, ": ", kMaxRedraws,
+            " registrations in a row came back with an rkey this agent revoked before"));
+      }
+      aside.push_back(std::move(*mr));
     }
-    if (!mr.ok()) {
-      return absl::Status(mr.status().code(), absl::StrCat("registering ", mem.length, " bytes on ",
-                                                           rail.name, ": ", mr.status().message()));
-    }
-    mrs.push_back(std::move(*mr));
   }
   return mrs;
+}
+
+void RdmaTransport::Revoked(const std::vector<MrPtr>& mrs) {
+  std::lock_guard<std::mutex> lock(revoked_mu_);
+  if (revoked_.size() < mrs.size()) revoked_.resize(mrs.size());
+  for (size_t i = 0; i < mrs.size(); ++i) {
+    if (!mrs[i] || !revoked_[i].insert(mrs[i]->rkey).second) continue;
+    revoked_order_.emplace_back(i, mrs[i]->rkey);
+  }
+  while (revoked_order_.size() > kMaxRevoked) {
+    revoked_[revoked_order_.front().first].erase(revoked_order_.front().second);
+    revoked_order_.pop_front();
+  }
 }
 
 weightbeam::v1::RegionDescriptor RdmaTransport::Describe(const std::vector<Rail>& rails,
@@ -426,7 +461,8 @@ absl::Status RdmaTransport::Rekey(uint64_t region_id) {
     }
     old = std::exchange(it->second.mrs, std::move(fresh));
   }
-  old.clear();  // ibv_dereg_mr: the old rkeys are invalid from here on
+  Revoked(old);  // never taken again by a later registration
+  old.clear();   // ibv_dereg_mr: the old rkeys are invalid from here on
   return status;
 }
 
@@ -452,6 +488,7 @@ absl::Status RdmaTransport::Deregister(uint64_t region_id) {
     region = std::move(it->second);
     state_->regions.erase(it);
   }
+  if (region.access == Access::kDestination) Revoked(region.mrs);
   region.mrs.clear();  // ibv_dereg_mr: the rkeys are invalid from here on
   return absl::OkStatus();
 }

@@ -5,9 +5,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -164,6 +166,16 @@ class RdmaTransport : public Transport {
   std::mutex fence_mu_;
   bool step_open_ = false;  // guarded by fence_mu_
   std::atomic<uint64_t> rekeys_{0};
+  // The rkeys this transport revoked, per rail (the last kMaxRevoked): the HCA may hand a freed
+  // rkey out again (rxe: a region's pool index comes back with one of 256 key bytes), and a
+  // sender still holding a revoked one must never write through it again (issue 41, item 12).
+  // A registration that comes back with one is kept aside until another is drawn.
+  static constexpr size_t kMaxRevoked = 1 << 16;
+  static constexpr int kMaxRedraws = 64;
+  void Revoked(const std::vector<MrPtr>& mrs);
+  std::mutex revoked_mu_;
+  std::vector<std::set<uint32_t>> revoked_;                // by rail; guarded by revoked_mu_
+  std::deque<std::pair<size_t, uint32_t>> revoked_order_;  // oldest first; revoked_mu_
   std::shared_ptr<std::atomic<uint64_t>> ignored_landings_ =
       std::make_shared<std::atomic<uint64_t>>(0);
 };
