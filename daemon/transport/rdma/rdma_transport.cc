@@ -167,16 +167,37 @@ bool RdmaState::LocalCovered(uint64_t region_id, uint64_t offset, uint64_t lengt
   return !it->second.windowed || it->second.windows.Covers(offset, length);
 }
 
+void RdmaState::IndexDestination(uint64_t id, const LocalRegion& region) {
+  if (region.access != Access::kDestination) return;
+  destinations.emplace(reinterpret_cast<uint64_t>(region.mem.addr), id);
+  longest_destination = std::max<uint64_t>(longest_destination, region.mem.length);
+}
+
+void RdmaState::ForgetDestination(uint64_t id, const LocalRegion& region) {
+  if (region.access != Access::kDestination) return;
+  auto [first, last] = destinations.equal_range(reinterpret_cast<uint64_t>(region.mem.addr));
+  for (auto it = first; it != last; ++it) {
+    if (it->second == id) {
+      destinations.erase(it);
+      break;
+    }
+  }
+  if (destinations.empty()) longest_destination = 0;  // else kept: only a bound on the walk
+}
+
 bool RdmaState::DestinationCovers(uint64_t addr, uint64_t length) const {
   if (length == 0 || addr + length < addr) return false;
   std::lock_guard<std::mutex> lock(mu);
-  for (const auto& [id, region] : regions) {
-    if (region.access != Access::kDestination || region.mrs.empty()) continue;
-    const uint64_t base = reinterpret_cast<uint64_t>(region.mem.addr);
-    if (addr < base || addr - base > region.mem.length ||
-        length > region.mem.length - (addr - base)) {
-      continue;
-    }
+  // Regions starting at or before `addr`, nearest first, back to the longest one's reach.
+  for (auto it = destinations.upper_bound(addr); it != destinations.begin();) {
+    --it;
+    const uint64_t base = it->first;
+    if (addr - base > longest_destination) break;
+    auto r = regions.find(it->second);
+    if (r == regions.end()) continue;
+    const LocalRegion& region = r->second;
+    if (region.mrs.empty()) continue;
+    if (addr - base > region.mem.length || length > region.mem.length - (addr - base)) continue;
     if (!region.windowed || region.windows.Covers(addr - base, length)) return true;
   }
   return false;
@@ -347,6 +368,7 @@ absl::StatusOr<weightbeam::v1::RegionDescriptor> RdmaTransport::AddRegion(const 
   std::lock_guard<std::mutex> lock(state_->mu);
   uint64_t id = state_->next_region++;
   weightbeam::v1::RegionDescriptor desc = Describe(state_->engine->rails(), id, region);
+  state_->IndexDestination(id, region);
   state_->regions[id] = std::move(region);
   return desc;
 }
@@ -486,6 +508,7 @@ absl::Status RdmaTransport::Deregister(uint64_t region_id) {
       return absl::NotFoundError(absl::StrCat("rdma: unknown region ", region_id));
     }
     region = std::move(it->second);
+    state_->ForgetDestination(region_id, region);
     state_->regions.erase(it);
   }
   if (region.access == Access::kDestination) Revoked(region.mrs);

@@ -92,6 +92,13 @@ class RdmaState {
   std::unique_ptr<VerbsEngine> engine;
   mutable std::mutex mu;
   std::map<uint64_t, LocalRegion> regions;
+  // The destination regions by first byte (guarded by mu), and the longest of them:
+  // DestinationCovers runs on the poller thread once per landed range, so it looks up the few
+  // regions that may hold an address instead of walking every region (issue 41, item 11).
+  std::multimap<uint64_t, uint64_t> destinations;
+  uint64_t longest_destination = 0;
+  void IndexDestination(uint64_t id, const LocalRegion& region);
+  void ForgetDestination(uint64_t id, const LocalRegion& region);
   uint64_t next_region = 1;
 };
 
