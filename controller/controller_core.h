@@ -174,7 +174,9 @@ class ControllerCore {
   // capture or in place; behind a send, the step captures on that step's target; a capture
   // step then takes a slot. Capture: the senders capture (then the trainer may go on); a step
   // behind a send waits for the send lock and checks that its plan still holds. Send: the step
-  // protocol, then what the step taught. Each failure is recorded by FailStep.
+  // protocol, then what the step taught. Each failure is recorded by FailStep. The plan lock
+  // (the send lock) is the ticket's: held once ticket->holds_send_lock(), which the static
+  // analysis cannot follow, hence ABSL_NO_THREAD_SAFETY_ANALYSIS where plan state is read.
   absl::Status ChooseStepMode(StepRun* run,
                               StepPipeline::Ticket* ticket) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   absl::Status CapturePhase(StepRun* run, StepPipeline::Ticket* ticket);
