@@ -9,11 +9,13 @@ compares every parameter byte for byte with what weightbeam's layout would write
 state dict. Then it puts the live tensors back, untouched: the cost is one module's memory and a
 few milliseconds per role.
 
-A module passes when every parameter has the layout's shape and dtype after processing, its
-bytes equal the layout's, and processing derived no other state from them (a packed copy, a
-kernel handle: vLLM's CPU linears keep a oneDNN handle and drop their weight). A module that
-fails goes whole to the fallback path: its checkpoint tensors are landed in staging memory and
-fed through the engine's own loader at ``finish_weight_update``.
+A module is written in place when every parameter has the layout's shape and bytes after
+loading, processing leaves those bytes as they are, and no other module holds them. If its
+processing derives other state from them (vLLM's fused-MoE kernel), it is written in place and
+its processing runs again at ``finish_weight_update`` (REPROCESS). Any other module (vLLM's
+CPU linears drop their weight and keep a oneDNN handle) goes whole to the fallback path: its
+checkpoint tensors land in staging memory and go through the engine's own loader at
+``finish_weight_update``.
 """
 
 import hashlib
@@ -191,6 +193,9 @@ def _compare(param, got, probe):
     attr = param.name.rpartition(".")[2]
     if got is None:
         return f"the engine's loader left no '{attr}'"
+    if got.numel() and not bool(got.flatten().view(torch.uint8).any()):
+        return (f"the engine's loader wrote nothing into a fresh '{attr}' (it loads through "
+                "references of its own): checked through the engine's reload instead")
     if tuple(got.shape) != tuple(param.shape):
         return (f"after the engine's load and processing '{attr}' is {list(got.shape)}, the "
                 f"layout writes {list(param.shape)}")
@@ -222,6 +227,9 @@ def _scratch_load(model, module, probe):
     saved_non_persistent = set(module._non_persistent_buffers_set)
     quant_method = getattr(module, "quant_method", None)
     saved_qm = dict(vars(quant_method)) if quant_method is not None else None
+    live_before = {n: t.detach().clone() for n, t in saved_params.items()
+                   if t is not None and t.numel() > 0}
+    wrote_live = set()
     try:
         # Tensors the reload machinery leaves in place (bias, expert maps) get private copies,
         # so that nothing the probe loads reaches a live tensor.
@@ -234,23 +242,45 @@ def _scratch_load(model, module, probe):
         materialize_layer(module, info)
         before_tensors = set(module._parameters) | set(module._buffers)
         with torch.no_grad():
+            for t in module._parameters.values():
+                if t is not None:
+                    t.zero_()  # the probe is never zero: what stays zero was not loaded
             model.load_weights(iter(probe.items()))
         loaded = {n: t.detach().clone() for n, t in module._parameters.items() if t is not None}
-        before = {k: id(v) for k, v in module.__dict__.items() if not k.startswith("_")}
-        before_qm = {k: id(v) for k, v in vars(quant_method).items()} if quant_method else {}
+        # A loader that keeps references of its own (vLLM 0.32's MoE runner) writes the live
+        # tensor, not the fresh one: take what it wrote there, and put the live bytes back.
+        for n, t in list(loaded.items()):
+            live = saved_params.get(n)
+            if live is None or t.numel() == 0 or bool(t.flatten().view(torch.uint8).any()):
+                continue
+            if tuple(live.shape) == tuple(t.shape) and \
+                    not _same_bytes(live.detach(), live_before[n]):
+                loaded[n] = live.detach().clone()
+                wrote_live.add(n)
+        if quant_method is not None:
+            first_load(quant_method)  # processing as at the engine's first load
+        before = _state_ids(module)
+        before_qm = _state_ids(quant_method) if quant_method is not None else {}
         if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
             with torch.no_grad():
                 quant_method.process_weights_after_loading(module)
-        derived = {k for k, v in module.__dict__.items()
-                   if not k.startswith("_") and before.get(k) != id(v)}
+        after = _state_ids(module)
+        derived = {k for k, v in after.items() if before.get(k) != v and not k.startswith("p:")}
         derived |= (set(module._parameters) | set(module._buffers)) - before_tensors
         if quant_method is not None:
-            derived |= {f"quant_method.{k}" for k, v in vars(quant_method).items()
-                        if before_qm.get(k) != id(v)}
+            derived |= {f"quant_method.{k}" for k, v in _state_ids(quant_method).items()
+                        if before_qm.get(k) != v and not k.startswith("p:")}
         processed = {n: t.detach().clone() for n, t in module._parameters.items()
                      if t is not None}
+        for n in wrote_live:  # processing ran on the fresh tensor; its bytes say nothing
+            processed[n] = loaded[n]
+            derived.add(f"its kernel (the loader writes the live '{n}')")
         return loaded, processed, derived
     finally:
+        with torch.no_grad():
+            for n, before in live_before.items():
+                if not _same_bytes(saved_params[n].detach(), before):
+                    saved_params[n].data.copy_(before)
         module.__dict__.clear()
         module.__dict__.update(saved)
         module.__dict__["_parameters"] = saved_params
@@ -259,6 +289,25 @@ def _scratch_load(model, module, probe):
         if quant_method is not None:  # its kernel must keep pointing at the live tensors
             vars(quant_method).clear()
             vars(quant_method).update(saved_qm)
+
+
+def first_load(quant_method):
+    """Makes the next ``process_weights_after_loading`` run as at the engine's first load:
+    vLLM's fused-MoE methods build their kernel only while ``moe_kernel`` is None, and on a
+    weight update copy into the parameters instead (which, on vLLM 0.32's CPU build, leaves the
+    kernel computing with the old experts)."""
+    if getattr(quant_method, "moe_kernel", None) is not None:
+        quant_method.moe_kernel = None
+
+
+def _state_ids(obj):
+    """name -> id of what ``obj`` holds: public attributes, and an nn.Module's submodules
+    ("m:"), buffers ("b:") and parameters ("p:")."""
+    ids = {k: id(v) for k, v in vars(obj).items() if not k.startswith("_")}
+    for prefix, store in (("m:", "_modules"), ("b:", "_buffers"), ("p:", "_parameters")):
+        for k, v in (vars(obj).get(store) or {}).items():
+            ids[prefix + k] = id(v)
+    return ids
 
 
 def _private_copy(t):

@@ -73,6 +73,7 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
         self._buffers = []
         self._sharers = []
         self._reprocess = []
+        self._views = {}
 
     # ---- init ----------------------------------------------------------------------------
 
@@ -103,7 +104,7 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
                  info.replica, tp_rank, tp, check_s, conformance.format_table(self.rows))
         moved_s, moved_bytes = self._register_in_place([p for p in layout if p.name in in_place])
         # What the processing derived (a MoE kernel) must see the tensors where they now live.
-        _reprocess(self.model, self._reprocess)
+        _reprocess(self.model, self._reprocess, self._views)
         fallback = [p for p in layout if p.name not in in_place]
         self._register_fallback(fallback, fp8)
         holders = conformance.parameter_holders(self.model)
@@ -131,6 +132,9 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
         moved = sum(t.numel() * t.element_size() for t in host)
         if host:
             self._buffers.append(_move_into_shared_memory(host))
+        self._views = {}
+        for p in params:
+            self._views[conformance.resolve(self.model, p.name)] = live[p.name].data
         parts = []
         for p in params:
             for part in p.parts:
@@ -227,7 +231,7 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
             log.info("weightbeam: version %d: %d fallback tensors through load_weights in "
                      "%.3f s", self._received, len(self.fallback), time.monotonic() - start)
         if self._reprocess:
-            _reprocess(self.model, self._reprocess)
+            _reprocess(self.model, self._reprocess, self._views)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.version, self._received = self._received, None
@@ -262,13 +266,22 @@ def _reload_through_engine(model, model_config, tensors, sharers):
             module.quant_method.process_weights_after_loading(module)
 
 
-def _reprocess(model, module_paths):
-    """Runs the post-load processing of modules written in place whose processing derives
-    state from their bytes (conformance.REPROCESS)."""
+def _reprocess(model, module_paths, views):
+    """Runs, as at first load, the post-load processing of modules written in place whose
+    processing derives state from their bytes (conformance.REPROCESS). Processing may put new
+    parameters in place; they are pointed back at the registered memory (``views``: (module
+    path, attribute) -> tensor), bytes unchanged, so that the next version lands where the
+    kernel reads."""
     with torch.no_grad():
         for path in module_paths:
             module = model.get_submodule(path)
+            conformance.first_load(module.quant_method)
             module.quant_method.process_weights_after_loading(module)
+            for (owner, attr), view in views.items():
+                param = module._parameters.get(attr) if owner == path else None
+                if param is not None and param.data_ptr() != view.data_ptr():
+                    view.copy_(param.data)
+                    param.data = view
 
 
 def _parallel_ranks(vllm_config):
