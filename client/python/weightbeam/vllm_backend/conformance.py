@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 IN_PLACE = "in place"
 # Written in place, then the module's own post-load processing runs again at finish (it derives
@@ -194,8 +195,8 @@ def _compare(param, got, probe):
     if got is None:
         return f"the engine's loader left no '{attr}'"
     if got.numel() and not bool(got.flatten().view(torch.uint8).any()):
-        return (f"the engine's loader wrote nothing into a fresh '{attr}' (it loads through "
-                "references of its own): checked through the engine's reload instead")
+        return (f"the engine's loader put the probe for '{attr}' somewhere else, not into the "
+                "module's own tensor (a wrong source, or references of the loader's own)")
     if tuple(got.shape) != tuple(param.shape):
         return (f"after the engine's load and processing '{attr}' is {list(got.shape)}, the "
                 f"layout writes {list(param.shape)}")
@@ -230,6 +231,7 @@ def _scratch_load(model, module, probe):
     live_before = {n: t.detach().clone() for n, t in saved_params.items()
                    if t is not None and t.numel() > 0}
     wrote_live = set()
+    guard = None
     try:
         # Tensors the reload machinery leaves in place (bias, expert maps) get private copies,
         # so that nothing the probe loads reaches a live tensor.
@@ -245,7 +247,10 @@ def _scratch_load(model, module, probe):
             for t in module._parameters.values():
                 if t is not None:
                     t.zero_()  # the probe is never zero: what stays zero was not loaded
-            model.load_weights(iter(probe.items()))
+            fresh = {t.untyped_storage().data_ptr() for t in module._parameters.values()
+                     if t is not None}
+            with _WriteGuard(fresh) as guard:
+                model.load_weights(iter(probe.items()))
         loaded = {n: t.detach().clone() for n, t in module._parameters.items() if t is not None}
         # A loader that keeps references of its own (vLLM 0.32's MoE runner) writes the live
         # tensor, not the fresh one: take what it wrote there, and put the live bytes back.
@@ -277,6 +282,8 @@ def _scratch_load(model, module, probe):
             derived.add(f"its kernel (the loader writes the live '{n}')")
         return loaded, processed, derived
     finally:
+        if guard is not None:
+            guard.undo()  # whatever the loader wrote outside the scratch tensors
         with torch.no_grad():
             for n, before in live_before.items():
                 if not _same_bytes(saved_params[n].detach(), before):
@@ -289,6 +296,33 @@ def _scratch_load(model, module, probe):
         if quant_method is not None:  # its kernel must keep pointing at the live tensors
             vars(quant_method).clear()
             vars(quant_method).update(saved_qm)
+
+
+class _WriteGuard(TorchDispatchMode):
+    """Records every tensor the probe's loading writes outside the scratch tensors (a loader
+    with references of its own, a wrong layout sending a source into another module), saving
+    its bytes first, so that ``undo`` puts the live model back exactly."""
+
+    _WRITES = {torch.ops.aten.copy_.default, torch.ops.aten.fill_.Scalar,
+               torch.ops.aten.zero_.default}
+
+    def __init__(self, scratch_storages):
+        super().__init__()
+        self.scratch = scratch_storages
+        self.saved = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self._WRITES and isinstance(args[0], torch.Tensor):
+            dst = args[0]
+            if dst.untyped_storage().data_ptr() not in self.scratch:
+                self.saved.append((dst, dst.detach().clone()))
+        return func(*args, **(kwargs or {}))
+
+    def undo(self):
+        with torch.no_grad():
+            for dst, before in reversed(self.saved):
+                dst.copy_(before)
+        self.saved.clear()
 
 
 def first_load(quant_method):
