@@ -235,11 +235,14 @@ grpc::ServerWriteReactor<v1::Event>* LocalService::WatchEvents(grpc::CallbackSer
     if (e.kind() == v1::Event::KIND_READY) return swap && e.reason() == audience;
     return !(swap && staged && e.kind() == v1::Event::KIND_BEGIN);
   };
-  if (acknowledges) {
-    const uint64_t id = acks_->Enter(req->watcher(), swap, owner);
-    options.on_done = [acks = acks_, id] { acks->Leave(id); };
-  }
-  return new BroadcastWriter<v1::Event>(events_, std::move(options));
+  if (!acknowledges) return new BroadcastWriter<v1::Event>(events_, std::move(options));
+  // Entered before its stream subscribes (its end leaves the book) but waited for only once
+  // it listens: a swap that told begin(v) before that never waits for it.
+  const uint64_t id = acks_->Enter(req->watcher(), swap, owner, /*listening=*/false);
+  options.on_done = [acks = acks_, id] { acks->Leave(id); };
+  auto* writer = new BroadcastWriter<v1::Event>(events_, std::move(options));
+  acks_->Listening(id);
+  return writer;
 }
 
 namespace {

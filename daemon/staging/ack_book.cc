@@ -9,11 +9,18 @@ std::string ReadyAudience(std::optional<uid_t> owner) {
   return owner ? absl::StrCat("staged objects of uid ", *owner) : "staged objects";
 }
 
-uint64_t AckBook::Enter(const std::string& watcher, bool swap, std::optional<uid_t> owner) {
+uint64_t AckBook::Enter(const std::string& watcher, bool swap, std::optional<uid_t> owner,
+                        bool listening) {
   absl::MutexLock lock(&mu_);
   const uint64_t id = next_++;
-  watching_[id] = {id, watcher, swap, owner};
+  watching_[id] = {id, watcher, swap, owner, listening};
   return id;
+}
+
+void AckBook::Listening(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = watching_.find(id);
+  if (it != watching_.end()) it->second.listening = true;
 }
 
 void AckBook::Leave(uint64_t id) {
@@ -75,7 +82,9 @@ bool AckBook::AnySwapper() const {
 std::vector<AckBook::Entry> AckBook::Watching() const {
   absl::MutexLock lock(&mu_);
   std::vector<Entry> out;
-  for (const auto& [id, w] : watching_) out.push_back(w);
+  for (const auto& [id, w] : watching_) {
+    if (w.listening) out.push_back(w);
+  }
   return out;
 }
 

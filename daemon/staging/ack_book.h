@@ -33,12 +33,17 @@ class AckBook {
     std::string name;
     bool swap = false;
     std::optional<uid_t> owner;
+    bool listening = true;  // its stream hears every event published from now on
   };
 
   // A watch stream that acknowledges, by watcher name; `swap`: it swaps the staged bytes
   // itself; `owner`: the user id of the process watching (SO_PEERCRED), when known. Returns the
   // id to Leave with when the stream ends.
-  uint64_t Enter(const std::string& watcher, bool swap, std::optional<uid_t> owner = {});
+  // `listening` false: its stream is not subscribed to the events yet; Listening(id) once it
+  // is. A swap waits only for watchers listening before it told begin(v) / ready(v).
+  uint64_t Enter(const std::string& watcher, bool swap, std::optional<uid_t> owner = {},
+                 bool listening = true);
+  void Listening(uint64_t id);
   void Leave(uint64_t id);
   // A watcher's answer for `version` (error: its swap failed), from a process of user `caller`
   // when known. It counts for the watcher of that name of the caller's own user. NotFound for
@@ -48,7 +53,8 @@ class AckBook {
                    std::optional<uid_t> caller = {});
   // Whether a watcher that swaps by itself is watching now.
   bool AnySwapper() const;
-  // Every watcher open now: a swap chooses whom it waits for (and tells) from this one list.
+  // Every watcher open and listening now: a swap chooses whom it waits for (and tells) from
+  // this one list.
   std::vector<Entry> Watching() const;
   // Waits as above for every watcher open now. DeadlineExceeded names the watchers that did
   // not answer; Aborted names a watcher that answered with an error.

@@ -107,3 +107,13 @@ TEST_CASE("ack book: a wait for chosen watchers ends at Interrupt") {
   stop.join();
   CHECK(book.Watching().size() == 2);
 }
+
+TEST_CASE("ack book: a watcher not listening yet is not listed, so not waited for") {
+  AckBook book;
+  const uint64_t id = book.Enter("late", false, uid_t{1000}, /*listening=*/false);
+  CHECK(book.Watching().empty());
+  CHECK(book.Wait(3, std::chrono::milliseconds(50)).ok());
+  book.Listening(id);
+  REQUIRE(book.Watching().size() == 1);
+  CHECK(book.Wait(3, std::chrono::milliseconds(50)).code() == absl::StatusCode::kDeadlineExceeded);
+}
