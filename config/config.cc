@@ -217,6 +217,7 @@ void ReadAgent(YamlReader& r, AgentConfig& c) {
   {
     YamlReader cap = r.Child("capture");
     cap.ReadBytes("max_bytes", 0, uint64_t{1} << 44, &c.capture.max_bytes);
+    cap.ReadUint32("test_delay_ms", 0, 600000, &c.capture.test_delay_ms);
     cap.RejectUnknownKeys();
   }
   {

@@ -95,6 +95,9 @@ struct StepLinkConfig {
 // has captured. Off (0): ops read the live trainer tensors in place, as before.
 struct CaptureConfig {
   uint64_t max_bytes = 0;  // capture memory of this agent, all capture buffers together
+  // Test hook: every capture waits this long before copying (as one of tens of GB would),
+  // stopping early at its deadline or its step's abort. 0: off.
+  uint32_t test_delay_ms = 0;
 };
 
 // Inference side of "nobody waits": "in_place" (writes land in the live tensors between begin

@@ -615,15 +615,9 @@ StepSpec ControllerCore::NextStep(uint64_t version, Clock::time_point started,
   return spec;
 }
 
-namespace {
-// `deadline` on absl's clock, for waits on an absl::Mutex.
-absl::Time AbslDeadline(Clock::time_point deadline) {
-  return absl::Now() + absl::FromChrono(deadline - Clock::now());
-}
-}  // namespace
-
 absl::Status ControllerCore::CaptureOnSenders(const CaptureTarget& target, uint64_t version,
-                                              uint32_t slot, Clock::time_point deadline,
+                                              uint64_t step_id, uint32_t slot,
+                                              Clock::time_point deadline,
                                               std::map<std::string, v1::AgentStepReport>* reports) {
   std::vector<AgentCall<v1::ExecuteRequest>> calls;
   const auto timeout = Until(deadline, std::chrono::milliseconds(3600000));
@@ -634,6 +628,7 @@ absl::Status ControllerCore::CaptureOnSenders(const CaptureTarget& target, uint6
     c.request.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
     c.request.set_capture_only(true);
     c.request.set_capture_slot(slot);
+    c.request.set_step_id(step_id);  // an abort of the step stops and discards the capture
     calls.push_back(std::move(c));
   }
   std::vector<std::string> errors;
@@ -653,229 +648,174 @@ absl::Status ControllerCore::CaptureOnSenders(const CaptureTarget& target, uint6
   return absl::AbortedError(absl::StrJoin(errors, "; "));
 }
 
-v1::StepResult ControllerCore::Step(
-    uint64_t version, std::chrono::milliseconds timeout, std::optional<uint32_t> max_staleness,
-    const std::function<void(const v1::StepCaptured&)>& on_captured) {
-  v1::StepResult result;
-  result.set_version(version);
+namespace {
+// What a capture step says it did: captured at once, or after the send of step `after`.
+std::string CapturedHow(uint64_t after) {
+  return after != 0 ? absl::StrCat("captured after step ", after, "'s send") : "captured";
+}
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+uint64_t NewStepId() {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  uint64_t id = 0;
+  while (id == 0) id = rng();
+  return id;
+}
+}  // namespace
+
+ControllerCore::StepRun::StepRun(uint64_t v, std::chrono::milliseconds t,
+                                 std::optional<uint32_t> staleness,
+                                 const std::function<void(const v1::StepCaptured&)>& captured)
+    : version(v),
+      timeout(t),
+      max_staleness(staleness),
+      on_captured(captured),
+      t0(Clock::now()),
+      deadline(t0 + t) {
+  result.set_version(v);
   result.set_started_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                  std::chrono::system_clock::now().time_since_epoch())
                                  .count());
-  const auto t0 = Clock::now();
-  const auto deadline = t0 + timeout;
-  auto since = [](Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-  };
-  double stall = -1;  // until every sender captured; the whole step when it did not get there
-  auto fail = [&](const std::string& error) {
-    delta_need_anchor_ = true;  // the destinations may hold part of this step
-    result.set_ok(false);
-    result.set_error(error);
-    result.set_seconds(since(t0));
-    result.set_trainer_stall_seconds(stall >= 0 ? stall : result.seconds());
-    spdlog::warn("step {} failed: {}", version, error);
-    Record(result);
-    return result;
-  };
-  // What this step holds, given back on every way out: the capture token, the send lock
-  // (plan_mu_) and the send it opened to later steps, its capture slot, its place in line.
-  struct Held {
-    ControllerCore* core;
-    bool token = false, plan = false, open = false, waiting = false;
-    int slot = -1;
-    uint64_t version = 0;
-    void ReleaseToken() {
-      if (!token) return;
-      absl::MutexLock lock(&core->pipe_mu_);
-      core->capture_token_ = false;
-      token = false;
-    }
-    void ReleaseSlot() {
-      if (slot < 0) return;
-      absl::MutexLock lock(&core->pipe_mu_);
-      core->busy_slots_.erase(static_cast<uint32_t>(slot));
-      core->freed_by_ = version;
-      slot = -1;
-    }
-    void StopWaiting() {
-      if (!waiting) return;
-      absl::MutexLock lock(&core->pipe_mu_);
-      --core->waiting_to_send_;
-      waiting = false;
-    }
-    ~Held() {
-      ReleaseSlot();
-      StopWaiting();
-      if (open) {
-        absl::MutexLock lock(&core->pipe_mu_);
-        core->send_open_ = false;
-      }
-      if (plan) core->plan_mu_.Unlock();
-      ReleaseToken();
-    }
-  } held{this};
-  held.version = version;
+}
 
-  // The capture token: a step still capturing (or captured and waiting to send) goes first.
-  // A step that waited for the token behind a send (a third step: one sends, one captured
-  // waits to send) captured after that send.
-  uint64_t waited_for_send = 0;
-  {
-    absl::MutexLock lock(&pipe_mu_);
-    auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pipe_mu_) { return !capture_token_; };
-    const uint64_t freed_before = freed_by_;
-    const bool busy = capture_token_;
-    if (!pipe_mu_.AwaitWithDeadline(absl::Condition(&free), AbslDeadline(deadline))) {
-      return fail("waited until the step deadline for the step before it to capture");
-    }
-    if (busy && freed_by_ != freed_before) waited_for_send = freed_by_;
-    capture_token_ = true;
-    held.token = true;
-  }
-  // The send lock now, or behind a capture step that is sending.
-  std::optional<CaptureTarget> behind;
-  uint64_t ahead = 0;
-  held.plan = plan_mu_.TryLock();
-  if (!held.plan) {
-    absl::MutexLock lock(&pipe_mu_);
-    if (send_open_) {
-      behind = send_target_;
-      ahead = send_version_;
-    }
-  }
-  if (!held.plan && !behind) held.plan = plan_mu_.TryLock();  // it may have just let go
-  if (!held.plan && !behind) {
-    return fail("another step or plan is in progress; steps run one at a time");
-  }
+v1::StepResult ControllerCore::FailStep(StepRun* run, const std::string& error) {
+  delta_need_anchor_ = true;  // the destinations may hold part of this step
+  v1::StepResult& result = run->result;
+  result.set_ok(false);
+  result.set_error(error);
+  result.set_seconds(Since(run->t0));
+  result.set_trainer_stall_seconds(run->stall >= 0 ? run->stall : result.seconds());
+  spdlog::warn("step {} failed: {}", run->version, error);
+  Record(result);
+  return result;
+}
 
-  CaptureTarget target;
-  bool capture = false;
-  std::string how = "in place";
-  if (held.plan) {
-    if (auto s = ReadyForStep(version, deadline, max_staleness); !s.ok()) {
-      return fail(std::string(s.message()));
-    }
-    capture = plan_.capture_slots > 0;
-    if (capture) {
-      target.plan_id = plan_.summary.plan_id();
-      target.slots = plan_.capture_slots;
-      for (const auto& a : senders_) {
-        if (!plan_.relay_only.count(a)) target.senders.push_back(a);
-      }
-      how = waited_for_send != 0 ? absl::StrCat("captured after step ", waited_for_send, "'s send")
-                                 : "captured";
-    } else {
-      held.ReleaseToken();  // in place: a step coming now is refused, as ever
-    }
-  } else {
-    if (version <= ahead) {
-      return fail(absl::StrCat("version ", version, " is not newer than version ", ahead,
-                               ", which is being sent"));
-    }
-    target = *behind;
-    capture = true;
-    how = waited_for_send != 0 ? absl::StrCat("captured after step ", waited_for_send, "'s send")
-                               : "captured";
+v1::StepResult ControllerCore::Step(
+    uint64_t version, std::chrono::milliseconds timeout, std::optional<uint32_t> max_staleness,
+    const std::function<void(const v1::StepCaptured&)>& on_captured) {
+  StepRun run(version, timeout, max_staleness, on_captured);
+  // Queue: the capture token (a step still capturing, or captured and waiting to send, goes
+  // first), then the send lock or a place behind the capture step sending.
+  auto ticket = pipeline_.Enter(version, run.deadline);
+  if (!ticket.ok()) return FailStep(&run, std::string(ticket.status().message()));
+  if (auto s = ChooseStepMode(&run, ticket->get()); !s.ok()) {
+    return FailStep(&run, std::string(s.message()));
   }
-  // A capture slot: free at once, or once the send holding it is over (bounded by the deadline).
-  if (capture) {
-    absl::MutexLock lock(&pipe_mu_);
-    if (!held.plan) {
-      ++waiting_to_send_;
-      held.waiting = true;
-    }
-    auto slot_free = [this, &target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pipe_mu_) {
-      return busy_slots_.size() < target.slots;
-    };
-    const bool waited = !slot_free();
-    if (!pipe_mu_.AwaitWithDeadline(absl::Condition(&slot_free), AbslDeadline(deadline))) {
-      return fail(absl::StrCat("waited until the step deadline for the send of version ",
-                               send_version_, " to free a capture slot"));
-    }
-    uint32_t slot = 0;
-    while (busy_slots_.count(slot)) ++slot;
-    busy_slots_.insert(slot);
-    held.slot = static_cast<int>(slot);
-    if (waited) how = absl::StrCat("captured after step ", freed_by_, "'s send");
-  }
-  std::map<std::string, v1::AgentStepReport> captures;
   // The step's fence id, picked now: an abort that discards this step's captures names it, so
   // it never cancels the step still sending on the same agents.
-  uint64_t step_id = 0;
-  {
-    static thread_local std::mt19937_64 rng(std::random_device{}());
-    while (step_id == 0) step_id = rng();
+  run.step_id = NewStepId();
+  if (run.capture) {
+    if (auto s = CapturePhase(&run, ticket->get()); !s.ok()) {
+      return FailStep(&run, std::string(s.message()));
+    }
   }
-  if (capture) {
-    const uint32_t slot = static_cast<uint32_t>(held.slot);
-    if (auto s = CaptureOnSenders(target, version, slot, deadline, &captures); !s.ok()) {
-      protocol_.AbortEverywhere(version, target.senders, std::string(s.message()), step_id);
-      return fail(std::string(s.message()));
-    }
-    stall = since(t0);
-    result.set_capture(how);
-    result.set_trainer_stall_seconds(stall);
-    spdlog::info("step {}: {} on {} sender(s) in {:.3f} s", version, how, target.senders.size(),
-                 stall);
-    if (on_captured) {
-      v1::StepCaptured c;
-      c.set_version(version);
-      c.set_seconds(stall);
-      c.set_how(how);
-      on_captured(c);
-    }
-    // Behind a send: the send lock once that step is over; the plan must be the one captured
-    // on (a plan made meanwhile discarded the captures on the senders).
-    if (!held.plan) {
-      if (!plan_mu_.LockWhenWithDeadline(absl::Condition::kTrue, AbslDeadline(deadline))) {
-        const std::string why = absl::StrCat(
-            "captured, then waited until the step deadline for version ", ahead, "'s send");
-        protocol_.AbortEverywhere(version, target.senders, why, step_id);
-        return fail(why);
-      }
-      held.plan = true;
-      held.StopWaiting();
-      absl::Status ready = absl::OkStatus();
-      uint64_t last_committed;
-      {
-        absl::MutexLock slock(&state_mu_);
-        last_committed = last_committed_;
-      }
-      if (!has_plan_ || plan_.summary.plan_id() != target.plan_id) {
-        ready = absl::AbortedError(absl::StrCat(
-            "plan ", target.plan_id, " this step captured on was replaced by plan ",
-            has_plan_ ? plan_.summary.plan_id() : 0, " before it could send; step again"));
-      } else if (version <= last_committed) {
-        ready = absl::FailedPreconditionError(absl::StrCat(
-            "version ", version, " is not newer than the last committed version ", last_committed));
-      } else if (std::string lost = membership_.FirstLost(target.senders); !lost.empty()) {
-        ready = absl::UnavailableError(absl::StrCat("agent ", lost, " is lost (no heartbeat)"));
-      } else if (max_staleness) {
-        if (std::string behind_by = TooStale(*max_staleness); !behind_by.empty()) {
-          ready = absl::DeadlineExceededError(
-              absl::StrCat("max_staleness ", *max_staleness, " would be exceeded: ", behind_by));
-        }
-      }
-      if (!ready.ok()) {
-        protocol_.AbortEverywhere(version, target.senders, std::string(ready.message()), step_id);
-        return fail(std::string(ready.message()));
-      }
-    }
-    // Later steps may capture behind this one's send from now on.
-    {
-      absl::MutexLock lock(&pipe_mu_);
-      send_open_ = true;
-      send_version_ = version;
-      send_target_ = target;
-      held.open = true;
-    }
-    held.ReleaseToken();
-  }
+  return SendPhase(&run, ticket->get());
+}
 
-  StepSpec spec = NextStep(version, t0, timeout);
-  spec.step_id = step_id;
-  spec.from_capture = capture;
-  spec.capture_slot = capture ? static_cast<uint32_t>(held.slot) : 0;
+absl::Status ControllerCore::ChooseStepMode(StepRun* run, StepPipeline::Ticket* ticket) {
+  if (ticket->holds_send_lock()) {
+    if (auto s = ReadyForStep(run->version, run->deadline, run->max_staleness); !s.ok()) {
+      return s;
+    }
+    run->capture = plan_.capture_slots > 0;
+    if (!run->capture) {
+      ticket->ReleaseToken();  // in place: a step coming now is refused, as ever
+      return absl::OkStatus();
+    }
+    run->target.plan_id = plan_.summary.plan_id();
+    run->target.slots = plan_.capture_slots;
+    for (const auto& a : senders_) {
+      if (!plan_.relay_only.count(a)) run->target.senders.push_back(a);
+    }
+  } else {
+    if (run->version <= ticket->ahead()) {
+      return absl::FailedPreconditionError(absl::StrCat("version ", run->version,
+                                                        " is not newer than version ",
+                                                        ticket->ahead(), ", which is being sent"));
+    }
+    run->target = ticket->behind();
+    run->capture = true;
+  }
+  run->how = CapturedHow(ticket->waited_for_send());
+  // A capture slot: free at once, or once the send holding it is over (by the deadline).
+  uint64_t after_send = 0;
+  auto slot = ticket->TakeSlot(run->target, run->deadline, &after_send);
+  if (!slot.ok()) return slot.status();
+  run->slot = *slot;
+  if (after_send != 0) run->how = CapturedHow(after_send);
+  return absl::OkStatus();
+}
+
+absl::Status ControllerCore::CapturePhase(StepRun* run, StepPipeline::Ticket* ticket) {
+  const CaptureTarget& target = run->target;
+  auto abort = [&](const absl::Status& s) {
+    protocol_.AbortEverywhere(run->version, target.senders, std::string(s.message()), run->step_id);
+    return s;
+  };
+  if (auto s = CaptureOnSenders(target, run->version, run->step_id, run->slot, run->deadline,
+                                &run->captures);
+      !s.ok()) {
+    return abort(s);
+  }
+  run->stall = Since(run->t0);
+  run->result.set_capture(run->how);
+  run->result.set_trainer_stall_seconds(run->stall);
+  spdlog::info("step {}: {} on {} sender(s) in {:.3f} s", run->version, run->how,
+               target.senders.size(), run->stall);
+  if (run->on_captured) {
+    v1::StepCaptured c;
+    c.set_version(run->version);
+    c.set_seconds(run->stall);
+    c.set_how(run->how);
+    run->on_captured(c);
+  }
+  // Behind a send: the send lock once that step is over; the plan must be the one captured
+  // on (a plan made meanwhile discarded the captures on the senders).
+  if (!ticket->holds_send_lock()) {
+    if (auto s = ticket->AwaitSendLock(run->deadline); !s.ok()) return abort(s);
+    if (auto s = StillReadyBehind(*run); !s.ok()) return abort(s);
+  }
+  // Later steps may capture behind this one's send from now on.
+  ticket->OpenSend(target);
+  return absl::OkStatus();
+}
+
+absl::Status ControllerCore::StillReadyBehind(const StepRun& run) {
+  uint64_t last_committed;
+  {
+    absl::MutexLock slock(&state_mu_);
+    last_committed = last_committed_;
+  }
+  if (!has_plan_ || plan_.summary.plan_id() != run.target.plan_id) {
+    return absl::AbortedError(
+        absl::StrCat("plan ", run.target.plan_id, " this step captured on was replaced by plan ",
+                     has_plan_ ? plan_.summary.plan_id() : 0, " before it could send; step again"));
+  }
+  if (run.version <= last_committed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", run.version, " is not newer than the last committed version ", last_committed));
+  }
+  if (std::string lost = membership_.FirstLost(run.target.senders); !lost.empty()) {
+    return absl::UnavailableError(absl::StrCat("agent ", lost, " is lost (no heartbeat)"));
+  }
+  if (run.max_staleness) {
+    if (std::string behind_by = TooStale(*run.max_staleness); !behind_by.empty()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("max_staleness ", *run.max_staleness, " would be exceeded: ", behind_by));
+    }
+  }
+  return absl::OkStatus();
+}
+
+v1::StepResult ControllerCore::SendPhase(StepRun* run, StepPipeline::Ticket* ticket) {
+  v1::StepResult& result = run->result;
+  StepSpec spec = NextStep(run->version, run->t0, run->timeout);
+  spec.step_id = run->step_id;
+  spec.from_capture = run->capture;
+  spec.capture_slot = run->capture ? run->slot : 0;
   // Replicas the plan left out (lost, incomplete) are skipped by this step too.
   for (const auto& [k, why] : plan_left_out_) {
     v1::SkippedReplica* skipped = result.add_skipped_replicas();
@@ -890,22 +830,22 @@ v1::StepResult ControllerCore::Step(
     result.set_predicted_seconds(plan_.summary.predicted_step_seconds());
     result.set_prediction(absl::StrCat("plan ", spec.plan_id, " (dense)"));
   }
-  const absl::Status run = protocol_.Run(spec, &result);
-  held.ReleaseSlot();  // the send is over: a step waiting for a slot captures now
+  const absl::Status sent = protocol_.Run(spec, &result);
+  ticket->ReleaseSlot();  // the send is over: a step waiting for a slot captures now
   for (auto& report : *result.mutable_agents()) {
-    auto it = captures.find(report.agent());
-    if (it == captures.end()) continue;
+    auto it = run->captures.find(report.agent());
+    if (it == run->captures.end()) continue;
     report.set_capture_seconds(it->second.capture_seconds());
     report.set_capture_bytes(it->second.capture_bytes());
   }
   {
     absl::MutexLock slock(&state_mu_);
     if (result.committed_replicas_size() > 0) {
-      ledger_.Committed(version,
+      ledger_.Committed(run->version,
                         {result.committed_replicas().begin(), result.committed_replicas().end()});
     }
   }
-  if (!run.ok()) return fail(std::string(run.message()));
+  if (!sent.ok()) return FailStep(run, std::string(sent.message()));
   if (spec.delta) {
     delta_since_anchor_ = spec.anchor || result.delta_anchor() ? 0 : delta_since_anchor_ + 1;
     // A replica dropped from this step holds an older version than the senders' shadows: the
@@ -913,14 +853,14 @@ v1::StepResult ControllerCore::Step(
     delta_need_anchor_ = result.skipped_replicas_size() > static_cast<int>(plan_left_out_.size());
   }
   result.set_ok(true);
-  result.set_seconds(since(t0));
-  if (!capture) {
-    result.set_capture(how);
+  result.set_seconds(Since(run->t0));
+  if (!run->capture) {
+    result.set_capture("in place");
     result.set_trainer_stall_seconds(result.seconds());
   }
-  LearnFrom(&result, timeout);
-  spdlog::info("step {} committed to {} replica(s){}: {} bytes ({} dense{}) in {:.3f} s", version,
-               result.committed_replicas_size(),
+  LearnFrom(&result, run->timeout);
+  spdlog::info("step {} committed to {} replica(s){}: {} bytes ({} dense{}) in {:.3f} s",
+               run->version, result.committed_replicas_size(),
                result.skipped_replicas_size() == 0
                    ? ""
                    : absl::StrCat(", ", result.skipped_replicas_size(), " skipped"),
@@ -929,12 +869,12 @@ v1::StepResult ControllerCore::Step(
                : result.delta_anchor() ? ", delta anchor"
                                        : ", delta",
                result.seconds());
-  if (!capture && on_captured) {
+  if (!run->capture && run->on_captured) {
     v1::StepCaptured c;
-    c.set_version(version);
+    c.set_version(run->version);
     c.set_seconds(result.trainer_stall_seconds());
-    c.set_how(how);
-    on_captured(c);
+    c.set_how("in place");
+    run->on_captured(c);
   }
   Record(result);
   return result;
@@ -954,7 +894,8 @@ void ControllerCore::LearnFrom(v1::StepResult* result, std::chrono::milliseconds
     }
     rated[a.info.name()] = gbps;
   }
-  const std::string learned = link_learner_.Observe(*result, rated);
+  // Relay-only agents spend their step waiting for bytes to land: not a measure of their link.
+  const std::string learned = link_learner_.Observe(*result, rated, plan_.relay_only);
   if (learned.empty()) return;
   spdlog::info("step {}: {}", result->version(), learned);
   const std::map<std::string, double> planned(plan_.summary.link_rate_scale().begin(),
@@ -963,8 +904,7 @@ void ControllerCore::LearnFrom(v1::StepResult* result, std::chrono::milliseconds
   if (why.empty()) return;
   {
     // A step captured on this plan waits to send: not now (a later step plans again).
-    absl::MutexLock lock(&pipe_mu_);
-    if (waiting_to_send_ > 0) {
+    if (pipeline_.waiting_to_send() > 0) {
       spdlog::info("step {}: {}; not planning again while a captured step waits to send",
                    result->version(), why);
       return;

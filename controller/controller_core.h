@@ -25,6 +25,7 @@
 #include "controller/link_learning.h"
 #include "controller/membership.h"
 #include "controller/replica_census.h"
+#include "controller/step_pipeline.h"
 #include "controller/step_protocol.h"
 #include "weightbeam/v1/controller.pb.h"
 
@@ -149,17 +150,44 @@ class ControllerCore {
   StepSpec NextStep(uint64_t version, std::chrono::steady_clock::time_point started,
                     std::chrono::milliseconds timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
   void Record(const weightbeam::v1::StepResult& r);
-  // What a capture step captures on: the plan, its senders (not the relay-only ones), and how
-  // many capture slots they all have.
-  struct CaptureTarget {
-    uint64_t plan_id = 0;
-    std::vector<std::string> senders;
-    uint32_t slots = 0;
+  // One step as it goes through the pipeline (step_pipeline.h): what it asked for, what it
+  // chose (capture or in place, the target and slot), what it captured, and its result.
+  struct StepRun {
+    StepRun(uint64_t version, std::chrono::milliseconds timeout,
+            std::optional<uint32_t> max_staleness,
+            const std::function<void(const weightbeam::v1::StepCaptured&)>& on_captured);
+    const uint64_t version;
+    const std::chrono::milliseconds timeout;
+    const std::optional<uint32_t> max_staleness;
+    const std::function<void(const weightbeam::v1::StepCaptured&)>& on_captured;
+    const std::chrono::steady_clock::time_point t0, deadline;
+    weightbeam::v1::StepResult result;
+    bool capture = false;
+    CaptureTarget target;
+    uint32_t slot = 0;
+    std::string how = "in place";
+    uint64_t step_id = 0;
+    double stall = -1;  // until every sender captured; the whole step when it did not get there
+    std::map<std::string, weightbeam::v1::AgentStepReport> captures;
   };
+  // The phases of Step. Mode: with the send lock, the plan is ready for the step and says
+  // capture or in place; behind a send, the step captures on that step's target; a capture
+  // step then takes a slot. Capture: the senders capture (then the trainer may go on); a step
+  // behind a send waits for the send lock and checks that its plan still holds. Send: the step
+  // protocol, then what the step taught. Each failure is recorded by FailStep. The plan lock
+  // (the send lock) is the ticket's: held once ticket->holds_send_lock(), which the static
+  // analysis cannot follow, hence ABSL_NO_THREAD_SAFETY_ANALYSIS where plan state is read.
+  absl::Status ChooseStepMode(StepRun* run,
+                              StepPipeline::Ticket* ticket) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  absl::Status CapturePhase(StepRun* run, StepPipeline::Ticket* ticket);
+  absl::Status StillReadyBehind(const StepRun& run) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  weightbeam::v1::StepResult SendPhase(StepRun* run,
+                                       StepPipeline::Ticket* ticket) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  weightbeam::v1::StepResult FailStep(StepRun* run, const std::string& error);
   // The capture phase: every sender of `target` copies version `version`'s bytes into `slot`.
   // Fails naming each sender that did not (their captures are discarded by the caller).
-  absl::Status CaptureOnSenders(const CaptureTarget& target, uint64_t version, uint32_t slot,
-                                std::chrono::steady_clock::time_point deadline,
+  absl::Status CaptureOnSenders(const CaptureTarget& target, uint64_t version, uint64_t step_id,
+                                uint32_t slot, std::chrono::steady_clock::time_point deadline,
                                 std::map<std::string, weightbeam::v1::AgentStepReport>* reports);
   // After a committed step: what it teaches the delta predictor and the link learner, and a new
   // plan (named in `result->replanned`) when the links it measured differ from the plan's.
@@ -211,19 +239,9 @@ class ControllerCore {
   DeltaStepPredictor delta_predictor_ ABSL_GUARDED_BY(plan_mu_){config_.delta};
   LinkLearner link_learner_ ABSL_GUARDED_BY(plan_mu_);
 
-  // Capture steps in flight. The capture token: held by one step from before it captures until
-  // it holds plan_mu_ (the send lock), so steps send in the order they captured. `send_open_`:
-  // the step holding plan_mu_ is a capture step that a later one may capture behind
-  // (`send_target_`). Slots held by steps captured or sending; the step whose send freed one
-  // last; captured steps waiting for the send lock (link learning does not replan under them).
-  absl::Mutex pipe_mu_;
-  bool capture_token_ ABSL_GUARDED_BY(pipe_mu_) = false;
-  bool send_open_ ABSL_GUARDED_BY(pipe_mu_) = false;
-  uint64_t send_version_ ABSL_GUARDED_BY(pipe_mu_) = 0;
-  CaptureTarget send_target_ ABSL_GUARDED_BY(pipe_mu_);
-  std::set<uint32_t> busy_slots_ ABSL_GUARDED_BY(pipe_mu_);
-  uint64_t freed_by_ ABSL_GUARDED_BY(pipe_mu_) = 0;
-  int waiting_to_send_ ABSL_GUARDED_BY(pipe_mu_) = 0;
+  // Capture steps in flight: the capture token, the slots and the order of sends, with
+  // plan_mu_ as the send lock.
+  StepPipeline pipeline_{&plan_mu_};
 
   mutable absl::Mutex census_mu_;
   mutable std::shared_ptr<const std::map<int, ReplicaView>> census_ ABSL_GUARDED_BY(census_mu_);

@@ -230,6 +230,16 @@ uint64_t NewStepId() {
   return rng();
 }
 
+// The step's senders of their own bytes (not relay-only): an abort that drops one of them as a
+// receiver must leave its sending side alone.
+std::set<std::string> OwnSenders(const StepSpec& spec) {
+  std::set<std::string> out;
+  for (const auto& s : spec.senders) {
+    if (!spec.relay_only.count(s)) out.insert(s);
+  }
+  return out;
+}
+
 // A fresh attempt's nonce: never 0, never the previous one.
 uint64_t NextNonce(uint64_t nonce) { return nonce + 1 == 0 ? 1 : nonce + 1; }
 
@@ -257,8 +267,11 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
   }
   ReplicaBook book(spec);
   // Aborts the agents `book` just excluded, so their watchers learn `version` is not coming.
+  // An excluded receiver that also sends its own bytes (a trainer and a replica on one node)
+  // stays a sender: its abort leaves the step's execute and capture alone.
+  const std::set<std::string> own_senders = OwnSenders(spec);
   auto abort_dropped = [&](const std::vector<std::string>& agents, const std::string& why) {
-    if (!agents.empty()) AbortEverywhere(spec.version, agents, why, spec.step_id);
+    if (!agents.empty()) AbortEverywhere(spec.version, agents, why, spec.step_id, own_senders);
   };
 
   // Phase 1: begin. A receiver that fails it leaves the step with its replicas.
@@ -404,7 +417,7 @@ absl::Status StepProtocol::ForwardAppliedDeltas(StepSpec* spec, ReplicaBook* boo
     const auto excluded = book->Drop(why);
     if (book->live() < spec->min_replicas) return BelowFloor(*spec, *book, "applied on", "");
     spdlog::warn("step {}: dropped {}", spec->version, book->DroppedSummary());
-    AbortEverywhere(spec->version, excluded, why.begin()->second, spec->step_id);
+    AbortEverywhere(spec->version, excluded, why.begin()->second, spec->step_id, OwnSenders(*spec));
   }
   for (const auto& r : roots) {
     if (!book->excluded(r)) prepared->insert(r);
@@ -432,7 +445,8 @@ absl::Status StepProtocol::ForwardAppliedDeltas(StepSpec* spec, ReplicaBook* boo
     }
     spdlog::warn("step {}: {}; dropped {}; relaying again without them", spec->version,
                  std::string(s.message()), book->DroppedSummary());
-    AbortEverywhere(spec->version, excluded, std::string(s.message()), spec->step_id);
+    AbortEverywhere(spec->version, excluded, std::string(s.message()), spec->step_id,
+                    OwnSenders(*spec));
     for (auto it = prepared->begin(); it != prepared->end();) {
       it = book->excluded(*it) ? prepared->erase(it) : std::next(it);
     }
@@ -614,13 +628,15 @@ std::map<std::string, std::string> StepProtocol::AnnounceOnReceivers(
 }
 
 void StepProtocol::AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
-                                   const std::string& reason, uint64_t step_id) {
+                                   const std::string& reason, uint64_t step_id,
+                                   const std::set<std::string>& still_sending) {
   std::vector<AgentCall<v1::AbortRequest>> calls;
   for (const auto& a : agents) {
     AgentCall<v1::AbortRequest> c{a, {}};
     c.request.set_version(version);
     c.request.set_reason(reason);
     c.request.set_step_id(step_id);
+    c.request.set_receiving_only(still_sending.count(a) > 0);
     calls.push_back(std::move(c));
   }
   fleet_->Abort(calls, std::chrono::milliseconds(2000));

@@ -153,9 +153,11 @@ class StepProtocol {
   std::map<std::string, std::string> UnreachableReceivers(
       const StepSpec& spec, const std::vector<std::string>& receivers);
   // Tells `agents` to abort `version` (best effort, 2 s); `step_id` names the step so that
-  // an abort arriving late leaves a newer step alone.
+  // an abort arriving late leaves a newer step alone. The agents in `still_sending` leave the
+  // step as receivers only (AbortRequest.receiving_only): they send in the step's next attempt.
   void AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
-                       const std::string& reason, uint64_t step_id = 0);
+                       const std::string& reason, uint64_t step_id = 0,
+                       const std::set<std::string>& still_sending = {});
 
  private:
   AgentFleet* fleet_;

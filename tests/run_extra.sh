@@ -55,6 +55,17 @@ if [ "$(id -u)" -ne 0 ] || ! ip netns list >/dev/null 2>&1; then
 elif tests/cluster/short.sh; then log "cluster: PASS"; else log "cluster: FAIL"; failed=1; fi
 took cluster
 
+# The real-engine suite (docs/engines.md "Proof inside a real vLLM"): installs the pinned engine
+# packages into .cache/venv-engines once, then a real vLLM (CPU) per case. Its per-case lines
+# ("[wb] vllm <case> (<s> s): PASS|FAIL") are counted by ./wb test. WB_SKIP_VLLM=1 skips it.
+if [ "${WB_SKIP_VLLM:-0}" = 1 ]; then
+  log "vllm: SKIPPED (WB_SKIP_VLLM=1)"
+else
+  log "real engines (tests/vllm): vLLM's CPU build with the weightbeam backend, an FSDP2 trainer, log-probs against transformers"
+  if tests/vllm/run.sh; then log "vllm suite: PASS"; else log "vllm suite: FAIL"; failed=1; fi
+fi
+took vllm
+
 if [ -x tests/fuzz/run.sh ]; then
   log "fuzzing (bounded): tcp frames, config, registrations, plan ops, storage manifests, step-link frames, model configs; 10 s each"
   if tests/fuzz/run.sh --seconds 10; then log "fuzz: PASS"; else log "fuzz: FAIL"; failed=1; fi

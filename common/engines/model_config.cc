@@ -177,7 +177,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text, absl::strin
     c.qk_norm = c.architecture == "Qwen3ForCausalLM" || c.family == Family::kMoe;
   }
   if (c.family == Family::kMoe) {
-    c.experts = r.Positive("num_experts");
+    // Transformers v5 writes num_local_experts (num_experts is its alias there).
+    c.experts = json.contains("num_experts") || !json.contains("num_local_experts")
+                    ? r.Positive("num_experts")
+                    : r.Positive("num_local_experts");
     c.moe_intermediate = r.Positive("moe_intermediate_size");
     c.decoder_sparse_step = r.Positive("decoder_sparse_step", 1);
     c.mlp_only_layers = r.Ints(json, "mlp_only_layers");

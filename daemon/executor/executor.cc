@@ -538,19 +538,46 @@ void Executor::ForwardWhenLanded(std::vector<Job> relays, PhaseRun* run) {
     const auto* base = static_cast<const uint8_t*>(job.source->memory.addr) + job.op->src_offset();
     return landing_->Covered(step, base, SourceSpan(*job.op));
   };
+  // The waiting ops by their first source byte: a pass looks only at the ops inside the ranges
+  // that grew since the last one (LandingTracker::TakeTouched), not at every waiting op.
+  auto first_byte = [](const Job& job) {
+    return reinterpret_cast<uintptr_t>(job.source->memory.addr) + job.op->src_offset();
+  };
+  std::multimap<uintptr_t, Job> waiting;
+  for (Job& job : relays) {
+    const uintptr_t at = first_byte(job);
+    waiting.emplace(at, std::move(job));
+  }
+  relays.clear();
+  std::vector<LandingTracker::Range> touched;
+  landing_->TakeTouched(step, &touched);  // what landed so far: the first pass looks at all
+  bool look_at_all = true;
   // Each pass hands on every relay op whose bytes are all in, then waits for more to land.
   uint64_t seen = landing_->changes();
-  while (!relays.empty()) {
-    std::vector<Job> waiting;
-    for (Job& job : relays) {
-      if (landed(job)) {
-        run->to_prepare.Push(std::move(job));
-      } else {
-        waiting.push_back(std::move(job));
+  while (!waiting.empty()) {
+    if (look_at_all) {
+      for (auto it = waiting.begin(); it != waiting.end();) {
+        if (landed(it->second)) {
+          run->to_prepare.Push(std::move(it->second));
+          it = waiting.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    } else {
+      for (const auto& r : touched) {
+        for (auto it = waiting.lower_bound(r.begin); it != waiting.end() && it->first < r.end;) {
+          if (it->first + SourceSpan(*it->second.op) <= r.end) {
+            run->to_prepare.Push(std::move(it->second));
+            it = waiting.erase(it);
+          } else {
+            ++it;
+          }
+        }
       }
     }
-    relays.swap(waiting);
-    if (relays.empty()) break;
+    if (waiting.empty()) break;
+    const Job& front = waiting.begin()->second;
     if (run->error.failed()) return;
     if (run->step_run->cancelled) {
       run->error.Set(absl::CancelledError("step cancelled while relay ops wait for bytes"));
@@ -560,19 +587,20 @@ void Executor::ForwardWhenLanded(std::vector<Job> relays, PhaseRun* run) {
     // writing here has gone, the bytes still awaited may never come; fail now, not at the
     // deadline, so the controller can drop this subtree and finish the step in time.
     if (const std::string gone = landing_->EndedAmong(run->step_run->feeders); !gone.empty()) {
-      run->error.Set(absl::UnavailableError(absl::StrCat(
-          OpName(*relays.front().op), " and ", relays.size() - 1, " more relay ops: agent ", gone,
-          ", which writes into this relay, went away mid-step")));
+      run->error.Set(absl::UnavailableError(
+          absl::StrCat(OpName(*front.op), " and ", waiting.size() - 1, " more relay ops: agent ",
+                       gone, ", which writes into this relay, went away mid-step")));
       return;
     }
     if (Clock::now() >= run->deadline) {
       run->error.Set(absl::DeadlineExceededError(absl::StrCat(
-          OpName(*relays.front().op), " and ", relays.size() - 1,
+          OpName(*front.op), " and ", waiting.size() - 1,
           " more relay ops: their bytes had not all landed here by the step's deadline")));
       return;
     }
     // Wakes on every landing; at most every 50 ms to see cancellation and the deadline.
     seen = landing_->WaitChange(seen, std::min(run->deadline, Clock::now() + kRelayPoll));
+    look_at_all = !landing_->TakeTouched(step, &touched);
   }
 }
 

@@ -12,6 +12,8 @@ void LandingTracker::Open(uint64_t step) {
     open_step_.store(step, std::memory_order_release);
     ranges_.clear();
     all_landed_ = false;
+    touched_.clear();
+    touched_overflow_ = false;
     ended_peer_.clear();
     ended_peers_.clear();
     ++changes_;
@@ -35,6 +37,11 @@ void LandingTracker::Landed(uint64_t step, const void* addr, uint64_t length) {
       it = ranges_.erase(it);
     }
     ranges_.emplace(begin, end);
+    if (touched_.size() < kMaxTouched) {
+      touched_.push_back(begin);
+    } else {
+      touched_overflow_ = true;
+    }
     ++changes_;
   }
   cv_.notify_all();
@@ -48,6 +55,26 @@ void LandingTracker::LandAll(uint64_t step) {
     ++changes_;
   }
   cv_.notify_all();
+}
+
+bool LandingTracker::TakeTouched(uint64_t step, std::vector<Range>* out) const {
+  out->clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (step != step_) return true;  // nothing of `step` lands here
+  const bool exact = !touched_overflow_ && !all_landed_;
+  if (exact) {
+    for (uintptr_t at : touched_) {
+      // The range holding `at` now (a later landing may have merged it into another).
+      auto it = ranges_.upper_bound(at);
+      if (it == ranges_.begin()) continue;
+      --it;
+      if (!out->empty() && out->back().begin == it->first) continue;
+      out->push_back({it->first, it->second});
+    }
+  }
+  touched_.clear();
+  touched_overflow_ = false;
+  return exact;
 }
 
 bool LandingTracker::Covered(uint64_t step, const void* addr, uint64_t length) const {

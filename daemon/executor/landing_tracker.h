@@ -12,6 +12,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace wb::executor {
 
@@ -27,6 +28,15 @@ class LandingTracker {
   void LandAll(uint64_t step);
   // Whether every byte of [addr, addr + length) has landed in `step`.
   bool Covered(uint64_t step, const void* addr, uint64_t length) const;
+  // The merged ranges that grew since the last call (each as it is now), for a relay that
+  // indexes its waiting ops by address instead of asking Covered for every one on every
+  // landing. False when it cannot tell (more than kMaxTouched landings since the last call, or
+  // LandAll): look at every waiting op then. Landings of another step are never listed.
+  static constexpr size_t kMaxTouched = 4096;
+  struct Range {
+    uintptr_t begin = 0, end = 0;
+  };
+  bool TakeTouched(uint64_t step, std::vector<Range>* ranges) const;
   // Landings accepted since Open (a counter that only grows within a step).
   uint64_t changes() const;
   // Waits until changes() differs from `seen` or `until` passes; returns changes().
@@ -48,8 +58,10 @@ class LandingTracker {
   mutable std::condition_variable cv_;
   uint64_t step_ = 0;
   uint64_t changes_ = 0;
-  std::map<uintptr_t, uintptr_t> ranges_;  // begin -> end, disjoint and not touching
-  bool all_landed_ = false;                // LandAll for step_
+  std::map<uintptr_t, uintptr_t> ranges_;   // begin -> end, disjoint and not touching
+  bool all_landed_ = false;                 // LandAll for step_
+  mutable std::vector<uintptr_t> touched_;  // a byte of each range that grew since TakeTouched
+  mutable bool touched_overflow_ = false;   // more than kMaxTouched: TakeTouched says "all"
   std::string ended_peer_;
   std::set<std::string> ended_peers_;  // every peer that ended in the open step
 };

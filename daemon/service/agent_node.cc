@@ -203,7 +203,8 @@ absl::Status AgentNode::Start() {
       std::make_unique<executor::Executor>(registry_.get(), staging_.get(), preparer_.get(), eopts);
   // Relay ops forward this agent's destination bytes of the open step once they have landed.
   executor_->SetLandingTracker(&landing_);
-  captures_ = std::make_unique<executor::CaptureStore>(registry_.get());
+  captures_ = std::make_unique<executor::CaptureStore>(
+      registry_.get(), 4, std::chrono::milliseconds(config_.capture.test_delay_ms));
   for (auto& t : transports_) {
     t->SetLandingCallback([this](uint64_t step, const void* addr, uint64_t length) {
       landing_.Landed(step, addr, length);
@@ -357,6 +358,20 @@ absl::Status AgentNode::CheckStagingFits(uint64_t plan_id) {
       mirrors_->budget_bytes(), "; raise it, or use receive.mode in_place"));
 }
 
+absl::Status AgentNode::CheckRelayNeverSends(const v1::AgentPlan& plan) const {
+  const v1::TransferOp* relay = nullptr;
+  const v1::TransferOp* own = nullptr;
+  for (const auto& op : plan.ops()) {
+    (op.relay() ? relay : own) = &op;
+    if (relay && own) break;
+  }
+  if (!relay || !own) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "plan ", plan.plan_id(), " makes agent ", config_.name, " a relay (op ", relay->op_id(),
+      " forwards ", relay->src_tensor(), ") and a sender of its own bytes (op ", own->op_id(), ", ",
+      own->src_tensor(), "); a relay never sends: refusing the plan"));
+}
+
 absl::Status AgentNode::LoadPlan(v1::AgentPlan plan, v1::LoadPlanResponse* resp) {
   if (auto s = CheckStagingFits(plan.plan_id()); !s.ok()) return s;
   if (plan.delta_receive()) {
@@ -391,6 +406,13 @@ absl::Status AgentNode::LoadPlan(v1::AgentPlan plan, v1::LoadPlanResponse* resp)
       return absl::InvalidArgumentError(absl::StrCat("plan ", plan.plan_id(), ": op ", op.op_id(),
                                                      " (", op.src_tensor(), "): ", s.message()));
     }
+  }
+  // A relay never sends bytes of its own (issue 41, item 6): the skips of a sender's fallback
+  // ops (their relay is in the step) would apply to its relay ops too, and its children would
+  // commit a version with none of its bytes. The planner never makes such a plan; refuse one.
+  if (auto s = CheckRelayNeverSends(plan); !s.ok()) {
+    metrics_.Error(AgentMetrics::kPlanLoadFailed);
+    return s;
   }
   // The ops leave the plan (kept below without them) as they were parsed: a swap of pointers,
   // no copy or move of 10^6 messages. The executor holds the only list of them.
@@ -483,7 +505,13 @@ v1::AgentStepReport AgentNode::Capture(const v1::ExecuteRequest& req) {
       return report;
     }
   }
-  if (auto s = captures_->Capture(req.version(), req.capture_slot(), &report); !s.ok()) {
+  // The capture ends by the deadline the controller gives (the step's), and an abort of its
+  // step (by step id) stops it.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 60000);
+  if (auto s =
+          captures_->Capture(req.version(), req.capture_slot(), &report, req.step_id(), deadline);
+      !s.ok()) {
     report.set_error(absl::StrCat("capture of version ", req.version(), ": ", s.message()));
     return report;
   }
@@ -830,11 +858,15 @@ absl::Status AgentNode::Commit(const v1::CommitRequest& req, v1::CommitResponse*
   return Conclude(req, resp);
 }
 
-absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint64_t step_id) {
+absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint64_t step_id,
+                              bool receiving_only) {
   // Sending side: the step's executor stops, and its batches not yet on the wire are dropped;
-  // the next step connects afresh (the receivers may have cut this step's connections).
-  executor_->Cancel(step_id, reason);
-  captures_->Discard(version);  // a capture of the step is never sent now
+  // the next step connects afresh (the receivers may have cut this step's connections). Not
+  // when only this agent's replica left the step: it sends in the step's next attempt.
+  if (!receiving_only) {
+    executor_->Cancel(step_id, reason);
+    captures_->Discard(version, step_id);  // a capture of the step is never sent now
+  }
   {
     absl::MutexLock fence(&fence_mu_);
     bool close = false;

@@ -86,7 +86,10 @@ class AgentNode {
   bool CommitMayWait(const weightbeam::v1::CommitRequest& req) const;
   // Cancels the step's execution here and closes its fence if it is the open one (a late
   // abort of an older step leaves the current one alone). step_id 0: by version.
-  absl::Status Abort(uint64_t version, const std::string& reason, uint64_t step_id = 0);
+  // `receiving_only`: the agent leaves the step as a receiver only; its sending side (the
+  // step's execute, its capture) goes on (AbortRequest.receiving_only).
+  absl::Status Abort(uint64_t version, const std::string& reason, uint64_t step_id = 0,
+                     bool receiving_only = false);
   // `step_id`: also says whether that step is the one open here (step_open).
   weightbeam::v1::HealthResponse Health(uint64_t step_id = 0) const;
   absl::StatusOr<std::string> Handshake(const weightbeam::v1::HandshakeRequest& req);
@@ -126,6 +129,8 @@ class AgentNode {
   absl::Status AnnounceCommit(uint64_t version, weightbeam::v1::CommitResponse* resp);
   // Staged: refuses plans while a destination tensor has no staging mirror (budget spent).
   absl::Status CheckStagingFits(uint64_t plan_id);
+  // Refuses a plan holding relay ops and ops of the agent's own (a relay never sends).
+  absl::Status CheckRelayNeverSends(const weightbeam::v1::AgentPlan& plan) const;
   // A prepared version not announced: withdrawn (abort(v) to the watchers) with `reason`.
   void WithdrawPrepared(const std::string& reason);
   void Publish(weightbeam::v1::Event::Kind kind, uint64_t version, const std::string& reason);

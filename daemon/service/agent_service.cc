@@ -92,7 +92,8 @@ grpc::ServerUnaryReactor* AgentService::Commit(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* AgentService::Abort(grpc::CallbackServerContext* ctx,
                                               const v1::AbortRequest* req, v1::AbortResponse*) {
   if (auto a = guard_.AdmitController(*ctx, "Agent.Abort"); !a.ok()) return Refuse(ctx, a);
-  return Done(ctx, node_->Abort(req->version(), req->reason(), req->step_id()));
+  return Done(ctx,
+              node_->Abort(req->version(), req->reason(), req->step_id(), req->receiving_only()));
 }
 
 grpc::ServerUnaryReactor* AgentService::Health(grpc::CallbackServerContext* ctx,

@@ -189,6 +189,7 @@ class FakeAgentFleet : public AgentFleet {
   void Remember(const std::string& agent, const weightbeam::v1::AbortRequest& r, Event* e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     e->reason = r.reason();
+    if (r.receiving_only()) e->tag = "abort-receiving";  // its sending side goes on
   }
 
   static void Fill(const Reply& reply, weightbeam::v1::ExecuteResponse* resp) {

@@ -63,7 +63,12 @@ TEST_CASE("small changes are smoothed; a recovered link is forgotten; bounds hol
   // Measured 0.3 next (within 30 % of 0.25): 0.25 + 0.3 x (0.3 - 0.25) = 0.265.
   l.Observe(DenseStep("trainer-0", 1 / 0.3), kRated);
   CHECK(l.Scales().at("trainer-0") == Approx(0.265));
-  // Back at full speed (a jump): forgotten, and a plan that assumed 0.265 is out of date.
+  // Back at full speed (a jump up): taken once kConfirmSteps steps in a row say so; then
+  // forgotten, and a plan that assumed 0.265 is out of date.
+  for (int i = 1; i < LinkLearner::kConfirmSteps; ++i) {
+    l.Observe(DenseStep("", 1), kRated);
+    CHECK(l.Scales().at("trainer-0") == Approx(0.265));
+  }
   l.Observe(DenseStep("", 1), kRated);
   CHECK(l.Scales().empty());
   CHECK(!l.ReplanReason({{"trainer-0", 0.265}}).empty());
@@ -94,6 +99,96 @@ TEST_CASE("steps that say nothing about links teach nothing") {
   l.Observe(same, rated);
   CHECK(l.Scales().size() == 1);
   CHECK(l.Scales().at("trainer-1") == Approx(0.5));
+}
+
+// Issue 41, item 10: every figure is the agent's own; no agent decides for the others, and
+// the estimates are damped in time.
+TEST_CASE("one agent reporting gbps 0.001 or inflated bytes does not price the others down") {
+  SECTION("a rating of 0.001 GB/s") {
+    LinkLearner l;
+    auto rated = kRated;
+    rated["trainer-3"] = 0.001;  // it moved as much as the others: 25x its "rating"
+    l.Observe(DenseStep("", 1), rated);
+    INFO("scales: " << l.Scales().size());
+    CHECK(l.Scales().empty());
+  }
+  SECTION("bytes_sent inflated 100x") {
+    LinkLearner l;
+    v1::StepResult r = DenseStep("", 1);
+    r.mutable_agents(3)->set_bytes_sent(100 * 200 * kMB);
+    l.Observe(r, kRated);
+    CHECK(l.Scales().empty());
+  }
+  SECTION("with two senders, at most 1/4 (kMaxLead)") {
+    LinkLearner l;
+    v1::StepResult r;
+    r.set_ok(true);
+    AddSender(&r, "trainer-0", 200 * kMB, 8);
+    AddSender(&r, "trainer-1", 200 * kMB, 8);
+    auto rated = kRated;
+    rated["trainer-1"] = 0.001;
+    l.Observe(r, rated);
+    REQUIRE(l.Scales().count("trainer-0"));
+    CHECK(l.Scales().at("trainer-0") == Approx(0.25));  // 1 / LinkLearner::kMaxLead
+    CHECK(l.Scales().at("trainer-0") > LinkLearner::kFloor);
+  }
+  SECTION("a real slow link among two senders is still learned") {
+    LinkLearner l;
+    v1::StepResult r;
+    r.set_ok(true);
+    AddSender(&r, "trainer-0", 200 * kMB, 8);
+    AddSender(&r, "trainer-1", 200 * kMB, 32);
+    l.Observe(r, kRated);
+    REQUIRE(l.Scales().count("trainer-1"));
+    CHECK(l.Scales().at("trainer-1") == Approx(0.25));
+  }
+}
+
+TEST_CASE("a link flapping between 0.5 and 1.0 does not replan every step") {
+  LinkLearner l;
+  std::map<std::string, double> planned;  // what the current plan assumed
+  int replans = 0;
+  for (int step = 0; step < 12; ++step) {
+    l.Observe(DenseStep(step % 2 == 0 ? "trainer-0" : "", step % 2 == 0 ? 2 : 1), kRated);
+    if (!l.ReplanReason(planned).empty()) {
+      ++replans;
+      planned = l.Scales();
+    }
+  }
+  INFO(replans << " replans in 12 steps");
+  CHECK(replans <= 1);
+  REQUIRE(l.Scales().count("trainer-0"));
+  CHECK(l.Scales().at("trainer-0") == Approx(0.5));  // priced at the slower of the two
+}
+
+TEST_CASE("an agent priced down and then idle decays back toward its rating") {
+  LinkLearner l;
+  l.Observe(DenseStep("trainer-0", 16), kRated);
+  REQUIRE(l.Scales().at("trainer-0") == Approx(1.0 / 16));
+  // The replan gave trainer-0 nothing: it is in no later step's reports.
+  v1::StepResult without;
+  without.set_ok(true);
+  for (const char* agent : {"trainer-1", "trainer-2", "trainer-3"}) {
+    AddSender(&without, agent, 200 * kMB, 8);
+  }
+  int steps = 0;
+  while (l.Scales().count("trainer-0") && steps < 100) {
+    const double before = l.Scales().at("trainer-0");
+    l.Observe(without, kRated);
+    ++steps;
+    if (l.Scales().count("trainer-0")) CHECK(l.Scales().at("trainer-0") > before);
+  }
+  INFO(steps << " steps");
+  CHECK(l.Scales().empty());
+  CHECK(steps < 40);
+}
+
+TEST_CASE("relays are not measured by the time they wait for bytes") {
+  LinkLearner l;
+  v1::StepResult r = DenseStep("", 1);
+  AddSender(&r, "relay-0", 200 * kMB, 64);  // waited for its bytes to land most of the step
+  l.Observe(r, kRated, {"relay-0"});
+  CHECK(l.Scales().empty());
 }
 
 TEST_CASE("a delta step is predicted from configured rates, then from measured ones") {

@@ -384,6 +384,27 @@ TEST_CASE("a replica failing begin is dropped: its agents abort, the others comm
   }
 }
 
+// Issue 41, item 8: an agent that sends and receives (a trainer and a replica on one node)
+// whose replica drops out must keep sending: before, its abort cancelled its execute and
+// discarded its capture, and the retry without the dropped replica failed.
+TEST_CASE("an agent that sends and receives, dropped as a receiver, is aborted as one only") {
+  FakeAgentFleet fleet;
+  StepSpec spec = Spec(25);
+  spec.senders = {"s0", "r1"};  // r1 holds trainer tensors too
+  fleet.Script("r1", Phase::kBegin, Failing(grpc::StatusCode::UNAVAILABLE, "connection refused"));
+  RunDroppingReplica1(&fleet, spec);
+  CHECK(fleet.Events("r1") == Strings{"begin 25", "abort-receiving 25", "execute 25"});
+  CHECK(fleet.Events("s0") == Strings{"execute 25"});
+  // A relay-only agent dropped is aborted whole (it does not execute).
+  FakeAgentFleet relays;
+  StepSpec relayed = Spec(26);
+  relayed.senders = {"s0", "s1", "r1"};
+  relayed.relay_only = {"r1"};
+  relays.Script("r1", Phase::kBegin, Failing(grpc::StatusCode::UNAVAILABLE, "refused"));
+  RunDroppingReplica1(&relays, relayed);
+  CHECK(relays.Events("r1") == Strings{"begin 26", "abort 26"});
+}
+
 TEST_CASE(
     "a replica unreachable when a sender fails is dropped; the senders run again without it") {
   FakeAgentFleet fleet;

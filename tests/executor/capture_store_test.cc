@@ -5,8 +5,10 @@
 #include "daemon/executor/capture_store.h"
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include "config/config.h"
 #include "daemon/registry/region_registry.h"
@@ -124,8 +126,7 @@ TEST_CASE("capture store: budget, copy, and the slot rules") {
   const std::vector<uint8_t> before = f.memory->bytes;
   std::memset(f.memory->bytes.data(), 0xEE, f.memory->bytes.size());  // the trainer goes on
 
-  // Not into a slot holding a capture not yet sent; not a send of another version.
-  CHECK_FALSE(store.Capture(6, 0, &report).ok());
+  // Not a send of another version.
   CHECK_FALSE(store.BeginSend(6, 0).ok());
   CHECK_FALSE(store.BeginSend(5, 1).ok());
   CHECK_FALSE(store.Capture(6, 2, &report).ok());  // no such slot
@@ -148,6 +149,7 @@ TEST_CASE("capture store: budget, copy, and the slot rules") {
   store.EndSend(0);
   CHECK(store.BeginSend(5, 0).ok());  // a retried send of the same capture
   store.EndSend(0);
+  sources->reset();                          // the send's stand-ins go with it
   CHECK(store.Capture(7, 0, &report).ok());  // sent: the slot takes the next capture
 
   // An abort discards its version's captures; a new plan discards them all.
@@ -157,4 +159,116 @@ TEST_CASE("capture store: budget, copy, and the slot rules") {
   auto gone = store.BeginSend(6, 1);
   REQUIRE_FALSE(gone.ok());
   CHECK_THAT(std::string(gone.status().message()), Catch::Contains("no capture of version 6"));
+}
+
+namespace {
+
+google::protobuf::RepeatedPtrField<v1::TransferOp> TwoOps(uint64_t region) {
+  google::protobuf::RepeatedPtrField<v1::TransferOp> ops;
+  *ops.Add() = Op(region, 128, 2);   // [128, 384)
+  *ops.Add() = Op(region, 2048, 1);  // [2048, 2176): 384 bytes in all
+  return ops;
+}
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+}  // namespace
+
+// Issue 41, item 5: before, Discard skipped a capture in progress, which then finished as a
+// capture never sent, and the slot refused every later capture until a new plan.
+TEST_CASE("capture store: a capture still running when its step is aborted ends discarded") {
+  Fixture f;
+  executor::CaptureStore store(f.registry.get(), 2, milliseconds(400));
+  REQUIRE(store.Load(TwoOps(f.region), 768, "plan 1").ok());
+  absl::Status captured;
+  const auto t0 = Clock::now();
+  std::thread capture([&] {
+    v1::AgentStepReport report;
+    captured = store.Capture(5, 0, &report, /*step_id=*/77);
+  });
+  std::this_thread::sleep_for(milliseconds(50));
+  store.Discard(5, 77);
+  capture.join();
+  CHECK(Clock::now() - t0 < milliseconds(300));  // it stopped, not ran to its end
+  CHECK(captured.code() == absl::StatusCode::kAborted);
+  CHECK_THAT(std::string(captured.message()), Catch::Contains("aborted during the capture"));
+  CHECK_FALSE(store.BeginSend(5, 0).ok());
+  v1::AgentStepReport report;
+  CHECK(store.Capture(6, 0, &report, 78).ok());  // the slot takes the next step at once
+  CHECK(store.BeginSend(6, 0).ok());
+}
+
+TEST_CASE("capture store: a discard names its step; a late abort of another step is ignored") {
+  Fixture f;
+  executor::CaptureStore store(f.registry.get());
+  REQUIRE(store.Load(TwoOps(f.region), 768, "plan 1").ok());
+  v1::AgentStepReport report;
+  REQUIRE(store.Capture(5, 0, &report, /*step_id=*/11).ok());
+  store.Discard(5, 10);  // the abort of version 5's earlier, failed step, arriving late
+  CHECK(store.BeginSend(5, 0).ok());
+  store.EndSend(0);
+  store.Discard(5, 11);
+  CHECK_FALSE(store.BeginSend(5, 0).ok());
+  // By version when the capture named no step.
+  REQUIRE(store.Capture(6, 1, &report).ok());
+  store.Discard(6, 12);
+  CHECK_FALSE(store.BeginSend(6, 1).ok());
+}
+
+TEST_CASE("capture store: a capture stops at its deadline and leaves its slot empty") {
+  Fixture f;
+  executor::CaptureStore store(f.registry.get(), 2, milliseconds(300));
+  REQUIRE(store.Load(TwoOps(f.region), 768, "plan 1").ok());
+  v1::AgentStepReport report;
+  const auto t0 = Clock::now();
+  const absl::Status late = store.Capture(5, 0, &report, 1, t0 + milliseconds(30));
+  CHECK(Clock::now() - t0 < milliseconds(250));
+  CHECK(late.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(std::string(late.message()), Catch::Contains("before its deadline"));
+  CHECK(store.Capture(6, 0, &report, 2).ok());
+}
+
+TEST_CASE("capture store: an unsent capture in a slot the controller gives out again is replaced") {
+  // Its step failed and the abort was lost (best effort), or the controller restarted: the
+  // controller hands slots out, so the slot is free by its account.
+  Fixture f;
+  executor::CaptureStore store(f.registry.get());
+  REQUIRE(store.Load(TwoOps(f.region), 768, "plan 1").ok());
+  v1::AgentStepReport report;
+  REQUIRE(store.Capture(5, 0, &report, 1).ok());
+  REQUIRE(store.Capture(6, 0, &report, 2).ok());
+  CHECK_FALSE(store.BeginSend(5, 0).ok());
+  REQUIRE(store.BeginSend(6, 0).ok());
+  // Never into a slot being sent from.
+  CHECK_FALSE(store.Capture(7, 0, &report, 3).ok());
+}
+
+// Issue 41, item 11: before, a plan load took the new slots' memory while a send still held
+// the old plan's, and freed and paged in every buffer again under the store's lock.
+TEST_CASE("capture store: capture memory stays within the budget across a plan load") {
+  Fixture f;
+  executor::CaptureStore store(f.registry.get());
+  REQUIRE(store.Load(TwoOps(f.region), 768, "plan 1").ok());
+  CHECK(store.memory_bytes() == 768);  // two slots of 384, taken at load
+  REQUIRE(store.Load(TwoOps(f.region), 768, "plan 2").ok());
+  CHECK(store.memory_bytes() == 768);  // the same sizes: kept, not taken twice
+  v1::AgentStepReport report;
+  REQUIRE(store.Capture(5, 0, &report, 1).ok());
+  auto sending = store.BeginSend(5, 0);
+  REQUIRE(sending.ok());
+  // A plan whose one capture is 640 bytes loads while version 5's send still reads slot 0.
+  google::protobuf::RepeatedPtrField<v1::TransferOp> bigger;
+  *bigger.Add() = Op(f.region, 0, 5);
+  REQUIRE(store.Load(bigger, 768, "plan 3").ok());
+  CHECK(store.slots() == 1);
+  CHECK(store.memory_bytes() <= 768);
+  // While the send holds its memory, a capture that needs more is refused, naming the budget.
+  auto refused = store.Capture(6, 0, &report, 2, Clock::now() + milliseconds(100));
+  CHECK(refused.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(refused.message()), Catch::Contains("capture.max_bytes = 768"));
+  CHECK(store.memory_bytes() <= 768);
+  sending->reset();  // the send is over
+  REQUIRE(store.Capture(7, 0, &report, 3).ok());
+  CHECK(store.memory_bytes() == 640);
 }

@@ -299,3 +299,35 @@ TEST_CASE("the landing tracker merges ranges and answers coverage per step") {
   t.Open(4);  // and the next step waits for its bytes again
   CHECK_FALSE(t.Covered(4, p, 1));
 }
+
+// Issue 41, item 11: a relay used to ask Covered for every waiting op on every landing, under
+// the lock each incoming write takes. Its waiting ops are indexed by address now, and each pass
+// looks only at the ranges that grew (TakeTouched).
+TEST_CASE("landing tracker: the ranges that grew since the last look, as they are now") {
+  executor::LandingTracker t;
+  std::vector<uint8_t> memory(1 << 20);
+  uint8_t* p = memory.data();
+  const auto at = [&](uint64_t off) { return reinterpret_cast<uintptr_t>(p + off); };
+  std::vector<executor::LandingTracker::Range> touched;
+  t.Open(5);
+  t.Landed(5, p, 100);
+  t.Landed(5, p + 100, 50);  // merges with the first
+  t.Landed(5, p + 4096, 10);
+  t.Landed(6, p + 8192, 10);  // another step's: never listed
+  REQUIRE(t.TakeTouched(5, &touched));
+  REQUIRE(touched.size() == 2);
+  CHECK(touched[0].begin == at(0));
+  CHECK(touched[0].end == at(150));
+  CHECK(touched[1].begin == at(4096));
+  CHECK(touched[1].end == at(4106));
+  REQUIRE(t.TakeTouched(5, &touched));
+  CHECK(touched.empty());  // nothing new
+  // More landings than it keeps between two looks: "look at every waiting op".
+  for (uint64_t i = 0; i <= executor::LandingTracker::kMaxTouched; ++i) {
+    t.Landed(5, p + 16384 + 2 * i, 1);
+  }
+  CHECK_FALSE(t.TakeTouched(5, &touched));
+  REQUIRE(t.TakeTouched(5, &touched));
+  t.LandAll(5);
+  CHECK_FALSE(t.TakeTouched(5, &touched));
+}

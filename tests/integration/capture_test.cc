@@ -335,3 +335,95 @@ TEST_CASE("capture: with relays, the relay forwards what the trainer sent from i
     for (auto& inf : replicas) CheckHolds(inf, v);
   }
 }
+
+namespace {
+
+// An inference rank holding one of the trainer's tensors, BF16 (a plain copy of it).
+struct OneTensorRank {
+  SharedBuffer buffer;
+  LocalSession session;
+  bool Holds(int t, uint64_t v) const {
+    const auto* p = static_cast<const uint16_t*>(buffer.data());
+    for (uint64_t i = 0; i < kElems; ++i) {
+      if (p[i] != Value(t, i, v)) return false;
+    }
+    return true;
+  }
+};
+
+// Inference rank `rank` of `replica` registers tensor `rank` (a.weight or b.weight).
+OneTensorRank OpenRank(const std::string& socket, int replica, int rank) {
+  auto buf = SharedBuffer::Create(kElems * 2, "capture-rank");
+  REQUIRE(buf.ok());
+  auto s = LocalSession::Connect(socket, Identity{v1::ROLE_INFERENCE, rank, replica});
+  REQUIRE(s.ok());
+  OneTensorRank r{std::move(*buf), std::move(*s)};
+  REQUIRE(r.session
+              .Register(Info(rank == 0 ? "a.weight" : "b.weight", v1::DTYPE_BF16, kRows, kCols),
+                        r.buffer, 0, kElems * 2)
+              .ok());
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("capture: a capture still running when its step is aborted ends discarded") {
+  // Every capture takes 2.5 s (the test hook, as tens of GB would); version 1's step has 1 s.
+  Fleet f("capture:\n  max_bytes: " + std::to_string(2 * kTrainerBytes) +
+          "\n  test_delay_ms: 2500\n");
+  ControllerClient& ctl = *f.ctl;
+  wb::testing::PlanOneToOne(&ctl);
+  f.trainer->Write(1);
+  auto r1 = ctl.StepAsync(1, milliseconds(1000)).Result(milliseconds(60000));
+  REQUIRE_FALSE(r1.ok());
+  INFO("version 1: " << r1.status().message());
+  // The capture stopped at its deadline (and at the abort): its slot takes the next step's
+  // capture at once, and every later step commits.
+  for (uint64_t v = 2; v <= 3; ++v) {
+    f.trainer->Write(v);
+    auto h = Start(ctl, v);
+    const v1::StepResult r = RequireResult(*h);
+    CHECK(r.capture() == "captured");
+    CheckHolds(*f.inference, v);
+  }
+  const std::string log = f.cluster->Log("trainer-node");
+  CHECK_THAT(log, !Catch::Contains("version 1: captured"));  // it never finished as captured
+}
+
+TEST_CASE("capture: an agent that sends and receives keeps its capture when its replica drops") {
+  // node-a holds the trainer and rank 0 of replica 0; infer-0b rank 1 of replica 0; infer-1
+  // both ranks of replica 1. infer-0b dies before the step: replica 0 leaves the step at begin,
+  // and node-a, aborted as its receiver, still sends replica 1 its bytes from its capture.
+  wb::testing::ClusterOptions opts;
+  opts.agents = {"node-a", "infer-0b", "infer-1"};
+  opts.inference_replicas = 2;
+  opts.inference_ranks_per_replica = 2;
+  opts.agent_yaml["node-a"] = Capture(2 * kTrainerBytes);
+  Cluster cluster(wb::testing::Runfile(""), opts);
+  Trainer trainer = OpenTrainer(cluster.socket("node-a"));
+  OneTensorRank a0 = OpenRank(cluster.socket("node-a"), 0, 0);
+  OneTensorRank b0 = OpenRank(cluster.socket("infer-0b"), 0, 1);
+  OneTensorRank a1 = OpenRank(cluster.socket("infer-1"), 1, 0);
+  OneTensorRank b1 = OpenRank(cluster.socket("infer-1"), 1, 1);
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  wb::testing::PlanWorld(&ctl, wb::testing::World(1, 2, 2));
+  trainer.Write(1);
+  auto first = ctl.Step(1);
+  INFO((first.ok() ? "" : std::string(first.status().message())));
+  REQUIRE(first.ok());
+  CHECK(first->committed_replicas_size() == 2);
+  CHECK((a0.Holds(0, 1) && b0.Holds(1, 1) && a1.Holds(0, 1) && b1.Holds(1, 1)));
+
+  cluster.KillAgent("infer-0b", SIGKILL);
+  trainer.Write(2);
+  auto h = Start(ctl, 2);
+  RequireCaptured(*h);
+  trainer.Scribble();
+  const v1::StepResult r = RequireResult(*h);
+  CHECK(r.capture() == "captured");
+  REQUIRE(r.committed_replicas_size() == 1);
+  CHECK(r.committed_replicas(0) == 1);
+  CHECK(a1.Holds(0, 2));
+  CHECK(b1.Holds(1, 2));
+  CHECK(a0.Holds(0, 1));  // replica 0 left the step: its bytes stay version 1's
+}

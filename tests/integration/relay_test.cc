@@ -20,8 +20,10 @@
 #include "tests/support/cluster.h"
 #include "tests/support/controller_calls.h"
 #include "tests/support/fp8_reference.h"
+#include "tests/support/grpc_call.h"
 #include "tests/support/one_tensor.h"
 #include "tests/support/two_tensor_sides.h"
+#include "weightbeam/v1/agent.grpc.pb.h"
 
 namespace v1 = weightbeam::v1;
 using namespace wb::client;
@@ -321,4 +323,68 @@ TEST_CASE("relays: a relay killed mid-step: the others commit in that step, with
   CHECK(f.Same(3));
   // Decided long before the step's deadline.
   CHECK(seconds < 10);  // the deadline is 20 s (tests/support/cluster.cc)
+}
+
+// Issue 41, item 6: an agent's skip set (the fallback ops' destinations the controller did not
+// name) applied to relay ops too, so a relay that also sent its own bytes would have committed
+// its children's version with none of its bytes. A relay never sends: the plan loader refuses
+// a plan that breaks it, and the planner never makes an agent holding trainer tensors a relay.
+TEST_CASE("relays: a trainer and a replica on one agent; every replica holds every byte") {
+  wb::testing::ClusterOptions options;
+  options.agents = {"node-a"};  // the trainer and replica 0
+  for (int r = 1; r < kReplicas; ++r) options.agents.push_back("infer-" + std::to_string(r));
+  options.inference_replicas = kReplicas;
+  options.extra_controller_yaml = "relays:\n  enabled: true\n  roots: 1\n  fanout: 1\n";
+  Cluster cluster(wb::testing::Runfile(""), options);
+  Side trainer = Open(cluster.socket("node-a"), v1::ROLE_TRAINER, 0);
+  std::vector<Side> replicas;
+  replicas.push_back(Open(cluster.socket("node-a"), v1::ROLE_INFERENCE, 0));
+  for (int r = 1; r < kReplicas; ++r) {
+    replicas.push_back(Open(cluster.socket("infer-" + std::to_string(r)), v1::ROLE_INFERENCE, r));
+  }
+  ControllerClient ctl = wb::testing::ConnectController(cluster);
+  const v1::PlanSummary plan = wb::testing::PlanWorld(&ctl, wb::testing::World(1, kReplicas, 1));
+  CHECK(plan.relay_roots() == 1);
+  for (uint32_t v = 1; v <= 3; ++v) {
+    Fill(&trainer, v);
+    auto r = ctl.Step(v);
+    INFO("version " << v << ": " << (r.ok() ? "" : std::string(r.status().message())));
+    REQUIRE(r.ok());
+    CHECK(r->committed_replicas_size() == kReplicas);
+    for (int k = 0; k < kReplicas; ++k) {
+      INFO("replica " << k);
+      CHECK(std::memcmp(replicas[k].buffer.data(), trainer.buffer.data(), 2 * kTensorBytes) == 0);
+    }
+  }
+}
+
+TEST_CASE("relays: the plan loader refuses a plan that makes a sender a relay, naming the rule") {
+  wb::testing::ClusterOptions options;
+  options.agents = {"trainer-node", "infer-0"};
+  Cluster cluster(wb::testing::Runfile(""), options);
+  auto stub = v1::Agent::NewStub(
+      grpc::CreateChannel(cluster.agent_address("infer-0"), grpc::InsecureChannelCredentials()));
+  v1::LoadPlanRequest req;
+  v1::AgentPlan* plan = req.mutable_plan();
+  plan->set_agent("infer-0");
+  plan->set_plan_id(999);
+  auto add = [&](bool relay) {
+    v1::TransferOp* op = plan->add_ops();
+    op->set_op_id(plan->ops_size());
+    op->set_src_tensor("a.weight");
+    op->set_dst_agent("infer-1");
+    op->set_rows(1);
+    op->set_row_elems(64);
+    op->set_src_dtype(v1::DTYPE_BF16);
+    op->set_dst_dtype(v1::DTYPE_BF16);
+    op->set_transform(v1::TRANSFORM_COPY);
+    op->set_relay(relay);
+  };
+  add(true);   // forwards what lands here
+  add(false);  // and sends bytes of its own
+  v1::LoadPlanResponse resp;
+  const grpc::Status s = wb::testing::CallWithin(std::chrono::milliseconds(20000), stub.get(),
+                                                 &v1::Agent::Stub::LoadPlan, req, &resp);
+  wb::testing::CheckRefused(s, grpc::StatusCode::FAILED_PRECONDITION, "a relay never sends");
+  CHECK_THAT(s.error_message(), Catch::Contains("plan 999") && Catch::Contains("infer-0"));
 }

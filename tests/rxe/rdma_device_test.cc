@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "daemon/transport/rdma/rdma_transport.h"
@@ -369,3 +370,37 @@ TEST_CASE("the transport reports its NICs with their RoCE v2 IPv4 GIDs") {
 }
 
 }  // namespace
+
+// Issue 41, item 12: the HCA may hand a freed rkey out again (rxe: the pool index of a
+// deregistered region comes back with one of 256 key bytes), so a sender still holding a
+// revoked rkey could write through it again once a later rekey drew it. The transport never
+// takes a registration whose rkey it revoked before: withdraw from one buffer 300 times and no
+// rkey comes back.
+TEST_CASE("a revoked rkey never becomes valid again for its buffer in 300 withdrawals") {
+  auto receiver = Make({"rxe0"});
+  constexpr uint64_t kPart = 4 << 10;
+  std::vector<uint8_t> dst(2 * kPart, 0);
+  auto desc = receiver->RegisterBuffer({dst.data(), dst.size()}, Access::kDestination);
+  REQUIRE(desc.ok());
+  const uint64_t region = desc->region_id();
+  REQUIRE(receiver->OpenWindow(region, 0, kPart).ok());  // a tensor that stays
+  std::set<uint32_t> revoked;
+  uint32_t current = 0;
+  int reused = 0;
+  for (int i = 0; i < 300; ++i) {
+    REQUIRE(receiver->OpenWindow(region, kPart, kPart).ok());  // a tensor registered...
+    auto before = receiver->BufferKeys(region);
+    REQUIRE(before.ok());
+    current = static_cast<uint32_t>(before->keys(0).key());
+    if (revoked.count(current)) ++reused;
+    REQUIRE(receiver->CloseWindow(region, kPart, kPart).ok());  // ...and withdrawn: rekeyed
+    revoked.insert(current);
+  }
+  auto last = receiver->BufferKeys(region);
+  REQUIRE(last.ok());
+  INFO(reused << " of 300 registrations came back with an rkey revoked before; " << revoked.size()
+              << " distinct rkeys");
+  CHECK(reused == 0);
+  CHECK(revoked.count(static_cast<uint32_t>(last->keys(0).key())) == 0);
+  CHECK(receiver->rekeys() == 300);
+}

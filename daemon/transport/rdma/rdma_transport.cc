@@ -167,16 +167,37 @@ bool RdmaState::LocalCovered(uint64_t region_id, uint64_t offset, uint64_t lengt
   return !it->second.windowed || it->second.windows.Covers(offset, length);
 }
 
+void RdmaState::IndexDestination(uint64_t id, const LocalRegion& region) {
+  if (region.access != Access::kDestination) return;
+  destinations.emplace(reinterpret_cast<uint64_t>(region.mem.addr), id);
+  longest_destination = std::max<uint64_t>(longest_destination, region.mem.length);
+}
+
+void RdmaState::ForgetDestination(uint64_t id, const LocalRegion& region) {
+  if (region.access != Access::kDestination) return;
+  auto [first, last] = destinations.equal_range(reinterpret_cast<uint64_t>(region.mem.addr));
+  for (auto it = first; it != last; ++it) {
+    if (it->second == id) {
+      destinations.erase(it);
+      break;
+    }
+  }
+  if (destinations.empty()) longest_destination = 0;  // else kept: only a bound on the walk
+}
+
 bool RdmaState::DestinationCovers(uint64_t addr, uint64_t length) const {
   if (length == 0 || addr + length < addr) return false;
   std::lock_guard<std::mutex> lock(mu);
-  for (const auto& [id, region] : regions) {
-    if (region.access != Access::kDestination || region.mrs.empty()) continue;
-    const uint64_t base = reinterpret_cast<uint64_t>(region.mem.addr);
-    if (addr < base || addr - base > region.mem.length ||
-        length > region.mem.length - (addr - base)) {
-      continue;
-    }
+  // Regions starting at or before `addr`, nearest first, back to the longest one's reach.
+  for (auto it = destinations.upper_bound(addr); it != destinations.begin();) {
+    --it;
+    const uint64_t base = it->first;
+    if (addr - base > longest_destination) break;
+    auto r = regions.find(it->second);
+    if (r == regions.end()) continue;
+    const LocalRegion& region = r->second;
+    if (region.mrs.empty()) continue;
+    if (addr - base > region.mem.length || length > region.mem.length - (addr - base)) continue;
     if (!region.windowed || region.windows.Covers(addr - base, length)) return true;
   }
   return false;
@@ -263,18 +284,53 @@ absl::StatusOr<std::vector<MrPtr>> RdmaTransport::RegisterMrs(const MemoryRef& m
   int flags = IBV_ACCESS_LOCAL_WRITE;
   if (access == Access::kDestination) flags |= IBV_ACCESS_REMOTE_WRITE;
   std::vector<MrPtr> mrs;
-  for (const Rail& rail : state_->engine->rails()) {
-    absl::StatusOr<MrPtr> mr = RegisterMemory(rail.pd.get(), mem, flags);
-    if (!mr.ok() && IsDeclined(mr.status())) {
-      return DeclineRegion(absl::StrCat(mr.status().message(), " (on ", rail.name, ")"));
+  const std::vector<Rail>& rails = state_->engine->rails();
+  for (size_t i = 0; i < rails.size(); ++i) {
+    const Rail& rail = rails[i];
+    // Registrations that came back with an rkey revoked before stay registered until this one
+    // is done, so the HCA cannot hand the same key out again at once.
+    std::vector<MrPtr> aside;
+    for (int draw = 0;; ++draw) {
+      absl::StatusOr<MrPtr> mr = RegisterMemory(rail.pd.get(), mem, flags);
+      if (!mr.ok() && IsDeclined(mr.status())) {
+        return DeclineRegion(absl::StrCat(mr.status().message(), " (on ", rail.name, ")"));
+      }
+      if (!mr.ok()) {
+        return absl::Status(mr.status().code(),
+                            absl::StrCat("registering ", mem.length, " bytes on ", rail.name, ": ",
+                                         mr.status().message()));
+      }
+      bool revoked;
+      {
+        std::lock_guard<std::mutex> lock(revoked_mu_);
+        revoked = i < revoked_.size() && revoked_[i].count((*mr)->rkey) > 0;
+      }
+      if (!revoked) {
+        mrs.push_back(std::move(*mr));
+        break;
+      }
+      if (draw + 1 >= kMaxRedraws) {
+        return absl::UnavailableError(absl::StrCat(
+            "registering ", mem.length, " bytes on ", rail.name, ": ", kMaxRedraws,
+            " registrations in a row came back with an rkey this agent revoked before"));
+      }
+      aside.push_back(std::move(*mr));
     }
-    if (!mr.ok()) {
-      return absl::Status(mr.status().code(), absl::StrCat("registering ", mem.length, " bytes on ",
-                                                           rail.name, ": ", mr.status().message()));
-    }
-    mrs.push_back(std::move(*mr));
   }
   return mrs;
+}
+
+void RdmaTransport::Revoked(const std::vector<MrPtr>& mrs) {
+  std::lock_guard<std::mutex> lock(revoked_mu_);
+  if (revoked_.size() < mrs.size()) revoked_.resize(mrs.size());
+  for (size_t i = 0; i < mrs.size(); ++i) {
+    if (!mrs[i] || !revoked_[i].insert(mrs[i]->rkey).second) continue;
+    revoked_order_.emplace_back(i, mrs[i]->rkey);
+  }
+  while (revoked_order_.size() > kMaxRevoked) {
+    revoked_[revoked_order_.front().first].erase(revoked_order_.front().second);
+    revoked_order_.pop_front();
+  }
 }
 
 weightbeam::v1::RegionDescriptor RdmaTransport::Describe(const std::vector<Rail>& rails,
@@ -312,6 +368,7 @@ absl::StatusOr<weightbeam::v1::RegionDescriptor> RdmaTransport::AddRegion(const 
   std::lock_guard<std::mutex> lock(state_->mu);
   uint64_t id = state_->next_region++;
   weightbeam::v1::RegionDescriptor desc = Describe(state_->engine->rails(), id, region);
+  state_->IndexDestination(id, region);
   state_->regions[id] = std::move(region);
   return desc;
 }
@@ -426,7 +483,8 @@ absl::Status RdmaTransport::Rekey(uint64_t region_id) {
     }
     old = std::exchange(it->second.mrs, std::move(fresh));
   }
-  old.clear();  // ibv_dereg_mr: the old rkeys are invalid from here on
+  Revoked(old);  // never taken again by a later registration
+  old.clear();   // ibv_dereg_mr: the old rkeys are invalid from here on
   return status;
 }
 
@@ -450,8 +508,10 @@ absl::Status RdmaTransport::Deregister(uint64_t region_id) {
       return absl::NotFoundError(absl::StrCat("rdma: unknown region ", region_id));
     }
     region = std::move(it->second);
+    state_->ForgetDestination(region_id, region);
     state_->regions.erase(it);
   }
+  if (region.access == Access::kDestination) Revoked(region.mrs);
   region.mrs.clear();  // ibv_dereg_mr: the rkeys are invalid from here on
   return absl::OkStatus();
 }

@@ -5,9 +5,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -90,6 +92,13 @@ class RdmaState {
   std::unique_ptr<VerbsEngine> engine;
   mutable std::mutex mu;
   std::map<uint64_t, LocalRegion> regions;
+  // The destination regions by first byte (guarded by mu), and the longest of them:
+  // DestinationCovers runs on the poller thread once per landed range, so it looks up the few
+  // regions that may hold an address instead of walking every region (issue 41, item 11).
+  std::multimap<uint64_t, uint64_t> destinations;
+  uint64_t longest_destination = 0;
+  void IndexDestination(uint64_t id, const LocalRegion& region);
+  void ForgetDestination(uint64_t id, const LocalRegion& region);
   uint64_t next_region = 1;
 };
 
@@ -164,6 +173,16 @@ class RdmaTransport : public Transport {
   std::mutex fence_mu_;
   bool step_open_ = false;  // guarded by fence_mu_
   std::atomic<uint64_t> rekeys_{0};
+  // The rkeys this transport revoked, per rail (the last kMaxRevoked): the HCA may hand a freed
+  // rkey out again (rxe: a region's pool index comes back with one of 256 key bytes), and a
+  // sender still holding a revoked one must never write through it again (issue 41, item 12).
+  // A registration that comes back with one is kept aside until another is drawn.
+  static constexpr size_t kMaxRevoked = 1 << 16;
+  static constexpr int kMaxRedraws = 64;
+  void Revoked(const std::vector<MrPtr>& mrs);
+  std::mutex revoked_mu_;
+  std::vector<std::set<uint32_t>> revoked_;                // by rail; guarded by revoked_mu_
+  std::deque<std::pair<size_t, uint32_t>> revoked_order_;  // oldest first; revoked_mu_
   std::shared_ptr<std::atomic<uint64_t>> ignored_landings_ =
       std::make_shared<std::atomic<uint64_t>>(0);
 };

@@ -1,0 +1,262 @@
+"""The trainer side of the weightbeam vLLM backend.
+
+Every trainer rank builds the engine with ``WeightTransferTrainerFactory.trainer_init(
+WeightbeamTrainerInitInfo(rank=..., ...), client=..., source=DTensorShards(model, config))``:
+each rank registers the shards it holds, as it holds them (FSDP2 / DTensor local shards: no
+gather, no ``full_tensor()``), with its node's agent. The sending rank (rank 0) then initialises
+the vLLM workers through the ``VLLMWeightSyncClient`` the user already has (HTTP or Ray) and
+plans once. ``send_weights()`` after each optimizer step: every rank copies its local shards
+into the registered host memory (CUDA shards are read in place), rank 0 drives
+start_weight_update -> (update_weights || controller step) -> finish_weight_update, and every
+rank returns only when the round is committed, or raises (StepFailed, naming the agent).
+"""
+
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from vllm.distributed.weight_transfer.base import (ParamMeta, TrainerInitInfo,
+                                                   TrainerWeightTransferEngine, WeightSource)
+
+from weightbeam import engines
+from weightbeam.controller_client import ControllerClient
+from weightbeam.errors import StepFailed, WeightbeamError
+from weightbeam.local_session import LocalSession
+from weightbeam.shared_buffer import SharedBuffer
+from weightbeam.vllm_backend.worker import DEFAULT_SOCKET, WeightbeamInitInfo
+
+log = logging.getLogger("weightbeam.vllm")
+
+
+@dataclass
+class WeightbeamTrainerInitInfo(TrainerInitInfo):
+    backend: ClassVar[str] = "weightbeam"
+    world: int = 1  # trainer ranks
+    agent_socket: str = DEFAULT_SOCKET  # this rank's node agent
+    controller: str = "127.0.0.1:7400"
+    replicas: int = 1  # inference replicas (vLLM engines)
+    ranks_per_replica: int = 1  # the engines' tensor-parallel size
+    # Passed to every vLLM worker's init_transfer_engine (WeightbeamInitInfo's fields).
+    worker: dict = field(default_factory=dict)
+    delta: Any = None  # True / False: delta mode on / off for the plan; None: the controller's
+    first_version: int = 1
+    step_timeout_s: float = 300.0
+    plan_wait_s: float = 120.0
+    # TLS and token for the controller (None: WB_TLS_* / WB_TOKEN_FILE from the environment).
+    ca_file: Any = None
+    cert_file: Any = None
+    key_file: Any = None
+    token_file: Any = None
+
+
+def _placement_text(p):
+    name = type(p).__name__
+    if name == "Replicate":
+        return "R"
+    if name == "_StridedShard":
+        return f"SS({p.dim})"
+    if name == "Shard":
+        return f"S({p.dim})"
+    raise WeightbeamError(f"DTensor placement {p!r} is not one weightbeam reads (Shard, "
+                          "_StridedShard, Replicate)", "INVALID_ARGUMENT")
+
+
+class DTensorShards(WeightSource):
+    """A trainer model's parameters as this rank holds them. DTensor parameters (FSDP2
+    ``fully_shard``, ``parallelize_module``) are read from the object: mesh, coordinates,
+    placements and local shard; plain tensors count as replicated. Names are the model's
+    (Hugging Face names for a ``transformers`` model)."""
+
+    def __init__(self, model, config):
+        self.model = model
+        self.config = config
+        self._named = dict(model.named_parameters())
+        self._mirrors = {}
+        self._buffer = None
+        self.session = None
+
+    def metadata(self):
+        return [ParamMeta(n, p.dtype, tuple(p.shape)) for n, p in self._named.items()]
+
+    def __iter__(self):
+        for name, p in self._named.items():
+            yield name, _local(p)
+
+    def register(self, session):
+        """Registers every non-empty local shard (host shards through one SharedBuffer that
+        ``copy_shards`` refreshes; CUDA shards in place). Returns the tensors registered."""
+        self.session = session
+        mesh, coords, rules = self._mesh_and_rules()
+        host = {n: _local(p) for n, p in self._named.items()
+                if not _local(p).is_cuda and _local(p).numel() > 0}
+        sizes = {n: t.numel() * t.element_size() for n, t in host.items()}
+        if host:
+            self._buffer = SharedBuffer(sum(_aligned(s) for s in sizes.values()), "trainer")
+        offset = 0
+        for name, t in host.items():
+            view = torch.frombuffer(self._buffer.memoryview(offset, sizes[name]),
+                                    dtype=t.dtype).view(t.shape)
+            self._mirrors[name] = view
+            offset += _aligned(sizes[name])
+        self.copy_shards()
+        named = {n: self._mirrors.get(n, _local(p)) for n, p in self._named.items()
+                 if _local(p).numel() > 0}
+        # Transformers v5 keeps each MoE layer's experts fused (mlp.experts.gate_up_proj).
+        fused = any(n.endswith("mlp.experts.gate_up_proj") for n in self._named)
+        return engines.register_dtensor_params(session, named, self.config, mesh, coords, rules,
+                                               fused_experts=fused)
+
+    def copy_shards(self):
+        """Host shards into the registered memory (a local copy of this rank's own shard);
+        then waits for CUDA writers (sources_ready)."""
+        with torch.no_grad():
+            for name, mirror in self._mirrors.items():
+                mirror.copy_(_local(self._named[name]))
+        if self.session is not None:
+            self.session.sources_ready()
+
+    def close(self):
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+        if self._buffer is not None:
+            self._buffer.close()
+            self._buffer = None
+
+    def _mesh_and_rules(self):
+        mesh_obj, rules = None, []
+        for name, p in self._named.items():
+            if not hasattr(p, "device_mesh"):
+                continue
+            if mesh_obj is None:
+                mesh_obj = p.device_mesh
+            elif p.device_mesh is not mesh_obj and p.device_mesh != mesh_obj:
+                raise WeightbeamError(f"parameter '{name}': on another device mesh than the "
+                                      "others; weightbeam registers one mesh per rank",
+                                      "INVALID_ARGUMENT")
+            rules.append((name, ",".join(_placement_text(q) for q in p.placements)))
+        if mesh_obj is None:
+            return [1], [0], [("*", "R")]
+        coords = mesh_obj.get_coordinate()
+        if coords is None:
+            raise WeightbeamError("this rank is not in the parameters' device mesh",
+                                  "INVALID_ARGUMENT")
+        replicated = ",".join("R" for _ in mesh_obj.shape)
+        return list(mesh_obj.shape), list(coords), rules + [("*", replicated)]
+
+
+def _local(p):
+    return p.to_local() if hasattr(p, "to_local") else p.data
+
+
+class WeightbeamTrainerWeightTransferEngine(TrainerWeightTransferEngine):
+    init_info_cls = WeightbeamTrainerInitInfo
+
+    def __init__(self, *, client, source, info):
+        super().__init__(client=client, source=source, is_sender=info.is_sender)
+        self.info = info
+        self.version = info.first_version - 1
+        self.ctl = None
+        self.last_result = None
+
+    @classmethod
+    def trainer_init(cls, init_info, *, client, source=None):
+        if not isinstance(source, DTensorShards):
+            raise ValueError("the weightbeam trainer engine takes a weightbeam DTensorShards "
+                             "source (the rank's shards as it holds them)")
+        engine = cls(client=client, source=source, info=init_info)
+        session = LocalSession(init_info.agent_socket, "trainer", rank=init_info.rank)
+        source.register(session)
+        _barrier()
+        error = None
+        if engine.is_sender:
+            try:
+                engine._init_inference_side()
+            except Exception as e:  # every rank raises, not only the sender
+                error = f"{type(e).__name__}: {e}"
+        error = _broadcast(error)
+        if error:
+            raise WeightbeamError(f"weightbeam trainer init: {error}", "UNAVAILABLE")
+        return engine
+
+    def _init_inference_side(self):
+        info = self.info
+        worker = dataclasses.asdict(WeightbeamInitInfo(**info.worker))
+        start = time.monotonic()
+        self.client.init_weight_transfer_engine(worker)
+        log.info("weightbeam: vLLM workers initialised in %.2f s", time.monotonic() - start)
+        self.ctl = ControllerClient(info.controller, ca_file=info.ca_file,
+                                    cert_file=info.cert_file, key_file=info.key_file,
+                                    token_file=info.token_file)
+        self.ctl.plan(info.world, info.replicas, info.ranks_per_replica,
+                      wait_s=info.plan_wait_s, delta=info.delta)
+
+    def send_weights(self, version=None):
+        """Pushes this rank's current shards as ``version`` (default: the last one + 1); returns
+        once every replica committed it, or raises StepFailed (every rank)."""
+        v = int(version) if version is not None else self.version + 1
+        self.source.copy_shards()
+        _barrier()
+        error = self._round(v) if self.is_sender else None
+        error = _broadcast(error)
+        if error:
+            raise StepFailed(error, None)
+        self.version = v
+
+    def _round(self, v):
+        self.client.start_weight_update()
+        engine_error = {}
+
+        def update():
+            try:
+                self.client.update_weights({"version": v,
+                                            "timeout_s": self.info.step_timeout_s})
+            except Exception as e:
+                engine_error["error"] = f"{type(e).__name__}: {e}"
+        t = threading.Thread(target=update, name="wb-vllm-update")
+        t.start()
+        step_error = None
+        try:
+            self.last_result = self.ctl.step(v, timeout_s=self.info.step_timeout_s)
+        except WeightbeamError as e:
+            step_error = str(e)
+        t.join()
+        if step_error or engine_error:
+            return (f"version {v} was not committed: "
+                    + "; ".join(x for x in (step_error and f"step: {step_error}",
+                                            engine_error and f"engine: {engine_error['error']}")
+                                if x))
+        self.client.finish_weight_update(weight_version=str(v))
+        return None
+
+    def shutdown(self):
+        if self.ctl is not None:
+            self.ctl.close()
+            self.ctl = None
+        self.source.close()
+
+
+def _distributed():
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _barrier():
+    if _distributed():
+        torch.distributed.barrier()
+
+
+def _broadcast(value):
+    """Rank 0's ``value`` on every rank."""
+    if not _distributed():
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _aligned(n):
+    return (n + 63) // 64 * 64
