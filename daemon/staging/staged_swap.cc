@@ -141,6 +141,11 @@ absl::Status StagedSwap::Swap(uint64_t version, v1::CommitResponse* resp) {
   const auto t2 = std::chrono::steady_clock::now();
   absl::MutexLock lock(&mu_);
   if (!copied.ok()) return FailLocked(version, std::string(copied.message()));
+  // Logged before commit(v) is told: a watcher that reads the log after commit(v) finds it.
+  spdlog::info(
+      "version {}: swapped into the live tensors in {:.3f} s ({} tensor(s) by the agent, {} by "
+      "swap watchers)",
+      version, std::chrono::duration<double>(t2 - t0).count(), by_agent, by_watchers);
   // commit(v) told before the phase leaves copying: an abort waiting for it then finds v
   // committed, never the other way round.
   absl::Status committed = env_.commit(version);
@@ -158,10 +163,6 @@ absl::Status StagedSwap::Swap(uint64_t version, v1::CommitResponse* resp) {
     resp->set_live_write_seconds(
         std::chrono::duration<double>(by_watchers > 0 ? t2 - t0 : t2 - t1).count());
   }
-  spdlog::info(
-      "version {}: swapped into the live tensors in {:.3f} s ({} tensor(s) by the "
-      "agent, {} by swap watchers)",
-      version, std::chrono::duration<double>(t2 - t0).count(), by_agent, by_watchers);
   return absl::OkStatus();
 }
 
