@@ -107,6 +107,10 @@ struct ReceiveConfig {
   std::string mode = "in_place";
   uint64_t staging_max_bytes = 0;  // staged: staging memory budget; 0: as much as needed
   uint32_t ack_timeout_ms = 5000;  // how long the swap waits for watchers that acknowledge
+  // Test hook, tests only: the staged swap of each version holds this long after its watchers
+  // answered, before its copy into the live tensors (an abort then meets a swap in progress).
+  uint32_t test_swap_delay_ms = 0;
+  uint64_t test_swap_delay_version = 0;  // the version held (0: every version)
 };
 
 struct AgentConfig {

@@ -146,11 +146,13 @@ absl::StatusOr<MegatronPlan> CheckMegatron(const ModelConfig& c, const MegatronO
                                " does not divide num_attention_heads ", c.heads,
                                " (decoder.layers.0.self_attention.linear_qkv.weight)"));
   }
-  const int64_t multiple = o.vocab_divisible_by * o.tp;
-  if (o.vocab_divisible_by < 1) {
+  // Bounded before any arithmetic: vocab_divisible_by x tp must not wrap (to 0: SIGFPE below).
+  if (o.vocab_divisible_by < 1 || o.vocab_divisible_by > kMaxVocabDivisibleBy) {
     return Refuse(absl::StrCat("make_vocab_size_divisible_by ", o.vocab_divisible_by,
-                               " must be at least 1 (embedding.word_embeddings.weight)"));
+                               " must be 1 to ", kMaxVocabDivisibleBy,
+                               " (embedding.word_embeddings.weight)"));
   }
+  const int64_t multiple = o.vocab_divisible_by * o.tp;
   plan.padded_vocab = CeilDiv(c.vocab, multiple) * multiple;
   bool dense = false, moe = false;
   for (int64_t l : plan.layers) (c.IsMoeLayer(l) ? moe : dense) = true;
@@ -360,7 +362,14 @@ absl::Status CheckDTensor(const ModelConfig& c, const DTensorOptions& o) {
                                  ") on mesh dimension ", i));
     }
   }
+  if (o.rules.size() > static_cast<size_t>(kMaxLayoutRules)) {
+    return Refuse(absl::StrCat(o.rules.size(), " placement rules: at most ", kMaxLayoutRules));
+  }
   for (const PlacementRule& r : o.rules) {
+    if (r.pattern.size() > kMaxLayoutPattern) {
+      return Refuse(absl::StrCat("placement rule pattern of ", r.pattern.size(),
+                                 " characters: at most ", kMaxLayoutPattern));
+    }
     if (r.placements.size() != o.mesh.size()) {
       return Refuse(absl::StrCat("placements '", FormatPlacements(r.placements), "' for '",
                                  r.pattern, "' name ", r.placements.size(),

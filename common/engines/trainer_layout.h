@@ -103,6 +103,13 @@ inline constexpr int64_t kMaxLayoutLayers = 1 << 12;
 inline constexpr int64_t kMaxLayoutExperts = 1 << 12;
 inline constexpr int64_t kMaxLayoutVocab = int64_t{1} << 24;
 inline constexpr int kMaxLayoutParallel = 1 << 16;
+// make_vocab_size_divisible_by: at most the largest vocab, so that the padding multiple
+// (x tp) and the padded vocab stay far inside int64 (2^62 x 4 once wrapped to 0: SIGFPE).
+inline constexpr int64_t kMaxVocabDivisibleBy = kMaxLayoutVocab;
+// DTensor placement rules per request, and the characters of one pattern: the glob match runs
+// once per rule and tensor name.
+inline constexpr int kMaxLayoutRules = 1 << 10;
+inline constexpr size_t kMaxLayoutPattern = 1 << 10;
 absl::Status CheckLayoutSizes(const ModelConfig& config);
 
 }  // namespace wb::engines

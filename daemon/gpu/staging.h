@@ -23,7 +23,9 @@ absl::Status CheckDeviceRange(const void* ptr, uint64_t length, int device);
 
 // Copies between two ranges either of which may be device memory (cudaMemcpy with unified
 // addressing; host ranges may be pageable) with `device` current (the device of the GPU side;
-// never left to the thread's default, which would make a context on GPU 0). Synchronous.
+// never left to the thread's default, which would make a context on GPU 0). Synchronous: the
+// copy has completed on the device when this returns (it is waited for on the stream it ran
+// on), so a caller may tell another process the bytes are in place.
 absl::Status CopyAnyToAny(void* dst, const void* src, uint64_t bytes, int device);
 
 // One ring of pinned buffers and, per device used, a stream and one event per buffer. Used by

@@ -234,8 +234,18 @@ absl::Status CheckDeviceRange(const void* ptr, uint64_t length, int device) {
 absl::Status CopyAnyToAny(void* dst, const void* src, uint64_t bytes, int device) {
   if (bytes == 0) return absl::OkStatus();
   if (auto s = UseDevice(device); !s.ok()) return s;
-  if (cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault); e != cudaSuccess) {
+  // cudaMemcpy may return before a device -> device copy has finished (issue 41, item 1), and
+  // callers tell other processes the bytes are in place (step_captured, commit(v), a restored
+  // mirror) the moment this returns. The copy runs on this thread's per-thread stream (a
+  // blocking stream: ordered after legacy default-stream work) and is waited for on it.
+  const cudaStream_t stream = cudaStreamPerThread;
+  if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
+      e != cudaSuccess) {
     return CudaError(e, absl::StrCat("copy of ", bytes, " bytes on cuda:", device), device);
+  }
+  if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
+    return CudaError(e, absl::StrCat("waiting for a copy of ", bytes, " bytes on cuda:", device),
+                     device);
   }
   return absl::OkStatus();
 }

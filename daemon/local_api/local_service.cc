@@ -99,7 +99,9 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
         }
         // All-or-nothing: on the first failure, undo this request's registrations.
         const bool omit = request_.register_().omit_layouts();
-        std::vector<std::string> done;
+        // Undone by the registrations made here, never by name: another batch of this session
+        // may hold a view part of the same name.
+        std::vector<uint64_t> done;
         done.reserve(request_.register_().tensors_size());
         // The change callback (layout report, metrics) runs once for the batch, not per tensor.
         registry::RegionRegistry* registry = service_->registry_;
@@ -109,23 +111,28 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
         caller.batch = ++batches;
         for (const auto& reg : request_.register_().tensors()) {
           absl::Status refused;
+          uint64_t region = 0;
           if (omit) {
-            refused = registry->RegisterQuiet(id_, owner_, reg, caller, /*notify=*/false).status();
+            auto id = registry->RegisterQuiet(id_, owner_, reg, caller, /*notify=*/false);
+            if (id.ok()) region = *id;
+            refused = id.status();
           } else {
             auto layout = registry->Register(id_, owner_, reg, caller);
-            if (layout.ok()) *response_.add_registered() = *std::move(layout);
+            if (layout.ok()) {
+              region = layout->region().region_id();
+              *response_.add_registered() = *std::move(layout);
+            }
             refused = layout.status();
           }
           if (!refused.ok()) {
-            for (const auto& name : done) (void)registry->Unregister(id_, name);
-            if (omit && !done.empty()) registry->NotifyChanged();
+            registry->UnregisterRegions(id_, done);
             response_.clear_registered();
             spdlog::warn("session {}: registration refused: {}", id_,
                          std::string(refused.message()));
             if (service_->on_refused_) service_->on_refused_(std::string(refused.message()));
             return Fail(refused.code(), std::string(refused.message()));
           }
-          done.push_back(reg.spec().name());
+          done.push_back(region);
         }
         if (omit && !done.empty()) registry->NotifyChanged();
         return;
@@ -216,22 +223,26 @@ grpc::ServerWriteReactor<v1::Event>* LocalService::WatchEvents(grpc::CallbackSer
       return e;
     };
   }
+  std::optional<uid_t> owner;
+  if (credentials_) {
+    if (auto c = credentials_(ctx->peer()); c && c->known) owner = c->uid;
+  }
   // A staged agent announces a version as ready(v) and begin(v) at once: watchers that swap
-  // hear the first, the others the second.
+  // hear the first (the one listing their own user's staging objects), the others the second.
   const bool swap = req->swap();
-  options.keep = [swap, staged = staged_](const v1::Event& e) {
-    if (e.kind() == v1::Event::KIND_READY) return swap;
+  options.keep = [swap, staged = staged_,
+                  audience = staging::ReadyAudience(owner)](const v1::Event& e) {
+    if (e.kind() == v1::Event::KIND_READY) return swap && e.reason() == audience;
     return !(swap && staged && e.kind() == v1::Event::KIND_BEGIN);
   };
-  if (acknowledges) {
-    std::optional<uid_t> owner;
-    if (credentials_) {
-      if (auto c = credentials_(ctx->peer()); c && c->known) owner = c->uid;
-    }
-    const uint64_t id = acks_->Enter(req->watcher(), swap, owner);
-    options.on_done = [acks = acks_, id] { acks->Leave(id); };
-  }
-  return new BroadcastWriter<v1::Event>(events_, std::move(options));
+  if (!acknowledges) return new BroadcastWriter<v1::Event>(events_, std::move(options));
+  // Entered before its stream subscribes (its end leaves the book) but waited for only once
+  // it listens: a swap that told begin(v) before that never waits for it.
+  const uint64_t id = acks_->Enter(req->watcher(), swap, owner, /*listening=*/false);
+  options.on_done = [acks = acks_, id] { acks->Leave(id); };
+  auto* writer = new BroadcastWriter<v1::Event>(events_, std::move(options));
+  acks_->Listening(id);
+  return writer;
 }
 
 namespace {

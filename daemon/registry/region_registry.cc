@@ -473,6 +473,7 @@ absl::StatusOr<uint64_t> RegionRegistry::RegisterQuiet(uint64_t session, const v
     t->object_length = object.length;
   }
   t->owner = owner;
+  if (caller.known) t->uid = caller.uid;
   t->live = opened->ref;
   if (stager_ != nullptr && owner.role() == v1::ROLE_INFERENCE) {
     auto mirror = stager_->Mirror(*opened, caller);
@@ -642,6 +643,29 @@ std::shared_ptr<const RegisteredTensor> RegionRegistry::Find(uint64_t region_id)
   auto it = by_region_.find(region_id);
   if (it == by_region_.end()) return nullptr;
   return it->second;
+}
+
+void RegionRegistry::UnregisterRegions(uint64_t session, const std::vector<uint64_t>& region_ids) {
+  std::vector<std::shared_ptr<RegisteredTensor>> victims;
+  {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t id : region_ids) {
+      auto it = by_region_.find(id);
+      if (it == by_region_.end() || it->second->session != session) continue;
+      victims.push_back(it->second);
+      UnindexLocked(*it->second);
+      by_region_.erase(it);
+      ++generation_;
+    }
+  }
+  if (victims.empty()) return;
+  std::vector<const RegisteredTensor*> raw;
+  for (const auto& v : victims) raw.push_back(v.get());
+  if (ReleaseAll(raw)) {
+    absl::MutexLock lock(&mu_);
+    ++generation_;
+  }
+  Changed();
 }
 
 std::vector<std::shared_ptr<const RegisteredTensor>> RegionRegistry::Destinations() const {

@@ -88,6 +88,10 @@ struct RegisteredTensor {
   uint64_t session = 0;
   weightbeam::v1::TensorSpec spec;
   weightbeam::v1::Owner owner;
+  // The registering process's user (SO_PEERCRED), when known: a staged swap waits only for the
+  // watchers of the users whose tensors it writes, and a user's swap watcher swaps only that
+  // user's tensors.
+  std::optional<uid_t> uid;
   // Where writes land and sends read: the live memory, or its staging mirror when staged.
   transport::MemoryRef memory;
   // The memory its owner reads (the live tensor); the same as `memory` unless staged.
@@ -148,6 +152,9 @@ class RegionRegistry {
   // Calls the change callback (after RegisterQuiet without notify).
   void NotifyChanged();
   absl::Status Unregister(uint64_t session, const std::string& name);
+  // Withdraws exactly the regions `region_ids` of `session` (a refused batch's undo: by the
+  // registrations it made, never by name), releasing each buffer once.
+  void UnregisterRegions(uint64_t session, const std::vector<uint64_t>& region_ids);
   // Withdraws everything a session registered (the process ended). When this returns, no
   // remote write can land in that memory any more.
   int WithdrawSession(uint64_t session);

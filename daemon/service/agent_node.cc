@@ -232,6 +232,26 @@ absl::Status AgentNode::Start() {
         return committed_version_;
       });
   local_service_->SetAckBook(&acks_, mirrors_ != nullptr);
+  if (mirrors_) {
+    staging::SwapEnvironment env;
+    env.destinations = [this] { return registry_->Destinations(); };
+    env.publish = [this](const v1::Event& e) { events_.Publish(e); };
+    env.commit = [this](uint64_t version) { return Advance(v1::Event::KIND_COMMIT, version); };
+    env.staged_objects = [this](std::optional<uid_t> owner) {
+      return mirrors_->HostObjects(owner);
+    };
+    staging::SwapOptions options;
+    options.agent = config_.name;
+    options.ack_timeout = std::chrono::milliseconds(config_.receive.ack_timeout_ms);
+    options.unfinished_wait = options.ack_timeout + std::chrono::seconds(30);
+    options.test_delay = std::chrono::milliseconds(config_.receive.test_swap_delay_ms);
+    options.test_delay_version = config_.receive.test_swap_delay_version;
+    if (options.test_delay.count() > 0) {
+      spdlog::warn("agent {}: receive.test_swap_delay_ms {} (a test hook) holds every swap",
+                   config_.name, config_.receive.test_swap_delay_ms);
+    }
+    swap_ = std::make_unique<staging::StagedSwap>(&acks_, std::move(env), options);
+  }
   agent_service_ = std::make_unique<AgentService>(this, *guard);
   if (auto s = StartMetrics(); !s.ok()) return s;
   if (auto s = StartStorage(); !s.ok()) return s;
@@ -265,6 +285,7 @@ absl::Status AgentNode::Start() {
       metrics_.TransportRegistrations(stats.transport, stats.regions, stats.seconds);
     }
     if (link_) link_->LayoutChanged();
+    if (mirrors_) mirrors_->Forget();  // the mirrors of withdrawn tensors
   });
   link_->Start();
   spdlog::info(
@@ -596,7 +617,6 @@ absl::Status AgentNode::BeginStep(uint64_t version, uint64_t step_id, uint64_t p
   WithdrawPrepared(absl::StrCat("superseded by version ", version, " before it was announced"));
   {
     absl::MutexLock lock(&mu_);
-    abort_told_version_ = 0;
     if (plan_id != 0 && plan_id != introduced_plan_) {
       // Its senders would be refused at the handshake: say so now, naming the cause, so the
       // controller drops this receiver from the step instead of failing the senders.
@@ -610,7 +630,13 @@ absl::Status AgentNode::BeginStep(uint64_t version, uint64_t step_id, uint64_t p
   }
   {
     absl::MutexLock fence(&fence_mu_);
-    RestoreStaging();
+    // Staged: waits for (or refuses) an unfinished swap, and restores unswapped mirrors.
+    if (swap_) {
+      if (auto s = swap_->BeforeStep(version); !s.ok()) {
+        metrics_.Error(AgentMetrics::kCommitRefused);
+        return s;
+      }
+    }
     // From here on only this step's writes land; writes of an older step (aborted, timed out)
     // still landing are cut and waited for before the controller hears that we began.
     for (auto& t : transports_) {
@@ -627,36 +653,10 @@ absl::Status AgentNode::BeginStep(uint64_t version, uint64_t step_id, uint64_t p
     open_step_ = step_id;
     open_version_ = version;
     begun_at_ = std::chrono::steady_clock::now();
-    if (mirrors_) {
-      staging_dirty_ = true;
-      // Staged: the engine keeps serving; begin(v) is announced at the swap.
-      return absl::OkStatus();
-    }
+    // Staged: the engine keeps serving; begin(v) is announced at the swap.
+    if (swap_) return absl::OkStatus();
   }
   return Advance(v1::Event::KIND_BEGIN, version);
-}
-
-void AgentNode::RestoreStaging() {
-  if (!mirrors_) return;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!staging_dirty_) return;
-    staging_dirty_ = false;
-    if (acks_.AnySwapper()) {
-      // The live tensors may not hold what a swapping watcher made of its versions.
-      staging_stale_ = true;
-      spdlog::warn(
-          "agent {}: staging holds bytes of an unswapped version; delta patches are "
-          "refused until a dense step",
-          config_.name);
-      return;
-    }
-  }
-  if (auto s = staging::CopyLiveToStaged(registry_->Destinations()); !s.ok()) {
-    spdlog::error("agent {}: {}", config_.name, s.ToString());
-    absl::MutexLock lock(&mu_);
-    staging_stale_ = true;
-  }
 }
 
 absl::Status AgentNode::CloseFenceForCommit(uint64_t version, uint64_t step_id) {
@@ -716,8 +716,7 @@ absl::Status AgentNode::CommitStep(const v1::CommitRequest& req, v1::CommitRespo
 absl::Status AgentNode::Conclude(const v1::CommitRequest& req, v1::CommitResponse* resp) {
   if (!req.prepare()) {
     if (auto s = AnnounceCommit(req.version(), resp); !s.ok()) return s;
-    absl::MutexLock lock(&mu_);
-    if (req.delta_base_version() == 0) staging_stale_ = false;  // rewritten whole
+    if (req.delta_base_version() == 0 && swap_) swap_->ClearStale();  // rewritten whole
     return absl::OkStatus();
   }
   absl::MutexLock lock(&mu_);
@@ -749,8 +748,7 @@ absl::Status AgentNode::Announce(uint64_t version, uint64_t step_id, v1::CommitR
     dense = prepared_dense_;
   }
   if (auto s = AnnounceCommit(version, resp); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  if (dense) staging_stale_ = false;  // rewritten whole
+  if (dense && swap_) swap_->ClearStale();  // rewritten whole
   return absl::OkStatus();
 }
 
@@ -767,60 +765,9 @@ absl::Status AgentNode::AnnounceCommit(uint64_t version, v1::CommitResponse* res
   }
   resp->set_staged(true);
   if (auto s = CheckNewer(version); !s.ok()) return s;
-  // Watchers that pause hear begin(v); those that swap by themselves hear ready(v) and where
-  // the staged bytes lie (local::LocalService sends each kind to its own watchers).
-  const bool swapper = acks_.AnySwapper();
-  v1::Event ready;
-  ready.set_kind(v1::Event::KIND_READY);
-  ready.set_version(version);
-  for (auto& o : mirrors_->HostObjects()) *ready.add_staged() = std::move(o);
-  {
-    absl::MutexLock lock(&mu_);
-    swapping_version_ = version;
-    swap_aborted_ = false;
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  events_.Publish(ready);
-  Publish(v1::Event::KIND_BEGIN, version, "");
-  absl::Status swapped =
-      acks_.Wait(version, std::chrono::milliseconds(config_.receive.ack_timeout_ms));
-  {
-    // An abort that came while the watchers were waited for: the version never goes live.
-    absl::MutexLock lock(&mu_);
-    if (swap_aborted_ && swapped.ok()) {
-      swapped = absl::AbortedError("the step was aborted while its watchers were waited for");
-    }
-    swapping_version_ = 0;
-  }
-  const auto t1 = std::chrono::steady_clock::now();
-  if (swapped.ok() && !swapper) {
-    swapped = staging::CopyStagedToLive(registry_->Destinations());
-  }
-  const auto t2 = std::chrono::steady_clock::now();
-  if (!swapped.ok()) {
-    // Watchers heard begin(v): they hear abort(v). The live tensors still hold v-1 unless a
-    // copy failed part way (then the replica is dropped from the step and serves no version).
-    const std::string why = absl::StrCat("agent ", config_.name, ": staged swap of version ",
-                                         version, ": ", swapped.message());
-    Publish(v1::Event::KIND_ABORT, version, why);
-    {
-      absl::MutexLock lock(&mu_);
-      abort_told_version_ = version;
-    }
-    metrics_.Error(AgentMetrics::kCommitRefused);
-    // Aborted, never DEADLINE_EXCEEDED: the controller reads that as "no answer".
-    return absl::AbortedError(why);
-  }
-  // The live tensors were written during the copy; a watcher swapping by itself, from ready(v)
-  // until it answered.
-  resp->set_live_write_seconds(std::chrono::duration<double>(swapper ? t2 - t0 : t2 - t1).count());
-  {
-    absl::MutexLock lock(&mu_);
-    staging_dirty_ = false;
-  }
-  spdlog::info("version {}: swapped into the live tensors in {:.3f} s{}", version,
-               resp->live_write_seconds(), swapper ? " (by a watcher)" : "");
-  return Advance(v1::Event::KIND_COMMIT, version);
+  absl::Status swapped = swap_->Swap(version, resp);
+  if (!swapped.ok()) metrics_.Error(AgentMetrics::kCommitRefused);
+  return swapped;
 }
 
 void AgentNode::WithdrawPrepared(const std::string& reason) {
@@ -861,13 +808,8 @@ absl::Status AgentNode::Begin(uint64_t version) {
   // Staged: the storage path writes the version into the staging mirrors (the registry's
   // memory); begin(v) is announced at the swap.
   if (auto s = CheckNewer(version); !s.ok()) return s;
-  {
-    absl::MutexLock fence(&fence_mu_);
-    RestoreStaging();
-  }
-  absl::MutexLock lock(&mu_);
-  staging_dirty_ = true;
-  return absl::OkStatus();
+  absl::MutexLock fence(&fence_mu_);
+  return swap_->BeforeStep(version);
 }
 
 absl::Status AgentNode::Commit(uint64_t version) { return AnnounceCommit(version, nullptr); }
@@ -890,7 +832,7 @@ absl::Status AgentNode::Commit(const v1::CommitRequest& req, v1::CommitResponse*
           " apply on version ", req.delta_base_version(), " but this agent holds version ",
           committed_version_, "; refusing them (the next anchor brings it up to date)"));
     }
-    if (req.delta_base_version() != 0 && staging_stale_) {
+    if (req.delta_base_version() != 0 && swap_ && swap_->stale()) {
       metrics_.Error(AgentMetrics::kCommitRefused);
       return absl::FailedPreconditionError(
           absl::StrCat("delta mode on agent ", config_.name,
@@ -949,12 +891,16 @@ absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint6
     if (prepared_ && (step_id != 0 ? prepared_step_ == step_id : prepared_version_ == version)) {
       prepared_ = false;
     }
-    if (swapping_version_ == version) swap_aborted_ = true;
-    if (abort_told_version_ == version) {
-      abort_told_version_ = 0;  // the failed swap told the watchers already
-      return absl::OkStatus();
-    }
   }
+  // Staged: the swap unit tells the watchers: a swap in progress stops (waiting for its
+  // watchers) or finishes first (copying), and then the abort is refused.
+  if (swap_ &&
+      swap_->Abort(version, reason) == staging::StagedSwap::AbortOutcome::kAlreadyCommitted) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("agent ", config_.name, ": version ", version,
+                     " is already committed here (its staged swap finished); not aborted"));
+  }
+  if (swap_) return absl::OkStatus();
   Publish(v1::Event::KIND_ABORT, version, reason);
   return absl::OkStatus();
 }

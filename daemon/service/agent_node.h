@@ -30,6 +30,7 @@
 #include "daemon/service/agent_metrics.h"
 #include "daemon/service/peer_connector.h"
 #include "daemon/staging/ack_book.h"
+#include "daemon/staging/staged_swap.h"
 #include "daemon/staging/staging_mirrors.h"
 #include "daemon/storage/storage_agent.h"
 #include "daemon/transport/transport.h"
@@ -123,13 +124,9 @@ class AgentNode {
   absl::Status Conclude(const weightbeam::v1::CommitRequest& req,
                         weightbeam::v1::CommitResponse* resp);
   absl::Status Announce(uint64_t version, uint64_t step_id, weightbeam::v1::CommitResponse* resp);
-  // Announces a committed version: in place, commit(v) at once; staged, begin(v) (ready(v) to
-  // watchers that swap), the wait for acknowledging watchers, the copy staging -> live (unless
-  // a watcher swaps), then commit(v). `resp` gets the time the live tensors were written.
+  // Announces a committed version: in place, commit(v) at once; staged, the swap
+  // (staging::StagedSwap). `resp` gets the time the live tensors were written.
   absl::Status AnnounceCommit(uint64_t version, weightbeam::v1::CommitResponse* resp);
-  // Staged, before a step's fence opens: mirrors a step left unswapped (aborted, withdrawn) are
-  // made equal to the live tensors again, so that writes and deltas land on what is live.
-  void RestoreStaging() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fence_mu_);
   // Staged: refuses plans while a destination tensor has no staging mirror (budget spent).
   absl::Status CheckStagingFits(uint64_t plan_id);
   // Refuses a plan holding relay ops and ops of the agent's own (a relay never sends).
@@ -193,19 +190,9 @@ class AgentNode {
   // receive.mode staged (null when in place): staging mirrors and acknowledging watchers.
   std::unique_ptr<staging::StagingMirrors> mirrors_;
   staging::AckBook acks_;
-  // Staged: a step began and its version was not swapped in yet (the mirrors may differ from
-  // the live tensors). Stale: an aborted step's mirrors could not be restored (a watcher swaps
-  // by itself, so the live tensors are not ours to read); delta patches are refused until a
-  // dense step rewrites them.
-  bool staging_dirty_ ABSL_GUARDED_BY(mu_) = false;
-  bool staging_stale_ ABSL_GUARDED_BY(mu_) = false;
+  // Staged: the swap, restore and aborts (its lock is taken before mu_, never under it).
+  std::unique_ptr<staging::StagedSwap> swap_;
   bool prepared_dense_ ABSL_GUARDED_BY(mu_) = false;  // the prepared version was no delta patch
-  // The version whose swap waits for watchers now (0: none), and whether an abort of it came.
-  uint64_t swapping_version_ ABSL_GUARDED_BY(mu_) = 0;
-  bool swap_aborted_ ABSL_GUARDED_BY(mu_) = false;
-  // A version whose failed swap told the watchers abort(v) already: the controller's Abort for
-  // it that follows tells them nothing again (0: none; cleared by the next Begin).
-  uint64_t abort_told_version_ ABSL_GUARDED_BY(mu_) = 0;
   // In place: when the open step began (its live tensors are written from then on).
   std::chrono::steady_clock::time_point begun_at_ ABSL_GUARDED_BY(mu_);
   // Serializes fence moves (Begin, Commit, Abort) so the transports see them in one order.

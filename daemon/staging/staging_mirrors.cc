@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/gpu/device_memory.h"
 #include "daemon/gpu/staging.h"
+#include "daemon/registry/bus_guard.h"
 
 namespace wb::staging {
 
@@ -40,6 +42,7 @@ void RemoveOrphans() {
 struct StagingMirrors::Mirrored {
   std::string shm_name;  // host: the mirror's name ("/wb-staging-<pid>-<n>")
   std::string live_shm_name;
+  std::optional<uid_t> owner;  // the registering process's user, when known
   void* data = nullptr;
   uint64_t length = 0;
   gpu::DeviceBuffer device;  // GPU mirrors
@@ -63,15 +66,30 @@ class MirrorHold : public registry::MemoryHold {
              std::shared_ptr<registry::MemoryHold> live)
       : mirror_(std::move(mirror)), live_(std::move(live)) {}
 
+  // The live memory is the part its owner can shrink (the mirror is the agent's own).
+  absl::Status CheckBacked(const void* addr, uint64_t length,
+                           const std::string& what) const override {
+    return live_ ? live_->CheckBacked(addr, length, what) : absl::OkStatus();
+  }
+
  private:
   std::shared_ptr<StagingMirrors::Mirrored> mirror_;
   std::shared_ptr<registry::MemoryHold> live_;
 };
 
+// Host to host inside the SIGBUS guard: the live side is its owner's shared-memory object,
+// which the owner may shrink at any time. Device copies never run inside the guard (a
+// siglongjmp out of the driver would leave its locks held); they are synchronized.
 absl::Status Copy(const transport::MemoryRef& dst, const transport::MemoryRef& src,
                   uint64_t length) {
   if (dst.kind == transport::MemoryKind::kHost && src.kind == transport::MemoryKind::kHost) {
-    std::memcpy(dst.addr, src.addr, length);
+    void* d = dst.addr;
+    const void* s = src.addr;
+    if (!registry::RunBusGuarded([d, s, length] { std::memcpy(d, s, length); })) {
+      return absl::FailedPreconditionError(
+          "its memory could not be accessed (SIGBUS: its owner shrank the shared-memory object "
+          "under the registered range); re-register it");
+    }
     return absl::OkStatus();
   }
   const int device = dst.kind == transport::MemoryKind::kCuda ? dst.device : src.device;
@@ -97,6 +115,7 @@ absl::StatusOr<std::optional<registry::OpenedMemory>> StagingMirrors::Mirror(
   const transport::MemoryRef whole = host && live.buffer.addr != nullptr ? live.buffer : live.ref;
   std::shared_ptr<Mirrored> mirror;
   absl::MutexLock lock(&mu_);
+  PruneLocked();
   if (host) {
     auto it = by_live_.find(whole.addr);
     if (it != by_live_.end()) mirror = it->second.lock();
@@ -107,6 +126,7 @@ absl::StatusOr<std::optional<registry::OpenedMemory>> StagingMirrors::Mirror(
     mirror = std::make_shared<Mirrored>();
     mirror->bytes = bytes_;
     mirror->live_shm_name = live.shm_name;
+    if (caller.known) mirror->owner = caller.uid;
     if (host) {
       const std::string name = absl::StrCat("/", kPrefix, getpid(), "-", ++next_);
       int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -114,9 +134,12 @@ absl::StatusOr<std::optional<registry::OpenedMemory>> StagingMirrors::Mirror(
         return absl::ResourceExhaustedError(
             absl::StrCat("creating staging memory ", name, ": ", std::strerror(errno)));
       }
-      // The watcher that swaps by itself reads it: the registering process's user owns it.
-      if (caller.known && caller.uid != geteuid() && fchown(fd, caller.uid, caller.gid) != 0) {
-        spdlog::warn("staging memory {}: cannot hand it to uid {}: {}", name, caller.uid,
+      // A watcher that swaps by itself reads it, never writes or resizes it: the agent keeps
+      // owning it (an owner could chmod and ftruncate it under the swap) and lets the
+      // registering process's group read it. Its only write path is the transports'.
+      if (caller.known && caller.uid != geteuid() &&
+          (fchown(fd, static_cast<uid_t>(-1), caller.gid) != 0 || fchmod(fd, 0640) != 0)) {
+        spdlog::warn("staging memory {}: cannot let gid {} read it: {}", name, caller.gid,
                      std::strerror(errno));
       }
       // Reserved now (tmpfs): a page that /dev/shm cannot back would raise SIGBUS on a write.
@@ -154,16 +177,41 @@ absl::StatusOr<std::optional<registry::OpenedMemory>> StagingMirrors::Mirror(
   out.shm_name = mirror->shm_name;
   out.hold = std::make_shared<MirrorHold>(mirror, live.hold);
   // The mirror starts equal to the live tensor (a delta step patches what the engine holds).
-  if (auto s = Copy(out.ref, live.ref, live.ref.length); !s.ok()) return s;
+  if (auto s = live.hold ? live.hold->CheckBacked(live.ref.addr, live.ref.length, "the tensor")
+                         : absl::OkStatus();
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = Copy(out.ref, live.ref, live.ref.length); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("its first copy into staging: ", s.message()));
+  }
   return std::optional<registry::OpenedMemory>(std::move(out));
 }
 
-std::vector<weightbeam::v1::StagedObject> StagingMirrors::HostObjects() const {
+void StagingMirrors::PruneLocked() {
+  for (auto it = by_live_.begin(); it != by_live_.end();) {
+    it = it->second.expired() ? by_live_.erase(it) : std::next(it);
+  }
+}
+
+size_t StagingMirrors::tracked() const {
+  absl::MutexLock lock(&mu_);
+  return by_live_.size();
+}
+
+void StagingMirrors::Forget() {
+  absl::MutexLock lock(&mu_);
+  PruneLocked();
+}
+
+std::vector<weightbeam::v1::StagedObject> StagingMirrors::HostObjects(
+    std::optional<uid_t> owner) const {
   std::vector<weightbeam::v1::StagedObject> out;
   absl::MutexLock lock(&mu_);
   for (const auto& [addr, weak] : by_live_) {
     auto m = weak.lock();
     if (!m) continue;
+    if (m->owner != owner) continue;  // another tenant's objects are not this watcher's
     weightbeam::v1::StagedObject o;
     o.set_shm_name(m->live_shm_name);
     o.set_staging_shm_name(m->shm_name);
@@ -173,26 +221,35 @@ std::vector<weightbeam::v1::StagedObject> StagingMirrors::HostObjects() const {
   return out;
 }
 
-absl::Status CopyStagedToLive(
-    const std::vector<std::shared_ptr<const registry::RegisteredTensor>>& tensors) {
-  for (const auto& t : tensors) {
-    if (!t->staged) continue;
-    if (auto s = Copy(t->live, t->memory, t->memory.length); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("swapping tensor '", t->spec.name(),
-                                                 "' into its live memory: ", s.message()));
-    }
+namespace {
+
+// The live side still backed (one fstat through its hold), then the guarded copy.
+absl::Status CheckLive(const registry::RegisteredTensor& t) {
+  if (!t.hold) return absl::OkStatus();
+  return t.hold->CheckBacked(t.live.addr, t.live.length,
+                             absl::StrCat("tensor '", t.spec.name(), "'"));
+}
+
+}  // namespace
+
+absl::Status CopyStagedToLive(const registry::RegisteredTensor& t) {
+  if (!t.staged) return absl::OkStatus();
+  absl::Status s = CheckLive(t);
+  if (s.ok()) s = Copy(t.live, t.memory, t.memory.length);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("swapping tensor '", t.spec.name(),
+                                               "' into its live memory: ", s.message()));
   }
   return absl::OkStatus();
 }
 
-absl::Status CopyLiveToStaged(
-    const std::vector<std::shared_ptr<const registry::RegisteredTensor>>& tensors) {
-  for (const auto& t : tensors) {
-    if (!t->staged) continue;
-    if (auto s = Copy(t->memory, t->live, t->memory.length); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("restoring the staging mirror of tensor '",
-                                                 t->spec.name(), "': ", s.message()));
-    }
+absl::Status CopyLiveToStaged(const registry::RegisteredTensor& t) {
+  if (!t.staged) return absl::OkStatus();
+  absl::Status s = CheckLive(t);
+  if (s.ok()) s = Copy(t.memory, t.live, t.memory.length);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("restoring the staging mirror of tensor '",
+                                               t.spec.name(), "': ", s.message()));
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,8 @@
 // name); GPU destinations per tensor, in device memory on the same device (CUDA builds only).
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -34,8 +36,13 @@ class StagingMirrors : public registry::DestinationStager {
   uint64_t budget_bytes() const { return budget_; }
   // Staging memory held now (every mirror together).
   uint64_t staged_bytes() const;
-  // The host mirrors alive now, for KIND_READY.
-  std::vector<weightbeam::v1::StagedObject> HostObjects() const;
+  // The host mirrors alive now of tensors registered by user `owner`, for KIND_READY: a
+  // watcher hears only of its own user's staging objects.
+  std::vector<weightbeam::v1::StagedObject> HostObjects(std::optional<uid_t> owner) const;
+  // Host mirrors still tracked (those of withdrawn tensors are pruned).
+  size_t tracked() const;
+  // Prunes the mirrors no tensor holds any more (after a withdrawal).
+  void Forget();
 
   struct Mirrored;  // one mirror buffer (defined in the .cc)
 
@@ -46,14 +53,14 @@ class StagingMirrors : public registry::DestinationStager {
   // Host mirrors by live shared-memory mapping, shared by the tensors in it.
   std::map<const void*, std::weak_ptr<Mirrored>> by_live_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
-// The swap: every staged tensor's mirror copied into its live memory (memcpy; device to device
-// for GPU tensors). Errors name the tensor.
-absl::Status CopyStagedToLive(
-    const std::vector<std::shared_ptr<const registry::RegisteredTensor>>& tensors);
-// The other way: the mirrors made equal to the live tensors again (after an aborted step).
-absl::Status CopyLiveToStaged(
-    const std::vector<std::shared_ptr<const registry::RegisteredTensor>>& tensors);
+// The swap of one tensor: its mirror copied into its live memory (a guarded memcpy after a
+// backing check for host tensors; device to device, synchronized, for GPU tensors). Errors
+// name the tensor; a shrunk live object is an error, never SIGBUS.
+absl::Status CopyStagedToLive(const registry::RegisteredTensor& tensor);
+// The other way: the mirror made equal to the live tensor again (after an aborted step).
+absl::Status CopyLiveToStaged(const registry::RegisteredTensor& tensor);
 
 }  // namespace wb::staging

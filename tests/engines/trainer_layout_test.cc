@@ -459,4 +459,41 @@ TEST_CASE("dtensor: EP over Transformers-v5 fused experts") {
   CHECK_FALSE(wb::engines::GlobMatch("*q_proj.weight", "a.q_proj.bias"));
 }
 
+TEST_CASE("megatron and dtensor settings past their limits are refused, naming the field") {
+  // Issue 41, item 7: 2^62 x tp 4 wrapped to 0, then the vocab was divided by it (SIGFPE).
+  ModelConfig c = Load("llama");
+  c.kv_heads = 4;  // tp 4 divides the heads: the vocab padding is what is left to check
+  MegatronOptions o;
+  o.tp = 4;
+  o.vocab_divisible_by = int64_t{1} << 62;
+  auto huge = MegatronLayout(c, o);
+  REQUIRE_FALSE(huge.ok());
+  CHECK(huge.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(huge.status().message()),
+             Catch::Contains("make_vocab_size_divisible_by 4611686018427387904 must be 1 to " +
+                             std::to_string(wb::engines::kMaxVocabDivisibleBy)));
+  o.vocab_divisible_by = wb::engines::kMaxVocabDivisibleBy;  // the limit itself is fine
+  CHECK(MegatronLayout(c, o).ok());
+  o.vocab_divisible_by = 0;
+  CHECK_FALSE(MegatronLayout(c, o).ok());
+  o.vocab_divisible_by = 128;
+  o.tp = wb::engines::kMaxLayoutParallel + 1;
+  auto tp = MegatronLayout(c, o);
+  REQUIRE_FALSE(tp.ok());
+  CHECK_THAT(std::string(tp.status().message()), Catch::Contains("tp must be 1 to 65536"));
+
+  DTensorOptions d;
+  d.mesh = {1};
+  d.coords = {0};
+  d.rules = {Rule(std::string(wb::engines::kMaxLayoutPattern + 1, '*'), "R")};
+  auto pattern = DTensorLayout(Load("llama"), d);
+  REQUIRE_FALSE(pattern.ok());
+  CHECK_THAT(std::string(pattern.status().message()),
+             Catch::Contains("pattern of 1025 characters"));
+  d.rules.assign(wb::engines::kMaxLayoutRules + 1, Rule("x", "R"));
+  auto rules = DTensorLayout(Load("llama"), d);
+  REQUIRE_FALSE(rules.ok());
+  CHECK_THAT(std::string(rules.status().message()), Catch::Contains("placement rules: at most"));
+}
+
 }  // namespace

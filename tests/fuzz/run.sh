@@ -5,7 +5,7 @@
 # against Debian's absl/yaml-cpp.
 #
 #   tests/fuzz/run.sh [--seconds N]
-#                     [--target frame|config|registration|plan_op|manifest|steplink|model_config|landing_notice]
+#                     [--target frame|config|registration|plan_op|manifest|steplink|model_config|landing_notice|trainer_layout]
 #                     [--build-only]
 #   (--seconds 0: only replay the seeds, a quick regression check)
 #
@@ -16,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 seconds=20
-targets=(frame config registration plan_op manifest steplink model_config landing_notice)
+targets=(frame config registration plan_op manifest steplink model_config landing_notice trainer_layout)
 build_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -84,6 +84,10 @@ fuzz_target model_config 4096 "" tests/fuzz/model_config_fuzz.cc common/engines/
   common/engines/engine_layout.cc common/planner/name_rules.cc common/planner/layout.cc
 fuzz_target landing_notice 512 "" tests/fuzz/landing_notice_fuzz.cc \
   daemon/transport/rdma/landing_notice.cc
+fuzz_target trainer_layout 4096 -lprotobuf tests/fuzz/trainer_layout_fuzz.cc \
+  common/engines/engine_layout_proto.cc common/engines/trainer_layout.cc \
+  common/engines/model_config.cc common/engines/engine_layout.cc common/planner/name_rules.cc \
+  common/planner/layout.cc "$out/gen/weightbeam/v1/types.pb.cc" "$out/gen/weightbeam/v1/local.pb.cc"
 
 # Recompiles a source when it, a project header, this script or the ignorelist is newer.
 compile() {
@@ -146,7 +150,7 @@ wait
 failed=0
 for target in "${targets[@]}"; do
   if [ -z "${SOURCES[$target]:-}" ]; then
-    log "unknown target '$target' (frame, config, registration, plan_op, manifest, steplink, model_config)"
+    log "unknown target '$target' (frame, config, registration, plan_op, manifest, steplink, model_config, landing_notice, trainer_layout)"
     exit 2
   fi
   if ! build "$target"; then

@@ -43,6 +43,7 @@ CHECKS=(
   "transport-local-gpu|transport suite, local, GPU regions (CUDA driver copies)"
   "transport-rdma-gpu|transport suite, rdma, GPU regions (dma-buf or nvidia-peermem), where an RDMA device exists"
   "demo-gpu|end-to-end demo with GPU buffers on both sides (wb-demo --gpu, dense and --delta)"
+  "capture-overwrite|a 1 GiB CUDA source overwritten (device to device) the moment step_captured returns: every received byte equals the snapshot (issue 41, item 1)"
   "demo-gpu-nowait|the same with capture (device-to-device into the agent's GPU memory) and staged receive (GPU mirrors, swapped at commit): wb-demo --gpu --capture --staged"
 )
 
@@ -50,7 +51,7 @@ TEST_TARGETS=(
   //tests/gpu:cuda_build_check //tests/gpu:staging_pipeline_test //tests/gpu:delta_gpu_host_test
   //tests/gpu:delta_gpu_encode_test //tests/transform:transform_cuda_test
   //tests/transform:gpu_helpers_test //tests/transform:delta_gpu_test
-  //tests/executor:gpu_source_test
+  //tests/executor:gpu_source_test //tests/gpu:capture_overwrite_test
 )
 BIN_TARGETS=(
   //tests/gpu:gpu_probe //tests/gpu:dmabuf_probe //tests/bench:transform_bench
@@ -248,6 +249,9 @@ demo_gpu() {
 }
 # The last step's GB/s (the table's fifth column: BYTES is "<n> <unit>").
 last_gbps() { awk '/^[0-9]+ +[0-9.]+ [KMGT]?i?B /{g=$5} END{if (g != "") print "last step " g " GB/s"}' "$1"; }
+# A cluster test: its daemons come from $BIN (Runfile: TEST_SRCDIR/TEST_WORKSPACE/<path>).
+row capture-overwrite "$(run_catch capture-overwrite env TEST_SRCDIR="$(dirname "$BIN")" \
+  TEST_WORKSPACE="$(basename "$BIN")" $BIN/tests/gpu/capture_overwrite_test)" ""
 dense=$(demo_gpu demo-gpu)
 delta=$(demo_gpu demo-gpu-delta --delta)
 r=FAIL

@@ -415,3 +415,34 @@ TEST_CASE("each request checks its memory object again; a range past its end is 
           .ok());
   CHECK(agent.Layout().tensors_size() == 2);
 }
+
+TEST_CASE("a refused batch undoes exactly its own registrations, not a same-named part") {
+  // Issue 41, item 11: the undo withdrew by name, so a refused batch holding a part of
+  // 'w.weight' removed the part an earlier batch had registered under that name.
+  AgentUnderTest agent;
+  InferenceSide side = InferenceSide::Open(agent, "undo");
+  // 'w.weight' [8, 8] bf16 in two parts, rows 0..4 in buffer 'first', rows 4..8 in 'second'
+  // (two 64-byte views of a [4, 8] buffer each).
+  auto part = [](int64_t start, const std::string& buffer) {
+    TensorInfo t = Bf16("w.weight", {8, 8}, {{start, 4}, {0, 8}});
+    t.view_shape = {4, 8};
+    t.view_offset = {0, 0};
+    t.view_buffer = buffer;
+    return t;
+  };
+  REQUIRE(side.session.RegisterBatch({{part(0, "first"), 0, 64}}, side.buffer).ok());
+  // The second batch: the other part, then a tensor that is refused (no such dtype size).
+  const absl::Status refused = side.session.RegisterBatch(
+      {{part(4, "second"), 1024, 64}, {Bf16("bad.weight", {8, 8}), 2048, 3}}, side.buffer);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(Message(refused), Catch::Contains("bad.weight"));
+  // Left: exactly the first batch's part (rows 0..4), none of the refused batch's.
+  int parts = 0;
+  const v1::AgentLayout layout = agent.Layout();
+  for (const auto& t : layout.tensors()) {
+    if (t.spec().name() != "w.weight") continue;
+    ++parts;
+    CHECK(t.spec().view().buffer() == "first");
+  }
+  CHECK(parts == 1);
+}

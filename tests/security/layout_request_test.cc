@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <functional>
 #include <string>
 
 #include "tests/support/process.h"
@@ -107,4 +108,71 @@ TEST_CASE("layout requests beyond the config limits are refused naming the limit
   v1::SourceLayoutResponse source;
   REQUIRE(agent.Source(MoeConfig(), &source).ok());
   CHECK(source.tensors_size() > 0);
+}
+
+TEST_CASE("trainer layout requests with parallel settings past their limits are refused",
+          "[security]") {
+  // Issue 41, item 7: make_vocab_size_divisible_by 2^62 x tp 4 wrapped to 0 and the agent died
+  // of SIGFPE dividing the vocab by it.
+  Agent agent;
+  struct Case {
+    const char* what;
+    std::function<void(v1::TrainerLayoutRequest*)> set;
+    const char* named;
+  };
+  const Case cases[] = {
+      {"vocab_divisible_by 2^62, tp 4",
+       [](v1::TrainerLayoutRequest* r) {
+         r->mutable_megatron()->set_vocab_divisible_by(int64_t{1} << 62);
+         r->mutable_megatron()->set_tp(4);
+       },
+       "make_vocab_size_divisible_by"},
+      {"vocab_divisible_by -1",
+       [](v1::TrainerLayoutRequest* r) { r->mutable_megatron()->set_vocab_divisible_by(-1); },
+       "make_vocab_size_divisible_by"},
+      {"tp 2^31-1", [](v1::TrainerLayoutRequest* r) { r->mutable_megatron()->set_tp(2147483647); },
+       "tp"},
+      {"pp -5", [](v1::TrainerLayoutRequest* r) { r->mutable_megatron()->set_pp(-5); }, "pp"},
+      {"etp_rank past etp",
+       [](v1::TrainerLayoutRequest* r) { r->mutable_megatron()->set_etp_rank(7); }, "etp_rank"},
+      {"a 2^31-1 mesh",
+       [](v1::TrainerLayoutRequest* r) {
+         r->mutable_dtensor()->add_mesh(2147483647);
+         r->mutable_dtensor()->add_coords(0);
+       },
+       "mesh"},
+      {"a 5000-character pattern",
+       [](v1::TrainerLayoutRequest* r) {
+         r->mutable_dtensor()->add_mesh(1);
+         r->mutable_dtensor()->add_coords(0);
+         auto* rule = r->mutable_dtensor()->add_rules();
+         rule->set_pattern(std::string(5000, '*'));
+         rule->set_placements("R");
+       },
+       "pattern"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    v1::TrainerLayoutRequest req;
+    // Four query groups: tp 4 divides them, so the vocab padding is reached.
+    req.set_config_json(MoeConfig("num_key_value_heads", "4"));
+    c.set(&req);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::TrainerLayoutResponse resp;
+    grpc::Status s = agent.local->TrainerLayout(&ctx, req, &resp);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK_THAT(s.error_message(), Catch::Contains(c.named));
+    REQUIRE(agent.proc->running());
+  }
+  // Still answering, and settings within the limits get their layout.
+  v1::TrainerLayoutRequest req;
+  req.set_config_json(MoeConfig());
+  req.mutable_megatron()->set_tp(2);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::TrainerLayoutResponse resp;
+  REQUIRE(agent.local->TrainerLayout(&ctx, req, &resp).ok());
+  CHECK(resp.tensors_size() > 0);
 }

@@ -78,3 +78,42 @@ TEST_CASE("an ack counts only from the watcher's own user, and a left watcher's 
   book.Enter("engine", false, uid_t{1000});
   CHECK(book.Wait(4, std::chrono::milliseconds(50)).code() == absl::StatusCode::kDeadlineExceeded);
 }
+
+TEST_CASE("watcher names are scoped per user: a squatter neither hides nor refuses") {
+  AckBook book;
+  book.Enter("engine", false, uid_t{1001});  // another user took the name first
+  const uint64_t mine = book.Enter("engine", false, uid_t{1000});
+  REQUIRE(book.Ack("engine", 4, "", uid_t{1000}).ok());  // counts for user 1000's watcher
+  CHECK(book.Wait(4, std::chrono::milliseconds(50), {mine}).ok());
+  // The squatter's own watcher still owes version 4 (it is only waited for where chosen).
+  CHECK(book.Wait(4, std::chrono::milliseconds(50)).code() == absl::StatusCode::kDeadlineExceeded);
+  // A third user with no watcher of that name is refused, naming another user's.
+  CHECK(book.Ack("engine", 4, "", uid_t{1002}).code() == absl::StatusCode::kPermissionDenied);
+}
+
+TEST_CASE("ack book: a wait for chosen watchers ends at Interrupt") {
+  AckBook book;
+  const uint64_t silent = book.Enter("silent", false, uid_t{1000});
+  book.Enter("other-user", false, uid_t{1001});
+  std::thread stop([&] {
+    std::this_thread::sleep_for(100ms);
+    book.Interrupt(6, "the step was aborted");
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status s = book.Wait(6, 5s, {silent});
+  CHECK(s.code() == absl::StatusCode::kAborted);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("aborted"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  stop.join();
+  CHECK(book.Watching().size() == 2);
+}
+
+TEST_CASE("ack book: a watcher not listening yet is not listed, so not waited for") {
+  AckBook book;
+  const uint64_t id = book.Enter("late", false, uid_t{1000}, /*listening=*/false);
+  CHECK(book.Watching().empty());
+  CHECK(book.Wait(3, std::chrono::milliseconds(50)).ok());
+  book.Listening(id);
+  REQUIRE(book.Watching().size() == 1);
+  CHECK(book.Wait(3, std::chrono::milliseconds(50)).code() == absl::StatusCode::kDeadlineExceeded);
+}
