@@ -59,6 +59,7 @@ class Engine:
     """`vllm serve` in its own process group, logging to a file."""
 
     def __init__(self, python, model_dir, tp, work, env):
+        self.shm_before = set(os.listdir("/dev/shm"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(work, f"vllm-{os.path.basename(model_dir)}-tp{tp}.log")
@@ -101,6 +102,14 @@ class Engine:
             except ProcessLookupError:
                 pass
             self.proc.wait()
+        # A killed worker cannot unlink its shared memory (weightbeam's buffers, vLLM's TP
+        # broadcast segments): what appeared during the engine's life goes with it.
+        for name in set(os.listdir("/dev/shm")) - self.shm_before:
+            if name.startswith(("wb-", "vllm_dist_")):
+                try:
+                    os.unlink(os.path.join("/dev/shm", name))
+                except OSError:
+                    pass
 
 
 def agent_pid(cluster, name):

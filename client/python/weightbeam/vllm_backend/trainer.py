@@ -120,12 +120,14 @@ class DTensorShards(WeightSource):
             self.session.sources_ready()
 
     def close(self):
-        if self.session is not None:
-            self.session.close()
-            self.session = None
-        if self._buffer is not None:
-            self._buffer.close()
-            self._buffer = None
+        try:
+            if self.session is not None:
+                self.session, session = None, self.session
+                session.close()
+        finally:
+            if self._buffer is not None:
+                self._buffer.close()
+                self._buffer = None
 
     def _mesh_and_rules(self):
         mesh_obj, rules = None, []
