@@ -242,6 +242,9 @@ def _scratch_load(model, module, probe):
         info = get_layerwise_info(module)
         restore_layer_on_meta(module, info)
         materialize_layer(module, info)
+        for t in module._parameters.values():
+            if t is not None:
+                _unwrap_loader(t)
         before_tensors = set(module._parameters) | set(module._buffers)
         with torch.no_grad():
             for t in module._parameters.values():
@@ -296,6 +299,17 @@ def _scratch_load(model, module, probe):
         if quant_method is not None:  # its kernel must keep pointing at the live tensors
             vars(quant_method).clear()
             vars(quant_method).update(saved_qm)
+
+
+def _unwrap_loader(t):
+    """A vLLM layerwise reload leaves its buffering wrappers ("online_process_loader") on the
+    metadata the scratch tensors are made from; the probe needs the loader itself."""
+    loader = getattr(t, "weight_loader", None)
+    while getattr(loader, "__name__", "") == "online_process_loader" and \
+            hasattr(loader, "__wrapped__"):
+        loader = loader.__wrapped__
+    if loader is not None:
+        t.weight_loader = loader
 
 
 class _WriteGuard(TorchDispatchMode):
