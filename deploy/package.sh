@@ -174,11 +174,7 @@ log "package: ${CUDA_NOTE//$'\n '/ }"
 # 3. The Python client: sources, generated stubs and the version in one folder, built with
 # Debian's python3-build / setuptools / wheel and no network (--no-isolation).
 py="$STAGE/python"
-install -d "$py/weightbeam/v1" "$py/weightbeam/vllm_backend"
-install -m 0644 client/python/pyproject.toml VERSION "$py/"
-install -m 0644 client/python/weightbeam/*.py "$py/weightbeam/"
-install -m 0644 client/python/weightbeam/vllm_backend/*.py "$py/weightbeam/vllm_backend/"
-install -m 0644 bazel-bin/client/python/weightbeam/v1/*.py "$py/weightbeam/v1/"
+deploy/stage_python.sh "$py"
 printf '__version__ = "%s"\n__commit__ = "%s"\n' "$VERSION" "$COMMIT" >"$py/weightbeam/_version.py"
 printf 'include VERSION\n' >"$py/MANIFEST.in"
 rm -f "$OUT"/weightbeam-*.whl "$OUT"/weightbeam-*.tar.gz

@@ -33,19 +33,14 @@ log "vllm: building wb-agent, wb-controller and the Python stubs"
 bazel build --jobs=2 //daemon:wb-agent //controller:wb-controller //client/python:stubs \
   >"$LOGS/vllm-build.log" 2>&1 || { tail -n 20 "$LOGS/vllm-build.log" >&2; exit 1; }
 
-# weightbeam into the venv, as its wheel installs (deploy/package.sh stages the same files).
+# weightbeam into the venv, as its wheel installs (staged as deploy/package.sh stages it).
 stage=$(mktemp -d /tmp/wb-vllm-stage.XXXXXX)
 work=$(mktemp -d /tmp/wb-vllm-ckpt.XXXXXX)
 trap 'rm -rf "$stage" "$work"' EXIT
-install -d "$stage/weightbeam/v1" "$stage/weightbeam/vllm_backend"
-install -m 0644 client/python/pyproject.toml VERSION "$stage/"
-install -m 0644 client/python/weightbeam/*.py "$stage/weightbeam/"
-install -m 0644 client/python/weightbeam/vllm_backend/*.py "$stage/weightbeam/vllm_backend/"
-install -m 0644 bazel-bin/client/python/weightbeam/v1/*.py "$stage/weightbeam/v1/"
+deploy/stage_python.sh "$stage"
 "$VENV/bin/pip" install -q --no-deps --no-build-isolation --disable-pip-version-check \
   --force-reinstall "$stage" >"$LOGS/vllm-weightbeam-install.log" 2>&1 ||
   { tail -n 20 "$LOGS/vllm-weightbeam-install.log" >&2; exit 1; }
-rm -rf "$stage"/build
 
 "$VENV/bin/python" tests/vllm/make_checkpoints.py "$work" >/dev/null 2>"$LOGS/vllm-checkpoints.log" ||
   { tail -n 20 "$LOGS/vllm-checkpoints.log" >&2; exit 1; }

@@ -141,6 +141,21 @@ def check_run(run, result):
     return problems
 
 
+def check_tables(runs, tables):
+    """Every rank wrote its table; with a wrong layout, the check put every swapped norm on the
+    fallback path (and so the log-probabilities above could only match through it)."""
+    if not tables:
+        return ["no worker wrote its conformance table"]
+    problems = []
+    if any(r.get("wrong_layout") == "swap_qk_norm" for r in runs):
+        for file, t in tables.items():
+            passed = [r["param"] for r in t["rows"] if r["param"].endswith(
+                ("q_norm.weight", "k_norm.weight")) and r["path"] != "fallback"]
+            if passed:
+                problems.append(f"{file}: the swapped norms passed the check: {passed}")
+    return problems
+
+
 def run_case(name, args, work, env):
     model_name, tp, runs = CASES[name]
     model_dir = os.path.join(args.checkpoints, model_name)
@@ -186,6 +201,7 @@ def run_case(name, args, work, env):
         for path in sorted(glob.glob(os.path.join(report_dir, "*.json"))):
             with open(path) as f:
                 tables[os.path.basename(path)] = json.load(f)
+        problems += check_tables(runs, tables)
     except Exception as e:  # the case fails, the suite goes on
         problems.append(f"{type(e).__name__}: {e}")
         if engine is not None:

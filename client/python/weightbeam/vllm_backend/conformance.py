@@ -228,8 +228,6 @@ def _scratch_load(model, module, probe):
     saved_non_persistent = set(module._non_persistent_buffers_set)
     quant_method = getattr(module, "quant_method", None)
     saved_qm = dict(vars(quant_method)) if quant_method is not None else None
-    live_before = {n: t.detach().clone() for n, t in saved_params.items()
-                   if t is not None and t.numel() > 0}
     wrote_live = set()
     guard = None
     try:
@@ -255,14 +253,12 @@ def _scratch_load(model, module, probe):
             with _WriteGuard(fresh) as guard:
                 model.load_weights(iter(probe.items()))
         loaded = {n: t.detach().clone() for n, t in module._parameters.items() if t is not None}
-        # A loader that keeps references of its own (vLLM 0.32's MoE runner) writes the live
-        # tensor, not the fresh one: take what it wrote there, and put the live bytes back.
+        # A loader that keeps references of its own may write the live tensor, not the fresh
+        # one: take what it wrote there (the guard puts the live bytes back afterwards).
         for n, t in list(loaded.items()):
             live = saved_params.get(n)
-            if live is None or t.numel() == 0 or bool(t.flatten().view(torch.uint8).any()):
-                continue
-            if tuple(live.shape) == tuple(t.shape) and \
-                    not _same_bytes(live.detach(), live_before[n]):
+            if live is not None and t.numel() and not bool(t.flatten().view(torch.uint8).any()) \
+                    and tuple(live.shape) == tuple(t.shape) and guard.wrote(live):
                 loaded[n] = live.detach().clone()
                 wrote_live.add(n)
         if quant_method is not None:
@@ -286,11 +282,7 @@ def _scratch_load(model, module, probe):
         return loaded, processed, derived
     finally:
         if guard is not None:
-            guard.undo()  # whatever the loader wrote outside the scratch tensors
-        with torch.no_grad():
-            for n, before in live_before.items():
-                if not _same_bytes(saved_params[n].detach(), before):
-                    saved_params[n].data.copy_(before)
+            guard.undo()  # whatever the loader wrote outside the scratch tensors, live ones too
         module.__dict__.clear()
         module.__dict__.update(saved)
         module.__dict__["_parameters"] = saved_params
@@ -331,6 +323,11 @@ class _WriteGuard(TorchDispatchMode):
             if dst.untyped_storage().data_ptr() not in self.scratch:
                 self.saved.append((dst, dst.detach().clone()))
         return func(*args, **(kwargs or {}))
+
+    def wrote(self, tensor):
+        """Whether the loading wrote into ``tensor``'s storage."""
+        ptr = tensor.untyped_storage().data_ptr()
+        return any(dst.untyped_storage().data_ptr() == ptr for dst, _ in self.saved)
 
     def undo(self):
         with torch.no_grad():

@@ -108,9 +108,9 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
         fallback = [p for p in layout if p.name not in in_place]
         self._register_fallback(fallback, fp8)
         holders = conformance.parameter_holders(self.model)
-        self._sharers = sorted({s for p in fallback
-                                for s in conformance.sharing_modules(
-                                    self.model, p.name.rpartition(".")[0], holders)})
+        self._sharers = sorted({s for r in self.rows if r.path == conformance.FALLBACK
+                                for s in conformance.sharing_modules(self.model, r.module,
+                                                                     holders)})
         if moved_bytes:
             log.info("weightbeam: moved %d CPU parameter bytes into shared memory in %.3f s",
                      moved_bytes, moved_s)
@@ -122,7 +122,8 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
             b.close()
 
     def conformance_table(self):
-        """[(parameter, "in place" | "fallback", why)] of this worker."""
+        """[(parameter, "in place" | "in place + reprocess" | "fallback", why)] of this
+        worker."""
         return [(r.param, r.path, r.why) for r in self.rows]
 
     def _register_in_place(self, params):
