@@ -245,7 +245,7 @@ def main():
         print(f"[wb] vllm {name} ({time.monotonic() - start:.0f} s): {status}", flush=True)
     if args.keep or failed:
         log(f"logs kept in {work}")
-    if not args.keep:
+    else:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0
 

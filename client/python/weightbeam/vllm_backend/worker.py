@@ -74,6 +74,7 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
         self._sharers = []
         self._reprocess = []
         self._views = {}
+        self._inits = 0
 
     # ---- init ----------------------------------------------------------------------------
 
@@ -114,8 +115,10 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
         if moved_bytes:
             log.info("weightbeam: moved %d CPU parameter bytes into shared memory in %.3f s",
                      moved_bytes, moved_s)
+        # One name per init: a re-init's watcher must not be taken for the old one's.
+        self._inits += 1
         self.session.watch(ack=True, watcher=f"vllm replica {info.replica} tp {tp_rank} "
-                                             f"pid {os.getpid()}")
+                                             f"pid {os.getpid()} init {self._inits}")
         if info.report_dir:
             self._write_report(info.report_dir, info.replica, tp_rank, check_s)
         for b in old_buffers:
