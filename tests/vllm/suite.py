@@ -35,14 +35,12 @@ CASES = {
     "qwen3-wrong-layout": ("qwen3", 1, [dict(versions=2, wrong_layout="swap_qk_norm")]),
     "qwen3_moe-tp1": ("qwen3_moe", 1, [dict(versions=3), dict(versions=2, delta=True),
                                        dict(versions=2, fail=True)]),
-    "qwen3_moe-tp2": ("qwen3_moe", 2, [dict(versions=3)]),
+    "qwen3_moe-tp2": ("qwen3_moe", 2, [dict(versions=3), dict(versions=2, delta=True)]),
 }
 
-# What ./wb test runs. The Qwen3-MoE cases run by name (--cases qwen3_moe-tp1) and fail today:
-# vLLM 0.32's CPU build keeps its fused-MoE kernel's own copy of the experts, its layerwise
-# reload does not reach them, and its loader does not write a scratch module's experts, so the
-# check cannot pass them and the fallback path leaves them stale (docs/engines.md, "Qwen3-MoE").
-DEFAULT_CASES = ["qwen3-tp1", "qwen3-tp2", "qwen3-wrong-layout"]
+# What ./wb test runs.
+DEFAULT_CASES = ["qwen3-tp1", "qwen3-tp2", "qwen3-wrong-layout", "qwen3_moe-tp1",
+                 "qwen3_moe-tp2"]
 
 # bf16 weights and activations on both sides, different kernels (oneDNN and vLLM's CPU ops vs
 # torch's) and summation orders: on the checkpoint itself, before any push, the two agree to

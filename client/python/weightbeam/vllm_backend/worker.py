@@ -72,6 +72,7 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
         self._received = None
         self._buffers = []
         self._sharers = []
+        self._rekernel = []  # fallback modules whose kernel is rebuilt as at first load
         self._reprocess = []
         self._views = {}
         self._inits = 0
@@ -112,6 +113,8 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
         self._sharers = sorted({s for r in self.rows if r.path == conformance.FALLBACK
                                 for s in conformance.sharing_modules(self.model, r.module,
                                                                      holders)})
+        self._rekernel = sorted({r.module for r in self.rows if r.path == conformance.FALLBACK
+                                 and _has_kernel(self.model, r.module)})
         if moved_bytes:
             log.info("weightbeam: moved %d CPU parameter bytes into shared memory in %.3f s",
                      moved_bytes, moved_s)
@@ -231,7 +234,8 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
             raise RuntimeError("weightbeam: finish_weight_update without a committed version")
         if self.fallback:
             start = time.monotonic()
-            _reload_through_engine(self.model, self.model_config, self.fallback, self._sharers)
+            _reload_through_engine(self.model, self.model_config, self.fallback, self._sharers,
+                                   self._rekernel)
             log.info("weightbeam: version %d: %d fallback tensors through load_weights in "
                      "%.3f s", self._received, len(self.fallback), time.monotonic() - start)
         if self._reprocess:
@@ -254,20 +258,36 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
             raise RuntimeError("weightbeam: call init_weight_transfer_engine first")
 
 
-def _reload_through_engine(model, model_config, tensors, sharers):
+def _reload_through_engine(model, model_config, tensors, sharers, rekernel=()):
     """The fallback path: vLLM's own layerwise reload (load_weights, then each reloaded
     module's post-load processing), then the processing of the modules that share a reloaded
     parameter without being reloaded themselves (a tied head: vLLM's reload processes a tied
-    parameter through one of its holders only)."""
+    parameter through one of its holders only).
+
+    The modules in ``rekernel`` are processed as at the engine's first load: on a weight
+    update vLLM 0.32's fused-MoE processing copies the checkpoint-format experts over the
+    kernel's prepacked ones (its CPU kernel prepacks only when it is built), which leaves the
+    kernel computing with the wrong bytes (0.3 nats off a fresh load on the suite's model)."""
     from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
                                                          initialize_layerwise_reload)
     with torch.no_grad():
+        for path in rekernel:
+            conformance.first_load(model.get_submodule(path).quant_method)
         initialize_layerwise_reload(model)
         model.load_weights(iter(list(tensors.items())))
         finalize_layerwise_reload(model, model_config)
         for path in sharers:
             module = model.get_submodule(path)
             module.quant_method.process_weights_after_loading(module)
+
+
+def _has_kernel(model, module_path):
+    """Whether the module's quant method keeps a fused-MoE kernel built at first load."""
+    try:
+        quant_method = getattr(model.get_submodule(module_path), "quant_method", None)
+    except AttributeError:
+        return False
+    return getattr(quant_method, "moe_kernel", None) is not None
 
 
 def _reprocess(model, module_paths, views):
