@@ -50,14 +50,14 @@ absl::StatusOr<std::vector<std::string>> EncodeNotices(uint64_t seq,
     return absl::InvalidArgumentError(
         absl::StrCat("rdma landing notices: a slot of ", slot_bytes, " bytes holds no entry"));
   }
+  if (ranges.size() > kMaxLandedRangesPerBatch) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rdma landing notices: ", ranges.size(), " ranges in one batch (at most ",
+                     kMaxLandedRangesPerBatch, ")"));
+  }
   const size_t per_notice =
       std::min<size_t>((slot_bytes - kNoticeHeaderBytes) / kNoticeEntryBytes, UINT16_MAX);
   const size_t count = std::max<size_t>(1, (ranges.size() + per_notice - 1) / per_notice);
-  if (count > UINT16_MAX) {
-    return absl::ResourceExhaustedError(absl::StrCat("rdma landing notices: ", ranges.size(),
-                                                     " ranges in one batch need ", count,
-                                                     " notices (at most ", UINT16_MAX, ")"));
-  }
   std::vector<std::string> notices;
   notices.reserve(count);
   for (size_t i = 0; i < count; ++i) {
@@ -112,6 +112,11 @@ absl::Status NoticeAssembler::Add(const void* data, size_t size) {
     return absl::InvalidArgumentError(
         absl::StrCat("landing notice ", index, " of ", count, " is out of range"));
   }
+  if (count > kMaxLandedRangesPerBatch) {
+    return absl::InvalidArgumentError(absl::StrCat("landing notice says its batch has ", count,
+                                                   " notices (at most ",
+                                                   kMaxLandedRangesPerBatch, ")"));
+  }
   std::vector<LandedRange> ranges;
   ranges.reserve(entries);
   for (uint16_t e = 0; e < entries; ++e) {
@@ -136,6 +141,12 @@ absl::Status NoticeAssembler::Add(const void* data, size_t size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "landing notice ", index, " of ", count, " for batch ", seq,
         " contradicts the notices before it (count or duplicate); the batch reports nothing"));
+  }
+  if (ranges_.size() + ranges.size() > kMaxLandedRangesPerBatch) {
+    Reset();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "landing notices of batch ", seq, " carry more than ", kMaxLandedRangesPerBatch,
+        " ranges; the batch reports nothing"));
   }
   seen_[index] = true;
   ++received_;

@@ -41,12 +41,18 @@ constexpr uint32_t kNoticeMagic = 0x4e4c4257;  // "WBLN" little-endian
 constexpr uint16_t kNoticeVersion = 1;
 constexpr size_t kNoticeHeaderBytes = 24;
 constexpr size_t kNoticeEntryBytes = 24;
+// The most ranges (and notices) one batch may carry: one range per write, and the rdma peer
+// posts a longer Write (a strided op is one write per row) as several batches (SplitBatch).
+// The bound keeps what a peer can make the receiver hold, and check on its poller thread,
+// small whatever it sends.
+constexpr size_t kMaxLandedRangesPerBatch = 4096;
 
 // Sorted by (step, address); overlapping or touching ranges of one step merged; empty ones gone.
 std::vector<LandedRange> MergeRanges(std::vector<LandedRange> ranges);
 
 // The notices of batch `seq`: at least one (an empty batch sends one with no entries), each at
-// most `slot_bytes`. Fails when the ranges need more than 65535 notices or a slot holds none.
+// most `slot_bytes`. Fails when there are more than kMaxLandedRangesPerBatch ranges or a slot
+// holds none.
 absl::StatusOr<std::vector<std::string>> EncodeNotices(uint64_t seq,
                                                        const std::vector<LandedRange>& ranges,
                                                        size_t slot_bytes);

@@ -1,5 +1,8 @@
 #include "daemon/transport/rdma/rdma_peer.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/transport/rdma/chunk_plan.h"
 #include "daemon/transport/rdma/landing_notice.h"
@@ -63,7 +66,57 @@ void RdmaPeer::RemoveRemoteRegion(uint64_t region_id) {
   regions_.erase(region_id);
 }
 
+std::vector<std::vector<WriteOp>> SplitBatch(std::vector<WriteOp> ops, size_t max_writes) {
+  std::vector<std::vector<WriteOp>> parts;
+  if (ops.size() <= max_writes || max_writes == 0) {
+    parts.push_back(std::move(ops));
+    return parts;
+  }
+  for (size_t first = 0; first < ops.size(); first += max_writes) {
+    const size_t last = std::min(ops.size(), first + max_writes);
+    parts.emplace_back(std::make_move_iterator(ops.begin() + first),
+                       std::make_move_iterator(ops.begin() + last));
+  }
+  return parts;
+}
+
+BatchDone JoinDone(size_t parts, BatchDone done) {
+  struct Join {
+    std::mutex mu;
+    size_t left;
+    absl::Status first;
+    BatchDone done;
+  };
+  auto join = std::make_shared<Join>();
+  join->left = parts;
+  join->done = std::move(done);
+  return [join](absl::Status s) {
+    BatchDone finish;
+    absl::Status result;
+    {
+      std::lock_guard<std::mutex> lock(join->mu);
+      if (!s.ok() && join->first.ok()) join->first = std::move(s);
+      if (--join->left > 0) return;
+      finish = std::move(join->done);
+      result = join->first;
+    }
+    finish(std::move(result));
+  };
+}
+
 void RdmaPeer::PostBatch(std::vector<WriteOp> ops, BatchDone done) {
+  // A strided op is one write per row: more than a receiver takes landing ranges for in one
+  // batch goes as several batches, done once every one is.
+  std::vector<std::vector<WriteOp>> parts = SplitBatch(std::move(ops), kMaxLandedRangesPerBatch);
+  if (parts.size() == 1) {
+    PostBounded(std::move(parts[0]), std::move(done));
+    return;
+  }
+  BatchDone joined = JoinDone(parts.size(), std::move(done));
+  for (auto& part : parts) PostBounded(std::move(part), joined);
+}
+
+void RdmaPeer::PostBounded(std::vector<WriteOp> ops, BatchDone done) {
   absl::StatusOr<Handshaken> connected = CurrentConnection();
   if (!connected.ok()) {
     done(connected.status());

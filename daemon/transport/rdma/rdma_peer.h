@@ -17,6 +17,13 @@ namespace wb::transport::rdma {
 
 class RdmaState;
 
+// `ops` cut into consecutive batches of at most `max_writes` writes each (one landing range per
+// write: a receiver holds at most kMaxLandedRangesPerBatch per batch), in order.
+std::vector<std::vector<WriteOp>> SplitBatch(std::vector<WriteOp> ops, size_t max_writes);
+
+// A BatchDone that calls `done` once `parts` calls have come, with the first failure (or OK).
+BatchDone JoinDone(size_t parts, BatchDone done);
+
 class RdmaPeer : public Peer {
  public:
   RdmaPeer(std::shared_ptr<RdmaState> state, std::string our_name, std::string name,
@@ -34,6 +41,8 @@ class RdmaPeer : public Peer {
     std::map<std::string, std::pair<uint64_t, uint32_t>> keys;  // device -> (address, rkey)
   };
 
+  // PostBatch of at most kMaxLandedRangesPerBatch writes.
+  void PostBounded(std::vector<WriteOp> ops, BatchDone done);
   // The current connection, replaced by a fresh handshake when the old one has failed.
   absl::StatusOr<Handshaken> CurrentConnection();
 

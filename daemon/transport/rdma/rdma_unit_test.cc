@@ -12,6 +12,7 @@
 #include "daemon/transport/rdma/gid.h"
 #include "daemon/transport/rdma/handshake.h"
 #include "daemon/transport/rdma/landing_notice.h"
+#include "daemon/transport/rdma/rdma_peer.h"
 #include "daemon/transport/rdma/rdma_transport.h"
 #include "daemon/transport/rdma/verbs.h"
 #include "weightbeam/v1/transport.pb.h"
@@ -248,6 +249,72 @@ TEST_CASE("landing notices: malformed or lying notices are refused and change no
     (void)a.Add(junk.data(), junk.size());
   }
   (void)a.Close();
+}
+
+TEST_CASE("landing notices: a batch carrying more ranges than the bound is refused whole") {
+  // The sender never encodes more than the bound.
+  std::vector<LandedRange> many;
+  for (uint64_t i = 0; i <= kMaxLandedRangesPerBatch; ++i) many.push_back({1, 64 * i, 8});
+  CHECK(absl::IsResourceExhausted(EncodeNotices(1, many, 1 << 16).status()));
+  many.pop_back();
+  REQUIRE(EncodeNotices(1, many, 1 << 16).ok());
+
+  // A peer that does, with notices each valid on its own: 2,729 + 1,367 ranges (the bound
+  // exactly) in two 64 KiB notices, then a third.
+  auto first = EncodeNotices(5, many, 1 << 16);
+  REQUIRE(first.ok());
+  REQUIRE(first->size() == 2);
+  std::string extra = (*first)[1];  // the second notice again, renumbered as a third
+  extra[8] = 2;
+  for (std::string* n : {&(*first)[0], &(*first)[1], &extra}) (*n)[10] = 3;  // count 3
+  NoticeAssembler a;
+  REQUIRE(a.Add((*first)[0].data(), (*first)[0].size()).ok());
+  REQUIRE(a.Add((*first)[1].data(), (*first)[1].size()).ok());  // 4,096: at the bound
+  CHECK_FALSE(a.Add(extra.data(), extra.size()).ok());           // 5,463: over it
+  CHECK_FALSE(a.Close().ok());  // nothing of batch 5 is reported
+  // A count beyond the bound is refused at once.
+  std::string huge = (*first)[0];
+  huge[10] = static_cast<char>(0xff);
+  huge[11] = static_cast<char>(0xff);
+  CHECK_FALSE(a.Add(huge.data(), huge.size()).ok());
+  // The next honest batch lands as usual.
+  auto next = EncodeNotices(6, {{2, 128, 64}}, 2048);
+  REQUIRE(next.ok());
+  REQUIRE(a.Add((*next)[0].data(), (*next)[0].size()).ok());
+  auto closed = a.Close();
+  REQUIRE(closed.ok());
+  CHECK(*closed == std::vector<LandedRange>{{2, 128, 64}});
+}
+
+TEST_CASE("a batch of more writes than a receiver takes ranges for goes as several") {
+  std::vector<WriteOp> ops;
+  for (uint64_t i = 0; i < 2 * kMaxLandedRangesPerBatch + 5; ++i) {
+    ops.push_back({1, 16 * i, 2, 32 * i, 16});  // a strided op: one write per row
+  }
+  auto parts = SplitBatch(ops, kMaxLandedRangesPerBatch);
+  REQUIRE(parts.size() == 3);
+  CHECK(parts[0].size() == kMaxLandedRangesPerBatch);
+  CHECK(parts[2].size() == 5);
+  uint64_t next = 0;  // every write once, in order
+  for (const auto& part : parts) {
+    for (const WriteOp& w : part) CHECK(w.remote_offset == 32 * next++);
+  }
+  CHECK(next == ops.size());
+  CHECK(SplitBatch(std::vector<WriteOp>(3), kMaxLandedRangesPerBatch).size() == 1);
+
+  // The batch is done once every part is, with the first failure.
+  int calls = 0;
+  absl::Status got;
+  BatchDone joined = JoinDone(3, [&](absl::Status s) {
+    ++calls;
+    got = s;
+  });
+  joined(absl::OkStatus());
+  joined(absl::DeadlineExceededError("part 2"));
+  CHECK(calls == 0);
+  joined(absl::UnavailableError("part 3"));
+  CHECK(calls == 1);
+  CHECK(absl::IsDeadlineExceeded(got));
 }
 
 TEST_CASE("the rdma handshake announces the landing-notice buffers; an older record says none") {
