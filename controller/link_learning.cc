@@ -23,11 +23,15 @@ std::string LinkLearner::Observe(const v1::StepResult& step,
   std::map<std::string, Sender> senders;
   std::vector<double> figures;
   for (const v1::AgentStepReport& a : step.agents()) {
-    if (relays.count(a.agent())) continue;
-    if (!a.ok() || a.bytes_sent() < kMinBytes || !(a.seconds() > 0)) continue;
+    // A relay by what it forwarded over the time its writes were on the wire; a sender by
+    // what it sent over its step.
+    const bool relay = relays.count(a.agent()) > 0;
+    const uint64_t bytes = relay ? a.bytes_forwarded() : a.bytes_sent();
+    const double seconds = relay ? a.forward_seconds() : a.seconds();
+    if (!a.ok() || bytes < kMinBytes || !(seconds > 0)) continue;
     auto rated = rated_gbps.find(a.agent());
     Sender& s = senders[a.agent()];
-    s.gbps = a.bytes_sent() / a.seconds() / 1e9;
+    s.gbps = bytes / seconds / 1e9;
     s.per_rated = s.gbps / (rated != rated_gbps.end() && rated->second > 0 ? rated->second : 1);
     figures.push_back(s.per_rated);
   }

@@ -17,8 +17,10 @@
 // fast (`gbps: 0.001`, inflated bytes) prices the others down by at most 1/kMaxLead with two
 // senders and not at all with three or more. And in time: a slower link is taken at once, a
 // faster one only after kConfirmSteps steps in a row say so (a link flapping between two
-// speeds stays priced at the slower), an agent not measured (no work, or relay-only) decays
-// back toward its rating, and a replan comes at most once every kMinReplanSteps steps.
+// speeds stays priced at the slower), an agent not measured (no work) decays back toward its
+// rating, and a replan comes at most once every kMinReplanSteps steps. A relay is measured by
+// what it forwards (bytes_forwarded over forward_seconds, the time its writes were on the
+// wire), never by how long it waited for bytes to land.
 #pragma once
 
 #include <map>
@@ -54,9 +56,9 @@ class LinkLearner {
   static constexpr uint64_t kMinBytes = 1 << 20;
 
   // A committed step's reports; `rated_gbps`: agent -> the GB/s its rails are rated at (agents
-  // absent or at 0 count as 1). `relays`: agents whose ops only forward (their time is mostly
-  // waiting for bytes to land: not a measure of their link). Returns one line per estimate
-  // that changed ("" if none).
+  // absent or at 0 count as 1). `relays`: agents whose ops only forward, measured by their
+  // forwarded bytes and forward_seconds (their step time is mostly waiting for bytes to land:
+  // not a measure of their link). Returns one line per estimate that changed ("" if none).
   std::string Observe(const weightbeam::v1::StepResult& step,
                       const std::map<std::string, double>& rated_gbps,
                       const std::set<std::string>& relays = {});

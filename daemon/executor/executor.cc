@@ -398,6 +398,26 @@ struct Executor::PhaseRun {
   std::atomic<int64_t> prepare_ns{0}, complete_ns{0};
   // The write stage's wall time: from the first post to the last completion of the phase.
   std::atomic<int64_t> first_post_ns{0}, last_done_ns{0};
+  // Relay writes: bytes forwarded, and the time any was on the wire (AgentStepReport).
+  absl::Mutex relay_mu;
+  int relays_in_flight ABSL_GUARDED_BY(relay_mu) = 0;
+  Clock::time_point relay_busy_since ABSL_GUARDED_BY(relay_mu);
+  int64_t relay_busy_ns ABSL_GUARDED_BY(relay_mu) = 0;
+  std::atomic<uint64_t> bytes_forwarded{0};
+  void RelayPosted() {
+    absl::MutexLock lock(&relay_mu);
+    if (relays_in_flight++ == 0) relay_busy_since = Clock::now();
+  }
+  void RelayDone() {
+    absl::MutexLock lock(&relay_mu);
+    if (--relays_in_flight == 0) relay_busy_ns += (Clock::now() - relay_busy_since).count();
+  }
+  double ForwardSeconds() {
+    absl::MutexLock lock(&relay_mu);
+    int64_t ns = relay_busy_ns;
+    if (relays_in_flight > 0) ns += (Clock::now() - relay_busy_since).count();  // abandoned
+    return ns * 1e-9;
+  }
   // The last preparer to finish closes the write queue.
   std::atomic<int> preparers_left;
   // A std::mutex latch: an absl::Mutex made and destroyed per phase costs a deadlock-graph
@@ -417,6 +437,7 @@ struct Executor::Posted {
   std::shared_ptr<const registry::RegisteredTensor> source;  // zero-copy writes read its memory
   uint64_t bytes = 0;
   uint64_t dense = 0;
+  bool relay = false;
   metrics::Counter* peer_bytes = nullptr;
   std::shared_ptr<StagingLease> staging;  // shared: transport callbacks must be copyable
 };
@@ -465,6 +486,10 @@ absl::Status Executor::RunPhase(std::shared_ptr<const OpList> plan,
   st->set_complete_seconds(st->complete_seconds() + run.complete_ns.load() * 1e-9);
   report->set_bytes_sent(report->bytes_sent() + run.bytes_sent.load());
   report->set_bytes_dense(report->bytes_dense() + run.bytes_dense.load());
+  if (relays) {
+    report->set_bytes_forwarded(report->bytes_forwarded() + run.bytes_forwarded.load());
+    report->set_forward_seconds(report->forward_seconds() + run.ForwardSeconds());
+  }
   if (run.step_run->cancelled && run.error.Get().ok()) {
     absl::MutexLock lock(&mu_);
     return absl::AbortedError(absl::StrCat("step cancelled: ", run.step_run->reason));
@@ -718,6 +743,8 @@ absl::Status Executor::Post(Job job, const std::shared_ptr<PhaseRun>& run) {
   posted.dense = job.dense_bytes ? job.dense_bytes : posted.bytes;
   posted.peer_bytes = job.route->bytes_sent;
   posted.staging = std::make_shared<StagingLease>(std::move(job.staging));
+  posted.relay = job.op->relay();
+  if (posted.relay) run->RelayPosted();
   {
     absl::MutexLock lock(&run->done_mu);
     ++run->outstanding;
@@ -767,6 +794,10 @@ void Executor::Complete(PhaseRun* run, const Posted& posted, absl::Status s) {
   }
   ops_in_flight_.fetch_sub(1, std::memory_order_relaxed);
   posted.staging->Release();  // the watermark frees as each batch lands
+  if (posted.relay) {
+    if (s.ok()) run->bytes_forwarded += posted.bytes;
+    run->RelayDone();
+  }
   if (s.ok()) {
     run->bytes_sent += posted.bytes;
     run->bytes_dense += posted.dense;

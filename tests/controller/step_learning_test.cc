@@ -183,12 +183,33 @@ TEST_CASE("an agent priced down and then idle decays back toward its rating") {
   CHECK(steps < 40);
 }
 
-TEST_CASE("relays are not measured by the time they wait for bytes") {
+TEST_CASE("relays are measured by what they forward, not by the time they wait for bytes") {
+  const std::map<std::string, double> rated = {{"trainer-0", 0.025}, {"trainer-1", 0.025},
+                                               {"trainer-2", 0.025}, {"trainer-3", 0.025},
+                                               {"relay-0", 0.025}};
+  auto relay = [](v1::StepResult* r, double forward_seconds) {
+    AddSender(r, "relay-0", 200 * kMB, 64);  // waited for its bytes most of the step
+    v1::AgentStepReport* a = r->mutable_agents(r->agents_size() - 1);
+    a->set_bytes_forwarded(200 * kMB);
+    a->set_forward_seconds(forward_seconds);
+  };
   LinkLearner l;
   v1::StepResult r = DenseStep("", 1);
-  AddSender(&r, "relay-0", 200 * kMB, 64);  // waited for its bytes to land most of the step
-  l.Observe(r, kRated, {"relay-0"});
+  relay(&r, 8);  // forwarded at its rating, like the senders (200 MB in 8 s)
+  l.Observe(r, rated, {"relay-0"});
   CHECK(l.Scales().empty());
+  // Its forwarding takes 4 times as long: its link is slow, whatever it waited.
+  v1::StepResult slow = DenseStep("", 1);
+  relay(&slow, 32);
+  const std::string said = l.Observe(slow, rated, {"relay-0"});
+  CHECK(said.find("relay-0") != std::string::npos);
+  REQUIRE(l.Scales().count("relay-0") == 1);
+  CHECK(l.Scales().at("relay-0") == Approx(0.25));
+  // A relay that forwarded nothing measurable says nothing (it decays back).
+  v1::StepResult idle = DenseStep("", 1);
+  AddSender(&idle, "relay-0", 0, 64);
+  l.Observe(idle, rated, {"relay-0"});
+  CHECK(l.Scales().at("relay-0") > 0.25);
 }
 
 TEST_CASE("a delta step is predicted from configured rates, then from measured ones") {

@@ -224,6 +224,11 @@ TEST_CASE("a relay forwards each run as soon as it has landed, every byte reachi
   REQUIRE(relay_report.ok());
   CHECK(send_seconds > 1.6);  // the holds really spread the sender's step out
   CHECK(relay_report.ops() == kTensorBytes / kRunBytes);
+  // What the controller measures the relay's link by: every byte forwarded, and the time its
+  // writes were on the wire, far below the step it spent mostly waiting for bytes.
+  CHECK(relay_report.bytes_forwarded() == kTensorBytes);
+  CHECK(relay_report.forward_seconds() > 0);
+  CHECK(relay_report.forward_seconds() < 0.5 * send_seconds);
   CHECK(first_run_early);  // forwarded while the sender was still sending
   CHECK(relay.Bytes() == want);
   CHECK(child.Bytes() == want);
