@@ -359,6 +359,7 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
     if (!book.Solo(a)) prepare.insert(a);
   }
   auto failed = CommitOnReceivers(spec, committing, result, prepare);
+  KeepLateCommits(spec, "commit", &failed);
   std::vector<std::string> errors;
   if (!failed.empty()) {
     for (const auto& [agent, why] : failed) {
@@ -370,6 +371,11 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
     // The failed receivers and the prepared agents of their replicas tell their watchers; in
     // delta mode the senders drop their shadows.
     std::vector<std::string> to_abort = book.Drop(as_commit);
+    // The failed receivers were aborted already (KeepLateCommits): the others of their
+    // replicas are told now.
+    to_abort.erase(std::remove_if(to_abort.begin(), to_abort.end(),
+                                  [&](const std::string& a) { return failed.count(a) > 0; }),
+                   to_abort.end());
     if (spec.delta) to_abort.insert(to_abort.end(), spec.senders.begin(), spec.senders.end());
     AbortEverywhere(spec.version, to_abort, why, spec.step_id);
   }
@@ -378,7 +384,9 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
   for (const auto& a : book.LiveReceivers()) {
     if (prepare.count(a)) announcing.push_back(a);
   }
-  if (auto unannounced = AnnounceOnReceivers(spec, announcing, result); !unannounced.empty()) {
+  auto unannounced = AnnounceOnReceivers(spec, announcing, result);
+  KeepLateCommits(spec, "announce", &unannounced);
+  if (!unannounced.empty()) {
     // Lost between the two rounds (it died, or the step was aborted there meanwhile): its
     // replica is dropped; the others of that replica announced already (docs/reliability.md).
     std::map<std::string, std::string> as_announce;
@@ -386,10 +394,7 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
       errors.push_back(absl::StrCat("agent ", agent, ": announce failed: ", e));
       as_announce[agent] = absl::StrCat("announce failed: ", e);
     }
-    book.Drop(as_announce);
-    std::vector<std::string> lost;
-    for (const auto& [agent, e] : unannounced) lost.push_back(agent);
-    AbortEverywhere(spec.version, lost, absl::StrJoin(errors, "; "), spec.step_id);
+    book.Drop(as_announce);  // they were aborted already (KeepLateCommits)
   }
   book.Fill(result);
   if (!errors.empty()) {
@@ -627,9 +632,29 @@ std::map<std::string, std::string> StepProtocol::AnnounceOnReceivers(
   return failed;
 }
 
-void StepProtocol::AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
-                                   const std::string& reason, uint64_t step_id,
-                                   const std::set<std::string>& still_sending) {
+void StepProtocol::KeepLateCommits(const StepSpec& spec, const std::string& round,
+                                   std::map<std::string, std::string>* failed) {
+  if (failed->empty()) return;
+  std::vector<std::string> agents;
+  std::vector<std::string> errors;
+  for (const auto& [agent, why] : *failed) {
+    agents.push_back(agent);
+    errors.push_back(absl::StrCat("agent ", agent, ": ", round, " failed: ", why));
+  }
+  for (const std::string& agent :
+       AbortEverywhere(spec.version, agents, absl::StrJoin(errors, "; "), spec.step_id)) {
+    spdlog::warn(
+        "step {}: agent {}'s {} call failed ({}), but its staged swap had finished: "
+        "the version is live there; counted committed",
+        spec.version, agent, round, failed->at(agent));
+    failed->erase(agent);
+  }
+}
+
+std::set<std::string> StepProtocol::AbortEverywhere(uint64_t version,
+                                                    const std::vector<std::string>& agents,
+                                                    const std::string& reason, uint64_t step_id,
+                                                    const std::set<std::string>& still_sending) {
   std::vector<AgentCall<v1::AbortRequest>> calls;
   for (const auto& a : agents) {
     AgentCall<v1::AbortRequest> c{a, {}};
@@ -639,7 +664,11 @@ void StepProtocol::AbortEverywhere(uint64_t version, const std::vector<std::stri
     c.request.set_receiving_only(still_sending.count(a) > 0);
     calls.push_back(std::move(c));
   }
-  fleet_->Abort(calls, std::chrono::milliseconds(2000));
+  std::set<std::string> live;
+  for (const auto& r : fleet_->Abort(calls, std::chrono::milliseconds(2000))) {
+    if (r.status.ok() && r.response.already_committed()) live.insert(r.agent);
+  }
+  return live;
 }
 
 void StepProtocol::AbortInFlight(const std::string& reason) {

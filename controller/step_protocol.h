@@ -155,9 +155,16 @@ class StepProtocol {
   // Tells `agents` to abort `version` (best effort, 2 s); `step_id` names the step so that
   // an abort arriving late leaves a newer step alone. The agents in `still_sending` leave the
   // step as receivers only (AbortRequest.receiving_only): they send in the step's next attempt.
-  void AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
-                       const std::string& reason, uint64_t step_id = 0,
-                       const std::set<std::string>& still_sending = {});
+  // The receivers whose commit or announce call (`round`) failed are aborted first; those
+  // whose staged swap had finished meanwhile (the call gave up while the copy ran) answer
+  // that the version is live there, and leave `failed`: they count as committed.
+  void KeepLateCommits(const StepSpec& spec, const std::string& round,
+                       std::map<std::string, std::string>* failed);
+  // Returns the agents that answered that the version was already live there (a staged swap
+  // that finished before the abort: AbortResponse.already_committed).
+  std::set<std::string> AbortEverywhere(uint64_t version, const std::vector<std::string>& agents,
+                                        const std::string& reason, uint64_t step_id = 0,
+                                        const std::set<std::string>& still_sending = {});
 
  private:
   AgentFleet* fleet_;

@@ -859,7 +859,7 @@ absl::Status AgentNode::Commit(const v1::CommitRequest& req, v1::CommitResponse*
 }
 
 absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint64_t step_id,
-                              bool receiving_only) {
+                              bool receiving_only, bool* already_committed) {
   // Sending side: the step's executor stops, and its batches not yet on the wire are dropped;
   // the next step connects afresh (the receivers may have cut this step's connections). Not
   // when only this agent's replica left the step: it sends in the step's next attempt.
@@ -896,9 +896,11 @@ absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint6
   // watchers) or finishes first (copying), and then the abort is refused.
   if (swap_ &&
       swap_->Abort(version, reason) == staging::StagedSwap::AbortOutcome::kAlreadyCommitted) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("agent ", config_.name, ": version ", version,
-                     " is already committed here (its staged swap finished); not aborted"));
+    spdlog::warn("agent {}: abort of version {} came after its staged swap finished: the "
+                 "version is live here; not aborted",
+                 config_.name, version);
+    if (already_committed != nullptr) *already_committed = true;
+    return absl::OkStatus();
   }
   if (swap_) return absl::OkStatus();
   Publish(v1::Event::KIND_ABORT, version, reason);

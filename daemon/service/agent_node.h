@@ -88,8 +88,10 @@ class AgentNode {
   // abort of an older step leaves the current one alone). step_id 0: by version.
   // `receiving_only`: the agent leaves the step as a receiver only; its sending side (the
   // step's execute, its capture) goes on (AbortRequest.receiving_only).
+  // `already_committed` (if given) is set when a staged swap of the version had finished:
+  // nothing is aborted then, and the answer is OK (AbortResponse.already_committed).
   absl::Status Abort(uint64_t version, const std::string& reason, uint64_t step_id = 0,
-                     bool receiving_only = false);
+                     bool receiving_only = false, bool* already_committed = nullptr);
   // `step_id`: also says whether that step is the one open here (step_open).
   weightbeam::v1::HealthResponse Health(uint64_t step_id = 0) const;
   absl::StatusOr<std::string> Handshake(const weightbeam::v1::HandshakeRequest& req);

@@ -90,10 +90,14 @@ grpc::ServerUnaryReactor* AgentService::Commit(grpc::CallbackServerContext* ctx,
 }
 
 grpc::ServerUnaryReactor* AgentService::Abort(grpc::CallbackServerContext* ctx,
-                                              const v1::AbortRequest* req, v1::AbortResponse*) {
+                                              const v1::AbortRequest* req,
+                                              v1::AbortResponse* resp) {
   if (auto a = guard_.AdmitController(*ctx, "Agent.Abort"); !a.ok()) return Refuse(ctx, a);
-  return Done(ctx,
-              node_->Abort(req->version(), req->reason(), req->step_id(), req->receiving_only()));
+  bool already_committed = false;
+  const absl::Status s = node_->Abort(req->version(), req->reason(), req->step_id(),
+                                      req->receiving_only(), &already_committed);
+  resp->set_already_committed(already_committed);
+  return Done(ctx, s);
 }
 
 grpc::ServerUnaryReactor* AgentService::Health(grpc::CallbackServerContext* ctx,

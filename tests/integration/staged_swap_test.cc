@@ -295,6 +295,14 @@ TEST_CASE("staged: an abort meeting the swap's copy is never told with commit(v)
   REQUIRE(f.AgentAlive());
   if (commit_at >= 0) CHECK(Holds(inf, 2));
   if (abort_at >= 0) CHECK(Holds(inf, 1));  // live bytes after abort(2): all version 1's
+  // The controller agrees with the agent: a version that went live there (the abort met the
+  // copy and waited for it) is committed to that replica, not counted as skipped.
+  if (commit_at >= 0) {
+    REQUIRE(step2.ok());
+    CHECK(step2->ok());
+    CHECK(step2->committed_replicas_size() == 1);
+    CHECK(step2->skipped_replicas_size() == 0);
+  }
   // The next step is neither torn by nor refused for the held swap.
   f.Fill(3);
   std::thread acker = AckBegin(inf, 3);
