@@ -193,7 +193,14 @@ class MegatronBuilder {
     for (size_t l = 0; l < p_.layers.size(); ++l) Layer(static_cast<int64_t>(l), p_.layers[l]);
     if (p_.last) {
       list_.Whole("decoder.final_layernorm.weight", "model.norm.weight");
-      if (!c_.tie_embeddings) Vocab("output_layer.weight", "lm_head.weight");
+      if (!c_.tie_embeddings) {
+        Vocab("output_layer.weight", "lm_head.weight");
+      } else if (!p_.first) {
+        // Tied, on a later stage than the embedding's: Megatron-core's last stage keeps its
+        // own output_layer.weight, kept equal to the embedding by an all-reduce. A second
+        // holder of the embedding's bytes (the planner may read either copy).
+        Vocab("output_layer.weight", "model.embed_tokens.weight");
+      }
     }
     return list_.Take();
   }

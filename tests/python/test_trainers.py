@@ -221,6 +221,26 @@ class TrainerLayouts(unittest.TestCase):
             self.run_trainers(f"dtensor {label} {family} mesh {mesh}", family, hf, ranks,
                               self.destinations(family, chosen))
 
+    def test_megatron_bf16_expert_bias_is_cast_by_the_agent(self):
+        # Megatron-LM keeps router.expert_bias in BF16 until the first forward pass; the
+        # engines keep e_score_correction_bias in f32. Values a BF16 can hold, so the f32 the
+        # engine gets is exact.
+        family = "deepseek_v3"
+        config = te.load_config(family)
+        hf = self.hf(family)
+        for name in [n for n in hf if n.endswith("e_score_correction_bias")]:
+            hf[name] = hf[name].to(torch.bfloat16).to(torch.float32)
+        tensors = tref.megatron_rank(hf, config)
+        biases = [n for n in tensors if n.endswith("router.expert_bias")]
+        self.assertTrue(biases)
+        for name in biases:
+            tensors[name] = tensors[name].to(torch.bfloat16)
+
+        def register(session, held):
+            return engines.register_megatron_params(session, held, te.config_path(family))
+        self.run_trainers("megatron deepseek_v3 bf16 expert_bias", family, hf,
+                          [(0, tensors, register)], [("vllm", 1, 1, False)])
+
     def test_megatron_settings_the_model_cannot_split_are_refused(self):
         session = weightbeam.LocalSession(self.cluster.sockets[TRAINER_NODE], "trainer", rank=0)
         try:

@@ -107,9 +107,13 @@ def megatron_rank(hf, config, tp=1, tp_rank=0, pp=1, pp_rank=0, ep=1, ep_rank=0,
                                                       dim=1)
     if last:
         out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
-        if "lm_head.weight" in hf:
-            out["output_layer.weight"] = _chunk(_padded_rows(hf["lm_head.weight"], padded), tp,
-                                                tp_rank)
+        # Tied embeddings: with pp > 1 Megatron-core's last stage allocates its own
+        # output_layer.weight, all-reduced to equal the first stage's embedding.
+        head = hf.get("lm_head.weight")
+        if head is None and not first:
+            head = hf["model.embed_tokens.weight"]
+        if head is not None:
+            out["output_layer.weight"] = _chunk(_padded_rows(head, padded), tp, tp_rank)
     return {k: v.contiguous() for k, v in out.items()}
 
 

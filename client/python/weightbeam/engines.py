@@ -209,17 +209,29 @@ def _register_trainer(session, named, tensors, where, stray):
             raise WeightbeamError(
                 f"trainer tensor '{t.name}' ({where}): {_DTYPE_NAMES[t.dtype]} {shape} expected "
                 "but not in the given tensors", "INVALID_ARGUMENT")
-        _check_tensor(t.name, named[t.name], shape, t.dtype, "trainer tensor")
         tensor = named[t.name]
+        dtype = _as_registered(t, tensor)
+        _check_tensor(t.name, tensor, shape, dtype, "trainer tensor")
         for part in t.parts:
             box = [(b.start, b.size) for b in part.box]
             dense = len(t.parts) == 1 and all(o == 0 for o in part.offset) and \
                 [s for _, s in box] == shape
             registrations.append(dict(
-                name=part.source, dtype=_DTYPE_NAMES[t.dtype],
+                name=part.source, dtype=_DTYPE_NAMES[dtype],
                 global_shape=list(part.source_shape), shard=box, buffer=tensor,
                 view=None if dense else (shape, list(part.offset), t.name)))
     return _register_all(session, registrations)
+
+
+def _as_registered(layout_tensor, tensor):
+    """The dtype a trainer tensor registers with: the layout's, except that Megatron-LM keeps
+    ``router.expert_bias`` in BF16 until the first forward pass: a BF16 one registers as it is
+    and the agent casts it to the engine's f32 on the way (the planner's float cast)."""
+    if layout_tensor.name.endswith("router.expert_bias") and \
+            layout_tensor.dtype == types_pb2.DTYPE_F32 and \
+            _tensor_dtype(tensor) == types_pb2.DTYPE_BF16:
+        return types_pb2.DTYPE_BF16
+    return layout_tensor.dtype
 
 
 def _register_all(session, registrations):
