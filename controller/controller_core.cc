@@ -136,6 +136,7 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanNow(const v1::PlanRequest& r
   absl::MutexLock lock(&plan_mu_);
   delta_choice_ = req.delta();
   relay_choice_ = req.relays();
+  checks_ = req.checks();
   world_ = world;
   // The caller waited for the world without the lock: only a look here. After it: Describe
   // (60 s), Introduce (10 s), LoadPlan (30 s) at most.
@@ -274,6 +275,7 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
         (delta_choice_ == v1::DELTA_CHOICE_CONFIG && config_.delta.enabled));
   auto built = planner_(agents, plan_config, plan_id);
   if (!built.ok()) return built.status();
+  *built->summary.mutable_checks() = checks_;
   const double planner_seconds = std::chrono::duration<double>(Clock::now() - planning).count();
   const auto loading = Clock::now();
 
@@ -596,6 +598,7 @@ StepSpec ControllerCore::NextStep(uint64_t version, Clock::time_point started,
   spec.replicas = plan_replicas_;
   spec.min_replicas = std::max<uint32_t>(1, config_.min_replicas);
   spec.delta = plan_.summary.delta().enabled();
+  spec.checks = plan_.summary.checks();
   // Plans with relays hold the senders' direct fallback ops, except in delta mode.
   spec.direct_fallback = !spec.delta && !plan_.relay_children.empty();
   spec.anchor = spec.delta && (delta_need_anchor_ ||

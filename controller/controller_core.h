@@ -232,9 +232,10 @@ class ControllerCore {
   // The last Plan request's delta choice; replans after a layout change keep it.
   weightbeam::v1::DeltaChoice delta_choice_ ABSL_GUARDED_BY(plan_mu_) =
       weightbeam::v1::DELTA_CHOICE_CONFIG;
-  // The same for relays.
+  // The same for relays, and for the checks every version of the plan passes before commit.
   weightbeam::v1::RelayChoice relay_choice_ ABSL_GUARDED_BY(plan_mu_) =
       weightbeam::v1::RELAY_CHOICE_CONFIG;
+  weightbeam::v1::VersionChecks checks_ ABSL_GUARDED_BY(plan_mu_);
   // Learned from committed steps: delta step rates, and link rates the next plan uses.
   DeltaStepPredictor delta_predictor_ ABSL_GUARDED_BY(plan_mu_){config_.delta};
   LinkLearner link_learner_ ABSL_GUARDED_BY(plan_mu_);

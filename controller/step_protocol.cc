@@ -582,6 +582,7 @@ std::map<std::string, std::string> StepProtocol::CommitOnReceivers(
     c.request.set_step_nonce(spec.nonce);
     c.request.set_step_id(spec.step_id);
     c.request.set_prepare(prepare.count(a) > 0);
+    *c.request.mutable_checks() = spec.checks;
     if (spec.delta && !spec.anchor) c.request.set_delta_base_version(spec.delta_base_version);
     if (auto it = hashes_for.find(a); it != hashes_for.end()) {
       for (const v1::OpHash* h : it->second) *c.request.add_expected_hashes() = *h;

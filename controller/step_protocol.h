@@ -36,6 +36,8 @@ struct StepSpec {
   // Delta mode: whether this step is a dense anchor, and the nonce marking its receive slots.
   bool delta = false;
   bool anchor = false;
+  // Checked on every receiver before it commits (CommitRequest.checks).
+  weightbeam::v1::VersionChecks checks;
   uint64_t nonce = 0;
   // Delta mode, not an anchor: the version every receiver must hold for the deltas to apply.
   uint64_t delta_base_version = 0;

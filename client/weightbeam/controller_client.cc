@@ -91,7 +91,8 @@ absl::StatusOr<ControllerClient> ControllerClient::Connect(const std::string& ad
 absl::StatusOr<v1::PlanSummary> ControllerClient::Plan(const v1::ExpectedWorld& world,
                                                        std::chrono::milliseconds wait,
                                                        v1::DeltaChoice delta,
-                                                       v1::RelayChoice relays) {
+                                                       v1::RelayChoice relays,
+                                                       const v1::VersionChecks& checks) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(60));
   v1::PlanRequest req;
@@ -99,6 +100,7 @@ absl::StatusOr<v1::PlanSummary> ControllerClient::Plan(const v1::ExpectedWorld& 
   req.set_wait_ms(static_cast<uint32_t>(wait.count()));
   req.set_delta(delta);
   req.set_relays(relays);
+  *req.mutable_checks() = checks;
   v1::PlanResponse resp;
   grpc::Status s = impl_->stub->Plan(&ctx, req, &resp);
   if (!s.ok()) return impl_->Convert(s);

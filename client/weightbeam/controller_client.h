@@ -38,10 +38,12 @@ class ControllerClient {
 
   // Waits (up to `wait`) until the world is complete, plans, loads the plan on the senders.
   // `delta`: delta mode for this plan and later ones (default: the controller's config).
+  // `checks`: what every version of the plan is checked for on its receivers before commit.
   absl::StatusOr<weightbeam::v1::PlanSummary> Plan(
       const weightbeam::v1::ExpectedWorld& world, std::chrono::milliseconds wait,
       weightbeam::v1::DeltaChoice delta = weightbeam::v1::DELTA_CHOICE_CONFIG,
-      weightbeam::v1::RelayChoice relays = weightbeam::v1::RELAY_CHOICE_CONFIG);
+      weightbeam::v1::RelayChoice relays = weightbeam::v1::RELAY_CHOICE_CONFIG,
+      const weightbeam::v1::VersionChecks& checks = {});
   // Pushes version `version` to the inference side; a failed step is an error whose message
   // names the agent and cause. `timeout` 0 uses the controller's configured step timeout.
   // The call itself gives up (DEADLINE_EXCEEDED) 60 s after `timeout`, or after 15 minutes

@@ -18,6 +18,7 @@
 #include "common/grpc/message_limits.h"
 #include "common/net/socket_util.h"
 #include "common/version/version.h"
+#include "daemon/checks/finite_check.h"
 #include "daemon/executor/op_bounds.h"
 #include "daemon/executor/op_preparer.h"
 #include "daemon/gpu/cuda_probe.h"
@@ -714,6 +715,7 @@ absl::Status AgentNode::CommitStep(const v1::CommitRequest& req, v1::CommitRespo
 }
 
 absl::Status AgentNode::Conclude(const v1::CommitRequest& req, v1::CommitResponse* resp) {
+  if (auto s = CheckVersion(req); !s.ok()) return s;
   if (!req.prepare()) {
     if (auto s = AnnounceCommit(req.version(), resp); !s.ok()) return s;
     if (req.delta_base_version() == 0 && swap_) swap_->ClearStale();  // rewritten whole
@@ -730,6 +732,24 @@ absl::Status AgentNode::Conclude(const v1::CommitRequest& req, v1::CommitRespons
   prepared_ = true;
   prepared_step_ = req.step_id();
   prepared_version_ = req.version();
+  return absl::OkStatus();
+}
+
+absl::Status AgentNode::CheckVersion(const v1::CommitRequest& req) {
+  if (!req.checks().finite()) return absl::OkStatus();
+  checks::FiniteStats stats;
+  const absl::Status s = checks::CheckFinite(registry_->Destinations(), &stats);
+  const double gbps = stats.seconds > 0 ? stats.bytes / stats.seconds / 1e9 : 0;
+  if (!s.ok()) {
+    metrics_.Error(AgentMetrics::kCommitRefused);
+    spdlog::error("agent {}: version {}: {}", config_.name, req.version(),
+                  std::string(s.message()));
+    return absl::FailedPreconditionError(absl::StrCat("agent ", config_.name, ": version ",
+                                                      req.version(), ": ", s.message()));
+  }
+  spdlog::info("version {}: {} destination tensor(s), {} bytes finite (checked in {:.3f} s, "
+               "{:.2f} GB/s)",
+               req.version(), stats.tensors, stats.bytes, stats.seconds, gbps);
   return absl::OkStatus();
 }
 
