@@ -106,11 +106,19 @@ std::string FormatDeltaHistory(const google::protobuf::RepeatedPtrField<v1::Step
 
 std::string FormatReplicas(const v1::StatusResponse& s) {
   if (s.replicas_size() == 0) return "";
-  Table t({"REPLICA", "STATE", "COMMITTED", "STALENESS", "AGENTS"});
+  // The digest column only when the plan digests versions (VersionChecks.digest).
+  bool digests = false;
+  for (const auto& r : s.replicas()) digests = digests || !r.digest().empty();
+  std::vector<std::string> columns = {"REPLICA", "STATE", "COMMITTED", "STALENESS", "AGENTS"};
+  if (digests) columns.push_back("DIGEST");
+  Table t(columns);
   for (const auto& r : s.replicas()) {
-    t.Add({std::to_string(r.replica()), wb::wire::StateWord(r.state()),
-           std::to_string(r.committed_version()), std::to_string(r.staleness()),
-           absl::StrJoin(r.agents(), ",")});
+    std::vector<std::string> row = {std::to_string(r.replica()), wb::wire::StateWord(r.state()),
+                                    std::to_string(r.committed_version()),
+                                    std::to_string(r.staleness()),
+                                    absl::StrJoin(r.agents(), ",")};
+    if (digests) row.push_back(r.digest().empty() ? "-" : r.digest());
+    t.Add(row);
   }
   return absl::StrCat("inference replicas (min_replicas ", s.min_replicas(), "):\n", t.Render());
 }

@@ -844,8 +844,11 @@ v1::StepResult ControllerCore::SendPhase(StepRun* run, StepPipeline::Ticket* tic
   {
     absl::MutexLock slock(&state_mu_);
     if (result.committed_replicas_size() > 0) {
+      std::map<int, std::string> digests;
+      for (const auto& d : result.replica_digests()) digests[d.replica()] = d.digest();
       ledger_.Committed(run->version,
-                        {result.committed_replicas().begin(), result.committed_replicas().end()});
+                        {result.committed_replicas().begin(), result.committed_replicas().end()},
+                        digests);
     }
   }
   if (!sent.ok()) return FailStep(run, std::string(sent.message()));
@@ -992,6 +995,7 @@ v1::StatusResponse ControllerCore::Status() const {
     v1::ReplicaStatus* r = s.add_replicas();
     r->set_replica(k);
     r->set_committed_version(ledger_.committed_version(k));
+    r->set_digest(ledger_.digest(k));
     r->set_staleness(ledger_.Staleness(k));
     auto it = census.find(k);
     const bool complete = it != census.end() && it->second.complete;

@@ -96,10 +96,19 @@ std::vector<AgentRecord> WithoutReplicas(std::vector<AgentRecord> agents,
   return agents;
 }
 
-void ReplicaLedger::Committed(uint64_t version, const std::vector<int>& replicas) {
+void ReplicaLedger::Committed(uint64_t version, const std::vector<int>& replicas,
+                              const std::map<int, std::string>& digests) {
   ++commits_;
   latest_ = std::max(latest_, version);
-  for (int r : replicas) entries_[r] = Entry{version, commits_};
+  for (int r : replicas) {
+    auto d = digests.find(r);
+    entries_[r] = Entry{version, commits_, d == digests.end() ? "" : d->second};
+  }
+}
+
+std::string ReplicaLedger::digest(int replica) const {
+  auto it = entries_.find(replica);
+  return it == entries_.end() ? "" : it->second.digest;
 }
 
 void ReplicaLedger::Saw(int replica) { entries_.emplace(replica, Entry{}); }

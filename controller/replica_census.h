@@ -51,8 +51,12 @@ std::vector<AgentRecord> WithoutReplicas(std::vector<AgentRecord> agents,
 // guards it).
 class ReplicaLedger {
  public:
-  // A step committed `version` to `replicas` (the others did not get it).
-  void Committed(uint64_t version, const std::vector<int>& replicas);
+  // A step committed `version` to `replicas` (the others did not get it); `digests`: replica ->
+  // its digest of the version (VersionChecks.digest; "" or absent: not digested).
+  void Committed(uint64_t version, const std::vector<int>& replicas,
+                 const std::map<int, std::string>& digests = {});
+  // The digest of the version the replica committed last ("": none).
+  std::string digest(int replica) const;
   // Records that a replica exists (it shows up in layouts) so it is reported before it commits.
   void Saw(int replica);
   uint64_t committed_version(int replica) const;
@@ -65,6 +69,7 @@ class ReplicaLedger {
   struct Entry {
     uint64_t version = 0;
     uint64_t commits_at = 0;  // commits_ when it last committed
+    std::string digest;
   };
   std::map<int, Entry> entries_;
   uint64_t commits_ = 0;

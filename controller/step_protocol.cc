@@ -8,6 +8,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/wire/state_words.h"
 
@@ -248,6 +249,7 @@ uint64_t NextNonce(uint64_t nonce) { return nonce + 1 == 0 ? 1 : nonce + 1; }
 absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) {
   StepSpec spec = spec_in;  // a retried execute changes the nonce and the anchor choice
   while (spec.step_id == 0) spec.step_id = NewStepId();
+  rank_digests_.clear();
   std::vector<std::string> involved = spec.senders;
   involved.insert(involved.end(), spec.receivers.begin(), spec.receivers.end());
   struct InFlight {
@@ -397,6 +399,7 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
     book.Drop(as_announce);  // they were aborted already (KeepLateCommits)
   }
   book.Fill(result);
+  if (spec.checks.digest()) AddDigests(result);
   if (!errors.empty()) {
     if (book.live() < spec.min_replicas) return BelowFloor(spec, book, "committed to", "");
     spdlog::warn("step {}: {}", spec.version, absl::StrJoin(errors, "; "));
@@ -595,6 +598,9 @@ std::map<std::string, std::string> StepProtocol::CommitOnReceivers(
   std::map<std::string, v1::CommitResponse> announced;  // those committing without prepare
   std::set<std::string> failing;
   for (auto& r : fleet_->Commit(calls, CommitCallTimeout(spec))) {
+    if (r.status.ok()) {
+      for (const auto& d : r.response.digests()) rank_digests_[d.replica()][d.rank()] = d.digest();
+    }
     if (!r.status.ok()) {
       failed[r.agent] = CallError(r.status);
       failing.insert(r.agent);
@@ -631,6 +637,33 @@ std::map<std::string, std::string> StepProtocol::AnnounceOnReceivers(
   }
   AddReplicaPauses(spec, announced, failing, result);
   return failed;
+}
+
+void StepProtocol::AddDigests(v1::StepResult* result) const {
+  std::set<std::string> seen;
+  for (int replica : result->committed_replicas()) {
+    auto it = rank_digests_.find(replica);
+    if (it == rank_digests_.end()) continue;
+    // Ranks in order, each a 64-bit digest: mixed into one (splitmix64 finalizer per value).
+    uint64_t d = 0x6a09e667f3bcc908ull;
+    for (const auto& [rank, digest] : it->second) {
+      for (uint64_t x : {static_cast<uint64_t>(static_cast<uint32_t>(rank)), digest}) {
+        d ^= x + 0x9e3779b97f4a7c15ull + (d << 6) + (d >> 2);
+        d = (d ^ (d >> 30)) * 0xbf58476d1ce4e5b9ull;
+        d = (d ^ (d >> 27)) * 0x94d049bb133111ebull;
+        d ^= d >> 31;
+      }
+    }
+    v1::ReplicaDigest* r = result->add_replica_digests();
+    r->set_replica(replica);
+    r->set_digest(absl::StrFormat("%016x", d));
+    seen.insert(r->digest());
+  }
+  if (seen.size() == 1) result->set_digest(*seen.begin());
+  if (seen.size() > 1) {
+    spdlog::warn("version {}: the committed replicas report {} different digests",
+                 result->version(), seen.size());
+  }
 }
 
 void StepProtocol::KeepLateCommits(const StepSpec& spec, const std::string& round,

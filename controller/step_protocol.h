@@ -160,6 +160,8 @@ class StepProtocol {
   // The receivers whose commit or announce call (`round`) failed are aborted first; those
   // whose staged swap had finished meanwhile (the call gave up while the copy ran) answer
   // that the version is live there, and leave `failed`: they count as committed.
+  // VersionChecks.digest: each committed replica's digest of the version, and the version's.
+  void AddDigests(weightbeam::v1::StepResult* result) const;
   void KeepLateCommits(const StepSpec& spec, const std::string& round,
                        std::map<std::string, std::string>* failed);
   // Returns the agents that answered that the version was already live there (a staged swap
@@ -176,6 +178,9 @@ class StepProtocol {
   uint64_t inflight_step_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> inflight_agents_ ABSL_GUARDED_BY(mu_);
   bool inflight_aborted_ ABSL_GUARDED_BY(mu_) = false;  // no more attempts
+  // VersionChecks.digest: replica -> rank -> digest from the running step's commit answers
+  // (Run is called for one step at a time).
+  std::map<int, std::map<int, uint64_t>> rank_digests_;
 };
 
 }  // namespace wb::controller

@@ -7,8 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "daemon/gpu/staging.h"
-#include "daemon/registry/bus_guard.h"
+#include "daemon/checks/tensor_pieces.h"
 
 namespace wb::checks {
 
@@ -85,45 +84,6 @@ uint64_t BitsAt(const void* data, uint64_t index, uint32_t bytes) {
   return bits;
 }
 
-// One host range of a tensor (`offset` elements into it); the read is guarded against a
-// SIGBUS from an owner who shrank its object.
-absl::Status CheckHost(const registry::RegisteredTensor& t, const void* data, uint64_t elems,
-                       uint64_t offset) {
-  const v1::DType dtype = t.spec.dtype();
-  std::optional<uint64_t> hit;
-  const bool completed =
-      registry::RunBusGuarded([&] { hit = FirstNonFinite(data, elems, dtype); });
-  if (!completed) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("tensor '", t.spec.name(), "': its memory was shrunk under the agent"));
-  }
-  if (!hit) return absl::OkStatus();
-  const uint32_t bytes = ElementBytes(dtype);
-  return absl::FailedPreconditionError(absl::StrFormat(
-      "tensor '%s' (%s) holds a non-finite value at element %d (bits 0x%0*x): not committed",
-      t.spec.name(), v1::DType_Name(dtype), offset + *hit, 2 * bytes,
-      BitsAt(data, *hit, bytes)));
-}
-
-// A GPU tensor is read back in pieces through a host buffer.
-absl::Status CheckDevice(const registry::RegisteredTensor& t) {
-  constexpr uint64_t kPiece = 64ull << 20;
-  const uint32_t bytes = ElementBytes(t.spec.dtype());
-  std::vector<uint8_t> host(std::min<uint64_t>(kPiece, t.memory.length));
-  for (uint64_t at = 0; at < t.memory.length; at += kPiece) {
-    const uint64_t n = std::min(kPiece, t.memory.length - at);
-    if (auto s = gpu::CopyAnyToAny(host.data(), static_cast<const uint8_t*>(t.memory.addr) + at,
-                                   n, t.memory.device);
-        !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("tensor '", t.spec.name(),
-                                                 "': reading it back for the check: ",
-                                                 s.message()));
-    }
-    if (auto s = CheckHost(t, host.data(), n / bytes, at / bytes); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 std::optional<uint64_t> FirstNonFinite(const void* data, uint64_t elems, v1::DType dtype) {
@@ -147,15 +107,24 @@ absl::Status CheckFinite(
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status result = absl::OkStatus();
   for (const auto& t : tensors) {
-    const uint32_t bytes = ElementBytes(t->spec.dtype());
-    if (bytes == 0 || t->memory.addr == nullptr || t->memory.length == 0) continue;
-    if (t->memory.kind == transport::MemoryKind::kCuda) {
-      result = CheckDevice(*t);
-    } else {
-      if (!t->staged && t->hold) {  // the owner's own object: still backed?
-        result = t->hold->CheckBacked(t->memory.addr, t->memory.length, t->spec.name());
+    const v1::DType dtype = t->spec.dtype();
+    const uint32_t bytes = ElementBytes(dtype);
+    if (bytes == 0) continue;
+    // The first hit, as (element, bits); set inside the bus guard, so no allocation there.
+    bool found = false;
+    uint64_t element = 0, bits = 0;
+    result = ReadPieces(*t, [&](const uint8_t* data, uint64_t n, uint64_t offset) {
+      if (found) return;
+      if (auto hit = FirstNonFinite(data, n / bytes, dtype)) {
+        found = true;
+        element = offset / bytes + *hit;
+        bits = BitsAt(data, *hit, bytes);
       }
-      if (result.ok()) result = CheckHost(*t, t->memory.addr, t->memory.length / bytes, 0);
+    });
+    if (result.ok() && found) {
+      result = absl::FailedPreconditionError(absl::StrFormat(
+          "tensor '%s' (%s) holds a non-finite value at element %d (bits 0x%0*x): not committed",
+          t->spec.name(), v1::DType_Name(dtype), element, 2 * bytes, bits));
     }
     if (!result.ok()) break;
     ++stats->tensors;

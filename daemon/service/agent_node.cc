@@ -19,6 +19,7 @@
 #include "common/net/socket_util.h"
 #include "common/version/version.h"
 #include "daemon/checks/finite_check.h"
+#include "daemon/checks/version_digest.h"
 #include "daemon/executor/op_bounds.h"
 #include "daemon/executor/op_preparer.h"
 #include "daemon/gpu/cuda_probe.h"
@@ -715,7 +716,7 @@ absl::Status AgentNode::CommitStep(const v1::CommitRequest& req, v1::CommitRespo
 }
 
 absl::Status AgentNode::Conclude(const v1::CommitRequest& req, v1::CommitResponse* resp) {
-  if (auto s = CheckVersion(req); !s.ok()) return s;
+  if (auto s = CheckVersion(req, resp); !s.ok()) return s;
   if (!req.prepare()) {
     if (auto s = AnnounceCommit(req.version(), resp); !s.ok()) return s;
     if (req.delta_base_version() == 0 && swap_) swap_->ClearStale();  // rewritten whole
@@ -735,7 +736,16 @@ absl::Status AgentNode::Conclude(const v1::CommitRequest& req, v1::CommitRespons
   return absl::OkStatus();
 }
 
-absl::Status AgentNode::CheckVersion(const v1::CommitRequest& req) {
+absl::Status AgentNode::CheckVersion(const v1::CommitRequest& req, v1::CommitResponse* resp) {
+  if (req.checks().digest() && resp != nullptr) {
+    auto digests = checks::DigestDestinations(registry_->Destinations());
+    if (!digests.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("agent ", config_.name, ": version ",
+                                                        req.version(), ": digest: ",
+                                                        digests.status().message()));
+    }
+    for (auto& d : *digests) *resp->add_digests() = std::move(d);
+  }
   if (!req.checks().finite()) return absl::OkStatus();
   checks::FiniteStats stats;
   const absl::Status s = checks::CheckFinite(registry_->Destinations(), &stats);

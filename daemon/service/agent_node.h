@@ -127,7 +127,9 @@ class AgentNode {
                         weightbeam::v1::CommitResponse* resp);
   // The checks the version's received bytes must pass before it commits here
   // (CommitRequest.checks): a failure names the tensor and refuses the commit.
-  absl::Status CheckVersion(const weightbeam::v1::CommitRequest& req);
+  // With VersionChecks.digest, `resp` gets the digests of what its ranks hold.
+  absl::Status CheckVersion(const weightbeam::v1::CommitRequest& req,
+                            weightbeam::v1::CommitResponse* resp);
   absl::Status Announce(uint64_t version, uint64_t step_id, weightbeam::v1::CommitResponse* resp);
   // Announces a committed version: in place, commit(v) at once; staged, the swap
   // (staging::StagedSwap). `resp` gets the time the live tensors were written.

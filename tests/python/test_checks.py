@@ -3,7 +3,9 @@
 version with one NaN (or Inf) in one tensor is committed nowhere, the trainer's step raises
 StepFailed naming that tensor, and a staged receiver's live tensors keep the previous version;
 the next clean version commits. In place, the version is refused the same way (its bytes were
-written in place: the engine is never told commit(v))."""
+written in place: the engine is never told commit(v)). A plan made with ``digest`` has every
+committed replica report a digest of what it holds: the same on every replica of a version,
+another for other bytes, the first again for the first version's bytes."""
 
 import time
 import unittest
@@ -103,6 +105,50 @@ class FiniteCheck(unittest.TestCase):
 
     def test_in_place_nan_is_refused(self):
         self.run_case(staged=False)
+
+
+class Digest(unittest.TestCase):
+    def test_replicas_on_two_agents_report_one_digest_per_version(self):
+        cluster = Cluster(["train", "ia", "ib"], trainer_ranks=1, inference_replicas=2)
+        closing = []
+        try:
+            trainer = weightbeam.LocalSession(cluster.sockets["train"], "trainer", rank=0)
+            tbuf = weightbeam.SharedBuffer(2 * NBYTES, "trainer")
+            closing += [trainer, tbuf]
+            sources = [tbuf.array(np.uint16, SHAPE, i * NBYTES) for i in range(2)]
+            for name, a in zip(NAMES, sources):
+                trainer.register(name, "bf16", SHAPE, buffer=a)
+            for replica, agent in enumerate(("ia", "ib")):
+                w = weightbeam.LocalSession(cluster.sockets[agent], "inference", rank=0,
+                                            replica=replica)
+                buf = weightbeam.SharedBuffer(2 * NBYTES, f"w{replica}")
+                closing += [w, buf]
+                for i, name in enumerate(NAMES):
+                    w.register(name, "bf16", SHAPE, buffer=buf.array(np.uint16, SHAPE,
+                                                                     i * NBYTES))
+            ctl = weightbeam.ControllerClient(cluster.controller_address)
+            closing.append(ctl)
+            self.assertTrue(ctl.plan(1, 2, 1, wait_s=30, digest=True).checks.digest)
+            digests = {}
+            for version, like in ((1, 1), (2, 2), (3, 1)):
+                for i, a in enumerate(sources):
+                    a[...] = values(like, i)
+                r = ctl.step(version)
+                per_replica = {d.replica: d.digest for d in r.replica_digests}
+                self.assertEqual(sorted(per_replica), [0, 1], r)
+                self.assertEqual(len(set(per_replica.values())), 1, r)
+                self.assertEqual(r.digest, per_replica[0])
+                self.assertRegex(r.digest, "^[0-9a-f]{16}$")
+                digests[version] = r.digest
+                status = {x.replica: x for x in ctl.status().replicas}
+                self.assertEqual(status[0].digest, r.digest)
+                self.assertEqual(status[1].committed_version, version)
+            self.assertNotEqual(digests[1], digests[2])
+            self.assertEqual(digests[1], digests[3])  # the same bytes, the same identity
+        finally:
+            for c in reversed(closing):
+                c.close()
+            cluster.stop()
 
 
 if __name__ == "__main__":

@@ -61,14 +61,16 @@ class ControllerClient:
         self._stub = controller_pb2_grpc.ControllerStub(self._channel)
 
     def plan(self, trainer_ranks=0, inference_replicas=0, inference_ranks_per_replica=0,
-             wait_s=30.0, delta=None, check_finite=False):
+             wait_s=30.0, delta=None, check_finite=False, digest=False):
         """Waits (up to ``wait_s``) for the world to be complete, plans, loads the plan on the
         senders; returns the PlanSummary. All zeros: the world from the controller's config.
         ``delta``: True / False turns delta mode on / off for this plan (and the plans made
         after a layout change); None keeps the controller's configuration.
         ``check_finite``: every receiver checks each version's bytes for NaN / Inf before it
         commits; a version that fails is aborted everywhere and ``step`` raises StepFailed
-        naming the tensor (staged receivers keep serving the previous version)."""
+        naming the tensor (staged receivers keep serving the previous version).
+        ``digest``: every committed replica reports a digest of the version it holds
+        (StepResult.replica_digests / digest, status().replicas[k].digest)."""
         world = controller_pb2.ExpectedWorld(
             trainer_ranks=trainer_ranks, inference_replicas=inference_replicas,
             inference_ranks_per_replica=inference_ranks_per_replica)
@@ -77,6 +79,7 @@ class ControllerClient:
         request = controller_pb2.PlanRequest(world=world, wait_ms=int(wait_s * 1000),
                                              delta=choice)
         request.checks.finite = bool(check_finite)
+        request.checks.digest = bool(digest)
         return self._unary(self._stub.Plan, request, "Plan", wait_s + 60).summary
 
     def step(self, version, timeout_s=0, max_staleness=None, ready=()):
