@@ -164,16 +164,31 @@ def register_megatron_params(session, named_params, config, tp=1, tp_rank=0, pp=
                              lambda name: _megatron_stray(name, tensors, pp_rank, ep_rank))
 
 
-def register_dtensor_params(session, named_local_shards, config, mesh, coords, placements,
-                            fused_experts=False):
-    """Registers a DTensor rank's local shards (``dtensor.to_local()`` under Hugging Face names,
-    or the Transformers-v5 fused ``mlp.experts.gate_up_proj`` / ``down_proj`` with
-    ``fused_experts``); ``mesh``, ``coords`` and ``placements`` as for ``dtensor_layout``.
-    Tensors of which this rank holds nothing may be absent. Same checks and all-or-nothing as
-    register_megatron_params."""
+def register_dtensor_params(session, model_or_named, config, mesh=None, coords=None,
+                            placements=None, fused_experts=None):
+    """Registers a DTensor rank's shards. With ``mesh`` None (torch 2.x): ``model_or_named`` is
+    the model itself (or its named parameters, DTensors and plain tensors); mesh, coordinates,
+    placements and local shards are read from the DTensor objects (``DTensorParams``, in
+    weightbeam.dtensor_params), and the returned DTensorParams' ``copy_shards()`` goes before
+    each push. Otherwise (torch 1.13, no DTensor): ``model_or_named`` maps Hugging Face names
+    (or the Transformers-v5 fused ``mlp.experts.gate_up_proj`` / ``down_proj`` with
+    ``fused_experts``) to this rank's local shards, ``mesh``, ``coords`` and ``placements`` as
+    for ``dtensor_layout``; returns the number of parts registered. ``fused_experts`` None:
+    detected from the names. Tensors of which this rank holds nothing may be absent. Same
+    checks and all-or-nothing as register_megatron_params."""
+    if mesh is None:
+        if coords is not None or placements is not None:
+            raise ValueError("register_dtensor_params: coords and placements go with mesh; "
+                             "without mesh they are read from the DTensors")
+        from weightbeam.dtensor_params import DTensorParams  # torch 2.x only
+        params = DTensorParams(model_or_named, config, fused_experts=fused_experts)
+        params.register(session)
+        return params
+    if fused_experts is None:
+        fused_experts = any(n.endswith("mlp.experts.gate_up_proj") for n in model_or_named)
     tensors = dtensor_layout(session, config, mesh, coords, placements, fused_experts)
     where = f"dtensor mesh {list(mesh)} coordinates {list(coords)}"
-    return _register_trainer(session, named_local_shards, tensors, where, lambda name: None)
+    return _register_trainer(session, model_or_named, tensors, where, lambda name: None)
 
 
 def _placement_text(p):

@@ -22,11 +22,10 @@ import torch
 from vllm.distributed.weight_transfer.base import (ParamMeta, TrainerInitInfo,
                                                    TrainerWeightTransferEngine, WeightSource)
 
-from weightbeam import engines
 from weightbeam.controller_client import ControllerClient
+from weightbeam.dtensor_params import DTensorParams
 from weightbeam.errors import StepFailed, WeightbeamError
 from weightbeam.local_session import LocalSession
-from weightbeam.shared_buffer import SharedBuffer
 from weightbeam.vllm_backend.worker import DEFAULT_SOCKET, WeightbeamInitInfo
 
 log = logging.getLogger("weightbeam.vllm")
@@ -53,71 +52,37 @@ class WeightbeamTrainerInitInfo(TrainerInitInfo):
     token_file: Any = None
 
 
-def _placement_text(p):
-    name = type(p).__name__
-    if name == "Replicate":
-        return "R"
-    if name == "_StridedShard":
-        return f"SS({p.dim})"
-    if name == "Shard":
-        return f"S({p.dim})"
-    raise WeightbeamError(f"DTensor placement {p!r} is not one weightbeam reads (Shard, "
-                          "_StridedShard, Replicate)", "INVALID_ARGUMENT")
-
-
 class DTensorShards(WeightSource):
-    """A trainer model's parameters as this rank holds them. DTensor parameters (FSDP2
-    ``fully_shard``, ``parallelize_module``) are read from the object: mesh, coordinates,
-    placements and local shard; plain tensors count as replicated. Names are the model's
-    (Hugging Face names for a ``transformers`` model)."""
+    """A trainer model's parameters as this rank holds them, as vLLM's WeightSource: the
+    weightbeam.dtensor_params.DTensorParams of the model (DTensor parameters of FSDP2
+    ``fully_shard`` / ``parallelize_module`` read from the objects: mesh, coordinates,
+    placements and local shard; plain tensors count as replicated), which users without vLLM
+    call the same way. Names are the model's (Hugging Face names for a ``transformers``
+    model)."""
 
     def __init__(self, model, config):
         self.model = model
         self.config = config
-        self._named = dict(model.named_parameters())
-        self._mirrors = {}
-        self._buffer = None
+        self.params = DTensorParams(model, config)
         self.session = None
 
     def metadata(self):
-        return [ParamMeta(n, p.dtype, tuple(p.shape)) for n, p in self._named.items()]
+        return [ParamMeta(n, p.dtype, tuple(p.shape)) for n, p in self.params.named.items()]
 
     def __iter__(self):
-        for name, p in self._named.items():
-            yield name, _local(p)
+        for name in self.params.named:
+            yield name, self.params.local(name)
 
     def register(self, session):
         """Registers every non-empty local shard (host shards through one SharedBuffer that
-        ``copy_shards`` refreshes; CUDA shards in place). Returns the tensors registered."""
+        ``copy_shards`` refreshes; CUDA shards in place). Returns the parts registered."""
         self.session = session
-        mesh, coords, rules = self._mesh_and_rules()
-        host = {n: _local(p) for n, p in self._named.items()
-                if not _local(p).is_cuda and _local(p).numel() > 0}
-        sizes = {n: t.numel() * t.element_size() for n, t in host.items()}
-        if host:
-            self._buffer = SharedBuffer(sum(_aligned(s) for s in sizes.values()), "trainer")
-        offset = 0
-        for name, t in host.items():
-            view = torch.frombuffer(self._buffer.memoryview(offset, sizes[name]),
-                                    dtype=t.dtype).view(t.shape)
-            self._mirrors[name] = view
-            offset += _aligned(sizes[name])
-        self.copy_shards()
-        named = {n: self._mirrors.get(n, _local(p)) for n, p in self._named.items()
-                 if _local(p).numel() > 0}
-        # Transformers v5 keeps each MoE layer's experts fused (mlp.experts.gate_up_proj).
-        fused = any(n.endswith("mlp.experts.gate_up_proj") for n in self._named)
-        return engines.register_dtensor_params(session, named, self.config, mesh, coords, rules,
-                                               fused_experts=fused)
+        return self.params.register(session)
 
     def copy_shards(self):
         """Host shards into the registered memory (a local copy of this rank's own shard);
         then waits for CUDA writers (sources_ready)."""
-        with torch.no_grad():
-            for name, mirror in self._mirrors.items():
-                mirror.copy_(_local(self._named[name]))
-        if self.session is not None:
-            self.session.sources_ready()
+        self.params.copy_shards()
 
     def close(self):
         try:
@@ -125,34 +90,7 @@ class DTensorShards(WeightSource):
                 self.session, session = None, self.session
                 session.close()
         finally:
-            if self._buffer is not None:
-                self._buffer.close()
-                self._buffer = None
-
-    def _mesh_and_rules(self):
-        mesh_obj, rules = None, []
-        for name, p in self._named.items():
-            if not hasattr(p, "device_mesh"):
-                continue
-            if mesh_obj is None:
-                mesh_obj = p.device_mesh
-            elif p.device_mesh is not mesh_obj and p.device_mesh != mesh_obj:
-                raise WeightbeamError(f"parameter '{name}': on another device mesh than the "
-                                      "others; weightbeam registers one mesh per rank",
-                                      "INVALID_ARGUMENT")
-            rules.append((name, ",".join(_placement_text(q) for q in p.placements)))
-        if mesh_obj is None:
-            return [1], [0], [("*", "R")]
-        coords = mesh_obj.get_coordinate()
-        if coords is None:
-            raise WeightbeamError("this rank is not in the parameters' device mesh",
-                                  "INVALID_ARGUMENT")
-        replicated = ",".join("R" for _ in mesh_obj.shape)
-        return list(mesh_obj.shape), list(coords), rules + [("*", replicated)]
-
-
-def _local(p):
-    return p.to_local() if hasattr(p, "to_local") else p.data
+            self.params.close()
 
 
 class WeightbeamTrainerWeightTransferEngine(TrainerWeightTransferEngine):
@@ -259,6 +197,3 @@ def _broadcast(value):
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
 
-
-def _aligned(n):
-    return (n + 63) // 64 * 64
