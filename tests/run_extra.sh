@@ -66,6 +66,33 @@ else
 fi
 took vllm
 
+# Real torch 2.x DTensor trainers (docs/trainers.md "Registering a real DTensor model"): FSDP2,
+# HSDP and FSDP2 + TP models registered straight from the model, every byte of two versions
+# checked in vLLM layouts, BF16 and FP8; uses the venv the vLLM suite installs. Its per-case
+# lines ("[wb] trainers <case> (<s> s): PASS|FAIL") are counted by ./wb test.
+# WB_SKIP_TRAINERS=1 skips it.
+if [ "${WB_SKIP_TRAINERS:-0}" = 1 ]; then
+  log "trainers: SKIPPED (WB_SKIP_TRAINERS=1)"
+else
+  log "real DTensor trainers (tests/trainers): FSDP2, HSDP, FSDP2 + TP on gloo, registered from the model, bytes against full_tensor()"
+  if tests/trainers/run.sh; then log "trainers suite: PASS"; else log "trainers suite: FAIL"; failed=1; fi
+fi
+took trainers
+
+# Real Megatron-core models (docs/trainers.md "Megatron-core from the model"): GPTModels at TP 2,
+# PP 2 with uneven stages and EP 2 (MoE) on gloo, registered straight from the model, two
+# versions checked byte for byte in vLLM layouts (BF16 and FP8) against Megatron's own dist
+# checkpoint; installs megatron-core into .cache/venv-megatron, beside the venv the vLLM suite
+# installs. Its per-case lines ("[wb] megatron <case> (<s> s): PASS|FAIL") are counted by
+# ./wb test. WB_SKIP_MEGATRON=1 skips it.
+if [ "${WB_SKIP_MEGATRON:-0}" = 1 ]; then
+  log "megatron: SKIPPED (WB_SKIP_MEGATRON=1)"
+else
+  log "real Megatron-core models (tests/megatron): TP, uneven PP, EP on gloo, registered from the model, bytes against Megatron's dist checkpoint"
+  if tests/megatron/run.sh; then log "megatron suite: PASS"; else log "megatron suite: FAIL"; failed=1; fi
+fi
+took megatron
+
 if [ -x tests/fuzz/run.sh ]; then
   log "fuzzing (bounded): tcp frames, config, registrations, plan ops, storage manifests, step-link frames, model configs; 10 s each"
   if tests/fuzz/run.sh --seconds 10; then log "fuzz: PASS"; else log "fuzz: FAIL"; failed=1; fi

@@ -154,7 +154,28 @@ def register_megatron_params(session, named_params, config, tp=1, tp_rank=0, pp=
     becomes one view of it. Every data-parallel copy registers too (its ranks are alternative
     sources). A name the layout does not list (a layer of another stage, an expert of another
     EP rank) or a wrong shape / dtype raises one WeightbeamError naming it, and nothing is
-    registered. Returns the number of parts registered."""
+    registered. Returns the number of parts registered.
+
+    Given the model instead (a Megatron-core ``GPTModel``, under DDP / Float16Module too) and
+    no ranks: everything is read from the model and ``megatron.core.parallel_state``
+    (weightbeam.megatron_params), host parameters are mirrored into a SharedBuffer, and the
+    returned ``MegatronParams`` has ``copy_shards()`` (before each push) and ``close()``."""
+    from weightbeam import megatron_params
+    if megatron_params.is_model(named_params):
+        given = dict(tp=tp, tp_rank=tp_rank, pp=pp, pp_rank=pp_rank, ep=ep, ep_rank=ep_rank,
+                     etp=etp, etp_rank=etp_rank, dp=dp, dp_rank=dp_rank, layers=layers,
+                     vocab_divisible_by=vocab_divisible_by,
+                     sequential_experts=sequential_experts)
+        defaults = dict(tp=1, tp_rank=0, pp=1, pp_rank=0, ep=1, ep_rank=0, etp=1, etp_rank=0,
+                        dp=1, dp_rank=0, layers=None, vocab_divisible_by=128,
+                        sequential_experts=False)
+        passed = sorted(k for k in given if given[k] != defaults[k])
+        if passed:
+            raise WeightbeamError(
+                f"register_megatron_params: given a model, the ranks and layers are read from "
+                f"it and megatron.core.parallel_state; do not pass {', '.join(passed)}",
+                "INVALID_ARGUMENT")
+        return megatron_params.register_megatron_model(session, named_params, config)
     tensors = megatron_layout(session, config, tp, tp_rank, pp, pp_rank, ep, ep_rank, etp,
                               etp_rank, dp, dp_rank, layers, vocab_divisible_by,
                               sequential_experts)
