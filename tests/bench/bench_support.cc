@@ -4,12 +4,22 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
 #include <cstdlib>
 
 namespace wb::bench {
 namespace {
 void (*g_die_hook)() = nullptr;
+
+// Every benchmark prints its JSON alone on stdout (scripts parse it: compare_tcp.sh); the logs
+// of the code it runs (transports, agents) go to stderr, from before main.
+const bool g_logs_on_stderr = [] {
+  spdlog::set_default_logger(spdlog::stderr_color_mt("bench"));
+  return true;
+}();
 }  // namespace
 
 void Die(const std::string& what) {

@@ -1,7 +1,7 @@
 // What every benchmark shares: how it gives up (Die) and what its JSON lines say about the
 // machine they ran on, so figures from different runs (a quiet machine, one shared with other
 // builds) can be read side by side: the cores this process may use and the load averages at the
-// time of the measurement.
+// time of the measurement. Linking it sends spdlog's logs to stderr: stdout carries the JSON.
 #pragma once
 
 #include <nlohmann/json.hpp>
