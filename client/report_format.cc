@@ -124,6 +124,13 @@ std::string FormatReplicas(const v1::StatusResponse& s) {
 }
 
 std::string FormatStep(const v1::StepResult& r) {
+  if (r.rollback()) {
+    return absl::StrCat("rollback to version ", r.version(), ": ",
+                        r.ok() ? "live again" : "FAILED", " on replica(s) ",
+                        absl::StrJoin(r.committed_replicas(), ","), " in ",
+                        FixedPoint(r.seconds(), 3), " s",
+                        r.ok() ? "" : absl::StrCat(": ", r.error()), "\n");
+  }
   std::string out =
       absl::StrCat("step ", r.version(), ": ", r.ok() ? "committed" : "FAILED", ", ",
                    HumanBytes(r.bytes()), " in ", FixedPoint(r.seconds()), " s (",

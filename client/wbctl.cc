@@ -239,6 +239,12 @@ int main(int argc, char** argv) {
   std::string step_trace_file;
   step->add_option("--trace", step_trace_file,
                    "also write the step as a Chrome/Perfetto trace (JSON) to this file");
+  auto* rollback = app.add_subcommand(
+      "rollback", "make inference replicas live at a kept earlier version again (one local copy)");
+  uint64_t rollback_to = 0;
+  rollback->add_option("VERSION", rollback_to, "a version the replicas keep")->required();
+  std::vector<int32_t> rollback_replicas;
+  rollback->add_option("--replica", rollback_replicas, "only this replica (repeatable)");
   auto* trace = app.add_subcommand(
       "trace", "write the controller's recent steps as a Chrome/Perfetto trace (JSON)");
   std::string trace_file;
@@ -381,6 +387,12 @@ int main(int argc, char** argv) {
       auto s = client->Status();
       if (s.ok()) std::printf("%s", wb::client::FormatDeltaHistory(s->recent_steps()).c_str());
     }
+    return 0;
+  }
+  if (*rollback) {
+    auto r = client->Rollback(rollback_to, rollback_replicas);
+    if (!r.ok()) return Fail(r.status());
+    std::printf("%s", json ? (Json(*r) + "\n").c_str() : wb::client::FormatStep(*r).c_str());
     return 0;
   }
   if (*step) {

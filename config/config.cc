@@ -225,6 +225,8 @@ void ReadAgent(YamlReader& r, AgentConfig& c) {
     rec.ReadEnum("mode", {"in_place", "staged"}, &c.receive.mode);
     rec.ReadBytes("staging_max_bytes", 0, uint64_t{1} << 44, &c.receive.staging_max_bytes);
     rec.ReadUint32("ack_timeout_ms", 1, 600000, &c.receive.ack_timeout_ms);
+    rec.ReadUint32("keep_versions", 0, 8, &c.receive.keep_versions);
+    rec.ReadBytes("keep_max_bytes", 0, uint64_t{1} << 44, &c.receive.keep_max_bytes);
     rec.ReadUint32("test_swap_delay_ms", 0, 600000, &c.receive.test_swap_delay_ms);
     int64_t delay_version = 0;
     rec.ReadInt("test_swap_delay_version", 0, std::numeric_limits<int64_t>::max(), &delay_version);

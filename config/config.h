@@ -111,6 +111,10 @@ struct ReceiveConfig {
   // answered, before its copy into the live tensors (an abort then meets a swap in progress).
   uint32_t test_swap_delay_ms = 0;
   uint64_t test_swap_delay_version = 0;  // the version held (0: every version)
+  // Staged: how many versions served before are kept for an instant rollback, and the memory
+  // they may take (0: as much as needed).
+  uint32_t keep_versions = 0;
+  uint64_t keep_max_bytes = 0;
 };
 
 struct AgentConfig {

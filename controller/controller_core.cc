@@ -696,6 +696,71 @@ v1::StepResult ControllerCore::FailStep(StepRun* run, const std::string& error) 
   return result;
 }
 
+v1::StepResult ControllerCore::Rollback(uint64_t to, const std::vector<int>& asked) {
+  const auto t0 = Clock::now();
+  v1::StepResult result;
+  result.set_version(to);
+  result.set_rollback(true);
+  result.set_started_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count());
+  auto fail = [&](const std::string& why) {
+    result.set_ok(false);
+    result.set_error(absl::StrCat("rollback to version ", to, ": ", why));
+    result.set_seconds(Since(t0));
+    spdlog::warn("{}", result.error());
+    Record(result);
+    return result;
+  };
+  absl::MutexLock lock(&plan_mu_);  // never while a step sends or a plan loads
+  // The replicas and their agents, as the layouts say now.
+  const std::shared_ptr<const std::map<int, ReplicaView>> census = Census();
+  std::vector<int> replicas = asked;
+  if (replicas.empty()) {
+    for (const auto& [k, view] : *census) replicas.push_back(k);
+  }
+  if (replicas.empty()) return fail("no inference replica is registered");
+  std::set<std::string> agents;
+  for (int k : replicas) {
+    auto it = census->find(k);
+    if (it == census->end() || it->second.agents.empty()) {
+      return fail(absl::StrCat("replica ", k, " has no agent registered"));
+    }
+    agents.insert(it->second.agents.begin(), it->second.agents.end());
+  }
+  const auto endpoints = membership_.Endpoints();
+  auto round = [&](bool check_only) {
+    std::vector<CallTarget<v1::RestoreVersionRequest>> targets;
+    for (const auto& a : agents) {
+      CallTarget<v1::RestoreVersionRequest> t{a, Endpoint(endpoints, a), {}};
+      t.request.set_version(to);
+      t.request.set_check_only(check_only);
+      targets.push_back(std::move(t));
+    }
+    return FailedCalls(CallAll<v1::RestoreVersionRequest, v1::RestoreVersionResponse>(
+        &channels_, targets, std::chrono::milliseconds(check_only ? 10000 : 120000),
+        [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncRestoreVersion(c, q, cq); }));
+  };
+  // Every agent keeps `to`, or nothing changes anywhere.
+  if (std::string failed = round(true); !failed.empty()) return fail(failed);
+  // From here a replica whose agent fails holds a mix: it is named, and the next step (a
+  // dense anchor) rewrites it whole.
+  delta_need_anchor_ = true;
+  const std::string failed = round(false);
+  {
+    absl::MutexLock slock(&state_mu_);
+    for (int k : replicas) ledger_.RolledBack(k, to);
+  }
+  for (int k : replicas) result.add_committed_replicas(k);
+  if (!failed.empty()) return fail(absl::StrCat(failed, "; the next step rewrites them whole"));
+  result.set_ok(true);
+  result.set_seconds(Since(t0));
+  spdlog::info("rolled back {} replica(s) to version {} in {:.3f} s", replicas.size(), to,
+               result.seconds());
+  Record(result);
+  return result;
+}
+
 v1::StepResult ControllerCore::Step(
     uint64_t version, std::chrono::milliseconds timeout, std::optional<uint32_t> max_staleness,
     const std::function<void(const v1::StepCaptured&)>& on_captured) {

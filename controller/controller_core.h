@@ -87,6 +87,9 @@ class ControllerCore {
       uint64_t version, std::chrono::milliseconds timeout,
       std::optional<uint32_t> max_staleness = std::nullopt,
       const std::function<void(const weightbeam::v1::StepCaptured&)>& on_captured = nullptr);
+  // Makes kept version `to` live again on `replicas` (empty: every known replica) with a
+  // local copy on each agent (RollbackRequest); the next step is a dense anchor in delta mode.
+  weightbeam::v1::StepResult Rollback(uint64_t to, const std::vector<int>& replicas);
   // Aborts the step in flight, if any, on every agent it involves (SIGTERM): its senders
   // cancel, so Step returns promptly with the failure, and watchers see abort(`reason`).
   void AbortInFlight(const std::string& reason);

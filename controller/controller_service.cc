@@ -188,6 +188,19 @@ grpc::ServerUnaryReactor* ControllerService::Plan(grpc::CallbackServerContext* c
   return reactor;
 }
 
+grpc::ServerUnaryReactor* ControllerService::Rollback(grpc::CallbackServerContext* ctx,
+                                                      const v1::RollbackRequest* req,
+                                                      v1::RollbackResponse* resp) {
+  if (auto s = guard_.Admit(*ctx); !s.ok()) return Done(ctx, s);
+  auto* reactor = ctx->DefaultReactor();
+  std::thread([this, reactor, req, resp] {
+    *resp->mutable_result() =
+        core_->Rollback(req->to(), {req->replicas().begin(), req->replicas().end()});
+    reactor->Finish(grpc::Status::OK);
+  }).detach();
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* ControllerService::Step(grpc::CallbackServerContext* ctx,
                                                   const v1::StepRequest* req,
                                                   v1::StepResponse* resp) {

@@ -34,6 +34,9 @@ class ControllerService final : public weightbeam::v1::Controller::CallbackServi
   grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* ctx,
                                  const weightbeam::v1::StepRequest* req,
                                  weightbeam::v1::StepResponse* resp) override;
+  grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* ctx,
+                                     const weightbeam::v1::RollbackRequest* req,
+                                     weightbeam::v1::RollbackResponse* resp) override;
   // Step, answering twice: StepProgress.captured once every sender captured, then the result.
   // Admitted as Step is.
   grpc::ServerWriteReactor<weightbeam::v1::StepProgress>* StepAsync(

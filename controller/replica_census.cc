@@ -106,6 +106,12 @@ void ReplicaLedger::Committed(uint64_t version, const std::vector<int>& replicas
   }
 }
 
+void ReplicaLedger::RolledBack(int replica, uint64_t version) {
+  Entry& e = entries_[replica];
+  e.version = version;
+  e.digest.clear();  // the rolled-back version's digest is not known here
+}
+
 std::string ReplicaLedger::digest(int replica) const {
   auto it = entries_.find(replica);
   return it == entries_.end() ? "" : it->second.digest;

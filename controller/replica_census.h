@@ -55,6 +55,8 @@ class ReplicaLedger {
   // its digest of the version (VersionChecks.digest; "" or absent: not digested).
   void Committed(uint64_t version, const std::vector<int>& replicas,
                  const std::map<int, std::string>& digests = {});
+  // A rollback made `version` live again on `replica` (not a commit: staleness counts on).
+  void RolledBack(int replica, uint64_t version);
   // The digest of the version the replica committed last ("": none).
   std::string digest(int replica) const;
   // Records that a replica exists (it shows up in layouts) so it is reported before it commits.

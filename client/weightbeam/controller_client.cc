@@ -37,6 +37,20 @@ struct ControllerClient::Impl {
   }
 };
 
+absl::StatusOr<v1::StepResult> ControllerClient::Rollback(uint64_t to,
+                                                          const std::vector<int32_t>& replicas) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+  v1::RollbackRequest req;
+  req.set_to(to);
+  for (int32_t k : replicas) req.add_replicas(k);
+  v1::RollbackResponse resp;
+  grpc::Status s = impl_->stub->Rollback(&ctx, req, &resp);
+  if (!s.ok()) return impl_->Convert(s);
+  if (!resp.result().ok()) return absl::AbortedError(resp.result().error());
+  return resp.result();
+}
+
 namespace {
 std::string Env(const char* name) {
   const char* v = std::getenv(name);

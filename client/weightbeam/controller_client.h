@@ -53,6 +53,10 @@ class ControllerClient {
   absl::StatusOr<weightbeam::v1::StepResult> Step(
       uint64_t version, std::chrono::milliseconds timeout = {},
       std::optional<uint32_t> max_staleness = std::nullopt);
+  // Every replica in `replicas` (empty: all) live at kept version `to` again, with one local
+  // copy per agent (receive.keep_versions); an error names the agent and what it keeps.
+  absl::StatusOr<weightbeam::v1::StepResult> Rollback(uint64_t to,
+                                                      const std::vector<int32_t>& replicas = {});
   // The same step, answering twice (Controller.StepAsync, docs/clients.md): WaitCaptured
   // returns once every sender has captured the version (the trainer may change its weights
   // from then on; before, doing so is the caller's bug), Result with the step's result. A step

@@ -252,6 +252,18 @@ absl::Status AgentNode::Start() {
       spdlog::warn("agent {}: receive.test_swap_delay_ms {} (a test hook) holds every swap",
                    config_.name, config_.receive.test_swap_delay_ms);
     }
+    if (config_.receive.keep_versions > 0) {
+      history_ = std::make_unique<staging::VersionHistory>(config_.receive.keep_versions,
+                                                           config_.receive.keep_max_bytes);
+      env.history = history_.get();
+    }
+    env.rolled_back = [this](uint64_t version, const std::string& reason) {
+      {
+        absl::MutexLock lock(&mu_);
+        committed_version_ = version;
+      }
+      Publish(v1::Event::KIND_COMMIT, version, reason);
+    };
     swap_ = std::make_unique<staging::StagedSwap>(&acks_, std::move(env), options);
   }
   agent_service_ = std::make_unique<AgentService>(this, *guard);
@@ -935,6 +947,33 @@ absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint6
   if (swap_) return absl::OkStatus();
   Publish(v1::Event::KIND_ABORT, version, reason);
   return absl::OkStatus();
+}
+
+absl::Status AgentNode::Rollback(const v1::RestoreVersionRequest& req,
+                                 v1::RestoreVersionResponse* resp) {
+  if (!swap_ || !history_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "agent ", config_.name, ": rollback needs receive.mode staged and receive.keep_versions "
+        "> 0 (this agent keeps no versions)"));
+  }
+  for (uint64_t v : history_->Kept()) resp->add_kept(v);
+  resp->set_from_version(swap_->live_version());
+  if (req.check_only()) {
+    if (req.version() == swap_->live_version()) return absl::OkStatus();
+    for (uint64_t v : history_->Kept()) {
+      if (v == req.version()) return absl::OkStatus();
+    }
+    return absl::NotFoundError(absl::StrCat("agent ", config_.name, ": version ", req.version(),
+                                            " is not kept here (kept: ", history_->KeptText(),
+                                            ")"));
+  }
+  absl::MutexLock fence(&fence_mu_);  // never while a step's Begin moves the fence
+  uint64_t from = 0;
+  absl::Status s = swap_->Rollback(req.version(), &from);
+  resp->set_from_version(from);
+  resp->clear_kept();
+  for (uint64_t v : history_->Kept()) resp->add_kept(v);
+  return s;
 }
 
 v1::HealthResponse AgentNode::Health(uint64_t step_id) const {

@@ -92,6 +92,9 @@ class AgentNode {
   // nothing is aborted then, and the answer is OK (AbortResponse.already_committed).
   absl::Status Abort(uint64_t version, const std::string& reason, uint64_t step_id = 0,
                      bool receiving_only = false, bool* already_committed = nullptr);
+  // A kept version live again (Agent.RestoreVersion): staged receivers with receive.keep_versions.
+  absl::Status Rollback(const weightbeam::v1::RestoreVersionRequest& req,
+                        weightbeam::v1::RestoreVersionResponse* resp);
   // `step_id`: also says whether that step is the one open here (step_open).
   weightbeam::v1::HealthResponse Health(uint64_t step_id = 0) const;
   absl::StatusOr<std::string> Handshake(const weightbeam::v1::HandshakeRequest& req);
@@ -198,6 +201,7 @@ class AgentNode {
   std::unique_ptr<staging::StagingMirrors> mirrors_;
   staging::AckBook acks_;
   // Staged: the swap, restore and aborts (its lock is taken before mu_, never under it).
+  std::unique_ptr<staging::VersionHistory> history_;  // receive.keep_versions > 0, staged
   std::unique_ptr<staging::StagedSwap> swap_;
   bool prepared_dense_ ABSL_GUARDED_BY(mu_) = false;  // the prepared version was no delta patch
   // In place: when the open step began (its live tensors are written from then on).

@@ -100,6 +100,13 @@ grpc::ServerUnaryReactor* AgentService::Abort(grpc::CallbackServerContext* ctx,
   return Done(ctx, s);
 }
 
+grpc::ServerUnaryReactor* AgentService::RestoreVersion(grpc::CallbackServerContext* ctx,
+                                                       const v1::RestoreVersionRequest* req,
+                                                       v1::RestoreVersionResponse* resp) {
+  if (auto a = guard_.AdmitController(*ctx, "Agent.RestoreVersion"); !a.ok()) return Refuse(ctx, a);
+  return Done(ctx, node_->Rollback(*req, resp));
+}
+
 grpc::ServerUnaryReactor* AgentService::Health(grpc::CallbackServerContext* ctx,
                                                const v1::HealthRequest* req,
                                                v1::HealthResponse* resp) {

@@ -33,6 +33,9 @@ class AgentService final : public weightbeam::v1::Agent::CallbackService {
   grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* ctx,
                                    const weightbeam::v1::CommitRequest* req,
                                    weightbeam::v1::CommitResponse* resp) override;
+  grpc::ServerUnaryReactor* RestoreVersion(grpc::CallbackServerContext* ctx,
+                                           const weightbeam::v1::RestoreVersionRequest* req,
+                                           weightbeam::v1::RestoreVersionResponse* resp) override;
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx,
                                   const weightbeam::v1::AbortRequest* req,
                                   weightbeam::v1::AbortResponse* resp) override;

@@ -93,6 +93,13 @@ absl::Status StagedSwap::Swap(uint64_t version, v1::CommitResponse* resp) {
     phase_ = Phase::kWaiting;
     version_ = version;
     aborted_ = false;
+    // The version about to be replaced, kept for a rollback before anything can overwrite it
+    // (a swap watcher copies on ready(v)); failing to keep it costs the rollback, not the swap.
+    if (env_.history != nullptr) {
+      if (auto s = env_.history->Save(live_, tensors); !s.ok()) {
+        spdlog::warn("agent {}: {}", options_.agent, std::string(s.message()));
+      }
+    }
     // Swap watchers hear ready(v) with their own user's staging objects only; the others
     // hear begin(v) (local::LocalService sends each kind to its own watchers).
     for (const std::optional<uid_t>& owner : who.swapping) {
@@ -153,6 +160,7 @@ absl::Status StagedSwap::Swap(uint64_t version, v1::CommitResponse* resp) {
   version_ = 0;
   if (committed.ok()) {
     swapped_ = version;
+    live_ = version;
     dirty_ = false;
   }
   moved_.SignalAll();
@@ -246,6 +254,43 @@ void StagedSwap::ClearStale() {
 StagedSwap::Phase StagedSwap::phase() const {
   absl::MutexLock lock(&mu_);
   return phase_;
+}
+
+absl::Status StagedSwap::Rollback(uint64_t version, uint64_t* from) {
+  const SwapEnvironment::Tensors tensors = env_.destinations();
+  absl::MutexLock lock(&mu_);
+  if (env_.history == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("agent ", options_.agent, ": no versions are kept for rollback (set "
+                     "receive.keep_versions)"));
+  }
+  if (phase_ != Phase::kIdle) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "agent ", options_.agent, ": the staged swap of version ", version_,
+        " is in progress; roll back after it"));
+  }
+  *from = live_;
+  if (version == live_) return absl::OkStatus();  // live already
+  if (auto s = env_.history->Save(live_, tensors); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("agent ", options_.agent, ": ", s.message()));
+  }
+  if (auto s = env_.history->Restore(version, tensors); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("agent ", options_.agent, ": rollback to version ",
+                                               version, ": ", s.message()));
+  }
+  spdlog::info("agent {}: rolled back from version {} to version {} (kept: {})", options_.agent,
+               live_, version, env_.history->KeptText());
+  live_ = version;
+  dirty_ = true;  // the mirrors hold the newer version: restored from live at the next step
+  if (env_.rolled_back) {
+    env_.rolled_back(version, absl::StrCat("rollback from version ", *from));
+  }
+  return absl::OkStatus();
+}
+
+uint64_t StagedSwap::live_version() const {
+  absl::MutexLock lock(&mu_);
+  return live_;
 }
 
 }  // namespace wb::staging

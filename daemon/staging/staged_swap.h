@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/registry/region_registry.h"
 #include "daemon/staging/ack_book.h"
+#include "daemon/staging/version_history.h"
 #include "weightbeam/v1/agent.pb.h"
 #include "weightbeam/v1/types.pb.h"
 
@@ -54,6 +55,11 @@ struct SwapEnvironment {
   // The copies, one tensor each (staging_mirrors.h; a test may fail or slow them).
   std::function<absl::Status(const registry::RegisteredTensor&)> to_live = CopyToLive;
   std::function<absl::Status(const registry::RegisteredTensor&)> to_staging = CopyToStaging;
+  // receive.keep_versions: where each swap keeps the version it replaces (null: none kept).
+  VersionHistory* history = nullptr;
+  // A rollback made `version` live again: the agent's committed version goes back to it and
+  // the watchers hear commit(v) with `reason` (called with the swap's lock held).
+  std::function<void(uint64_t version, const std::string& reason)> rolled_back;
 
   static absl::Status CopyToLive(const registry::RegisteredTensor& t);
   static absl::Status CopyToStaging(const registry::RegisteredTensor& t);
@@ -92,6 +98,13 @@ class StagedSwap {
   // The controller's abort of `version` (with `reason`), after its fence closed: tells the
   // watchers abort(v) unless they heard it already or v went live.
   AbortOutcome Abort(uint64_t version, const std::string& reason);
+  // Makes kept `version` live again with one local copy (VersionHistory), the version live
+  // now kept first so that it can be gone back to; the mirrors are restored from the live
+  // tensors at the next step. Refused while a swap runs, naming it, and for a version not
+  // kept, naming those that are. `from` gets the version that was live.
+  absl::Status Rollback(uint64_t version, uint64_t* from);
+  // The version the live tensors hold (0: the engine's own, before any swap).
+  uint64_t live_version() const;
 
   // An aborted step's mirrors could not be restored (a swap watcher's tensors, or a failed
   // copy): delta patches must be refused until a dense step rewrote them.
@@ -119,6 +132,8 @@ class StagedSwap {
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;  // the version in phase_ (waiting, copying)
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;  // an abort of version_ came while waiting
   uint64_t swapped_ ABSL_GUARDED_BY(mu_) = 0;  // the last version swapped in (commit told)
+  uint64_t live_ ABSL_GUARDED_BY(mu_) = 0;     // what the live tensors hold (after a rollback:
+                                               // the version rolled back to)
   uint64_t told_ ABSL_GUARDED_BY(mu_) = 0;     // the last version whose abort(v) was told here
   // A step began and its version was not swapped in yet (the mirrors may differ from live).
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;

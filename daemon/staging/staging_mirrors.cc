@@ -80,7 +80,9 @@ class MirrorHold : public registry::MemoryHold {
 // Host to host inside the SIGBUS guard: the live side is its owner's shared-memory object,
 // which the owner may shrink at any time. Device copies never run inside the guard (a
 // siglongjmp out of the driver would leave its locks held); they are synchronized.
-absl::Status Copy(const transport::MemoryRef& dst, const transport::MemoryRef& src,
+}  // namespace
+
+absl::Status CopyMemory(const transport::MemoryRef& dst, const transport::MemoryRef& src,
                   uint64_t length) {
   if (dst.kind == transport::MemoryKind::kHost && src.kind == transport::MemoryKind::kHost) {
     void* d = dst.addr;
@@ -96,7 +98,6 @@ absl::Status Copy(const transport::MemoryRef& dst, const transport::MemoryRef& s
   return gpu::CopyAnyToAny(dst.addr, src.addr, length, device);
 }
 
-}  // namespace
 
 StagingMirrors::StagingMirrors(uint64_t budget_bytes)
     : budget_(budget_bytes), bytes_(std::make_shared<std::atomic<uint64_t>>(0)) {
@@ -182,7 +183,7 @@ absl::StatusOr<std::optional<registry::OpenedMemory>> StagingMirrors::Mirror(
       !s.ok()) {
     return s;
   }
-  if (auto s = Copy(out.ref, live.ref, live.ref.length); !s.ok()) {
+  if (auto s = CopyMemory(out.ref, live.ref, live.ref.length); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("its first copy into staging: ", s.message()));
   }
   return std::optional<registry::OpenedMemory>(std::move(out));
@@ -235,7 +236,7 @@ absl::Status CheckLive(const registry::RegisteredTensor& t) {
 absl::Status CopyStagedToLive(const registry::RegisteredTensor& t) {
   if (!t.staged) return absl::OkStatus();
   absl::Status s = CheckLive(t);
-  if (s.ok()) s = Copy(t.live, t.memory, t.memory.length);
+  if (s.ok()) s = CopyMemory(t.live, t.memory, t.memory.length);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("swapping tensor '", t.spec.name(),
                                                "' into its live memory: ", s.message()));
@@ -246,7 +247,7 @@ absl::Status CopyStagedToLive(const registry::RegisteredTensor& t) {
 absl::Status CopyLiveToStaged(const registry::RegisteredTensor& t) {
   if (!t.staged) return absl::OkStatus();
   absl::Status s = CheckLive(t);
-  if (s.ok()) s = Copy(t.memory, t.live, t.memory.length);
+  if (s.ok()) s = CopyMemory(t.memory, t.live, t.memory.length);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("restoring the staging mirror of tensor '",
                                                t.spec.name(), "': ", s.message()));

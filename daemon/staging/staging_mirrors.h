@@ -56,6 +56,12 @@ class StagingMirrors : public registry::DestinationStager {
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
+// `length` bytes from `src` to `dst`, either of which may be GPU memory: host to host a memcpy
+// inside the bus guard (a shrunk object is an error, never SIGBUS); else CopyAnyToAny,
+// synchronized.
+absl::Status CopyMemory(const transport::MemoryRef& dst, const transport::MemoryRef& src,
+                        uint64_t length);
+
 // The swap of one tensor: its mirror copied into its live memory (a guarded memcpy after a
 // backing check for host tensors; device to device, synchronized, for GPU tensors). Errors
 // name the tensor; a shrunk live object is an error, never SIGBUS.

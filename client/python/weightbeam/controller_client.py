@@ -102,6 +102,18 @@ class ControllerClient:
             raise StepFailed(result.error or f"step {version} failed", result)
         return result
 
+    def rollback(self, to, replicas=()):
+        """Makes every inference replica (or those in ``replicas``) live at kept version ``to``
+        again, with one local copy on each of its agents (staged receivers with
+        ``receive.keep_versions``); nothing crosses the network. Returns the StepResult
+        (``rollback`` set); raises StepFailed naming the agent and the versions it keeps when
+        one of them does not keep ``to`` (then nothing changed)."""
+        request = controller_pb2.RollbackRequest(to=int(to), replicas=[int(k) for k in replicas])
+        result = self._unary(self._stub.Rollback, request, "Rollback", 300).result
+        if not result.ok:
+            raise StepFailed(result.error or f"rollback to {to} failed", result)
+        return result
+
     def step_async(self, version, timeout_s=0, max_staleness=None):
         """Starts step ``version`` and returns its StepHandle at once (Controller.StepAsync).
         ``handle.wait_captured(timeout)`` returns once every sender has captured the version:
