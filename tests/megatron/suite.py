@@ -1,7 +1,9 @@
 """Real Megatron-core models through real daemons: per case, one process per rank (gloo)
 initialises megatron.core.parallel_state, builds a GPTModel with the local layer spec on CPU
 (use_cpu_initialization, BF16 through Float16Module as Megatron's bf16 training wraps it), and
-registers it straight from the model (engines.register_megatron_params(session, model, config)).
+registers it straight from the model (engines.register_megatron_params(session, model, config);
+the "-vllm-source" case instead through the vLLM backend's MegatronShards, a real vLLM
+WeightSource, called as WeightbeamTrainerWeightTransferEngine calls it).
 Inference ranks register zeroed vLLM parameters (engines.register_engine_params); the controller
 plans and steps. The reference: every rank saves the model with Megatron's own dist checkpoint
 (model.sharded_state_dict()), this process reads it back whole (load_plain_tensors), converts
@@ -52,7 +54,11 @@ CASES = {
     "dense-pp2-uneven-tied": ("qwen3", True, 1, 2, 1, 1, [("vllm", 2, False)]),
     "moe-ep2": ("qwen3_moe", False, 1, 1, 2, None, [("vllm", 2, False), ("vllm", 1, True)]),
     "moe-tp2-ep2": ("qwen3_moe", False, 2, 1, 2, None, [("vllm", 2, False)]),
+    "dense-tp2-untied-vllm-source": ("qwen3", False, 2, 1, 1, None, [("vllm", 2, False)]),
 }
+# Cases whose ranks register through weightbeam.vllm_backend.MegatronShards (vLLM imported for
+# real) rather than engines.register_megatron_params.
+VLLM_SOURCE_CASES = {"dense-tp2-untied-vllm-source"}
 DEFAULT_CASES = list(CASES)
 
 
@@ -179,11 +185,16 @@ def rank_main(rank, world, case, config_path, socket, work, port, to_parent, go)
             tensors=[(n, list(t.shape), str(t.dtype))
                      for n, t in megatron_params.model_tensors(inner).items()])))
         session = weightbeam.LocalSession(socket, "trainer", rank=rank)
-        held = engines.register_megatron_params(session, model, config_path)
+        via_source = case in VLLM_SOURCE_CASES
+        if via_source:
+            held = vllm_source(rank, world, model, config_path, session)
+        else:
+            held = engines.register_megatron_params(session, model, config_path)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
         for version in range(1, VERSIONS + 1):
             if version > 1:
                 optimizer_step(model, ranks, optimizer)
+            if version > 1 or via_source:  # send_weights copies before every round
                 held.copy_shards()
             with cpu_checkpointing():
                 dist_checkpointing.save(model.module.sharded_state_dict(),
@@ -199,6 +210,39 @@ def rank_main(rank, world, case, config_path, socket, work, port, to_parent, go)
             held.close()
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+
+
+def vllm_source(rank, world, model, config_path, session):
+    """The vLLM backend's trainer side without a vLLM server: the source check of
+    WeightbeamTrainerWeightTransferEngine.trainer_init (reached through vLLM's own factory; it
+    refuses before it touches the client, so the client here is None), then MegatronShards
+    registered as trainer_init registers it (``source.register(session)``); the caller calls
+    ``copy_shards()`` as ``send_weights`` does and ``close()`` as ``shutdown`` does."""
+    from vllm.distributed.weight_transfer.base import WeightSource
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+    import weightbeam.vllm_backend as wbv
+    from weightbeam.vllm_backend import trainer
+
+    wbv.register()
+    info = wbv.WeightbeamTrainerInitInfo(rank=rank, world=world)
+    try:
+        WeightTransferTrainerFactory.trainer_init(info, client=None, source=object())
+        raise AssertionError("trainer_init took an object() source")
+    except ValueError as e:
+        if "DTensorShards" not in str(e) or "MegatronShards" not in str(e):
+            raise AssertionError(f"trainer_init's refusal names neither class: {e}")
+    source = wbv.MegatronShards(model, config_path)
+    if not isinstance(source, WeightSource):
+        raise AssertionError("MegatronShards is not a vLLM WeightSource")
+    trainer.check_source(source)  # what trainer_init checks first
+    meta = source.metadata()
+    items = list(source)
+    if [(m.name, m.dtype, tuple(m.shape)) for m in meta] != \
+            [(n, t.dtype, tuple(t.shape)) for n, t in items] or not items:
+        raise AssertionError("MegatronShards: metadata() and iteration disagree")
+    source.register(session)
+    return source
 
 
 # ------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ trainer engine lazily, by module path, so nothing here imports vLLM until the ba
     engine = WeightTransferTrainerFactory.trainer_init(
         WeightbeamTrainerInitInfo(rank=rank, world=world, controller="ctl:7400", ...),
         client=HTTPVLLMWeightSyncClient(url), source=DTensorShards(model, "config.json"))
+        # a Megatron-core model: source=MegatronShards(model, "config.json")
     engine.send_weights()        # after each optimizer step
 
 docs/engines.md ("vLLM backend") has the whole story.
@@ -33,7 +34,7 @@ def register():
 def __getattr__(name):
     # The trainer-side names, imported on first use (they import vLLM and torch).
     if name in ("WeightbeamTrainerInitInfo", "WeightbeamTrainerWeightTransferEngine",
-                "DTensorShards"):
+                "DTensorShards", "MegatronShards"):
         from weightbeam.vllm_backend import trainer
         return getattr(trainer, name)
     if name in ("WeightbeamInitInfo", "WeightbeamWeightTransferEngine"):

@@ -1,9 +1,10 @@
 """The trainer side of the weightbeam vLLM backend.
 
 Every trainer rank builds the engine with ``WeightTransferTrainerFactory.trainer_init(
-WeightbeamTrainerInitInfo(rank=..., ...), client=..., source=DTensorShards(model, config))``:
-each rank registers the shards it holds, as it holds them (FSDP2 / DTensor local shards: no
-gather, no ``full_tensor()``), with its node's agent. The sending rank (rank 0) then initialises
+WeightbeamTrainerInitInfo(rank=..., ...), client=..., source=DTensorShards(model, config))``
+(FSDP2 / DTensor) or ``source=MegatronShards(model, config)`` (Megatron-core): each rank
+registers the shards it holds, as it holds them (DTensor local shards, Megatron TP / PP / EP
+shards: no gather, no ``full_tensor()``), with its node's agent. The sending rank (rank 0) then initialises
 the vLLM workers through the ``VLLMWeightSyncClient`` the user already has (HTTP or Ray) and
 plans once. ``send_weights()`` after each optimizer step: every rank copies its local shards
 into the registered host memory (CUDA shards are read in place), rank 0 drives
@@ -23,6 +24,7 @@ from vllm.distributed.weight_transfer.base import (ParamMeta, TrainerInitInfo,
                                                    TrainerWeightTransferEngine, WeightSource)
 
 from weightbeam.controller_client import ControllerClient
+from weightbeam import megatron_params
 from weightbeam.dtensor_params import DTensorParams
 from weightbeam.errors import StepFailed, WeightbeamError
 from weightbeam.local_session import LocalSession
@@ -93,6 +95,84 @@ class DTensorShards(WeightSource):
             self.params.close()
 
 
+class MegatronShards(WeightSource):
+    """A Megatron-core model's parameters as this rank holds them, as vLLM's WeightSource: a
+    thin wrapper over weightbeam.megatron_params.register_megatron_model (which users without
+    vLLM call as ``engines.register_megatron_params(session, model, config)``). ``model``: the
+    rank's ``GPTModel``, under DDP / Float16Module wrappers too (one model chunk: virtual
+    pipeline stages are refused); build it after ``megatron.core.parallel_state`` is
+    initialised. ``register`` reads the TP / PP / EP / DP ranks from ``parallel_state``
+    (default ``megatron.core.parallel_state``), the stage's layers and the padded vocab from the
+    model.
+
+    ``metadata()`` and iteration are the model's own tensors under Megatron names
+    (``decoder.layers.0.self_attention.linear_qkv.weight``, ...), this rank's local shards with
+    their local shapes: not Hugging Face names nor full shapes. One Megatron tensor holds
+    several Hugging Face ones (fused QKV, gate/up), cut by TP, so those would need a gather and
+    a conversion; weightbeam's engine does not read them (its agents move the registered shards
+    and lay them out), only ``register`` / ``copy_shards`` / ``close``."""
+
+    def __init__(self, model, config, parallel_state=None):
+        self.model = model
+        self.config = config
+        self.parallel_state = parallel_state
+        self.named = megatron_params.model_tensors(megatron_params.unwrap(model))
+        self.params = None  # the MegatronParams register() returns
+        self.session = None
+
+    def metadata(self):
+        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.named.items()]
+
+    def __iter__(self):
+        for name, t in self.named.items():
+            yield name, t.detach()
+
+    def register(self, session):
+        """Registers every local tensor (host tensors through one SharedBuffer that
+        ``copy_shards`` refreshes; CUDA tensors in place). Returns the number of tensors
+        registered."""
+        self.session = session
+        self.params = megatron_params.register_megatron_model(
+            session, self.model, self.config, parallel_state=self.parallel_state)
+        return len(self.params.registered)
+
+    def copy_shards(self):
+        """Host tensors into the registered memory (a local copy of this rank's own shards);
+        then waits for CUDA writers (sources_ready)."""
+        if self.params is None:
+            raise WeightbeamError("MegatronShards.copy_shards before register(session)",
+                                  "FAILED_PRECONDITION")
+        self.params.copy_shards()
+
+    def close(self):
+        params, self.params = self.params, None
+        session, self.session = self.session, None
+        try:
+            if session is not None:
+                session.close()
+        finally:
+            if params is not None:
+                params.session = None  # closed above
+                params.close()
+
+
+SOURCE_METHODS = ("register", "copy_shards", "close")
+
+
+def check_source(source):
+    """Raises ValueError unless ``source`` is one weightbeam registers: a DTensorShards, a
+    MegatronShards, or any object with register(session) / copy_shards() / close()."""
+    if isinstance(source, (DTensorShards, MegatronShards)):
+        return
+    missing = [m for m in SOURCE_METHODS if not callable(getattr(source, m, None))]
+    if missing:
+        raise ValueError(
+            "the weightbeam trainer engine takes a weightbeam DTensorShards (FSDP2 / DTensor) "
+            "or MegatronShards (Megatron-core) source, the rank's shards as it holds them (or "
+            "any object with register(session) / copy_shards() / close()); got "
+            f"{type(source).__name__}, which has no {' / '.join(missing)}")
+
+
 class WeightbeamTrainerWeightTransferEngine(TrainerWeightTransferEngine):
     init_info_cls = WeightbeamTrainerInitInfo
 
@@ -105,9 +185,7 @@ class WeightbeamTrainerWeightTransferEngine(TrainerWeightTransferEngine):
 
     @classmethod
     def trainer_init(cls, init_info, *, client, source=None):
-        if not isinstance(source, DTensorShards):
-            raise ValueError("the weightbeam trainer engine takes a weightbeam DTensorShards "
-                             "source (the rank's shards as it holds them)")
+        check_source(source)
         engine = cls(client=client, source=source, info=init_info)
         session = LocalSession(init_info.agent_socket, "trainer", rank=init_info.rank)
         source.register(session)
