@@ -136,6 +136,7 @@ std::string FormatStep(const v1::StepResult& r) {
                    HumanBytes(r.bytes()), " in ", FixedPoint(r.seconds()), " s (",
                    FixedPoint(r.seconds() > 0 ? r.bytes() / r.seconds() / 1e9 : 0, 2), " GB/s)\n");
   if (std::string d = DeltaLine(r); !d.empty()) out += "  " + d + "\n";
+  if (!r.partial().empty()) out += "  " + r.partial() + "\n";
   if (std::string w = WaitLine(r); !w.empty()) out += "  " + w + "\n";
   if (r.predicted_seconds() > 0) {
     out += absl::StrCat(

@@ -236,6 +236,10 @@ int main(int argc, char** argv) {
   step->add_option("--max-staleness", max_staleness,
                    "wait (within the step timeout) until no inference replica left out would be "
                    "more than this many versions behind (docs/elastic.md)");
+  std::vector<std::string> step_changed;
+  step->add_option("--changed", step_changed,
+                   "a partial step: only tensors matching this pattern changed (repeatable; "
+                   "'*' wildcards; dense plans without relays)");
   std::string step_trace_file;
   step->add_option("--trace", step_trace_file,
                    "also write the step as a Chrome/Perfetto trace (JSON) to this file");
@@ -411,7 +415,7 @@ int main(int argc, char** argv) {
     }
     std::optional<uint32_t> bound;
     if (max_staleness >= 0) bound = static_cast<uint32_t>(max_staleness);
-    auto r = client->Step(version, {}, bound);
+    auto r = client->Step(version, {}, bound, step_changed);
     done = true;
     if (progress.joinable()) progress.join();
     if (!r.ok()) return Fail(r.status());

@@ -137,6 +137,7 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanNow(const v1::PlanRequest& r
   delta_choice_ = req.delta();
   relay_choice_ = req.relays();
   checks_ = req.checks();
+  frozen_.assign(req.frozen().begin(), req.frozen().end());
   world_ = world;
   // The caller waited for the world without the lock: only a look here. After it: Describe
   // (60 s), Introduce (10 s), LoadPlan (30 s) at most.
@@ -283,6 +284,11 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
   const auto endpoints = membership_.Endpoints();
   const bool delta = delta_choice_ == v1::DELTA_CHOICE_ON ||
                      (delta_choice_ == v1::DELTA_CHOICE_CONFIG && config_.delta.enabled);
+  if (!frozen_.empty() && (plan_config.relays.enabled || delta)) {
+    return absl::FailedPreconditionError(
+        "frozen tensors need a dense plan without relays (delta mode already sends nothing of "
+        "an unchanged tensor)");
+  }
   if (delta) {
     if (auto s = LoadDeltaReceivers(&*built, endpoints, deadline); !s.ok()) {
       has_plan_ = false;
@@ -327,6 +333,7 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
   plan_ = std::move(*built);
   ReturnFreeMemory();  // the old plan, and what building and sending this one held
   has_plan_ = true;
+  frozen_sent_ = false;  // the first step of a plan sends the frozen tensors too
   delta_need_anchor_ = true;
   delta_since_anchor_ = 0;
   plan_layout_version_ = layout_version;
@@ -671,13 +678,15 @@ uint64_t NewStepId() {
 
 ControllerCore::StepRun::StepRun(uint64_t v, std::chrono::milliseconds t,
                                  std::optional<uint32_t> staleness,
-                                 const std::function<void(const v1::StepCaptured&)>& captured)
+                                 const std::function<void(const v1::StepCaptured&)>& captured,
+                                 std::vector<std::string> changed_tensors)
     : version(v),
       timeout(t),
       max_staleness(staleness),
       on_captured(captured),
       t0(Clock::now()),
       deadline(t0 + t) {
+  changed = std::move(changed_tensors);
   result.set_version(v);
   result.set_started_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                  std::chrono::system_clock::now().time_since_epoch())
@@ -763,8 +772,9 @@ v1::StepResult ControllerCore::Rollback(uint64_t to, const std::vector<int>& ask
 
 v1::StepResult ControllerCore::Step(
     uint64_t version, std::chrono::milliseconds timeout, std::optional<uint32_t> max_staleness,
-    const std::function<void(const v1::StepCaptured&)>& on_captured) {
-  StepRun run(version, timeout, max_staleness, on_captured);
+    const std::function<void(const v1::StepCaptured&)>& on_captured,
+    const std::vector<std::string>& changed) {
+  StepRun run(version, timeout, max_staleness, on_captured, changed);
   // Queue: the capture token (a step still capturing, or captured and waiting to send, goes
   // first), then the send lock or a place behind the capture step sending.
   auto ticket = pipeline_.Enter(version, run.deadline);
@@ -878,6 +888,35 @@ absl::Status ControllerCore::StillReadyBehind(const StepRun& run) {
   return absl::OkStatus();
 }
 
+absl::Status ControllerCore::ChoosePartial(const std::vector<std::string>& changed,
+                                           StepSpec* spec, v1::StepResult* result) {
+  const bool frozen = !frozen_.empty() && frozen_sent_;
+  if (changed.empty() && !frozen) return absl::OkStatus();
+  if (!changed.empty() && (spec->delta || !plan_.relay_children.empty())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", spec->version, " names the tensors it changed, but partial steps need a dense "
+        "plan without relays (this plan is ", spec->delta ? "in delta mode" : "relayed",
+        "): push the version whole"));
+  }
+  // A replica in the step that does not hold the last committed version (it missed steps, or
+  // was rolled back) needs every tensor: the step runs whole.
+  {
+    absl::MutexLock slock(&state_mu_);
+    for (const auto& [k, agents] : spec->replicas) {
+      if (k < 0 || ledger_.committed_version(k) == last_committed_) continue;
+      result->set_partial(absl::StrCat("whole: replica ", k, " holds version ",
+                                       ledger_.committed_version(k), ", not ", last_committed_));
+      return absl::OkStatus();
+    }
+  }
+  spec->only_tensors = changed;
+  if (frozen) spec->skip_tensors = frozen_;
+  result->set_partial(absl::StrCat(
+      "partial:", changed.empty() ? "" : absl::StrCat(" ", changed.size(), " changed pattern(s)"),
+      frozen ? absl::StrCat(" ", frozen_.size(), " frozen pattern(s) skipped") : ""));
+  return absl::OkStatus();
+}
+
 v1::StepResult ControllerCore::SendPhase(StepRun* run, StepPipeline::Ticket* ticket) {
   v1::StepResult& result = run->result;
   StepSpec spec = NextStep(run->version, run->t0, run->timeout);
@@ -898,6 +937,10 @@ v1::StepResult ControllerCore::SendPhase(StepRun* run, StepPipeline::Ticket* tic
     result.set_predicted_seconds(plan_.summary.predicted_step_seconds());
     result.set_prediction(absl::StrCat("plan ", spec.plan_id, " (dense)"));
   }
+  if (auto s = ChoosePartial(run->changed, &spec, &result); !s.ok()) {
+    ticket->ReleaseSlot();
+    return FailStep(run, std::string(s.message()));
+  }
   const absl::Status sent = protocol_.Run(spec, &result);
   ticket->ReleaseSlot();  // the send is over: a step waiting for a slot captures now
   for (auto& report : *result.mutable_agents()) {
@@ -917,6 +960,8 @@ v1::StepResult ControllerCore::SendPhase(StepRun* run, StepPipeline::Ticket* tic
     }
   }
   if (!sent.ok()) return FailStep(run, std::string(sent.message()));
+  // Frozen tensors went to every replica of the plan once this whole step committed.
+  if (spec.skip_tensors.empty() && spec.only_tensors.empty()) frozen_sent_ = true;
   if (spec.delta) {
     delta_since_anchor_ = spec.anchor || result.delta_anchor() ? 0 : delta_since_anchor_ + 1;
     // A replica dropped from this step holds an older version than the senders' shadows: the

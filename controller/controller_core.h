@@ -83,10 +83,12 @@ class ControllerCore {
   // comes while the previous one sends captures at once when a slot is free, else after that
   // send, and sends after it (in capture order). On an in-place plan `on_captured` comes just
   // before the result, and one step or plan runs at a time as before.
+  // `changed`: a partial step's changed tensor patterns (StepRequest.changed; empty: all).
   weightbeam::v1::StepResult Step(
       uint64_t version, std::chrono::milliseconds timeout,
       std::optional<uint32_t> max_staleness = std::nullopt,
-      const std::function<void(const weightbeam::v1::StepCaptured&)>& on_captured = nullptr);
+      const std::function<void(const weightbeam::v1::StepCaptured&)>& on_captured = nullptr,
+      const std::vector<std::string>& changed = {});
   // Makes kept version `to` live again on `replicas` (empty: every known replica) with a
   // local copy on each agent (RollbackRequest); the next step is a dense anchor in delta mode.
   weightbeam::v1::StepResult Rollback(uint64_t to, const std::vector<int>& replicas);
@@ -158,7 +160,8 @@ class ControllerCore {
   struct StepRun {
     StepRun(uint64_t version, std::chrono::milliseconds timeout,
             std::optional<uint32_t> max_staleness,
-            const std::function<void(const weightbeam::v1::StepCaptured&)>& on_captured);
+            const std::function<void(const weightbeam::v1::StepCaptured&)>& on_captured,
+            std::vector<std::string> changed = {});
     const uint64_t version;
     const std::chrono::milliseconds timeout;
     const std::optional<uint32_t> max_staleness;
@@ -172,7 +175,12 @@ class ControllerCore {
     uint64_t step_id = 0;
     double stall = -1;  // until every sender captured; the whole step when it did not get there
     std::map<std::string, weightbeam::v1::AgentStepReport> captures;
+    std::vector<std::string> changed;  // StepRequest.changed
   };
+  // A partial step (changed tensors, frozen ones): the senders' tensor filter, or why it runs
+  // whole (result.partial); refused for a delta or relayed plan when `changed` is given.
+  absl::Status ChoosePartial(const std::vector<std::string>& changed, StepSpec* spec,
+                             weightbeam::v1::StepResult* result);
   // The phases of Step. Mode: with the send lock, the plan is ready for the step and says
   // capture or in place; behind a send, the step captures on that step's target; a capture
   // step then takes a slot. Capture: the senders capture (then the trainer may go on); a step
@@ -239,6 +247,9 @@ class ControllerCore {
   weightbeam::v1::RelayChoice relay_choice_ ABSL_GUARDED_BY(plan_mu_) =
       weightbeam::v1::RELAY_CHOICE_CONFIG;
   weightbeam::v1::VersionChecks checks_ ABSL_GUARDED_BY(plan_mu_);
+  // Frozen tensor patterns (PlanRequest.frozen), and whether a whole step of this plan sent them.
+  std::vector<std::string> frozen_ ABSL_GUARDED_BY(plan_mu_);
+  bool frozen_sent_ ABSL_GUARDED_BY(plan_mu_) = false;
   // Learned from committed steps: delta step rates, and link rates the next plan uses.
   DeltaStepPredictor delta_predictor_ ABSL_GUARDED_BY(plan_mu_){config_.delta};
   LinkLearner link_learner_ ABSL_GUARDED_BY(plan_mu_);

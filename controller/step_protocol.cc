@@ -503,6 +503,8 @@ absl::Status StepProtocol::ExecuteOnSenders(const StepSpec& spec,
     }
     for (const auto& s : skip) c.request.add_skip_agents(s);
     for (const auto& d : spec.direct) c.request.add_direct_agents(d);
+    for (const auto& t : spec.only_tensors) c.request.add_only_tensors(t);
+    for (const auto& t : spec.skip_tensors) c.request.add_skip_tensors(t);
     // A relay waits on its parent, or on the senders once they feed it directly.
     if (spec.relay_children.count(a)) {
       const auto parent = parents.find(a);

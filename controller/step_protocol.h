@@ -36,6 +36,9 @@ struct StepSpec {
   // Delta mode: whether this step is a dense anchor, and the nonce marking its receive slots.
   bool delta = false;
   bool anchor = false;
+  // Partial steps: the senders run only the ops of tensors matching `only_tensors` and none of
+  // `skip_tensors` (ExecuteRequest).
+  std::vector<std::string> only_tensors, skip_tensors;
   // Checked on every receiver before it commits (CommitRequest.checks).
   weightbeam::v1::VersionChecks checks;
   uint64_t nonce = 0;

@@ -123,7 +123,8 @@ absl::StatusOr<v1::PlanSummary> ControllerClient::Plan(const v1::ExpectedWorld& 
 
 absl::StatusOr<v1::StepResult> ControllerClient::Step(uint64_t version,
                                                       std::chrono::milliseconds timeout,
-                                                      std::optional<uint32_t> max_staleness) {
+                                                      std::optional<uint32_t> max_staleness,
+                                                      const std::vector<std::string>& changed) {
   grpc::ClientContext ctx;
   // The controller enforces `timeout`; this deadline only guards against a controller that
   // stalls. Its slack covers a re-plan inside the step and the abort round.
@@ -134,6 +135,7 @@ absl::StatusOr<v1::StepResult> ControllerClient::Step(uint64_t version,
   req.set_version(version);
   req.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
   if (max_staleness) req.set_max_staleness(*max_staleness);
+  for (const auto& c : changed) req.add_changed(c);
   v1::StepResponse resp;
   grpc::Status s = impl_->stub->Step(&ctx, req, &resp);
   if (!s.ok()) return impl_->Convert(s);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "weightbeam/v1/controller.pb.h"
@@ -50,9 +51,11 @@ class ControllerClient {
   // when `timeout` is 0, should the controller stall.
   // `max_staleness` (docs/elastic.md): the step first waits, within `timeout`, until no
   // inference replica left out of it would be more than that many versions behind.
+  // `changed`: a partial step's changed tensor patterns (StepRequest.changed; empty: all).
   absl::StatusOr<weightbeam::v1::StepResult> Step(
       uint64_t version, std::chrono::milliseconds timeout = {},
-      std::optional<uint32_t> max_staleness = std::nullopt);
+      std::optional<uint32_t> max_staleness = std::nullopt,
+      const std::vector<std::string>& changed = {});
   // Every replica in `replicas` (empty: all) live at kept version `to` again, with one local
   // copy per agent (receive.keep_versions); an error names the agent and what it keeps.
   absl::StatusOr<weightbeam::v1::StepResult> Rollback(uint64_t to,

@@ -843,7 +843,8 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
                                       delta::StepDelta step, const std::set<std::string>& skip,
                                       uint64_t step_id,
                                       std::shared_ptr<const CapturedSources> captured,
-                                      const std::set<std::string>& feeders) {
+                                      const std::set<std::string>& feeders,
+                                      const TensorFilter& tensors) {
   v1::AgentStepReport report;
   const auto t0 = Clock::now();
   const auto deadline = t0 + timeout;
@@ -889,14 +890,15 @@ v1::AgentStepReport Executor::Execute(uint64_t version, std::chrono::millisecond
   if (delta && !skip.empty()) delta->Invalidate();
   step.version = version;
   const OpList& ops = *plan;
-  // The destinations this step skips are left out; a phase left empty is not run.
+  // The destinations this step skips, and the tensors a partial step leaves (frozen or not
+  // changed), are left out; a phase left empty is not run.
+  auto runs = [&](const v1::TransferOp& op) {
+    return (skip.empty() || !skip.count(op.dst_agent())) && tensors.Keeps(op.src_tensor());
+  };
   uint64_t run_ops = ops.size();
-  if (!skip.empty()) {
-    run_ops = std::count_if(ops.begin(), ops.end(),
-                            [&](const v1::TransferOp& op) { return !skip.count(op.dst_agent()); });
-  }
+  if (!skip.empty() || !tensors.empty()) run_ops = std::count_if(ops.begin(), ops.end(), runs);
   for (int i = 0; i < ops.size() && status.ok(); ++i) {
-    if (skip.empty() || !skip.count(ops[i].dst_agent())) phase.push_back(&ops[i]);
+    if (runs(ops[i])) phase.push_back(&ops[i]);
     if (i + 1 == ops.size() || ops[i + 1].phase() != ops[i].phase()) {
       if (!phase.empty()) {
         status = RunPhase(plan, routes, step_run, phase, deadline, step, delta.get(),

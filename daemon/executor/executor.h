@@ -20,6 +20,7 @@
 #include "daemon/delta/delta_sender.h"
 #include "daemon/executor/capture_store.h"
 #include "daemon/executor/landing_tracker.h"
+#include "daemon/executor/tensor_filter.h"
 #include "daemon/executor/staging_pool.h"
 #include "daemon/executor/worker_pool.h"
 #include "daemon/registry/region_registry.h"
@@ -113,7 +114,8 @@ class Executor {
                                           const std::set<std::string>& skip = {},
                                           uint64_t step_id = 0,
                                           std::shared_ptr<const CapturedSources> captured = nullptr,
-                                          const std::set<std::string>& feeders = {});
+                                          const std::set<std::string>& feeders = {},
+                                          const TensorFilter& tensors = {});
   // Relay ops (TransferOp.relay) read this agent's own destination bytes and are handed on only
   // once `landing` has seen every byte of them land in the running step; they fail at once
   // when one of `feeders` (Execute; empty: any writer) went away mid-step. Set before Load.

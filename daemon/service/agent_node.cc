@@ -603,7 +603,10 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
   auto timeout = std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 60000);
   v1::AgentStepReport report =
       executor_->Execute(req.version(), timeout, step, skip, req.step_id(), captured,
-                         {req.feeders().begin(), req.feeders().end()});
+                         {req.feeders().begin(), req.feeders().end()},
+                         executor::TensorFilter(
+                             {req.only_tensors().begin(), req.only_tensors().end()},
+                             {req.skip_tensors().begin(), req.skip_tensors().end()}));
   if (req.from_capture()) captures_->EndSend(req.capture_slot());
   report.set_agent(config_.name);
   for (auto& h : *report.mutable_hashes()) h.set_src_agent(config_.name);

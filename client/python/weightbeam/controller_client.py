@@ -61,7 +61,7 @@ class ControllerClient:
         self._stub = controller_pb2_grpc.ControllerStub(self._channel)
 
     def plan(self, trainer_ranks=0, inference_replicas=0, inference_ranks_per_replica=0,
-             wait_s=30.0, delta=None, check_finite=False, digest=False):
+             wait_s=30.0, delta=None, check_finite=False, digest=False, frozen=()):
         """Waits (up to ``wait_s``) for the world to be complete, plans, loads the plan on the
         senders; returns the PlanSummary. All zeros: the world from the controller's config.
         ``delta``: True / False turns delta mode on / off for this plan (and the plans made
@@ -70,7 +70,9 @@ class ControllerClient:
         commits; a version that fails is aborted everywhere and ``step`` raises StepFailed
         naming the tensor (staged receivers keep serving the previous version).
         ``digest``: every committed replica reports a digest of the version it holds
-        (StepResult.replica_digests / digest, status().replicas[k].digest)."""
+        (StepResult.replica_digests / digest, status().replicas[k].digest).
+        ``frozen``: trainer tensor patterns ('*' wildcards) sent by the plan's first step only
+        (and by any step a replica needs whole), never again (dense plans without relays)."""
         world = controller_pb2.ExpectedWorld(
             trainer_ranks=trainer_ranks, inference_replicas=inference_replicas,
             inference_ranks_per_replica=inference_ranks_per_replica)
@@ -80,9 +82,10 @@ class ControllerClient:
                                              delta=choice)
         request.checks.finite = bool(check_finite)
         request.checks.digest = bool(digest)
+        request.frozen.extend(frozen)
         return self._unary(self._stub.Plan, request, "Plan", wait_s + 60).summary
 
-    def step(self, version, timeout_s=0, max_staleness=None, ready=()):
+    def step(self, version, timeout_s=0, max_staleness=None, ready=(), changed=()):
         """Pushes ``version`` to the inference side and returns the StepResult once committed.
         ``ready``: this process's trainer LocalSessions; their sources_ready() runs first, so
         that no agent reads weights the optimizer is still writing (other ranks call their own
@@ -90,11 +93,15 @@ class ControllerClient:
         A failed step raises StepFailed with the controller's message (agent and cause) and the
         result. ``timeout_s`` 0 uses the controller's configured step timeout. With
         ``max_staleness`` the step first waits (within its timeout) until no inference replica
-        left out of it would be more than that many versions behind (docs/elastic.md)."""
+        left out of it would be more than that many versions behind (docs/elastic.md).
+        ``changed``: a partial step: only the trainer tensors matching these patterns ('*'
+        wildcards) changed since the last version, and only their ops run (dense plans
+        without relays); a replica that needs every tensor makes the step run whole."""
         for session in ready:
             session.sources_ready()
         request = controller_pb2.StepRequest(version=int(version),
-                                             timeout_ms=int(timeout_s * 1000))
+                                             timeout_ms=int(timeout_s * 1000),
+                                             changed=list(changed))
         if max_staleness is not None:
             request.max_staleness = int(max_staleness)
         result = self._unary(self._stub.Step, request, "Step", None).result
