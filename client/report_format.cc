@@ -115,8 +115,7 @@ std::string FormatReplicas(const v1::StatusResponse& s) {
   for (const auto& r : s.replicas()) {
     std::vector<std::string> row = {std::to_string(r.replica()), wb::wire::StateWord(r.state()),
                                     std::to_string(r.committed_version()),
-                                    std::to_string(r.staleness()),
-                                    absl::StrJoin(r.agents(), ",")};
+                                    std::to_string(r.staleness()), absl::StrJoin(r.agents(), ",")};
     if (digests) row.push_back(r.digest().empty() ? "-" : r.digest());
     t.Add(row);
   }
@@ -125,9 +124,8 @@ std::string FormatReplicas(const v1::StatusResponse& s) {
 
 std::string FormatStep(const v1::StepResult& r) {
   if (r.rollback()) {
-    return absl::StrCat("rollback to version ", r.version(), ": ",
-                        r.ok() ? "live again" : "FAILED", " on replica(s) ",
-                        absl::StrJoin(r.committed_replicas(), ","), " in ",
+    return absl::StrCat("rollback to version ", r.version(), ": ", r.ok() ? "live again" : "FAILED",
+                        " on replica(s) ", absl::StrJoin(r.committed_replicas(), ","), " in ",
                         FixedPoint(r.seconds(), 3), " s",
                         r.ok() ? "" : absl::StrCat(": ", r.error()), "\n");
   }

@@ -748,7 +748,9 @@ v1::StepResult ControllerCore::Rollback(uint64_t to, const std::vector<int>& ask
     }
     return FailedCalls(CallAll<v1::RestoreVersionRequest, v1::RestoreVersionResponse>(
         &channels_, targets, std::chrono::milliseconds(check_only ? 10000 : 120000),
-        [](auto* s, auto* c, const auto& q, auto* cq) { return s->PrepareAsyncRestoreVersion(c, q, cq); }));
+        [](auto* s, auto* c, const auto& q, auto* cq) {
+          return s->PrepareAsyncRestoreVersion(c, q, cq);
+        }));
   };
   // Every agent keeps `to`, or nothing changes anywhere.
   if (std::string failed = round(true); !failed.empty()) return fail(failed);
@@ -770,10 +772,10 @@ v1::StepResult ControllerCore::Rollback(uint64_t to, const std::vector<int>& ask
   return result;
 }
 
-v1::StepResult ControllerCore::Step(
-    uint64_t version, std::chrono::milliseconds timeout, std::optional<uint32_t> max_staleness,
-    const std::function<void(const v1::StepCaptured&)>& on_captured,
-    const std::vector<std::string>& changed) {
+v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds timeout,
+                                    std::optional<uint32_t> max_staleness,
+                                    const std::function<void(const v1::StepCaptured&)>& on_captured,
+                                    const std::vector<std::string>& changed) {
   StepRun run(version, timeout, max_staleness, on_captured, changed);
   // Queue: the capture token (a step still capturing, or captured and waiting to send, goes
   // first), then the send lock or a place behind the capture step sending.
@@ -888,15 +890,16 @@ absl::Status ControllerCore::StillReadyBehind(const StepRun& run) {
   return absl::OkStatus();
 }
 
-absl::Status ControllerCore::ChoosePartial(const std::vector<std::string>& changed,
-                                           StepSpec* spec, v1::StepResult* result) {
+absl::Status ControllerCore::ChoosePartial(const std::vector<std::string>& changed, StepSpec* spec,
+                                           v1::StepResult* result) {
   const bool frozen = !frozen_.empty() && frozen_sent_;
   if (changed.empty() && !frozen) return absl::OkStatus();
   if (!changed.empty() && (spec->delta || !plan_.relay_children.empty())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", spec->version, " names the tensors it changed, but partial steps need a dense "
-        "plan without relays (this plan is ", spec->delta ? "in delta mode" : "relayed",
-        "): push the version whole"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", spec->version,
+                     " names the tensors it changed, but partial steps need a dense "
+                     "plan without relays (this plan is ",
+                     spec->delta ? "in delta mode" : "relayed", "): push the version whole"));
   }
   // A replica in the step that does not hold the last committed version (it missed steps, or
   // was rolled back) needs every tensor: the step runs whole.

@@ -211,9 +211,8 @@ grpc::ServerUnaryReactor* ControllerService::Step(grpc::CallbackServerContext* c
         std::chrono::milliseconds(req->timeout_ms() ? req->timeout_ms() : step_timeout_ms_);
     std::optional<uint32_t> max_staleness;
     if (req->has_max_staleness()) max_staleness = req->max_staleness();
-    *resp->mutable_result() =
-        core_->Step(req->version(), timeout, max_staleness, nullptr,
-                    {req->changed().begin(), req->changed().end()});
+    *resp->mutable_result() = core_->Step(req->version(), timeout, max_staleness, nullptr,
+                                          {req->changed().begin(), req->changed().end()});
     reactor->Finish(grpc::Status::OK);
   }).detach();
   return reactor;
@@ -231,15 +230,13 @@ grpc::ServerWriteReactor<v1::StepProgress>* ControllerService::StepAsync(
     std::optional<uint32_t> max_staleness;
     if (req->has_max_staleness()) max_staleness = req->max_staleness();
     v1::StepProgress done;
-    *done.mutable_result() =
-        core_->Step(
-            req->version(), timeout, max_staleness,
-            [writer](const v1::StepCaptured& c) {
-              v1::StepProgress captured;
-              *captured.mutable_captured() = c;
-              writer->Send(std::move(captured), false);
-            },
-            {req->changed().begin(), req->changed().end()});
+    *done.mutable_result() = core_->Step(req->version(), timeout, max_staleness,
+                                         [writer](const v1::StepCaptured& c) {
+                                           v1::StepProgress captured;
+                                           *captured.mutable_captured() = c;
+                                           writer->Send(std::move(captured), false);
+                                         },
+                                         {req->changed().begin(), req->changed().end()});
     writer->Send(std::move(done), true);
   }).detach();
   return writer;

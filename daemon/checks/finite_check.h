@@ -29,7 +29,8 @@ struct FiniteStats {
 // Checks every tensor in `tensors` (their `memory`: the staging mirror when staged). Fails
 // with FAILED_PRECONDITION naming the first tensor, element and bits that are not finite, or
 // the tensor whose memory its owner shrank (the read is bus-guarded).
-absl::Status CheckFinite(const std::vector<std::shared_ptr<const registry::RegisteredTensor>>& tensors,
-                         FiniteStats* stats);
+absl::Status CheckFinite(
+    const std::vector<std::shared_ptr<const registry::RegisteredTensor>>& tensors,
+    FiniteStats* stats);
 
 }  // namespace wb::checks

@@ -19,9 +19,9 @@ absl::Status ReadPieces(const registry::RegisteredTensor& t,
     for (uint64_t at = 0; at < length; at += kPieceBytes) {
       const uint64_t n = std::min(kPieceBytes, length - at);
       if (auto s = gpu::CopyAnyToAny(host.data(), base + at, n, t.memory.device); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("tensor '", t.spec.name(),
-                                                   "': reading it back for the check: ",
-                                                   s.message()));
+        return absl::Status(s.code(),
+                            absl::StrCat("tensor '", t.spec.name(),
+                                         "': reading it back for the check: ", s.message()));
       }
       fn(host.data(), n, at);
     }

@@ -19,9 +19,8 @@ absl::StatusOr<std::vector<v1::RankDigest>> DigestDestinations(
   for (const auto& t : tensors) {
     if (t->owner.role() != v1::ROLE_INFERENCE) continue;
     uint64_t h = 0x9e3779b97f4a7c15ull;
-    if (auto s = ReadPieces(*t, [&](const uint8_t* data, uint64_t n, uint64_t) {
-          h = delta::HashBytes(data, n, h);
-        });
+    if (auto s = ReadPieces(*t, [&](const uint8_t* data, uint64_t n,
+                                    uint64_t) { h = delta::HashBytes(data, n, h); });
         !s.ok()) {
       return s;
     }

@@ -24,8 +24,7 @@ bool TensorFilter::Keeps(const std::string& name) const {
   if (empty()) return true;
   auto it = seen_.find(name);
   if (it != seen_.end()) return it->second;
-  const bool keep =
-      (include_.empty() || AnyMatches(include_, name)) && !AnyMatches(exclude_, name);
+  const bool keep = (include_.empty() || AnyMatches(include_, name)) && !AnyMatches(exclude_, name);
   seen_.emplace(name, keep);
   return keep;
 }

@@ -601,11 +601,10 @@ v1::AgentStepReport AgentNode::Execute(const v1::ExecuteRequest& req) {
     captured = std::move(*sources);
   }
   auto timeout = std::chrono::milliseconds(req.timeout_ms() ? req.timeout_ms() : 60000);
-  v1::AgentStepReport report =
-      executor_->Execute(req.version(), timeout, step, skip, req.step_id(), captured,
-                         {req.feeders().begin(), req.feeders().end()},
-                         executor::TensorFilter(
-                             {req.only_tensors().begin(), req.only_tensors().end()},
+  v1::AgentStepReport report = executor_->Execute(
+      req.version(), timeout, step, skip, req.step_id(), captured,
+      {req.feeders().begin(), req.feeders().end()},
+      executor::TensorFilter({req.only_tensors().begin(), req.only_tensors().end()},
                              {req.skip_tensors().begin(), req.skip_tensors().end()}));
   if (req.from_capture()) captures_->EndSend(req.capture_slot());
   report.set_agent(config_.name);
@@ -756,8 +755,8 @@ absl::Status AgentNode::CheckVersion(const v1::CommitRequest& req, v1::CommitRes
     auto digests = checks::DigestDestinations(registry_->Destinations());
     if (!digests.ok()) {
       return absl::FailedPreconditionError(absl::StrCat("agent ", config_.name, ": version ",
-                                                        req.version(), ": digest: ",
-                                                        digests.status().message()));
+                                                        req.version(),
+                                                        ": digest: ", digests.status().message()));
     }
     for (auto& d : *digests) *resp->add_digests() = std::move(d);
   }
@@ -769,12 +768,13 @@ absl::Status AgentNode::CheckVersion(const v1::CommitRequest& req, v1::CommitRes
     metrics_.Error(AgentMetrics::kCommitRefused);
     spdlog::error("agent {}: version {}: {}", config_.name, req.version(),
                   std::string(s.message()));
-    return absl::FailedPreconditionError(absl::StrCat("agent ", config_.name, ": version ",
-                                                      req.version(), ": ", s.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("agent ", config_.name, ": version ", req.version(), ": ", s.message()));
   }
-  spdlog::info("version {}: {} destination tensor(s), {} bytes finite (checked in {:.3f} s, "
-               "{:.2f} GB/s)",
-               req.version(), stats.tensors, stats.bytes, stats.seconds, gbps);
+  spdlog::info(
+      "version {}: {} destination tensor(s), {} bytes finite (checked in {:.3f} s, "
+      "{:.2f} GB/s)",
+      req.version(), stats.tensors, stats.bytes, stats.seconds, gbps);
   return absl::OkStatus();
 }
 
@@ -941,9 +941,10 @@ absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint6
   // watchers) or finishes first (copying), and then the abort is refused.
   if (swap_ &&
       swap_->Abort(version, reason) == staging::StagedSwap::AbortOutcome::kAlreadyCommitted) {
-    spdlog::warn("agent {}: abort of version {} came after its staged swap finished: the "
-                 "version is live here; not aborted",
-                 config_.name, version);
+    spdlog::warn(
+        "agent {}: abort of version {} came after its staged swap finished: the "
+        "version is live here; not aborted",
+        config_.name, version);
     if (already_committed != nullptr) *already_committed = true;
     return absl::OkStatus();
   }
@@ -955,9 +956,10 @@ absl::Status AgentNode::Abort(uint64_t version, const std::string& reason, uint6
 absl::Status AgentNode::Rollback(const v1::RestoreVersionRequest& req,
                                  v1::RestoreVersionResponse* resp) {
   if (!swap_ || !history_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "agent ", config_.name, ": rollback needs receive.mode staged and receive.keep_versions "
-        "> 0 (this agent keeps no versions)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("agent ", config_.name,
+                     ": rollback needs receive.mode staged and receive.keep_versions "
+                     "> 0 (this agent keeps no versions)"));
   }
   for (uint64_t v : history_->Kept()) resp->add_kept(v);
   resp->set_from_version(swap_->live_version());

@@ -260,14 +260,14 @@ absl::Status StagedSwap::Rollback(uint64_t version, uint64_t* from) {
   const SwapEnvironment::Tensors tensors = env_.destinations();
   absl::MutexLock lock(&mu_);
   if (env_.history == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("agent ", options_.agent, ": no versions are kept for rollback (set "
-                     "receive.keep_versions)"));
+    return absl::FailedPreconditionError(absl::StrCat("agent ", options_.agent,
+                                                      ": no versions are kept for rollback (set "
+                                                      "receive.keep_versions)"));
   }
   if (phase_ != Phase::kIdle) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "agent ", options_.agent, ": the staged swap of version ", version_,
-        " is in progress; roll back after it"));
+    return absl::FailedPreconditionError(absl::StrCat("agent ", options_.agent,
+                                                      ": the staged swap of version ", version_,
+                                                      " is in progress; roll back after it"));
   }
   *from = live_;
   if (version == live_) return absl::OkStatus();  // live already

@@ -83,7 +83,7 @@ class MirrorHold : public registry::MemoryHold {
 }  // namespace
 
 absl::Status CopyMemory(const transport::MemoryRef& dst, const transport::MemoryRef& src,
-                  uint64_t length) {
+                        uint64_t length) {
   if (dst.kind == transport::MemoryKind::kHost && src.kind == transport::MemoryKind::kHost) {
     void* d = dst.addr;
     const void* s = src.addr;
@@ -97,7 +97,6 @@ absl::Status CopyMemory(const transport::MemoryRef& dst, const transport::Memory
   const int device = dst.kind == transport::MemoryKind::kCuda ? dst.device : src.device;
   return gpu::CopyAnyToAny(dst.addr, src.addr, length, device);
 }
-
 
 StagingMirrors::StagingMirrors(uint64_t budget_bytes)
     : budget_(budget_bytes), bytes_(std::make_shared<std::atomic<uint64_t>>(0)) {

@@ -47,9 +47,9 @@ absl::Status VersionHistory::Save(uint64_t version, const Tensors& tensors) {
     for (const auto& [id, b] : kept_[i].by_region) others += b.size();
   }
   if (budget_ != 0 && others + need > budget_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "keeping version ", version, " for rollback needs ", need, " bytes; ", others,
-        " of receive.keep_max_bytes ", budget_, " hold versions ", KeptTextLocked()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("keeping version ", version, " for rollback needs ", need, " bytes; ", others,
+                     " of receive.keep_max_bytes ", budget_, " hold versions ", KeptTextLocked()));
   }
   Saved slot;
   if (replacing) {
@@ -68,8 +68,7 @@ absl::Status VersionHistory::Save(uint64_t version, const Tensors& tensors) {
     if (s.ok()) s = CopyMemory(Host(bytes), t->live, t->live.length);
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("keeping version ", version, " of tensor '",
-                                                 t->spec.name(), "' for rollback: ",
-                                                 s.message()));
+                                                 t->spec.name(), "' for rollback: ", s.message()));
     }
     by_region[t->region_id] = std::move(bytes);
   }
@@ -82,8 +81,8 @@ absl::Status VersionHistory::Restore(uint64_t version, const Tensors& tensors) c
   auto saved = std::find_if(kept_.begin(), kept_.end(),
                             [&](const Saved& s) { return s.version == version; });
   if (saved == kept_.end()) {
-    return absl::NotFoundError(absl::StrCat("version ", version, " is not kept here (kept: ",
-                                            KeptTextLocked(), ")"));
+    return absl::NotFoundError(
+        absl::StrCat("version ", version, " is not kept here (kept: ", KeptTextLocked(), ")"));
   }
   // Every staged tensor must have been kept, at its size: checked before anything is written.
   for (const auto& t : tensors) {

@@ -2,10 +2,9 @@
 
 #include <errno.h>
 #include <sched.h>
-#include <unistd.h>
-
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>

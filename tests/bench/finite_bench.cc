@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
   const uint64_t bytes = mib << 20;
   std::vector<uint8_t> data(bytes);
   // Finite for every dtype: bytes 0x00..0x3f never make an all-ones exponent or an e4m3fn NaN.
-  for (uint64_t i = 0; i < bytes; ++i) data[i] = static_cast<uint8_t>(((i * 2654435761u) >> 26) & 0x3f);
+  for (uint64_t i = 0; i < bytes; ++i)
+    data[i] = static_cast<uint8_t>(((i * 2654435761u) >> 26) & 0x3f);
   struct Case {
     const char* name;
     v1::DType dtype;
@@ -44,10 +45,11 @@ int main(int argc, char** argv) {
       if (hit) wb::bench::Die(std::string("a finite buffer reported non-finite: ") + c.name);
       best = std::min(best, s);
     }
-    std::printf("{\"bench\":\"finite_check\",\"dtype\":\"%s\",\"bytes\":%llu,\"seconds\":%.4f,"
-                "\"gbps\":%.2f,%s}\n",
-                c.name, static_cast<unsigned long long>(bytes), best, bytes / best / 1e9,
-                wb::bench::MachineInfoFields().c_str());
+    std::printf(
+        "{\"bench\":\"finite_check\",\"dtype\":\"%s\",\"bytes\":%llu,\"seconds\":%.4f,"
+        "\"gbps\":%.2f,%s}\n",
+        c.name, static_cast<unsigned long long>(bytes), best, bytes / best / 1e9,
+        wb::bench::MachineInfoFields().c_str());
   }
   return 0;
 }

@@ -184,8 +184,10 @@ TEST_CASE("an agent priced down and then idle decays back toward its rating") {
 }
 
 TEST_CASE("relays are measured by what they forward, not by the time they wait for bytes") {
-  const std::map<std::string, double> rated = {{"trainer-0", 0.025}, {"trainer-1", 0.025},
-                                               {"trainer-2", 0.025}, {"trainer-3", 0.025},
+  const std::map<std::string, double> rated = {{"trainer-0", 0.025},
+                                               {"trainer-1", 0.025},
+                                               {"trainer-2", 0.025},
+                                               {"trainer-3", 0.025},
                                                {"relay-0", 0.025}};
   auto relay = [](v1::StepResult* r, double forward_seconds) {
     AddSender(r, "relay-0", 200 * kMB, 64);  // waited for its bytes most of the step

@@ -1,10 +1,10 @@
 // The finiteness check's scan (daemon/checks/finite_check.h): every non-finite bit pattern of
 // each float dtype is found at its index, and every finite extreme passes.
+#include "daemon/checks/finite_check.h"
+
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <vector>
-
-#include "daemon/checks/finite_check.h"
 
 namespace v1 = weightbeam::v1;
 using wb::checks::FirstNonFinite;

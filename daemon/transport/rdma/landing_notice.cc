@@ -51,9 +51,9 @@ absl::StatusOr<std::vector<std::string>> EncodeNotices(uint64_t seq,
         absl::StrCat("rdma landing notices: a slot of ", slot_bytes, " bytes holds no entry"));
   }
   if (ranges.size() > kMaxLandedRangesPerBatch) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("rdma landing notices: ", ranges.size(), " ranges in one batch (at most ",
-                     kMaxLandedRangesPerBatch, ")"));
+    return absl::ResourceExhaustedError(absl::StrCat("rdma landing notices: ", ranges.size(),
+                                                     " ranges in one batch (at most ",
+                                                     kMaxLandedRangesPerBatch, ")"));
   }
   const size_t per_notice =
       std::min<size_t>((slot_bytes - kNoticeHeaderBytes) / kNoticeEntryBytes, UINT16_MAX);
@@ -114,8 +114,8 @@ absl::Status NoticeAssembler::Add(const void* data, size_t size) {
   }
   if (count > kMaxLandedRangesPerBatch) {
     return absl::InvalidArgumentError(absl::StrCat("landing notice says its batch has ", count,
-                                                   " notices (at most ",
-                                                   kMaxLandedRangesPerBatch, ")"));
+                                                   " notices (at most ", kMaxLandedRangesPerBatch,
+                                                   ")"));
   }
   std::vector<LandedRange> ranges;
   ranges.reserve(entries);
@@ -144,9 +144,9 @@ absl::Status NoticeAssembler::Add(const void* data, size_t size) {
   }
   if (ranges_.size() + ranges.size() > kMaxLandedRangesPerBatch) {
     Reset();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "landing notices of batch ", seq, " carry more than ", kMaxLandedRangesPerBatch,
-        " ranges; the batch reports nothing"));
+    return absl::InvalidArgumentError(absl::StrCat("landing notices of batch ", seq,
+                                                   " carry more than ", kMaxLandedRangesPerBatch,
+                                                   " ranges; the batch reports nothing"));
   }
   seen_[index] = true;
   ++received_;

@@ -270,8 +270,8 @@ TEST_CASE("landing notices: a batch carrying more ranges than the bound is refus
   NoticeAssembler a;
   REQUIRE(a.Add((*first)[0].data(), (*first)[0].size()).ok());
   REQUIRE(a.Add((*first)[1].data(), (*first)[1].size()).ok());  // 4,096: at the bound
-  CHECK_FALSE(a.Add(extra.data(), extra.size()).ok());           // 5,463: over it
-  CHECK_FALSE(a.Close().ok());  // nothing of batch 5 is reported
+  CHECK_FALSE(a.Add(extra.data(), extra.size()).ok());          // 5,463: over it
+  CHECK_FALSE(a.Close().ok());                                  // nothing of batch 5 is reported
   // A count beyond the bound is refused at once.
   std::string huge = (*first)[0];
   huge[10] = static_cast<char>(0xff);
