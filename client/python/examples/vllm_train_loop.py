@@ -45,7 +45,8 @@ def train(rank, args, port):
     fully_shard(model)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-    # The two weightbeam lines: the init info, and the model's shards as the source.
+    # The two weightbeam lines: the init info, and the model's shards as the source (a
+    # Megatron-core GPTModel goes the same way: source=wbv.MegatronShards(model, config)).
     info = wbv.WeightbeamTrainerInitInfo(
         rank=rank, world=args.ranks, agent_socket=args.socket, controller=args.controller,
         replicas=1, ranks_per_replica=args.tp,
