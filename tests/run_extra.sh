@@ -55,43 +55,30 @@ if [ "$(id -u)" -ne 0 ] || ! ip netns list >/dev/null 2>&1; then
 elif tests/cluster/short.sh; then log "cluster: PASS"; else log "cluster: FAIL"; failed=1; fi
 took cluster
 
-# The real-engine suite (docs/engines.md "Proof inside a real vLLM"): installs the pinned engine
-# packages into .cache/venv-engines once, then a real vLLM (CPU) per case. Its per-case lines
-# ("[wb] vllm <case> (<s> s): PASS|FAIL") are counted by ./wb test. WB_SKIP_VLLM=1 skips it.
-if [ "${WB_SKIP_VLLM:-0}" = 1 ]; then
-  log "vllm: SKIPPED (WB_SKIP_VLLM=1)"
-else
-  log "real engines (tests/vllm): vLLM's CPU build with the weightbeam backend, an FSDP2 trainer, log-probs against transformers"
-  if tests/vllm/run.sh; then log "vllm suite: PASS"; else log "vllm suite: FAIL"; failed=1; fi
-fi
-took vllm
-
-# Real torch 2.x DTensor trainers (docs/trainers.md "Registering a real DTensor model"): FSDP2,
-# HSDP and FSDP2 + TP models registered straight from the model, every byte of two versions
-# checked in vLLM layouts, BF16 and FP8; uses the venv the vLLM suite installs. Its per-case
-# lines ("[wb] trainers <case> (<s> s): PASS|FAIL") are counted by ./wb test.
-# WB_SKIP_TRAINERS=1 skips it.
-if [ "${WB_SKIP_TRAINERS:-0}" = 1 ]; then
-  log "trainers: SKIPPED (WB_SKIP_TRAINERS=1)"
-else
-  log "real DTensor trainers (tests/trainers): FSDP2, HSDP, FSDP2 + TP on gloo, registered from the model, bytes against full_tensor()"
-  if tests/trainers/run.sh; then log "trainers suite: PASS"; else log "trainers suite: FAIL"; failed=1; fi
-fi
-took trainers
-
-# Real Megatron-core models (docs/trainers.md "Megatron-core from the model"): GPTModels at TP 2,
-# PP 2 with uneven stages and EP 2 (MoE) on gloo, registered straight from the model, two
-# versions checked byte for byte in vLLM layouts (BF16 and FP8) against Megatron's own dist
-# checkpoint; installs megatron-core into .cache/venv-megatron, beside the venv the vLLM suite
-# installs. Its per-case lines ("[wb] megatron <case> (<s> s): PASS|FAIL") are counted by
-# ./wb test. WB_SKIP_MEGATRON=1 skips it.
-if [ "${WB_SKIP_MEGATRON:-0}" = 1 ]; then
-  log "megatron: SKIPPED (WB_SKIP_MEGATRON=1)"
-else
-  log "real Megatron-core models (tests/megatron): TP, uneven PP, EP on gloo, registered from the model, bytes against Megatron's dist checkpoint"
-  if tests/megatron/run.sh; then log "megatron suite: PASS"; else log "megatron suite: FAIL"; failed=1; fi
-fi
-took megatron
+# The real-engine and real-trainer suites, each skipped by its WB_SKIP_<NAME>=1; their per-case
+# lines ("[wb] <name> <case> (<s> s): PASS|FAIL") are counted by ./wb test.
+python_suite() {  # NAME SCRIPT WHAT
+  local skip="WB_SKIP_${1^^}"
+  if [ "${!skip:-0}" = 1 ]; then
+    log "$1: SKIPPED ($skip=1)"
+  else
+    log "$3"
+    if "$2"; then log "$1 suite: PASS"; else log "$1 suite: FAIL"; failed=1; fi
+  fi
+  took "$1"
+}
+# docs/engines.md "Proof inside a real vLLM": installs the pinned engine packages into
+# .cache/venv-engines once, then a real vLLM (CPU) per case.
+python_suite vllm tests/vllm/run.sh \
+  "real engines (tests/vllm): vLLM's CPU build with the weightbeam backend, an FSDP2 trainer, log-probs against transformers"
+# docs/trainers.md "Registering a real DTensor model": FSDP2, HSDP, FSDP2 + TP registered from
+# the model, two versions checked byte for byte in vLLM layouts (BF16, FP8); the vLLM venv.
+python_suite trainers tests/trainers/run.sh \
+  "real DTensor trainers (tests/trainers): FSDP2, HSDP, FSDP2 + TP on gloo, registered from the model, bytes against full_tensor()"
+# docs/trainers.md "Megatron-core from the model": TP 2, uneven PP 2, EP 2 against Megatron's
+# own dist checkpoint; megatron-core in .cache/venv-megatron beside the vLLM venv.
+python_suite megatron tests/megatron/run.sh \
+  "real Megatron-core models (tests/megatron): TP, uneven PP, EP on gloo, registered from the model, bytes against Megatron's dist checkpoint"
 
 if [ -x tests/fuzz/run.sh ]; then
   log "fuzzing (bounded): tcp frames, config, registrations, plan ops, storage manifests, step-link frames, model configs; 10 s each"

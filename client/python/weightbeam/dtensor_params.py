@@ -21,7 +21,7 @@ import torch
 
 from weightbeam import engines
 from weightbeam.errors import WeightbeamError
-from weightbeam.shared_buffer import SharedBuffer
+from weightbeam.host_mirror import HostMirror
 
 # Transformers v5 keeps each MoE layer's experts stacked under these names.
 FUSED_EXPERTS_SUFFIX = "mlp.experts.gate_up_proj"
@@ -43,8 +43,7 @@ class DTensorParams:
         self.mesh, self.coords, self.rules = _mesh_and_rules(self.named)
         self.session = None
         self.parts = 0  # parts registered by register()
-        self._mirrors = {}
-        self._buffer = None
+        self._mirror = None
 
     def local(self, name):
         """This rank's local shard of parameter ``name`` (the tensor itself, not the mirror)."""
@@ -53,25 +52,16 @@ class DTensorParams:
     def register(self, session):
         """Registers every non-empty local shard with ``session``'s agent; returns the number of
         parts registered. Nothing stays registered if the agent refuses one."""
-        host = {n: t for n, t in ((n, self.local(n)) for n in self.named)
-                if not t.is_cuda and t.numel() > 0}
-        sizes = {n: t.numel() * t.element_size() for n, t in host.items()}
-        if host:
-            self._buffer = SharedBuffer(sum(_aligned(s) for s in sizes.values()), "trainer")
+        self._mirror = HostMirror({n: self.local(n) for n in self.named}, "trainer")
         try:
-            offset = 0
-            for name, t in host.items():
-                self._mirrors[name] = torch.frombuffer(
-                    self._buffer.memoryview(offset, sizes[name]), dtype=t.dtype).view(t.shape)
-                offset += _aligned(sizes[name])
-            self._copy_mirrors()
-            named = {n: self._mirrors.get(n, self.local(n)) for n in self.named
+            self._mirror.refresh(self.local)
+            named = {n: self._mirror.views.get(n, self.local(n)) for n in self.named
                      if self.local(n).numel() > 0}
             self.parts = engines.register_dtensor_params(
                 session, named, self.config, self.mesh, self.coords, self.rules,
                 fused_experts=self.fused_experts)
         except Exception:
-            self._free_mirrors()
+            self._free_mirror()
             raise
         self.session = session
         return self.parts
@@ -80,7 +70,8 @@ class DTensorParams:
         """Call after each optimizer step, before the push: copies host shards into the
         registered memory (a local copy of this rank's own shard), then waits for CUDA writers
         (``session.sources_ready()``)."""
-        self._copy_mirrors()
+        if self._mirror is not None:
+            self._mirror.refresh(self.local)
         if self.session is not None:
             self.session.sources_ready()
 
@@ -88,18 +79,12 @@ class DTensorParams:
         """Frees the mirror memory. Close the session first (the agent withdraws the tensors
         when it ends); this object no longer pushes after it."""
         self.session = None
-        self._free_mirrors()
+        self._free_mirror()
 
-    def _copy_mirrors(self):
-        with torch.no_grad():
-            for name, mirror in self._mirrors.items():
-                mirror.copy_(self.local(name))
-
-    def _free_mirrors(self):
-        self._mirrors = {}
-        if self._buffer is not None:
-            self._buffer, buffer = None, self._buffer
-            buffer.close()
+    def _free_mirror(self):
+        if self._mirror is not None:
+            self._mirror, mirror = None, self._mirror
+            mirror.close()
 
 
 def _named_parameters(model_or_named):
@@ -202,6 +187,3 @@ def _check_split_factors(name, p, dims, shape, kinds):
                 f"reads a _StridedShard cut after the later mesh dimensions' {want} shard(s) "
                 "of the same tensor dimension", "INVALID_ARGUMENT")
 
-
-def _aligned(n):
-    return (n + 63) // 64 * 64

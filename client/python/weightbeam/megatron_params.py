@@ -19,7 +19,7 @@ import re
 
 from weightbeam import engines
 from weightbeam.errors import WeightbeamError
-from weightbeam.shared_buffer import SharedBuffer
+from weightbeam.host_mirror import HostMirror
 
 # Local-spec name -> the TE-spec name the layout lists: TE fuses these norms into the next linear.
 # Same tensor, same shape, same bytes; applied only where the layout lists the TE name and not
@@ -99,31 +99,15 @@ class MegatronParams:
     def __init__(self, session, named, listed):
         """``named``: layout name -> the model's tensor; ``listed``: layout name -> (shape,
         dtype) the layout expects."""
-        import torch
-
         self.session = session
         self._sources = named
-        self._mirrors = {}
-        self._buffer = None
-        host = {n: t for n, t in named.items() if not t.is_cuda and t.numel() > 0}
-        sizes = {n: t.numel() * t.element_size() for n, t in host.items()}
-        if host:
-            self._buffer = SharedBuffer(sum(_aligned(s) for s in sizes.values()), "megatron")
-        offset = 0
-        for name, t in host.items():
-            self._mirrors[name] = torch.frombuffer(
-                self._buffer.memoryview(offset, sizes[name]), dtype=t.dtype).view(t.shape)
-            offset += _aligned(sizes[name])
-        self.registered = {n: self._mirrors.get(n, t) for n, t in named.items()}
+        self._mirror = HostMirror(named, "megatron")
+        self.registered = {n: self._mirror.views.get(n, t) for n, t in named.items()}
 
     def copy_shards(self):
         """The model's current host parameters into the registered memory; then waits for CUDA
         writers (sources_ready). Call after each optimizer step, before the step."""
-        import torch
-
-        with torch.no_grad():
-            for name, mirror in self._mirrors.items():
-                mirror.copy_(self._sources[name].detach())
+        self._mirror.refresh(lambda name: self._sources[name].detach())
         if self.session is not None:
             self.session.sources_ready()
 
@@ -134,11 +118,8 @@ class MegatronParams:
                 self.session, session = None, self.session
                 session.close()
         finally:
-            self._mirrors = {}
             self.registered = {}
-            if self._buffer is not None:
-                self._buffer.close()
-                self._buffer = None
+            self._mirror.close()
 
 
 def register_megatron_model(session, model, config, parallel_state=None):
@@ -200,6 +181,3 @@ def _where(r):
     return (f"megatron tp {r['tp_rank']}/{r['tp']} pp {r['pp_rank']}/{r['pp']} "
             f"ep {r['ep_rank']}/{r['ep']} etp {r['etp_rank']}/{r['etp']}")
 
-
-def _aligned(n):
-    return (n + 63) // 64 * 64
