@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/wire/check_failed.h"
 #include "common/wire/state_words.h"
 
 namespace wb::controller {
@@ -44,7 +45,24 @@ std::chrono::milliseconds QuickCallTimeout(const StepSpec& spec) {
 // Commit and announce: as quick calls, plus what a staged receiver may wait for the watchers
 // that acknowledge a version before its swap.
 std::chrono::milliseconds CommitCallTimeout(const StepSpec& spec) {
-  return QuickCallTimeout(spec) + spec.commit_wait;
+  const std::chrono::milliseconds user_check(
+      spec.checks.user()
+          ? (spec.checks.user_deadline_ms() > 0 ? spec.checks.user_deadline_ms() : 10000)
+          : 0);
+  return QuickCallTimeout(spec) + spec.commit_wait + user_check;
+}
+
+// A version checked before it goes live (VersionChecks finite / user) is refused on every
+// replica when it fails on one: every receiver prepares, and announces only once all passed.
+bool ChecksBeforeLive(const StepSpec& spec) { return spec.checks.finite() || spec.checks.user(); }
+
+// The commit errors that are a failed version check, not a lost or failing agent.
+std::vector<std::string> CheckFailures(const std::map<std::string, std::string>& failed) {
+  std::vector<std::string> out;
+  for (const auto& [agent, why] : failed) {
+    if (wire::IsCheckFailure(why)) out.push_back(why);
+  }
+  return out;
 }
 
 // The pauses of the replicas that `announced` (agent -> its commit answer; those that failed
@@ -358,10 +376,17 @@ absl::Status StepProtocol::Run(const StepSpec& spec_in, v1::StepResult* result) 
   for (const auto& a : book.LiveReceivers()) {
     if (prepared_early.count(a)) continue;
     committing.push_back(a);
-    if (!book.Solo(a)) prepare.insert(a);
+    if (!book.Solo(a) || ChecksBeforeLive(spec)) prepare.insert(a);
   }
   auto failed = CommitOnReceivers(spec, committing, result, prepare);
   KeepLateCommits(spec, "commit", &failed);
+  if (const auto refused = CheckFailures(failed); !refused.empty()) {
+    // Nothing announced it yet: every replica keeps its live version.
+    const std::string why = absl::StrJoin(refused, "; ");
+    spdlog::error("step {}: refused on every replica: {}", spec.version, why);
+    AbortEverywhere(spec.version, involved, why, spec.step_id);
+    return absl::FailedPreconditionError(why);
+  }
   std::vector<std::string> errors;
   if (!failed.empty()) {
     for (const auto& [agent, why] : failed) {

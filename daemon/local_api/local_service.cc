@@ -146,14 +146,15 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Se
         return;
       case v1::SessionRequest::kAck: {
         const v1::AckVersion& ack = request_.ack();
-        if (service_->acks_ == nullptr) {
+        staging::AckBook* book = ack.check() ? service_->checks_ : service_->acks_;
+        if (book == nullptr) {
           return Fail(absl::StatusCode::kFailedPrecondition,
-                      "ack: this agent takes no acknowledgements");
+                      ack.check() ? "ack: this agent runs no user checks (receive.mode staged)"
+                                  : "ack: this agent takes no acknowledgements");
         }
         const std::optional<uid_t> uid =
             caller_.known ? std::optional<uid_t>(caller_.uid) : std::nullopt;
-        if (auto s = service_->acks_->Ack(ack.watcher(), ack.version(), ack.error(), uid);
-            !s.ok()) {
+        if (auto s = book->Ack(ack.watcher(), ack.version(), ack.error(), uid); !s.ok()) {
           return Fail(s.code(), std::string(s.message()));
         }
         return;
@@ -200,7 +201,15 @@ grpc::ServerWriteReactor<v1::Event>* LocalService::WatchEvents(grpc::CallbackSer
                                                                const v1::WatchEventsRequest* req) {
   const bool acknowledges = req->ack() || req->swap();
   std::string refused;
-  if (acknowledges && req->watcher().empty()) {
+  if (req->check()) {
+    if (acknowledges) {
+      refused = "watch with check is a stream of its own: ack and swap go on another one";
+    } else if (req->watcher().empty()) {
+      refused = "watch with check needs a watcher name (WatchEventsRequest.watcher)";
+    } else if (checks_ == nullptr) {
+      refused = "watch with check needs receive.mode staged on this agent (it writes in place)";
+    }
+  } else if (acknowledges && req->watcher().empty()) {
     refused = "watch with ack or swap needs a watcher name (WatchEventsRequest.watcher)";
   } else if (acknowledges && acks_ == nullptr) {
     refused = "this agent takes no acknowledgements";
@@ -230,11 +239,23 @@ grpc::ServerWriteReactor<v1::Event>* LocalService::WatchEvents(grpc::CallbackSer
   // A staged agent announces a version as ready(v) and begin(v) at once: watchers that swap
   // hear the first (the one listing their own user's staging objects), the others the second.
   const bool swap = req->swap();
-  options.keep = [swap, staged = staged_,
+  const bool check = req->check();
+  options.keep = [swap, check, staged = staged_,
                   audience = staging::ReadyAudience(owner)](const v1::Event& e) {
+    // A check watcher hears its own user's check(v) only; no other watcher hears any.
+    if (check || e.kind() == v1::Event::KIND_CHECK) {
+      return check && e.kind() == v1::Event::KIND_CHECK && e.reason() == audience;
+    }
     if (e.kind() == v1::Event::KIND_READY) return swap && e.reason() == audience;
     return !(swap && staged && e.kind() == v1::Event::KIND_BEGIN);
   };
+  if (check) {
+    const uint64_t id = checks_->Enter(req->watcher(), /*swap=*/false, owner, false);
+    options.on_done = [checks = checks_, id] { checks->Leave(id); };
+    auto* writer = new BroadcastWriter<v1::Event>(events_, std::move(options));
+    checks_->Listening(id);
+    return writer;
+  }
   if (!acknowledges) return new BroadcastWriter<v1::Event>(events_, std::move(options));
   // Entered before its stream subscribes (its end leaves the book) but waited for only once
   // it listens: a swap that told begin(v) before that never waits for it.

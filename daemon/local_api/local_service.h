@@ -65,6 +65,9 @@ class LocalService final : public weightbeam::v1::Local::CallbackService {
     acks_ = acks;
     staged_ = staged;
   }
+  // Check watchers (WatchEventsRequest.check, VersionChecks.user) enter `checks`, and their
+  // AckVersion{check: true} answers go there. Staged agents only. Set before serving.
+  void SetCheckBook(staging::AckBook* checks) { checks_ = checks; }
 
  private:
   friend class SessionReactor;
@@ -73,6 +76,7 @@ class LocalService final : public weightbeam::v1::Local::CallbackService {
   const std::function<void(const std::string& why)> on_refused_;
   PublishHandler on_publish_;
   staging::AckBook* acks_ = nullptr;
+  staging::AckBook* checks_ = nullptr;
   bool staged_ = false;
   CredentialLookup credentials_;
   const std::function<uint64_t()> committed_version_;

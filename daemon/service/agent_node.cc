@@ -18,6 +18,7 @@
 #include "common/grpc/message_limits.h"
 #include "common/net/socket_util.h"
 #include "common/version/version.h"
+#include "common/wire/check_failed.h"
 #include "daemon/checks/finite_check.h"
 #include "daemon/checks/version_digest.h"
 #include "daemon/executor/op_bounds.h"
@@ -234,6 +235,7 @@ absl::Status AgentNode::Start() {
         return committed_version_;
       });
   local_service_->SetAckBook(&acks_, mirrors_ != nullptr);
+  if (mirrors_) local_service_->SetCheckBook(&check_acks_);
   if (mirrors_) {
     staging::SwapEnvironment env;
     env.destinations = [this] { return registry_->Destinations(); };
@@ -760,6 +762,7 @@ absl::Status AgentNode::CheckVersion(const v1::CommitRequest& req, v1::CommitRes
     }
     for (auto& d : *digests) *resp->add_digests() = std::move(d);
   }
+  if (auto s = RunUserCheck(req); !s.ok()) return s;
   if (!req.checks().finite()) return absl::OkStatus();
   checks::FiniteStats stats;
   const absl::Status s = checks::CheckFinite(registry_->Destinations(), &stats);
@@ -768,13 +771,44 @@ absl::Status AgentNode::CheckVersion(const v1::CommitRequest& req, v1::CommitRes
     metrics_.Error(AgentMetrics::kCommitRefused);
     spdlog::error("agent {}: version {}: {}", config_.name, req.version(),
                   std::string(s.message()));
-    return absl::FailedPreconditionError(
-        absl::StrCat("agent ", config_.name, ": version ", req.version(), ": ", s.message()));
+    return absl::FailedPreconditionError(absl::StrCat("agent ", config_.name, ": version ",
+                                                      req.version(), " ", wire::kCheckFailed, ": ",
+                                                      s.message()));
   }
   spdlog::info(
       "version {}: {} destination tensor(s), {} bytes finite (checked in {:.3f} s, "
       "{:.2f} GB/s)",
       req.version(), stats.tensors, stats.bytes, stats.seconds, gbps);
+  return absl::OkStatus();
+}
+
+absl::Status AgentNode::RunUserCheck(const v1::CommitRequest& req) {
+  if (!req.checks().user()) return absl::OkStatus();
+  if (!mirrors_) {
+    metrics_.Error(AgentMetrics::kCommitRefused);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "agent ", config_.name, ": version ", req.version(), " ", wire::kCheckFailed,
+        ": a user check needs receive.mode staged here (this agent writes in place, so the "
+        "version would be live before it was checked)"));
+  }
+  staging::UserCheckEnvironment env;
+  env.destinations = [this] { return registry_->Destinations(); };
+  env.publish = [this](const v1::Event& e) { events_.Publish(e); };
+  env.staged_objects = [this](std::optional<uid_t> owner) { return mirrors_->HostObjects(owner); };
+  const uint32_t ms = req.checks().user_deadline_ms() > 0 ? req.checks().user_deadline_ms() : 10000;
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status s =
+      staging::RunUserCheck(&check_acks_, env, req.version(), std::chrono::milliseconds(ms));
+  if (!s.ok()) {
+    metrics_.Error(AgentMetrics::kCommitRefused);
+    spdlog::error("agent {}: version {}: {}", config_.name, req.version(),
+                  std::string(s.message()));
+    return absl::FailedPreconditionError(absl::StrCat("agent ", config_.name, ": version ",
+                                                      req.version(), " ", wire::kCheckFailed, ": ",
+                                                      s.message()));
+  }
+  spdlog::info("version {}: user check passed in {:.3f} s", req.version(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return absl::OkStatus();
 }
 

@@ -32,6 +32,7 @@
 #include "daemon/staging/ack_book.h"
 #include "daemon/staging/staged_swap.h"
 #include "daemon/staging/staging_mirrors.h"
+#include "daemon/staging/user_check.h"
 #include "daemon/storage/storage_agent.h"
 #include "daemon/transport/transport.h"
 #include "weightbeam/v1/agent.grpc.pb.h"
@@ -131,6 +132,8 @@ class AgentNode {
   // The checks the version's received bytes must pass before it commits here
   // (CommitRequest.checks): a failure names the tensor and refuses the commit.
   // With VersionChecks.digest, `resp` gets the digests of what its ranks hold.
+  // VersionChecks.user: the check watchers' verdict on the staged version.
+  absl::Status RunUserCheck(const weightbeam::v1::CommitRequest& req);
   absl::Status CheckVersion(const weightbeam::v1::CommitRequest& req,
                             weightbeam::v1::CommitResponse* resp);
   absl::Status Announce(uint64_t version, uint64_t step_id, weightbeam::v1::CommitResponse* resp);
@@ -200,6 +203,7 @@ class AgentNode {
   // receive.mode staged (null when in place): staging mirrors and acknowledging watchers.
   std::unique_ptr<staging::StagingMirrors> mirrors_;
   staging::AckBook acks_;
+  staging::AckBook check_acks_{staging::CheckBookOptions()};  // VersionChecks.user watchers
   // Staged: the swap, restore and aborts (its lock is taken before mu_, never under it).
   std::unique_ptr<staging::VersionHistory> history_;  // receive.keep_versions > 0, staged
   std::unique_ptr<staging::StagedSwap> swap_;

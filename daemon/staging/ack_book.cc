@@ -105,6 +105,20 @@ void AckBook::Interrupt(uint64_t version, const std::string& reason) {
 absl::Status AckBook::Wait(uint64_t version, std::chrono::milliseconds timeout,
                            const std::set<uint64_t>& waiting) {
   absl::MutexLock lock(&mu_);
+  std::map<uint64_t, std::string> names_at_start;  // for a watcher that leaves (leaving_fails)
+  for (uint64_t id : waiting) {
+    if (auto w = watching_.find(id); w != watching_.end()) names_at_start[id] = w->second.name;
+  }
+  auto left = [&]() -> std::string {
+    if (!options_.leaving_fails) return "";
+    for (const auto& [id, name] : names_at_start) {
+      if (!watching_.count(id)) {
+        return absl::StrCat("watcher '", name, "' stopped watching before it answered version ",
+                            version);
+      }
+    }
+    return "";
+  };
   // The watchers still owing an answer: chosen at the start and still watching.
   auto owing = [&]() {
     std::set<std::string> names;
@@ -122,23 +136,26 @@ absl::Status AckBook::Wait(uint64_t version, std::chrono::milliseconds timeout,
       if (w == watching_.end()) continue;
       auto a = answers_.find(Key{w->second.owner, w->second.name});
       if (a != answers_.end() && a->second.version == version && !a->second.error.empty()) {
-        return absl::StrCat("watcher '", w->second.name, "' failed to swap version ", version, ": ",
-                            a->second.error);
+        return absl::StrCat("watcher '", w->second.name, "' ", options_.failed, " version ",
+                            version, ": ", a->second.error);
       }
     }
     return "";
   };
   auto interrupted = [&]() { return interrupted_ == version; };
-  auto settled = [&]() { return interrupted() || owing().empty() || !failed().empty(); };
+  auto settled = [&]() {
+    return interrupted() || owing().empty() || !failed().empty() || !left().empty();
+  };
   const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
   while (!settled() && !changed_.WaitWithDeadline(&mu_, deadline)) {
   }
   if (interrupted()) return absl::AbortedError(interrupt_reason_);
   if (std::string why = failed(); !why.empty()) return absl::AbortedError(why);
+  if (std::string why = left(); !why.empty()) return absl::AbortedError(why);
   if (auto names = owing(); !names.empty()) {
     return absl::DeadlineExceededError(
         absl::StrCat("watcher(s) ", absl::StrJoin(names, ", "), " did not acknowledge version ",
-                     version, " within ", timeout.count(), " ms (receive.ack_timeout_ms)"));
+                     version, " within ", timeout.count(), " ms (", options_.timeout_setting, ")"));
   }
   return absl::OkStatus();
 }

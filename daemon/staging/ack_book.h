@@ -27,6 +27,17 @@ std::string ReadyAudience(std::optional<uid_t> owner);
 
 class AckBook {
  public:
+  // How the book words its errors, and whether a watcher that leaves unanswered fails a wait.
+  struct Options {
+    std::string failed = "failed to swap";  // "watcher 'w' <failed> version v: <its error>"
+    std::string timeout_setting = "receive.ack_timeout_ms";
+    // A check (VersionChecks.user) must be answered: a watcher whose stream ends before it
+    // answered fails the wait instead of being no longer waited for.
+    bool leaving_fails = false;
+  };
+  AckBook() = default;
+  explicit AckBook(Options options) : options_(std::move(options)) {}
+
   // A watcher open now, as Watching lists it.
   struct Entry {
     uint64_t id = 0;
@@ -72,6 +83,7 @@ class AckBook {
     uint64_t version = 0;
     std::string error;
   };
+  const Options options_;
   mutable absl::Mutex mu_;
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Entry> watching_ ABSL_GUARDED_BY(mu_);

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -80,6 +81,45 @@ void StageImbalance(const wb::planner::PlanStats& s, const wb::engines::Megatron
 
 }  // namespace
 
+// A partial step (StepRequest.changed) on this plan: every k-th trainer tensor name changed (k =
+// round(1 / fraction), names sorted, so the choice spreads over the layers); the ops and bytes
+// the senders then execute (ExecuteRequest.only_tensors) against the whole plan's.
+void PartialStep(const wb::planner::Plan& plan, const std::vector<wb::planner::AgentLayout>& agents,
+                 double fraction, nlohmann::json* j) {
+  std::vector<std::string> names;
+  for (size_t a = 0; a < plan.ops.size(); ++a) {
+    for (const auto& op : plan.ops[a]) {
+      names.push_back(wb::planner::EntryHolder(agents, op.src_agent).tensors[op.src_tensor].name);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  const size_t every = std::max<size_t>(1, static_cast<size_t>(std::lround(1.0 / fraction)));
+  std::set<std::string> changed;
+  for (size_t i = 0; i < names.size(); i += every) changed.insert(names[i]);
+  uint64_t ops = 0, bytes = 0, dense_ops = 0, dense_bytes = 0;
+  for (size_t a = 0; a < plan.ops.size(); ++a) {
+    for (const auto& op : plan.ops[a]) {
+      const uint64_t fan = op.fanout < 0 ? 1 : plan.fanout_size[op.fanout];
+      const uint64_t b = op.DstBytes() * fan;
+      dense_ops += fan;
+      dense_bytes += b;
+      const auto& t = wb::planner::EntryHolder(agents, op.src_agent).tensors[op.src_tensor];
+      if (changed.count(t.name.str())) {
+        ops += fan;
+        bytes += b;
+      }
+    }
+  }
+  (*j)["partial_tensor_fraction"] = fraction;
+  (*j)["partial_tensors_changed"] = changed.size();
+  (*j)["partial_tensors"] = names.size();
+  (*j)["partial_ops"] = ops;
+  (*j)["partial_bytes"] = bytes;
+  (*j)["partial_ops_fraction"] = dense_ops > 0 ? static_cast<double>(ops) / dense_ops : 0;
+  (*j)["partial_bytes_fraction"] = dense_bytes > 0 ? static_cast<double>(bytes) / dense_bytes : 0;
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"weightbeam planner benchmark"};
   std::string model_name = "kimi-k2";
@@ -106,6 +146,10 @@ int Run(int argc, char** argv) {
   wb::planner::DeltaModel delta_model;
   wb::engines::MegatronOptions megatron;
   app.add_option("--trainer", trainer_dialect, "with a config.json: fsdp | megatron");
+  double partial_fraction = 0;
+  app.add_option("--partial", partial_fraction,
+                 "partial step: fraction of the trainer tensors changed (0: not reported)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--delta-changed", delta_model.changed_fraction,
                  "delta step prediction: fraction of elements changed per step")
       ->check(CLI::Range(0.0, 1.0));
@@ -335,6 +379,7 @@ int Run(int argc, char** argv) {
   j["delta_send_seconds"] = dp.send_seconds;
   j["delta_apply_seconds"] = dp.apply_seconds;
   j["predicted_delta_step_seconds"] = dp.seconds;
+  if (partial_fraction > 0) PartialStep(*plan, *layouts, partial_fraction, &j);
   // The machine, so that figures from different runs can be read side by side.
   j["cores"] = std::thread::hardware_concurrency();
   double load[3] = {0, 0, 0};

@@ -117,3 +117,31 @@ TEST_CASE("ack book: a watcher not listening yet is not listed, so not waited fo
   REQUIRE(book.Watching().size() == 1);
   CHECK(book.Wait(3, std::chrono::milliseconds(50)).code() == absl::StatusCode::kDeadlineExceeded);
 }
+
+TEST_CASE("ack book for checks: a watcher that leaves unanswered fails the wait, by name") {
+  AckBook::Options options;
+  options.failed = "refused";
+  options.timeout_setting = "VersionChecks.user_deadline_ms";
+  options.leaving_fails = true;
+  AckBook book(options);
+  const uint64_t gone = book.Enter("smoke", false);
+  book.Enter("norms", false);
+  REQUIRE(book.Ack("norms", 4, "").ok());
+  std::thread leave([&] {
+    std::this_thread::sleep_for(100ms);
+    book.Leave(gone);
+  });
+  const absl::Status s = book.Wait(4, 5s);
+  leave.join();
+  CHECK(s.code() == absl::StatusCode::kAborted);
+  CHECK(std::string(s.message()).find("'smoke' stopped watching before it answered version 4") !=
+        std::string::npos);
+
+  const uint64_t slow = book.Enter("slow", false);
+  const absl::Status late = book.Wait(5, 100ms, {slow});
+  CHECK(late.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(std::string(late.message()).find("VersionChecks.user_deadline_ms") != std::string::npos);
+  REQUIRE(book.Ack("slow", 6, "loss 9.1").ok());
+  const absl::Status refused = book.Wait(6, 1s, {slow});
+  CHECK(std::string(refused.message()) == "watcher 'slow' refused version 6: loss 9.1");
+}

@@ -61,7 +61,8 @@ class ControllerClient:
         self._stub = controller_pb2_grpc.ControllerStub(self._channel)
 
     def plan(self, trainer_ranks=0, inference_replicas=0, inference_ranks_per_replica=0,
-             wait_s=30.0, delta=None, check_finite=False, digest=False, frozen=()):
+             wait_s=30.0, delta=None, check_finite=False, digest=False, frozen=(),
+             user_check=False, user_check_deadline_s=10.0):
         """Waits (up to ``wait_s``) for the world to be complete, plans, loads the plan on the
         senders; returns the PlanSummary. All zeros: the world from the controller's config.
         ``delta``: True / False turns delta mode on / off for this plan (and the plans made
@@ -69,6 +70,11 @@ class ControllerClient:
         ``check_finite``: every receiver checks each version's bytes for NaN / Inf before it
         commits; a version that fails is aborted everywhere and ``step`` raises StepFailed
         naming the tensor (staged receivers keep serving the previous version).
+        ``user_check``: every receiving agent (receive.mode staged) hands each version's staged
+        bytes to the check watchers of the inference processes (LocalSession.check_versions)
+        and waits up to ``user_check_deadline_s`` for their verdicts; a refusal, a missed
+        deadline or a user with no check watcher aborts the version on every replica and
+        ``step`` raises StepFailed naming the watcher and its reason.
         ``digest``: every committed replica reports a digest of the version it holds
         (StepResult.replica_digests / digest, status().replicas[k].digest).
         ``frozen``: trainer tensor patterns ('*' wildcards) sent by the plan's first step only
@@ -82,6 +88,9 @@ class ControllerClient:
                                              delta=choice)
         request.checks.finite = bool(check_finite)
         request.checks.digest = bool(digest)
+        if user_check:
+            request.checks.user = True
+            request.checks.user_deadline_ms = max(1, int(user_check_deadline_s * 1000))
         request.frozen.extend(frozen)
         return self._unary(self._stub.Plan, request, "Plan", wait_s + 60).summary
 

@@ -18,6 +18,7 @@ from weightbeam._closing import ClosesOnExit
 from weightbeam.dtypes import itemsize, to_dtype
 from weightbeam.errors import WeightbeamError, from_rpc_error
 from weightbeam.shared_buffer import SharedBuffer, find_buffer
+from weightbeam.version_check import CheckWatcher, HostTensor
 
 local_pb2 = _stubs.local_pb2
 local_pb2_grpc = _stubs.local_pb2_grpc
@@ -79,6 +80,9 @@ class LocalSession(ClosesOnExit):
         self._watch_call = None
         self._watcher = None
         self._ready = {}  # tensor name -> what sources_ready() waits for before a step
+        self._host = {}  # tensor name -> HostTensor (what a user check is shown)
+        self._host_lock = threading.Lock()
+        self._check_watcher = None
         self._call(local_pb2.SessionRequest(hello=types_pb2.Owner(
             role=_ROLES[role], rank=rank, replica=replica, pid=os.getpid())))
 
@@ -126,6 +130,8 @@ class LocalSession(ClosesOnExit):
         memory = types_pb2.MemoryHandle(host_shm=types_pb2.HostShm(
             shm_name=shm.shm_name, offset=offset, length=int(length)))
         layout = self._register(spec, memory)
+        with self._host_lock:
+            self._host[name] = HostTensor(spec, shm.shm_name, offset, int(length))
         if ready is not None:
             self._ready[name] = _waiter(ready)
         return layout
@@ -180,6 +186,8 @@ class LocalSession(ClosesOnExit):
 
     def unregister(self, name):
         """Withdraws a tensor this session registered."""
+        with self._host_lock:
+            self._host.pop(name, None)
         self._call(local_pb2.SessionRequest(unregister=local_pb2.UnregisterTensors(names=[name])))
         self._ready.pop(name, None)
 
@@ -230,6 +238,28 @@ class LocalSession(ClosesOnExit):
             if isinstance(item, WeightbeamError):
                 raise item
 
+    def check_versions(self, check, watcher=None, confirm_timeout=5.0):
+        """Checks every staged version before it is committed (plans made with
+        ``user_check=True``; agent receive.mode staged): ``check(version, tensors)`` gets this
+        session's host tensors as read-only NumPy views of the staged bytes (BF16 as uint16)
+        and accepts (None / True) or refuses (False, a string naming why, or an exception).
+        A refusal aborts the version on every replica; the trainer's step raises StepFailed
+        naming ``watcher`` and the reason. Runs on a thread of its own until close()."""
+        self._check_open()
+        if self._check_watcher is not None:
+            raise WeightbeamError(f"check_versions: watcher '{self._check_watcher.name}' "
+                                  "checks this session's versions already",
+                                  "FAILED_PRECONDITION")
+        name = watcher or f"check pid {os.getpid()} session {id(self):x}"
+
+        def tensors():
+            with self._host_lock:
+                return dict(self._host)
+
+        self._check_watcher = CheckWatcher(self, self._stub, check, name, tensors,
+                                           confirm_timeout)
+        return self._check_watcher
+
     def ack(self, version, error=""):
         """Answers the agent for ``version`` after watch(ack=True) (paused) or
         watch(swap=True) (swapped; a non-empty ``error``: the swap failed, which drops this
@@ -278,6 +308,8 @@ class LocalSession(ClosesOnExit):
         if self._watch_call is not None:
             self._watch_call.cancel()
             self._watcher.join()
+        if self._check_watcher is not None:
+            self._check_watcher.close()
         self._channel.close()
 
     # ---- internals ----------------------------------------------------------------------
