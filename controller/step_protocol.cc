@@ -54,7 +54,10 @@ std::chrono::milliseconds CommitCallTimeout(const StepSpec& spec) {
 
 // A version checked before it goes live (VersionChecks finite / user) is refused on every
 // replica when it fails on one: every receiver prepares, and announces only once all passed.
-bool ChecksBeforeLive(const StepSpec& spec) { return spec.checks.finite() || spec.checks.user(); }
+// With digests too: every replica's digest is known before any announces, and goes with it.
+bool ChecksBeforeLive(const StepSpec& spec) {
+  return spec.checks.finite() || spec.checks.user() || spec.checks.digest();
+}
 
 // The commit errors that are a failed version check, not a lost or failing agent.
 std::vector<std::string> CheckFailures(const std::map<std::string, std::string>& failed) {
@@ -649,6 +652,13 @@ std::map<std::string, std::string> StepProtocol::AnnounceOnReceivers(
     c.request.set_version(spec.version);
     c.request.set_step_id(spec.step_id);
     c.request.set_announce(true);
+    if (spec.checks.digest()) {
+      for (const auto& [replica, ranks] : rank_digests_) {
+        v1::ReplicaDigest* d = c.request.add_replica_digests();
+        d->set_replica(replica);
+        d->set_digest(ReplicaDigest(replica));
+      }
+    }
     calls.push_back(std::move(c));
   }
   std::map<std::string, std::string> failed;
@@ -666,24 +676,30 @@ std::map<std::string, std::string> StepProtocol::AnnounceOnReceivers(
   return failed;
 }
 
+std::string StepProtocol::ReplicaDigest(int replica) const {
+  auto it = rank_digests_.find(replica);
+  if (it == rank_digests_.end()) return "";
+  // Ranks in order, each a 64-bit digest: mixed into one (splitmix64 finalizer per value).
+  uint64_t d = 0x6a09e667f3bcc908ull;
+  for (const auto& [rank, digest] : it->second) {
+    for (uint64_t x : {static_cast<uint64_t>(static_cast<uint32_t>(rank)), digest}) {
+      d ^= x + 0x9e3779b97f4a7c15ull + (d << 6) + (d >> 2);
+      d = (d ^ (d >> 30)) * 0xbf58476d1ce4e5b9ull;
+      d = (d ^ (d >> 27)) * 0x94d049bb133111ebull;
+      d ^= d >> 31;
+    }
+  }
+  return absl::StrFormat("%016x", d);
+}
+
 void StepProtocol::AddDigests(v1::StepResult* result) const {
   std::set<std::string> seen;
   for (int replica : result->committed_replicas()) {
-    auto it = rank_digests_.find(replica);
-    if (it == rank_digests_.end()) continue;
-    // Ranks in order, each a 64-bit digest: mixed into one (splitmix64 finalizer per value).
-    uint64_t d = 0x6a09e667f3bcc908ull;
-    for (const auto& [rank, digest] : it->second) {
-      for (uint64_t x : {static_cast<uint64_t>(static_cast<uint32_t>(rank)), digest}) {
-        d ^= x + 0x9e3779b97f4a7c15ull + (d << 6) + (d >> 2);
-        d = (d ^ (d >> 30)) * 0xbf58476d1ce4e5b9ull;
-        d = (d ^ (d >> 27)) * 0x94d049bb133111ebull;
-        d ^= d >> 31;
-      }
-    }
+    std::string digest = ReplicaDigest(replica);
+    if (digest.empty()) continue;
     v1::ReplicaDigest* r = result->add_replica_digests();
     r->set_replica(replica);
-    r->set_digest(absl::StrFormat("%016x", d));
+    r->set_digest(std::move(digest));
     seen.insert(r->digest());
   }
   if (seen.size() == 1) result->set_digest(*seen.begin());

@@ -165,6 +165,8 @@ class StepProtocol {
   // that the version is live there, and leave `failed`: they count as committed.
   // VersionChecks.digest: each committed replica's digest of the version, and the version's.
   void AddDigests(weightbeam::v1::StepResult* result) const;
+  // Replica `replica`'s digest of this step's version from its ranks' ("" : none reported).
+  std::string ReplicaDigest(int replica) const;
   void KeepLateCommits(const StepSpec& spec, const std::string& round,
                        std::map<std::string, std::string>* failed);
   // Returns the agents that answered that the version was already live there (a staged swap

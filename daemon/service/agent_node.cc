@@ -725,7 +725,10 @@ bool AgentNode::CommitMayWait(const v1::CommitRequest& req) const {
 }
 
 absl::Status AgentNode::CommitStep(const v1::CommitRequest& req, v1::CommitResponse* resp) {
-  if (req.announce()) return Announce(req.version(), req.step_id(), resp);
+  if (req.announce()) {
+    KeepDigests(req);
+    return Announce(req.version(), req.step_id(), resp);
+  }
   if (auto s = CheckNewer(req.version()); !s.ok()) return s;
   if (auto s = CloseFenceForCommit(req.version(), req.step_id()); !s.ok()) return s;
   return Conclude(req, resp);
@@ -879,7 +882,19 @@ void AgentNode::Publish(v1::Event::Kind kind, uint64_t version, const std::strin
   e.set_kind(kind);
   e.set_version(version);
   e.set_reason(reason);
+  if (kind == v1::Event::KIND_COMMIT) {
+    absl::MutexLock lock(&mu_);
+    if (digests_version_ == version) {
+      for (const auto& d : digests_) *e.add_digests() = d;
+    }
+  }
   events_.Publish(e);
+}
+
+void AgentNode::KeepDigests(const v1::CommitRequest& req) {
+  absl::MutexLock lock(&mu_);
+  digests_version_ = req.version();
+  digests_.assign(req.replica_digests().begin(), req.replica_digests().end());
 }
 
 absl::Status AgentNode::Begin(uint64_t version) {
@@ -894,7 +909,10 @@ absl::Status AgentNode::Begin(uint64_t version) {
 absl::Status AgentNode::Commit(uint64_t version) { return AnnounceCommit(version, nullptr); }
 
 absl::Status AgentNode::Commit(const v1::CommitRequest& req, v1::CommitResponse* resp) {
-  if (req.announce()) return Announce(req.version(), req.step_id(), resp);
+  if (req.announce()) {
+    KeepDigests(req);
+    return Announce(req.version(), req.step_id(), resp);
+  }
   {
     absl::MutexLock lock(&mu_);
     if (req.version() <= committed_version_) {

@@ -132,6 +132,8 @@ class AgentNode {
   // The checks the version's received bytes must pass before it commits here
   // (CommitRequest.checks): a failure names the tensor and refuses the commit.
   // With VersionChecks.digest, `resp` gets the digests of what its ranks hold.
+  // VersionChecks.digest: the replicas' digests an announce brought, told with commit(v).
+  void KeepDigests(const weightbeam::v1::CommitRequest& req);
   // VersionChecks.user: the check watchers' verdict on the staged version.
   absl::Status RunUserCheck(const weightbeam::v1::CommitRequest& req);
   absl::Status CheckVersion(const weightbeam::v1::CommitRequest& req,
@@ -188,6 +190,8 @@ class AgentNode {
   // names them in ExecuteRequest.direct_agents.
   std::set<std::string> fallback_peers_ ABSL_GUARDED_BY(mu_);
   uint64_t committed_version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t digests_version_ ABSL_GUARDED_BY(mu_) = 0;  // the version digests_ are of
+  std::vector<weightbeam::v1::ReplicaDigest> digests_ ABSL_GUARDED_BY(mu_);
   bool delta_sending_ ABSL_GUARDED_BY(mu_) = false;  // the loaded plan sends deltas
   weightbeam::v1::AgentActivity state_ ABSL_GUARDED_BY(mu_) = weightbeam::v1::AGENT_ACTIVITY_IDLE;
   std::set<std::string> introduced_ ABSL_GUARDED_BY(mu_);  // senders allowed to handshake

@@ -128,6 +128,10 @@ class Digest(unittest.TestCase):
                                                                      i * NBYTES))
             ctl = weightbeam.ControllerClient(cluster.controller_address)
             closing.append(ctl)
+            watcher = weightbeam.LocalSession(cluster.sockets["ib"], "inference", rank=1,
+                                              replica=1)
+            closing.append(watcher)
+            watcher.watch()
             self.assertTrue(ctl.plan(1, 2, 1, wait_s=30, digest=True).checks.digest)
             digests = {}
             for version, like in ((1, 1), (2, 2), (3, 1)):
@@ -140,6 +144,12 @@ class Digest(unittest.TestCase):
                 self.assertEqual(r.digest, per_replica[0])
                 self.assertRegex(r.digest, "^[0-9a-f]{16}$")
                 digests[version] = r.digest
+                # The engine side hears the digest with commit(v): what it serves, by name.
+                e = watcher.next_event(timeout=10)
+                while e is not None and not (e.kind == "commit" and e.version == version):
+                    e = watcher.next_event(timeout=10)
+                self.assertIsNotNone(e)
+                self.assertEqual(e.digests, per_replica)
                 status = {x.replica: x for x in ctl.status().replicas}
                 self.assertEqual(status[0].digest, r.digest)
                 self.assertEqual(status[1].committed_version, version)

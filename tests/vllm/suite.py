@@ -139,6 +139,30 @@ def check_run(run, result):
     return problems
 
 
+def check_weight_info(report_dir, result, tp):
+    """Every worker says what it serves (the backend's weight_info): the last committed
+    version and the digest the controller reported for it."""
+    committed = [v for v in result["versions"] if v["error"] is None]
+    if not committed:
+        return []
+    last = committed[-1]
+    if len(last["digest"]) != 16:
+        return [f"version {last['version']}: the step result has no digest ({last['digest']!r})"]
+    problems = []
+    for rank in range(tp):
+        path = os.path.join(report_dir, f"weights-replica0-rank{rank}.json")
+        if not os.path.exists(path):
+            problems.append(f"rank {rank} wrote no weight info ({path})")
+            continue
+        with open(path) as f:
+            info = json.load(f)
+        if (info["version"], info["digest"]) != (last["version"], last["digest"]):
+            problems.append(f"rank {rank} says it serves version {info['version']} digest "
+                            f"{info['digest']!r}; the controller committed version "
+                            f"{last['version']} digest {last['digest']!r}")
+    return problems
+
+
 def check_tables(runs, tables):
     """Every rank wrote its table; with a wrong layout, the check put every swapped norm on the
     fallback path (and so the log-probabilities above could only match through it)."""
@@ -168,6 +192,7 @@ def run_case(name, args, work, env):
         env = dict(env, WB_AGENT_SOCKET=cluster.sockets["infer-node"])
         engine = Engine(args.python, model_dir, tp, work, env)
         version = 1
+        result = {"versions": []}
         for i, run in enumerate(runs):
             out = os.path.join(work, f"{name}-run{i}.json")
             argv = [args.python, os.path.join(HERE, "trainer.py"), "--model", model_dir,
@@ -196,10 +221,11 @@ def run_case(name, args, work, env):
                 result = json.load(f)
             problems += [f"run {i} ({label}): {p}" for p in check_run(run, result)]
             version += run["versions"]
-        for path in sorted(glob.glob(os.path.join(report_dir, "*.json"))):
+        for path in sorted(glob.glob(os.path.join(report_dir, "conformance-*.json"))):
             with open(path) as f:
                 tables[os.path.basename(path)] = json.load(f)
         problems += check_tables(runs, tables)
+        problems += check_weight_info(report_dir, result, tp)
     except Exception as e:  # the case fails, the suite goes on
         problems.append(f"{type(e).__name__}: {e}")
         if engine is not None:

@@ -88,7 +88,7 @@ def run(rank, args, port):
     info = wbv.WeightbeamTrainerInitInfo(
         rank=rank, world=args.ranks, agent_socket=args.socket, controller=args.controller,
         replicas=1, ranks_per_replica=args.tp, worker=worker, delta=args.delta,
-        first_version=args.first_version, step_timeout_s=args.step_timeout)
+        first_version=args.first_version, step_timeout_s=args.step_timeout, digest=True)
     client = HTTPVLLMWeightSyncClient(args.url, timeout=600)
     source = wbv.DTensorShards(model, os.path.join(args.model, "config.json"))
     engine = WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
@@ -130,7 +130,8 @@ def run(rank, args, port):
         diff_prev = max(float((a - b).abs().max()) for a, b in zip(engine_lp, previous))
         result["versions"].append({"version": v, "error": error, "seconds": seconds,
                                    "max_abs_vs_transformers": diff_ref,
-                                   "max_abs_vs_previous": diff_prev, "failed_on_purpose": bool(fail)})
+                                   "max_abs_vs_previous": diff_prev, "failed_on_purpose": bool(fail),
+                                   "digest": engine.last_result.digest if error is None else ""})
         print(f"[trainer] version {v}: {'FAILED: ' + error if error else 'committed'} in "
               f"{seconds:.3f} s; |engine - transformers| {diff_ref:.4f}, "
               f"|engine - previous| {diff_prev:.4f}", flush=True)

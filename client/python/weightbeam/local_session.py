@@ -48,11 +48,13 @@ class StagedObject:
 class Event:
     """A step event on this node: kind "begin", "commit", "abort" or (a watcher that swaps,
     agent receive.mode staged) "ready", the version, for an abort the reason, for "ready"
-    where the staged bytes lie (``staged``, StagedObject's)."""
+    where the staged bytes lie (``staged``, StagedObject's), for a "commit" of a plan made with
+    ``digest=True`` each replica's digest of the version (``digests``: {replica: 16 hex})."""
     kind: str
     version: int
     reason: str = ""
     staged: tuple = ()
+    digests: dict = dataclasses.field(default_factory=dict)
 
 
 class LocalSession(ClosesOnExit):
@@ -346,8 +348,9 @@ class LocalSession(ClosesOnExit):
                     continue
                 staged = tuple(StagedObject(o.shm_name, o.staging_shm_name, o.length)
                                for o in e.staged)
+                digests = {d.replica: d.digest for d in getattr(e, "digests", ())}
                 self._events.put(Event(_KINDS.get(e.kind, "unspecified"), e.version, e.reason,
-                                       staged))
+                                       staged, digests))
             end = WeightbeamError("the agent ended the event stream", "UNAVAILABLE")
         except grpc.RpcError as e:
             end = WeightbeamError(

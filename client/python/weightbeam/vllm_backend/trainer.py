@@ -47,6 +47,10 @@ class WeightbeamTrainerInitInfo(TrainerInitInfo):
     first_version: int = 1
     step_timeout_s: float = 300.0
     plan_wait_s: float = 120.0
+    # Versions checked before they go live (docs/clients.md): NaN / Inf refused; each replica
+    # reports a digest of what it serves (StepResult.replica_digests, the worker's weight_info).
+    check_finite: bool = False
+    digest: bool = False
     # TLS and token for the controller (None: WB_TLS_* / WB_TOKEN_FILE from the environment).
     ca_file: Any = None
     cert_file: Any = None
@@ -211,7 +215,8 @@ class WeightbeamTrainerWeightTransferEngine(TrainerWeightTransferEngine):
                                     cert_file=info.cert_file, key_file=info.key_file,
                                     token_file=info.token_file)
         self.ctl.plan(info.world, info.replicas, info.ranks_per_replica,
-                      wait_s=info.plan_wait_s, delta=info.delta)
+                      wait_s=info.plan_wait_s, delta=info.delta,
+                      check_finite=info.check_finite, digest=info.digest)
 
     def send_weights(self, version=None):
         """Pushes this rank's current shards as ``version`` (default: the last one + 1); returns

@@ -70,6 +70,9 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
         self.fallback = {}  # checkpoint name -> staging tensor fed to load_weights
         self.version = 0  # the version the engine serves (0: its own checkpoint)
         self._received = None
+        self.digest = ""  # the served version's digest (plans made with digest=True)
+        self._received_digest = ""
+        self.replica, self.rank, self.report_dir = 0, 0, ""
         self._buffers = []
         self._sharers = []
         self._rekernel = []  # fallback modules whose kernel is rebuilt as at first load
@@ -92,6 +95,7 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
         config = _config_json(self.model_config, info.config)
         self.session = LocalSession(info.agent_socket, "inference", rank=tp_rank,
                                     replica=int(info.replica))
+        self.replica, self.rank, self.report_dir = int(info.replica), tp_rank, info.report_dir
         layout = engines.engine_layout(self.session, config, "vllm", tp, tp_rank, ep, ep_rank,
                                        fp8)
         if info.test_wrong_layout:
@@ -221,6 +225,7 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
                                    f"engine keeps version {self.version}")
             elif e.kind == "commit":
                 self._received = v
+                self._received_digest = e.digests.get(self.replica, "")
                 return
 
     def update_weights(self, update_info):
@@ -243,6 +248,21 @@ class WeightbeamWeightTransferEngine(WeightTransferEngine):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.version, self._received = self._received, None
+        self.digest = self._received_digest
+        if self.report_dir:
+            self._write_weight_info()
+
+    def weight_info(self):
+        """What this worker serves: {"replica", "version", "digest"} (the digest the controller
+        reports for this replica in StepResult.replica_digests and wbctl status; "" unless the
+        plan was made with digest=True)."""
+        return {"replica": self.replica, "version": self.version, "digest": self.digest}
+
+    def _write_weight_info(self):
+        path = os.path.join(self.report_dir, f"weights-replica{self.replica}-rank{self.rank}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.weight_info(), f)
+        os.replace(path + ".tmp", path)  # a reader never sees half of it
 
     def shutdown(self):
         if self.session is not None:
