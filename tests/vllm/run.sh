@@ -2,7 +2,8 @@
 # The real-engine suite (docs/engines.md "Proof inside a real vLLM"): a real vLLM (CPU build)
 # serving tiny Qwen3 / Qwen3-MoE checkpoints written here, driven through its weight-transfer
 # HTTP routes by a real FSDP2 trainer with the weightbeam backend. Run by tests/run_extra.sh
-# (./wb test); alone: tests/vllm/run.sh [--cases qwen3-tp1,...] [--keep].
+# (./wb test); alone: tests/vllm/run.sh [--cases qwen3-tp1,...,lora] [--keep]. Case "lora":
+# tests/vllm/test_lora.py, a PEFT LoRA adapter through real daemons into vLLM (AdapterSlot).
 # Installs, first: the pinned packages of tests/vllm/requirements.lock into .cache/venv-engines
 # (once per lock file), then weightbeam itself into that venv from this checkout (as its wheel
 # would install: the entry point vLLM loads the backend through).
@@ -45,7 +46,7 @@ deploy/stage_python.sh "$stage"
 "$VENV/bin/python" tests/vllm/make_checkpoints.py "$work" >/dev/null 2>"$LOGS/vllm-checkpoints.log" ||
   { tail -n 20 "$LOGS/vllm-checkpoints.log" >&2; exit 1; }
 export WB_BIN_DIR="$ROOT/bazel-bin"
-"$VENV/bin/python" -c 'import torch, vllm, transformers; print(f"[wb] vllm: vLLM {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'
+"$VENV/bin/python" -c 'import torch, vllm, transformers, peft; print(f"[wb] vllm: vLLM {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}")'
 rc=0
 "$VENV/bin/python" tests/vllm/suite.py --checkpoints "$work" "$@" || rc=$?
 exit $rc

@@ -4,7 +4,9 @@
 vLLM's HTTP weight-sync routes. Each case prints one "[wb] vllm <case> (<seconds> s): PASS|FAIL" line,
 which ./wb test counts.
 
-    suite.py --checkpoints DIR [--cases qwen3-tp1,...] [--keep]
+    suite.py --checkpoints DIR [--cases qwen3-tp1,...,lora] [--keep]
+
+Case "lora" runs tests/vllm/test_lora.py (a LoRA adapter through real daemons into vLLM).
 """
 
 import argparse
@@ -38,9 +40,12 @@ CASES = {
     "qwen3_moe-tp2": ("qwen3_moe", 2, [dict(versions=3), dict(versions=2, delta=True)]),
 }
 
+# Not a trainer run: tests/vllm/test_lora.py, a LoRA adapter into vLLM in its own process.
+LORA_CASE = "lora"
+
 # What ./wb test runs.
 DEFAULT_CASES = ["qwen3-tp1", "qwen3-tp2", "qwen3-wrong-layout", "qwen3_moe-tp1",
-                 "qwen3_moe-tp2"]
+                 "qwen3_moe-tp2", LORA_CASE]
 
 # bf16 weights and activations on both sides, different kernels (oneDNN and vLLM's CPU ops vs
 # torch's) and summation orders: on the checkpoint itself, before any push, the two agree to
@@ -237,6 +242,17 @@ def run_case(name, args, work, env):
     return problems, tables
 
 
+def run_lora(args, env):
+    """tests/vllm/test_lora.py: its own process, as it runs vLLM's engine in-process."""
+    argv = [args.python, os.path.join(HERE, "test_lora.py"), "--checkpoints", args.checkpoints]
+    try:
+        rc = subprocess.run(argv + (["--keep"] if args.keep else []), env=env,
+                            timeout=900).returncode
+    except subprocess.TimeoutExpired:
+        return ["test_lora.py ran past 900 s"]
+    return [] if rc == 0 else [f"test_lora.py exited {rc}"]
+
+
 def print_tables(name, tables):
     for file, t in tables.items():
         rows = t["rows"]
@@ -260,7 +276,10 @@ def main():
     failed = 0
     for name in args.cases.split(","):
         start = time.monotonic()
-        problems, tables = run_case(name, args, work, env)
+        if name == LORA_CASE:
+            problems, tables = run_lora(args, env), {}
+        else:
+            problems, tables = run_case(name, args, work, env)
         print_tables(name, tables)
         for p in problems:
             log(f"{name}: {p}")
