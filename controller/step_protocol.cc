@@ -45,10 +45,8 @@ std::chrono::milliseconds QuickCallTimeout(const StepSpec& spec) {
 // Commit and announce: as quick calls, plus what a staged receiver may wait for the watchers
 // that acknowledge a version before its swap.
 std::chrono::milliseconds CommitCallTimeout(const StepSpec& spec) {
-  const std::chrono::milliseconds user_check(
-      spec.checks.user()
-          ? (spec.checks.user_deadline_ms() > 0 ? spec.checks.user_deadline_ms() : 10000)
-          : 0);
+  const std::chrono::milliseconds user_check =
+      spec.checks.user() ? wire::UserCheckDeadline(spec.checks) : std::chrono::milliseconds(0);
   return QuickCallTimeout(spec) + spec.commit_wait + user_check;
 }
 

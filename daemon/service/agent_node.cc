@@ -770,14 +770,7 @@ absl::Status AgentNode::CheckVersion(const v1::CommitRequest& req, v1::CommitRes
   checks::FiniteStats stats;
   const absl::Status s = checks::CheckFinite(registry_->Destinations(), &stats);
   const double gbps = stats.seconds > 0 ? stats.bytes / stats.seconds / 1e9 : 0;
-  if (!s.ok()) {
-    metrics_.Error(AgentMetrics::kCommitRefused);
-    spdlog::error("agent {}: version {}: {}", config_.name, req.version(),
-                  std::string(s.message()));
-    return absl::FailedPreconditionError(absl::StrCat("agent ", config_.name, ": version ",
-                                                      req.version(), " ", wire::kCheckFailed, ": ",
-                                                      s.message()));
-  }
+  if (!s.ok()) return CheckRefused(req.version(), s.message());
   spdlog::info(
       "version {}: {} destination tensor(s), {} bytes finite (checked in {:.3f} s, "
       "{:.2f} GB/s)",
@@ -785,31 +778,28 @@ absl::Status AgentNode::CheckVersion(const v1::CommitRequest& req, v1::CommitRes
   return absl::OkStatus();
 }
 
+absl::Status AgentNode::CheckRefused(uint64_t version, absl::string_view why) {
+  metrics_.Error(AgentMetrics::kCommitRefused);
+  spdlog::error("agent {}: version {}: {}", config_.name, version, std::string(why));
+  return absl::FailedPreconditionError(absl::StrCat("agent ", config_.name, ": version ", version,
+                                                    " ", wire::kCheckFailed, ": ", why));
+}
+
 absl::Status AgentNode::RunUserCheck(const v1::CommitRequest& req) {
   if (!req.checks().user()) return absl::OkStatus();
   if (!mirrors_) {
-    metrics_.Error(AgentMetrics::kCommitRefused);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "agent ", config_.name, ": version ", req.version(), " ", wire::kCheckFailed,
-        ": a user check needs receive.mode staged here (this agent writes in place, so the "
-        "version would be live before it was checked)"));
+    return CheckRefused(req.version(),
+                        "a user check needs receive.mode staged here (this agent writes in "
+                        "place, so the version would be live before it was checked)");
   }
   staging::UserCheckEnvironment env;
   env.destinations = [this] { return registry_->Destinations(); };
   env.publish = [this](const v1::Event& e) { events_.Publish(e); };
   env.staged_objects = [this](std::optional<uid_t> owner) { return mirrors_->HostObjects(owner); };
-  const uint32_t ms = req.checks().user_deadline_ms() > 0 ? req.checks().user_deadline_ms() : 10000;
   const auto t0 = std::chrono::steady_clock::now();
-  absl::Status s =
-      staging::RunUserCheck(&check_acks_, env, req.version(), std::chrono::milliseconds(ms));
-  if (!s.ok()) {
-    metrics_.Error(AgentMetrics::kCommitRefused);
-    spdlog::error("agent {}: version {}: {}", config_.name, req.version(),
-                  std::string(s.message()));
-    return absl::FailedPreconditionError(absl::StrCat("agent ", config_.name, ": version ",
-                                                      req.version(), " ", wire::kCheckFailed, ": ",
-                                                      s.message()));
-  }
+  absl::Status s = staging::RunUserCheck(&check_acks_, env, req.version(),
+                                         wire::UserCheckDeadline(req.checks()));
+  if (!s.ok()) return CheckRefused(req.version(), s.message());
   spdlog::info("version {}: user check passed in {:.3f} s", req.version(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return absl::OkStatus();

@@ -134,6 +134,8 @@ class AgentNode {
   // With VersionChecks.digest, `resp` gets the digests of what its ranks hold.
   // VersionChecks.digest: the replicas' digests an announce brought, told with commit(v).
   void KeepDigests(const weightbeam::v1::CommitRequest& req);
+  // A version that failed its checks: counted, logged, and refused with wire::kCheckFailed.
+  absl::Status CheckRefused(uint64_t version, absl::string_view why);
   // VersionChecks.user: the check watchers' verdict on the staged version.
   absl::Status RunUserCheck(const weightbeam::v1::CommitRequest& req);
   absl::Status CheckVersion(const weightbeam::v1::CommitRequest& req,
