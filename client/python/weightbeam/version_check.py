@@ -78,7 +78,7 @@ def _verdict(check, version, views):
     try:
         answer = check(version, views)
     except Exception as e:  # the user's check failed: that refuses the version, naming why
-        return f"{type(e).__name__}: {e}" or type(e).__name__
+        return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
     if answer is None or answer is True:
         return ""
     if answer is False:
@@ -118,9 +118,13 @@ class CheckWatcher:
         self._subscribed.set()
 
     def _answer(self, event):
-        views = staged_views(self._tensors(), event.staged)
-        error = _verdict(self._check, event.version, views)
-        del views
+        try:
+            views = staged_views(self._tensors(), event.staged)
+        except (OSError, ValueError) as e:  # refused, naming why, rather than left unanswered
+            error = f"the staged bytes could not be mapped: {e}"
+        else:
+            error = _verdict(self._check, event.version, views)
+            del views
         self._session._call(local_pb2.SessionRequest(ack=local_pb2.AckVersion(
             version=event.version, watcher=self.name, error=error, check=True)))
         self.checked += 1
