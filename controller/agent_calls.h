@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -73,6 +74,19 @@ class AgentChannels {
     absl::MutexLock lock(&mu_);
     return GetLocked(endpoint);
   }
+  // The leader epoch (issue 45) every call to an agent carries from now on, as the metadata
+  // agents fence by (daemon/service/leader_fence.h); 0 (a controller without high
+  // availability): none.
+  void SetLeaderEpoch(int64_t epoch) { leader_epoch_.store(epoch); }
+  // The epoch as the metadata's value ("" : none).
+  std::string LeaderEpochText() const {
+    const int64_t e = leader_epoch_.load();
+    return e > 0 ? std::to_string(e) : std::string();
+  }
+  // Puts the leader epoch on a call about to be made.
+  void Stamp(grpc::ClientContext* ctx) const {
+    if (std::string e = LeaderEpochText(); !e.empty()) ctx->AddMetadata("wb-leader-epoch", e);
+  }
   // One stub per endpoint, in order, under one lock (a fan-out to hundreds of agents).
   std::vector<weightbeam::v1::Agent::Stub*> Get(const std::vector<std::string>& endpoints) {
     std::vector<weightbeam::v1::Agent::Stub*> out;
@@ -104,6 +118,7 @@ class AgentChannels {
     return stub.get();
   }
 
+  std::atomic<int64_t> leader_epoch_{0};
   absl::Mutex mu_;
   wb::grpcutil::ChannelFactory factory_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<weightbeam::v1::Agent::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
@@ -137,6 +152,7 @@ std::vector<CallResult<Resp>> CallAll(AgentChannels* channels,
   for (const auto& t : targets) endpoints.push_back(t.endpoint);
   const std::vector<weightbeam::v1::Agent::Stub*> stubs = channels->Get(endpoints);
   grpc::CompletionQueue cq;
+  const std::string epoch = channels->LeaderEpochText();
   // ClientContext is neither copyable nor movable: one array, alive until every call ended.
   std::unique_ptr<grpc::ClientContext[]> contexts(new grpc::ClientContext[n]);
   std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<Resp>>> readers(n);
@@ -144,6 +160,7 @@ std::vector<CallResult<Resp>> CallAll(AgentChannels* channels,
   for (size_t i = 0; i < n; ++i) {
     results[i].agent = targets[i].agent;
     contexts[i].set_deadline(deadline);
+    if (!epoch.empty()) contexts[i].AddMetadata("wb-leader-epoch", epoch);
     readers[i] = prepare(stubs[i], &contexts[i], targets[i].request, &cq);
     readers[i]->StartCall();
     readers[i]->Finish(&results[i].response, &results[i].status, reinterpret_cast<void*>(i));

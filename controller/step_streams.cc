@@ -21,8 +21,10 @@ class StepStreams::Stream {
     Stream* stream;
   };
 
-  Stream(const std::string& endpoint, v1::Agent::Stub* stub, grpc::CompletionQueue* cq)
+  Stream(const std::string& endpoint, v1::Agent::Stub* stub, grpc::CompletionQueue* cq,
+         const AgentChannels& channels)
       : endpoint_(endpoint) {
+    channels.Stamp(&ctx_);  // the fence admits the stream at its start
     rw_ = stub->PrepareAsyncStepStream(&ctx_, cq);
     rw_->StartCall(&start_);
     outstanding_ = 1;
@@ -227,7 +229,8 @@ std::vector<StepStreams::Answer> StepStreams::Send(const std::vector<std::string
   for (size_t i = 0; i < n; ++i) {
     Stream*& open = streams_[endpoints[i]];
     if (open == nullptr || !open->usable()) {
-      auto stream = std::make_unique<Stream>(endpoints[i], channels_->Get(endpoints[i]), &cq_);
+      auto stream =
+          std::make_unique<Stream>(endpoints[i], channels_->Get(endpoints[i]), &cq_, *channels_);
       open = stream.get();
       live_[open] = std::move(stream);
     }

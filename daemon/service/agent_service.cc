@@ -23,10 +23,16 @@ grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const grpc::S
 }
 }  // namespace
 
+grpc::Status AgentService::AdmitController(const grpc::ServerContextBase& ctx,
+                                           const std::string& method) {
+  if (grpc::Status a = guard_.AdmitController(ctx, method); !a.ok()) return a;
+  return fence_.Admit(ctx, method);
+}
+
 grpc::ServerUnaryReactor* AgentService::Describe(grpc::CallbackServerContext* ctx,
                                                  const v1::DescribeRequest* req,
                                                  v1::DescribeResponse* resp) {
-  if (auto a = guard_.AdmitController(*ctx, "Agent.Describe"); !a.ok()) return Refuse(ctx, a);
+  if (auto a = AdmitController(*ctx, "Agent.Describe"); !a.ok()) return Refuse(ctx, a);
   *resp->mutable_agent() = node_->Info();
   const uint64_t generation = node_->LayoutGeneration();
   if (req->known_generation() != 0 && req->known_generation() == generation) {
@@ -43,7 +49,7 @@ grpc::ServerUnaryReactor* AgentService::Describe(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* AgentService::LoadPlan(grpc::CallbackServerContext* ctx,
                                                  const v1::LoadPlanRequest* req,
                                                  v1::LoadPlanResponse* resp) {
-  if (auto a = guard_.AdmitController(*ctx, "Agent.LoadPlan"); !a.ok()) return Refuse(ctx, a);
+  if (auto a = AdmitController(*ctx, "Agent.LoadPlan"); !a.ok()) return Refuse(ctx, a);
   // Connecting to peers runs handshakes over gRPC: do it off the callback thread.
   auto* reactor = ctx->DefaultReactor();
   // The request is ours until Finish: its plan moves into the node instead of being copied.
@@ -59,7 +65,7 @@ grpc::ServerUnaryReactor* AgentService::LoadPlan(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* AgentService::Execute(grpc::CallbackServerContext* ctx,
                                                 const v1::ExecuteRequest* req,
                                                 v1::ExecuteResponse* resp) {
-  if (auto a = guard_.AdmitController(*ctx, "Agent.Execute"); !a.ok()) return Refuse(ctx, a);
+  if (auto a = AdmitController(*ctx, "Agent.Execute"); !a.ok()) return Refuse(ctx, a);
   auto* reactor = ctx->DefaultReactor();
   long_calls_.Submit([this, reactor, req, resp] {
     *resp->mutable_report() = node_->Execute(*req);
@@ -70,14 +76,14 @@ grpc::ServerUnaryReactor* AgentService::Execute(grpc::CallbackServerContext* ctx
 
 grpc::ServerUnaryReactor* AgentService::Begin(grpc::CallbackServerContext* ctx,
                                               const v1::BeginRequest* req, v1::BeginResponse*) {
-  if (auto a = guard_.AdmitController(*ctx, "Agent.Begin"); !a.ok()) return Refuse(ctx, a);
+  if (auto a = AdmitController(*ctx, "Agent.Begin"); !a.ok()) return Refuse(ctx, a);
   return Done(ctx, node_->BeginStep(req->version(), req->step_id(), req->plan_id()));
 }
 
 grpc::ServerUnaryReactor* AgentService::Commit(grpc::CallbackServerContext* ctx,
                                                const v1::CommitRequest* req,
                                                v1::CommitResponse* resp) {
-  if (auto a = guard_.AdmitController(*ctx, "Agent.Commit"); !a.ok()) return Refuse(ctx, a);
+  if (auto a = AdmitController(*ctx, "Agent.Commit"); !a.ok()) return Refuse(ctx, a);
   const bool delta = req->step_nonce() != 0 && !req->announce();
   if (!node_->CommitMayWait(*req)) return Done(ctx, node_->CommitStep(*req, resp));
   // Delta mode (applying the deltas) and staged swaps (waiting for watchers) take a while:
@@ -92,7 +98,7 @@ grpc::ServerUnaryReactor* AgentService::Commit(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* AgentService::Abort(grpc::CallbackServerContext* ctx,
                                               const v1::AbortRequest* req,
                                               v1::AbortResponse* resp) {
-  if (auto a = guard_.AdmitController(*ctx, "Agent.Abort"); !a.ok()) return Refuse(ctx, a);
+  if (auto a = AdmitController(*ctx, "Agent.Abort"); !a.ok()) return Refuse(ctx, a);
   bool already_committed = false;
   const absl::Status s = node_->Abort(req->version(), req->reason(), req->step_id(),
                                       req->receiving_only(), &already_committed);
@@ -103,7 +109,7 @@ grpc::ServerUnaryReactor* AgentService::Abort(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* AgentService::RestoreVersion(grpc::CallbackServerContext* ctx,
                                                        const v1::RestoreVersionRequest* req,
                                                        v1::RestoreVersionResponse* resp) {
-  if (auto a = guard_.AdmitController(*ctx, "Agent.RestoreVersion"); !a.ok()) return Refuse(ctx, a);
+  if (auto a = AdmitController(*ctx, "Agent.RestoreVersion"); !a.ok()) return Refuse(ctx, a);
   return Done(ctx, node_->Rollback(*req, resp));
 }
 
@@ -131,14 +137,14 @@ grpc::ServerUnaryReactor* AgentService::Handshake(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* AgentService::Introduce(grpc::CallbackServerContext* ctx,
                                                   const v1::IntroduceRequest* req,
                                                   v1::IntroduceResponse*) {
-  if (auto a = guard_.AdmitController(*ctx, "Agent.Introduce"); !a.ok()) return Refuse(ctx, a);
+  if (auto a = AdmitController(*ctx, "Agent.Introduce"); !a.ok()) return Refuse(ctx, a);
   return Done(ctx,
               node_->Introduce(req->plan_id(), {req->senders().begin(), req->senders().end()}));
 }
 
 grpc::ServerBidiReactor<v1::StepCommand, v1::StepReply>* AgentService::StepStream(
     grpc::CallbackServerContext* ctx) {
-  if (auto a = guard_.AdmitController(*ctx, "Agent.StepStream"); !a.ok()) {
+  if (auto a = AdmitController(*ctx, "Agent.StepStream"); !a.ok()) {
     return new security::RefusedStream<v1::StepCommand, v1::StepReply>(a);
   }
   if (step_streams_.closed()) {
@@ -152,7 +158,7 @@ grpc::ServerUnaryReactor* AgentService::OpenStepLink(grpc::CallbackServerContext
                                                      const v1::OpenStepLinkRequest*,
                                                      v1::OpenStepLinkResponse* resp) {
   // The key goes only to the admitted controller: whoever holds it can run step commands.
-  if (auto a = guard_.AdmitController(*ctx, "Agent.OpenStepLink"); !a.ok()) return Refuse(ctx, a);
+  if (auto a = AdmitController(*ctx, "Agent.OpenStepLink"); !a.ok()) return Refuse(ctx, a);
   if (!step_links_) {
     return Done(ctx, absl::FailedPreconditionError(
                          "step links are off on this agent (step_link.enabled: false)"));

@@ -4,6 +4,7 @@
 
 #include "daemon/executor/worker_pool.h"
 #include "daemon/service/agent_node.h"
+#include "daemon/service/leader_fence.h"
 #include "daemon/service/step_link_server.h"
 #include "daemon/service/step_stream.h"
 #include "security/call_guard.h"
@@ -16,7 +17,7 @@ class AgentService final : public weightbeam::v1::Agent::CallbackService {
   // `guard` admits calls: the token, the controller's certificate for controller calls, and a
   // certificate naming the calling agent for Handshake.
   explicit AgentService(AgentNode* node, security::CallGuard guard = {})
-      : node_(node), guard_(std::move(guard)) {}
+      : node_(node), guard_(std::move(guard)), fence_(node->config().name) {}
 
   grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx,
                                      const weightbeam::v1::DescribeRequest* req,
@@ -71,8 +72,12 @@ class AgentService final : public weightbeam::v1::Agent::CallbackService {
   }
 
  private:
+  // The guard's controller admission, then the leader-epoch fence (leader_fence.h).
+  grpc::Status AdmitController(const grpc::ServerContextBase& ctx, const std::string& method);
+
   AgentNode* node_;
   security::CallGuard guard_;
+  LeaderFence fence_;
   executor::WorkerPool long_calls_{2};
   OpenStepStreams step_streams_;                // after long_calls_: its commands run there
   std::unique_ptr<StepLinkServer> step_links_;  // the same
