@@ -6,8 +6,10 @@
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "config/yaml_reader.h"
 
 namespace wb::config {
@@ -141,7 +143,15 @@ void ReadAgent(YamlReader& r, AgentConfig& c) {
   CheckHostPort(r, "listen", c.listen);
   r.ReadString("advertise_host", &c.advertise_host);
   r.ReadString("controller", &c.controller);
-  CheckHostPort(r, "controller", c.controller);
+  if (r.Has("controller")) {
+    const auto addresses = ControllerAddresses(c.controller);
+    bool valid = !addresses.empty();
+    for (const auto& a : addresses) valid = valid && ValidHostPort(a);
+    if (!valid) {
+      r.Error("controller", "host:port, or a comma-separated list of them",
+              absl::StrCat("'", c.controller, "'"));
+    }
+  }
   r.ReadUint32("heartbeat_interval_ms", 10, 600000, &c.heartbeat_interval_ms);
   r.ReadString("metrics_listen", &c.metrics_listen);
   CheckHostPort(r, "metrics_listen", c.metrics_listen);
@@ -245,6 +255,27 @@ void ReadAgent(YamlReader& r, AgentConfig& c) {
   r.RejectUnknownKeys();
 }
 
+void ReadHa(YamlReader r, HaConfig* ha) {
+  r.ReadStringList("etcd", &ha->etcd);
+  r.ReadString("election", &ha->election);
+  r.ReadUint32("lease_ttl_ms", 1000, 600000, &ha->lease_ttl_ms);
+  r.ReadString("advertise", &ha->advertise);
+  CheckHostPort(r, "advertise", ha->advertise);
+  for (const auto& url : ha->etcd) {
+    if (url.rfind("http://", 0) != 0 || !ValidHostPort(url.substr(7))) {
+      r.Error("etcd", "etcd client URLs \"http://host:port\" (https is not supported yet)",
+              absl::StrCat("'", url, "'"));
+    }
+  }
+  if (ha->enabled() && ha->election.empty()) {
+    r.Error("election", "an election name when etcd is set", "none");
+  }
+  if (!ha->election.empty() && !std::regex_match(ha->election, std::regex("[A-Za-z0-9._-]+"))) {
+    r.Error("election", "letters, digits, '.', '_' or '-'", absl::StrCat("'", ha->election, "'"));
+  }
+  r.RejectUnknownKeys();
+}
+
 // The controller's keys (docs/configuration.md).
 void ReadController(YamlReader& r, ControllerConfig& c) {
   r.ReadEnum("log_level", kLogLevels, &c.log_level);
@@ -292,6 +323,7 @@ void ReadController(YamlReader& r, ControllerConfig& c) {
   }
 
   ReadTls(r.Child("tls"), &c.tls);
+  ReadHa(r.Child("ha"), &c.ha);
   r.RejectUnknownKeys();
 }
 
@@ -311,6 +343,15 @@ absl::StatusOr<T> ParseWith(const std::string& yaml, const std::string& source,
 }
 
 }  // namespace
+
+std::vector<std::string> ControllerAddresses(const std::string& controller) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(controller, ',')) {
+    std::string a(absl::StripAsciiWhitespace(part));
+    if (!a.empty()) out.push_back(std::move(a));
+  }
+  return out;
+}
 
 absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std::string& source) {
   return ParseWith(yaml, source, ReadAgent);

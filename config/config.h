@@ -127,6 +127,8 @@ struct AgentConfig {
   std::string socket_owner;             // user owning the socket; empty: the agent's own user
   std::string listen = "0.0.0.0:7101";  // the Agent gRPC service
   std::string advertise_host;           // how others reach this node; default: listen host
+  // host:port of the controller, or a comma-separated list (a leader and its standbys, issue
+  // 45): the agent registers and heartbeats with each; only the elected leader drives it.
   std::string controller = "127.0.0.1:7100";
   uint32_t heartbeat_interval_ms = 1000;
   std::string metrics_listen;  // host:port of /metrics; empty: off
@@ -171,6 +173,18 @@ struct DeltaConfig {
   double predict_apply_gbps = 4;
 };
 
+// High availability (docs/reliability.md, issue 45): controllers of one `election` campaign
+// through an etcd lease; the leader drives steps, standbys wait warm. Off while `etcd` is empty.
+struct HaConfig {
+  std::vector<std::string> etcd;  // client URLs of the etcd members, "http://host:port"
+  std::string election;           // "/weightbeam/election/<election>", "/weightbeam/ledger/..."
+  uint32_t lease_ttl_ms = 5000;   // a standby leads within about 2x this after the leader dies
+  // host:port clients and agents reach this controller at; empty: `listen` (after --listen),
+  // its wildcard host replaced by the host name.
+  std::string advertise;
+  bool enabled() const { return !etcd.empty(); }
+};
+
 struct ControllerConfig {
   std::string source;
   std::string log_level = "info";
@@ -193,7 +207,12 @@ struct ControllerConfig {
   // Relays (docs/concepts.md "When the planner relays"), off by default; not used in delta
   // mode.
   RelayConfig relays;
+  HaConfig ha;
 };
+
+// The addresses in an agent's `controller` ("a:7100" or "a:7100,b:7100"), trimmed, empty
+// entries dropped.
+std::vector<std::string> ControllerAddresses(const std::string& controller);
 
 // Parse from text; `source` names it in errors (a file name, or e.g. "<test>").
 absl::StatusOr<AgentConfig> ParseAgentConfig(const std::string& yaml, const std::string& source);

@@ -83,6 +83,23 @@ class AgentChannels {
     const int64_t e = leader_epoch_.load();
     return e > 0 ? std::to_string(e) : std::string();
   }
+  int64_t LeaderEpoch() const { return leader_epoch_.load(); }
+  // With high availability: whether this controller still leads (its lease certainly alive).
+  // While it does not, no call and no step command leaves it (CallAll, step fan-outs), even
+  // from a step that began while it led: a leader frozen past its lease wakes up deposed.
+  void SetLeaderCheck(std::function<bool()> leading) {
+    absl::MutexLock lock(&mu_);
+    leading_ = std::move(leading);
+  }
+  bool MayDrive() {
+    absl::MutexLock lock(&mu_);
+    return !leading_ || leading_();
+  }
+  static grpc::Status NotLeading() {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this controller is not the leader (its lease was lost or taken over): "
+                        "it drives no agent");
+  }
   // Puts the leader epoch on a call about to be made.
   void Stamp(grpc::ClientContext* ctx) const {
     if (std::string e = LeaderEpochText(); !e.empty()) ctx->AddMetadata("wb-leader-epoch", e);
@@ -124,6 +141,7 @@ class AgentChannels {
   std::map<std::string, std::unique_ptr<weightbeam::v1::Agent::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> on_reset_ ABSL_GUARDED_BY(mu_);
+  std::function<bool()> leading_ ABSL_GUARDED_BY(mu_);
 };
 
 // One target: agent name, its endpoint and the request to send it.
@@ -147,6 +165,10 @@ std::vector<CallResult<Resp>> CallAll(AgentChannels* channels,
   const size_t n = targets.size();
   std::vector<CallResult<Resp>> results(n);
   if (n == 0) return results;
+  if (!channels->MayDrive()) {
+    for (size_t i = 0; i < n; ++i) results[i] = {targets[i].agent, AgentChannels::NotLeading(), {}};
+    return results;
+  }
   std::vector<std::string> endpoints;
   endpoints.reserve(n);
   for (const auto& t : targets) endpoints.push_back(t.endpoint);

@@ -139,6 +139,12 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanNow(const v1::PlanRequest& r
   checks_ = req.checks();
   frozen_.assign(req.frozen().begin(), req.frozen().end());
   world_ = world;
+  {
+    absl::MutexLock slock(&state_mu_);
+    ledger_has_plan_ = true;
+    ledger_plan_request_ = req;
+    *ledger_plan_request_.mutable_world() = world;
+  }
   // The caller waited for the world without the lock: only a look here. After it: Describe
   // (60 s), Introduce (10 s), LoadPlan (30 s) at most.
   return PlanLocked(world, std::chrono::milliseconds(0), Clock::now() + std::chrono::seconds(100),
@@ -354,6 +360,10 @@ absl::StatusOr<v1::PlanSummary> ControllerCore::PlanLocked(const v1::ExpectedWor
     summary_valid_ = true;
     summary_layout_version_ = layout_version;
     for (const auto& [k, view] : census) ledger_.Saw(k);
+    ledger_plan_agents_ = senders_;
+    for (const auto& r : receivers_) {
+      if (!plan_.agent_plans.count(r)) ledger_plan_agents_.push_back(r);
+    }
   }
   spdlog::info(
       "plan {} ({}): {} ops, {} bytes, {} sender(s), {} receiver(s), {} inference replica(s){}, "
@@ -499,9 +509,11 @@ void ControllerCore::Record(const v1::StepResult& r) {
   {
     absl::MutexLock lock(&state_mu_);
     if (r.ok()) last_committed_ = std::max(last_committed_, r.version());
+    if (!r.rollback() && r.version() == step_in_progress_) step_in_progress_ = 0;
     recent_.push_back(r);
     while (recent_.size() > 16) recent_.pop_front();
   }
+  PublishLedger();
   steps_.Publish(r);
 }
 
@@ -775,7 +787,15 @@ v1::StepResult ControllerCore::Rollback(uint64_t to, const std::vector<int>& ask
 v1::StepResult ControllerCore::Step(uint64_t version, std::chrono::milliseconds timeout,
                                     std::optional<uint32_t> max_staleness,
                                     const std::function<void(const v1::StepCaptured&)>& on_captured,
-                                    const std::vector<std::string>& changed) {
+                                    const std::vector<std::string>& changed, bool retry) {
+  if (retry) {
+    if (auto done = AlreadyCommitted(version)) return *done;
+  }
+  {
+    absl::MutexLock slock(&state_mu_);
+    step_in_progress_ = version;
+  }
+  PublishLedger();
   StepRun run(version, timeout, max_staleness, on_captured, changed);
   // Queue: the capture token (a step still capturing, or captured and waiting to send, goes
   // first), then the send lock or a place behind the capture step sending.

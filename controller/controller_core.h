@@ -84,11 +84,12 @@ class ControllerCore {
   // send, and sends after it (in capture order). On an in-place plan `on_captured` comes just
   // before the result, and one step or plan runs at a time as before.
   // `changed`: a partial step's changed tensor patterns (StepRequest.changed; empty: all).
+  // `retry` (StepRequest.retry): the version committed last is answered as committed.
   weightbeam::v1::StepResult Step(
       uint64_t version, std::chrono::milliseconds timeout,
       std::optional<uint32_t> max_staleness = std::nullopt,
       const std::function<void(const weightbeam::v1::StepCaptured&)>& on_captured = nullptr,
-      const std::vector<std::string>& changed = {});
+      const std::vector<std::string>& changed = {}, bool retry = false);
   // Makes kept version `to` live again on `replicas` (empty: every known replica) with a
   // local copy on each agent (RollbackRequest); the next step is a dense anchor in delta mode.
   weightbeam::v1::StepResult Rollback(uint64_t to, const std::vector<int>& replicas);
@@ -107,6 +108,19 @@ class ControllerCore {
   weightbeam::v1::PlanSummary CurrentPlan() const;
   // Marks lost agents; run periodically.
   void Sweep();
+
+  // High availability (issue 45, controller_takeover.cc). `sink` gets the ledger after every
+  // step result and when a step starts, on the step's thread: it must not block (it queues).
+  void SetLedgerSink(std::function<void(weightbeam::v1::ControllerLedger)> sink);
+  weightbeam::v1::ControllerLedger Ledger() const;
+  // This controller was elected: goes on from `saved` (the ledger the last leader wrote). Waits
+  // (until `deadline`) for the saved plan's agents to register, plans again for the saved
+  // request (the same hash when the layouts are the same), and asks the receivers what they
+  // committed: a step whose commit reached a replica counts as committed (the old leader's
+  // commit completed it); one that reached none is aborted on every agent. Returns what it
+  // found, for the log.
+  std::string TakeOver(const weightbeam::v1::ControllerLedger& saved,
+                       std::chrono::steady_clock::time_point deadline);
 
  private:
   // Plans for `w`: an explicit Plan waits (up to `wait`) for all of it; a step's replan
@@ -155,6 +169,14 @@ class ControllerCore {
   StepSpec NextStep(uint64_t version, std::chrono::steady_clock::time_point started,
                     std::chrono::milliseconds timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(plan_mu_);
   void Record(const weightbeam::v1::StepResult& r);
+  // The answer to a retried Step of the version committed last (nullopt: not that version).
+  std::optional<weightbeam::v1::StepResult> AlreadyCommitted(uint64_t version);
+  // Hands the ledger to the sink (if any).
+  void PublishLedger();
+  // TakeOver's parts: the ledger restored; the receivers' committed versions adopted (returns
+  // the versions found); the step in flight aborted where it did not commit.
+  void RestoreLedger(const weightbeam::v1::ControllerLedger& saved);
+  std::string AdoptReceiverVersions(uint64_t in_progress);
   // One step as it goes through the pipeline (step_pipeline.h): what it asked for, what it
   // chose (capture or in place, the target and slot), what it captured, and its result.
   struct StepRun {
@@ -266,6 +288,12 @@ class ControllerCore {
   uint64_t last_committed_ ABSL_GUARDED_BY(state_mu_) = 0;
   ReplicaLedger ledger_ ABSL_GUARDED_BY(state_mu_);
   std::deque<weightbeam::v1::StepResult> recent_ ABSL_GUARDED_BY(state_mu_);
+  // What the ledger keeps of the plan (ControllerLedger), and the step in flight.
+  bool ledger_has_plan_ ABSL_GUARDED_BY(state_mu_) = false;
+  weightbeam::v1::PlanRequest ledger_plan_request_ ABSL_GUARDED_BY(state_mu_);
+  std::vector<std::string> ledger_plan_agents_ ABSL_GUARDED_BY(state_mu_);
+  uint64_t step_in_progress_ ABSL_GUARDED_BY(state_mu_) = 0;
+  std::function<void(weightbeam::v1::ControllerLedger)> ledger_sink_ ABSL_GUARDED_BY(state_mu_);
   weightbeam::v1::PlanSummary summary_ ABSL_GUARDED_BY(state_mu_);
   bool summary_valid_ ABSL_GUARDED_BY(state_mu_) = false;
   uint64_t summary_layout_version_ ABSL_GUARDED_BY(state_mu_) = 0;

@@ -174,10 +174,15 @@ grpc::ServerUnaryReactor* ControllerService::ReportLayout(grpc::CallbackServerCo
   return Done(ctx, grpc::Status::OK);
 }
 
+grpc::Status ControllerService::AdmitDriver(const grpc::CallbackServerContext& ctx) const {
+  if (auto s = guard_.Admit(ctx); !s.ok()) return s;
+  return role_ ? role_->MayLead() : grpc::Status::OK;
+}
+
 grpc::ServerUnaryReactor* ControllerService::Plan(grpc::CallbackServerContext* ctx,
                                                   const v1::PlanRequest* req,
                                                   v1::PlanResponse* resp) {
-  if (auto s = guard_.Admit(*ctx); !s.ok()) return Done(ctx, s);
+  if (auto s = AdmitDriver(*ctx); !s.ok()) return Done(ctx, s);
   auto* reactor = ctx->DefaultReactor();
   plans_.Submit(
       *req, [ctx] { return ctx->IsCancelled(); },
@@ -191,7 +196,7 @@ grpc::ServerUnaryReactor* ControllerService::Plan(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* ControllerService::Rollback(grpc::CallbackServerContext* ctx,
                                                       const v1::RollbackRequest* req,
                                                       v1::RollbackResponse* resp) {
-  if (auto s = guard_.Admit(*ctx); !s.ok()) return Done(ctx, s);
+  if (auto s = AdmitDriver(*ctx); !s.ok()) return Done(ctx, s);
   auto* reactor = ctx->DefaultReactor();
   std::thread([this, reactor, req, resp] {
     *resp->mutable_result() =
@@ -204,15 +209,16 @@ grpc::ServerUnaryReactor* ControllerService::Rollback(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* ControllerService::Step(grpc::CallbackServerContext* ctx,
                                                   const v1::StepRequest* req,
                                                   v1::StepResponse* resp) {
-  if (auto s = guard_.Admit(*ctx); !s.ok()) return Done(ctx, s);
+  if (auto s = AdmitDriver(*ctx); !s.ok()) return Done(ctx, s);
   auto* reactor = ctx->DefaultReactor();
   std::thread([this, reactor, req, resp] {
     auto timeout =
         std::chrono::milliseconds(req->timeout_ms() ? req->timeout_ms() : step_timeout_ms_);
     std::optional<uint32_t> max_staleness;
     if (req->has_max_staleness()) max_staleness = req->max_staleness();
-    *resp->mutable_result() = core_->Step(req->version(), timeout, max_staleness, nullptr,
-                                          {req->changed().begin(), req->changed().end()});
+    *resp->mutable_result() =
+        core_->Step(req->version(), timeout, max_staleness, nullptr,
+                    {req->changed().begin(), req->changed().end()}, req->retry());
     reactor->Finish(grpc::Status::OK);
   }).detach();
   return reactor;
@@ -220,7 +226,7 @@ grpc::ServerUnaryReactor* ControllerService::Step(grpc::CallbackServerContext* c
 
 grpc::ServerWriteReactor<v1::StepProgress>* ControllerService::StepAsync(
     grpc::CallbackServerContext* ctx, const v1::StepRequest* req) {
-  if (auto s = guard_.Admit(*ctx); !s.ok()) {
+  if (auto s = AdmitDriver(*ctx); !s.ok()) {
     return new security::RefusedWriter<v1::StepProgress>(s);
   }
   auto* writer = new StepProgressWriter();
@@ -230,13 +236,14 @@ grpc::ServerWriteReactor<v1::StepProgress>* ControllerService::StepAsync(
     std::optional<uint32_t> max_staleness;
     if (req->has_max_staleness()) max_staleness = req->max_staleness();
     v1::StepProgress done;
-    *done.mutable_result() = core_->Step(req->version(), timeout, max_staleness,
-                                         [writer](const v1::StepCaptured& c) {
-                                           v1::StepProgress captured;
-                                           *captured.mutable_captured() = c;
-                                           writer->Send(std::move(captured), false);
-                                         },
-                                         {req->changed().begin(), req->changed().end()});
+    *done.mutable_result() = core_->Step(
+        req->version(), timeout, max_staleness,
+        [writer](const v1::StepCaptured& c) {
+          v1::StepProgress captured;
+          *captured.mutable_captured() = c;
+          writer->Send(std::move(captured), false);
+        },
+        {req->changed().begin(), req->changed().end()}, req->retry());
     writer->Send(std::move(done), true);
   }).detach();
   return writer;
@@ -255,6 +262,7 @@ grpc::ServerUnaryReactor* ControllerService::Status(grpc::CallbackServerContext*
                                                     v1::StatusResponse* resp) {
   if (auto s = guard_.Admit(*ctx); !s.ok()) return Done(ctx, s);
   *resp = core_->Status();
+  if (role_) *resp->mutable_leadership() = role_->Describe();
   return Done(ctx, grpc::Status::OK);
 }
 

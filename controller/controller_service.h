@@ -3,6 +3,7 @@
 #pragma once
 
 #include "controller/controller_core.h"
+#include "controller/controller_role.h"
 #include "controller/plan_scheduler.h"
 #include "security/call_guard.h"
 #include "weightbeam/v1/controller.grpc.pb.h"
@@ -18,6 +19,8 @@ class ControllerService final : public weightbeam::v1::Controller::CallbackServi
         plans_(core) {}
   // Token and certificate checks for every call (default: admit everything).
   void SetGuard(security::CallGuard guard) { guard_ = std::move(guard); }
+  // High availability: Plan, Step, StepAsync and Rollback only while `role` leads (null: always).
+  void SetRole(const ControllerRole* role) { role_ = role; }
 
   grpc::ServerUnaryReactor* RegisterAgent(grpc::CallbackServerContext* ctx,
                                           const weightbeam::v1::RegisterAgentRequest* req,
@@ -54,7 +57,11 @@ class ControllerService final : public weightbeam::v1::Controller::CallbackServi
   ControllerCore* core_;
   uint32_t heartbeat_interval_ms_;
   uint32_t step_timeout_ms_;
+  // The guard's admission, then (for the calls that drive agents) the role's.
+  grpc::Status AdmitDriver(const grpc::CallbackServerContext& ctx) const;
+
   security::CallGuard guard_;
+  const ControllerRole* role_ = nullptr;
   PlanScheduler plans_;
 };
 

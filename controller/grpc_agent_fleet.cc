@@ -35,6 +35,13 @@ std::vector<CallResult<Resp>> GrpcAgentFleet::SendStepCommands(
   };
   std::vector<CallTarget<Req>> targets = Targets(calls, false);
   std::vector<CallResult<Resp>> results(targets.size());
+  if (!channels_->MayDrive()) {
+    for (size_t i = 0; i < targets.size(); ++i) {
+      results[i] = {targets[i].agent, AgentChannels::NotLeading(), {}};
+    }
+    return results;
+  }
+  const int64_t epoch = channels_->LeaderEpoch();
   std::vector<bool> done(targets.size(), false);
   struct Group {
     std::vector<size_t> at;  // indexes into targets
@@ -45,6 +52,7 @@ std::vector<CallResult<Resp>> GrpcAgentFleet::SendStepCommands(
     g->at.push_back(i);
     g->endpoints.push_back(targets[i].endpoint);
     g->commands.emplace_back();
+    g->commands.back().set_leader_epoch(epoch);
     put(targets[i].request, &g->commands.back());
   };
   auto record = [&](const Group& g, std::vector<StepAnswer>& answers) {

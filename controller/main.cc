@@ -20,17 +20,21 @@
 #include "controller/controller_core.h"
 #include "controller/controller_metrics.h"
 #include "controller/controller_service.h"
+#include "controller/high_availability.h"
 #include "security/call_guard.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"wb-controller: plans and coordinates weight transfers"};
-  std::string config_path, log_level, listen, metrics_listen;
+  std::string config_path, log_level, listen, metrics_listen, advertise;
   bool version = false;
   app.add_option("--config", config_path, "YAML configuration file");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (overrides config)");
   app.add_option("--listen", listen, "host:port of the Controller service (overrides config)");
   app.add_option("--metrics-listen", metrics_listen,
                  "host:port to serve Prometheus /metrics on (overrides config)");
+  app.add_option("--advertise", advertise,
+                 "host:port clients and agents reach this controller at, with ha: (overrides "
+                 "config; default: the listen address)");
   app.add_flag("--version", version, "print the version and exit");
   CLI11_PARSE(app, argc, argv);
   if (version) {
@@ -51,6 +55,9 @@ int main(int argc, char** argv) {
   if (!log_level.empty()) config.log_level = log_level;
   if (!listen.empty()) config.listen = listen;
   if (!metrics_listen.empty()) config.metrics_listen = metrics_listen;
+  if (!advertise.empty()) config.ha.advertise = advertise;
+  if (config.ha.advertise.empty())
+    config.ha.advertise = wb::controller::AdvertisedAddress(config.listen);
   if (auto s = wb::InitLogging("wb-controller", config.log_level); !s.ok()) {
     std::fprintf(stderr, "wb-controller: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -77,11 +84,21 @@ int main(int argc, char** argv) {
   core.agent_channels().SetFactory(agent_channels->WithServerName(""));
   wb::controller::ControllerService service(&core, 1000, config.step_timeout_ms);
   service.SetGuard(*guard);
+  // With `ha:` this controller leads or stands by (controller/high_availability.h).
+  std::unique_ptr<wb::controller::HighAvailability> ha;
+  if (config.ha.enabled()) {
+    ha = std::make_unique<wb::controller::HighAvailability>(
+        config.ha, &core, std::chrono::milliseconds(config.plan_wait_ms));
+    service.SetRole(ha.get());
+  }
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(config.listen, *server_credentials, &port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(wb::kMaxControlMessageBytes);  // layouts of 10^6 tensors
+  // Clients of controllers in high availability ping every 2 s to find a frozen leader fast.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   auto server = builder.BuildAndStart();
   if (!server || port == 0) {
     spdlog::error("cannot listen on {}", config.listen);
@@ -107,6 +124,13 @@ int main(int argc, char** argv) {
   wb::WarnIfInsecure(config.tls.enabled);
   wb::WarnIfCallersUnchecked(config.tls.enabled, !config.tls.ca_file.empty(),
                              !config.tls.token_file.empty());
+  if (ha) {
+    if (auto s = ha->Start(); !s.ok()) {
+      spdlog::error("cannot start: {}", std::string(s.message()));
+      server->Shutdown();
+      return 2;
+    }
+  }
   wb::NotifyReady();
   std::atomic<bool> stop{false};
   std::thread sweeper([&] {
@@ -122,6 +146,8 @@ int main(int argc, char** argv) {
     stop = true;
     // A step in flight fails now (its agents abort) rather than hanging on a dead controller.
     core.AbortInFlight(absl::StrCat("controller shutting down (signal ", sig, ")"));
+    // Leaves the election now: a standby takes over without waiting for the lease to expire.
+    if (ha) ha->Stop();
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   });
   server->Wait();

@@ -129,6 +129,13 @@ uint64_t ReplicaLedger::Staleness(int replica) const {
   return commits_ - (it == entries_.end() ? 0 : it->second.commits_at);
 }
 
+void ReplicaLedger::Restore(std::map<int, Entry> entries, uint64_t commits) {
+  entries_ = std::move(entries);
+  commits_ = commits;
+  latest_ = 0;
+  for (const auto& [r, e] : entries_) latest_ = std::max(latest_, e.version);
+}
+
 std::vector<int> ReplicaLedger::Known() const {
   std::vector<int> out;
   for (const auto& [r, e] : entries_) out.push_back(r);

@@ -67,12 +67,18 @@ class ReplicaLedger {
   uint64_t latest() const { return latest_; }
   std::vector<int> Known() const;
 
- private:
+  // The ledger as the controller keeps it in etcd (ControllerLedger), and back: a new leader
+  // goes on counting staleness where the old one stopped.
   struct Entry {
     uint64_t version = 0;
     uint64_t commits_at = 0;  // commits_ when it last committed
     std::string digest;
   };
+  const std::map<int, Entry>& entries() const { return entries_; }
+  uint64_t commits() const { return commits_; }
+  void Restore(std::map<int, Entry> entries, uint64_t commits);
+
+ private:
   std::map<int, Entry> entries_;
   uint64_t commits_ = 0;
   uint64_t latest_ = 0;

@@ -225,4 +225,42 @@ absl::StatusOr<CreateResult> EtcdClient::CreateIfAbsent(const std::string& key,
   return out;
 }
 
+absl::StatusOr<bool> EtcdClient::PutIfGuard(const std::string& key, const std::string& value,
+                                            const std::string& guard_key, int64_t guard_revision,
+                                            int64_t lease_id) {
+  Json put = {{"key", absl::Base64Escape(key)}, {"value", absl::Base64Escape(value)}};
+  if (lease_id != 0) put["lease"] = std::to_string(lease_id);
+  Json req = {
+      {"compare", Json::array({{{"target", "CREATE"},
+                                {"result", "EQUAL"},
+                                {"key", absl::Base64Escape(guard_key)},
+                                {"create_revision", std::to_string(guard_revision)}}})},
+      {"success", Json::array({{{"request_put", put}}})},
+  };
+  auto body = Post("/v3/kv/txn", req.dump(), absl::InfiniteDuration());
+  if (!body.ok()) return body.status();
+  auto j = ParseBody("etcd /v3/kv/txn", *body);
+  if (!j.ok()) return j.status();
+  return j->value("succeeded", false);
+}
+
+absl::StatusOr<std::vector<KeyValue>> EtcdClient::GetPrefix(const std::string& prefix) {
+  // range_end: the prefix with its last byte incremented (etcd's prefix convention).
+  std::string end = prefix;
+  while (!end.empty() && static_cast<unsigned char>(end.back()) == 0xff) end.pop_back();
+  if (!end.empty()) end.back() = static_cast<char>(end.back() + 1);
+  Json req = {{"key", absl::Base64Escape(prefix)},
+              {"range_end", absl::Base64Escape(end.empty() ? std::string(1, '\0') : end)}};
+  auto body = Post("/v3/kv/range", req.dump(), absl::InfiniteDuration());
+  if (!body.ok()) return body.status();
+  auto j = ParseBody("etcd /v3/kv/range", *body);
+  if (!j.ok()) return j.status();
+  std::vector<KeyValue> out;
+  auto it = j->find("kvs");
+  if (it != j->end() && it->is_array()) {
+    for (const Json& kv : *it) out.push_back(ParseKeyValue(kv));
+  }
+  return out;
+}
+
 }  // namespace wb::etcd

@@ -73,6 +73,15 @@ class EtcdClient {
   absl::StatusOr<CreateResult> CreateIfAbsent(const std::string& key, const std::string& value,
                                               int64_t lease_id = 0);
 
+  // One transaction: puts `value` at `key` only while `guard_key` exists with create_revision
+  // `guard_revision` (a leader writing while it still holds its election key). False: the guard
+  // failed, nothing written.
+  absl::StatusOr<bool> PutIfGuard(const std::string& key, const std::string& value,
+                                  const std::string& guard_key, int64_t guard_revision,
+                                  int64_t lease_id = 0);
+  // Every key starting with `prefix`, in key order.
+  absl::StatusOr<std::vector<KeyValue>> GetPrefix(const std::string& prefix);
+
   const std::vector<std::string>& endpoints() const { return options_.endpoints; }
 
  private:

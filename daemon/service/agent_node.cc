@@ -67,6 +67,7 @@ AgentNode::AgentNode(config::AgentConfig config) : config_(std::move(config)) {
     gethostname(host, sizeof(host) - 1);
     config_.name = host;
   }
+  fence_ = std::make_unique<LeaderFence>(config_.name);
 }
 
 AgentNode::~AgentNode() { Shutdown(); }
@@ -293,17 +294,21 @@ absl::Status AgentNode::Start() {
   }
   // The Local socket appears last: once it exists, the Agent service already answers.
   if (auto s = BindLocalSocket(); !s.ok()) return s;
-  link_ = std::make_unique<ControllerLink>(
-      config_.controller, config_.heartbeat_interval_ms, [this] { return Info(); },
-      [this] { return Layout(); }, [this] { return registry_->generation(); }, *channels);
+  const std::string incarnation = ControllerLink::RandomIncarnation();
+  for (const std::string& address : config::ControllerAddresses(config_.controller)) {
+    links_.push_back(std::make_unique<ControllerLink>(
+        address, config_.heartbeat_interval_ms, [this] { return Info(); },
+        [this] { return Layout(); }, [this] { return registry_->generation(); }, *channels,
+        incarnation));
+  }
   registry_->SetChangeCallback([this] {
     for (const auto& stats : registry_->RegistrationStats()) {
       metrics_.TransportRegistrations(stats.transport, stats.regions, stats.seconds);
     }
-    if (link_) link_->LayoutChanged();
+    for (auto& link : links_) link->LayoutChanged();
     if (mirrors_) mirrors_->Forget();  // the mirrors of withdrawn tensors
   });
-  link_->Start();
+  for (auto& link : links_) link->Start();
   spdlog::info(
       "wb-agent {} serving: Local on {}, Agent on port {}, step links on port {}, "
       "transports:{}",
@@ -320,7 +325,7 @@ void AgentNode::Shutdown() {
   metrics_exporter_.reset();  // its scrapes read the executor and registry torn down below
   if (executor_) executor_->Cancel("agent shutting down");
   if (storage_) storage_->Stop();
-  if (link_) link_->Stop();
+  for (auto& link : links_) link->Stop();
   auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   if (local_listener_) local_listener_->Stop();
   if (local_server_) local_server_->Shutdown(deadline);
@@ -1030,8 +1035,13 @@ v1::HealthResponse AgentNode::Health(uint64_t step_id) const {
   h.set_serving(!shutting_down_);
   h.set_state(shutting_down_ ? v1::AGENT_ACTIVITY_DRAINING : state_);
   h.set_committed_version(committed_version_);
-  if (link_ && !link_->registered()) h.add_problems("not registered with the controller");
-  if (link_) h.set_incarnation_digest(link_->incarnation_digest());
+  if (!links_.empty()) {
+    bool registered = false;
+    for (const auto& link : links_) registered = registered || link->registered();
+    if (!registered) h.add_problems("not registered with the controller");
+    // Every link proves the same process: the first one's digest stands for all.
+    h.set_incarnation_digest(links_.front()->incarnation_digest());
+  }
   for (const auto& stats : registry_->RegistrationStats()) {
     auto* r = h.add_registrations();
     r->set_transport(stats.transport);

@@ -28,6 +28,7 @@
 #include "daemon/local_api/unix_listener.h"
 #include "daemon/registry/region_registry.h"
 #include "daemon/service/agent_metrics.h"
+#include "daemon/service/leader_fence.h"
 #include "daemon/service/peer_connector.h"
 #include "daemon/staging/ack_book.h"
 #include "daemon/staging/staged_swap.h"
@@ -104,6 +105,8 @@ class AgentNode {
   absl::Status Introduce(uint64_t plan_id, const std::vector<std::string>& senders);
 
   const config::AgentConfig& config() const { return config_; }
+  // The leader-epoch fence every controller call and step command passes (leader_fence.h).
+  LeaderFence& leader_fence() { return *fence_; }
   int agent_port() const { return agent_port_; }
   // The port /metrics is served on (0 when metrics_listen is empty).
   int metrics_port() const { return metrics_exporter_ ? metrics_exporter_->port() : 0; }
@@ -176,7 +179,10 @@ class AgentNode {
   std::unique_ptr<local::UnixListener> local_listener_;  // before local_server_: stops first
   std::unique_ptr<grpc::Server> local_server_;
   std::unique_ptr<grpc::Server> agent_server_;
-  std::unique_ptr<ControllerLink> link_;
+  // One per controller in `controller` (a comma-separated list: the leader and its standbys,
+  // issue 45); each registers and heartbeats on its own.
+  std::vector<std::unique_ptr<ControllerLink>> links_;
+  std::unique_ptr<LeaderFence> fence_;
   std::unique_ptr<storage::StorageAgent> storage_;  // config `storage`; null when off
   int agent_port_ = 0;
 

@@ -26,7 +26,7 @@ grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const grpc::S
 grpc::Status AgentService::AdmitController(const grpc::ServerContextBase& ctx,
                                            const std::string& method) {
   if (grpc::Status a = guard_.AdmitController(ctx, method); !a.ok()) return a;
-  return fence_.Admit(ctx, method);
+  return node_->leader_fence().Admit(ctx, method);
 }
 
 grpc::ServerUnaryReactor* AgentService::Describe(grpc::CallbackServerContext* ctx,

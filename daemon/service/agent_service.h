@@ -17,7 +17,7 @@ class AgentService final : public weightbeam::v1::Agent::CallbackService {
   // `guard` admits calls: the token, the controller's certificate for controller calls, and a
   // certificate naming the calling agent for Handshake.
   explicit AgentService(AgentNode* node, security::CallGuard guard = {})
-      : node_(node), guard_(std::move(guard)), fence_(node->config().name) {}
+      : node_(node), guard_(std::move(guard)) {}
 
   grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx,
                                      const weightbeam::v1::DescribeRequest* req,
@@ -77,7 +77,6 @@ class AgentService final : public weightbeam::v1::Agent::CallbackService {
 
   AgentNode* node_;
   security::CallGuard guard_;
-  LeaderFence fence_;
   executor::WorkerPool long_calls_{2};
   OpenStepStreams step_streams_;                // after long_calls_: its commands run there
   std::unique_ptr<StepLinkServer> step_links_;  // the same

@@ -53,8 +53,10 @@ ControllerLink::ControllerLink(std::string address, uint32_t heartbeat_ms,
                                std::function<v1::AgentInfo()> info,
                                std::function<v1::AgentLayout()> layout,
                                std::function<uint64_t()> generation,
-                               const wb::grpcutil::ChannelFactory& channels)
+                               const wb::grpcutil::ChannelFactory& channels,
+                               std::string incarnation)
     : address_(std::move(address)),
+      incarnation_(incarnation.empty() ? RandomIncarnation() : std::move(incarnation)),
       heartbeat_ms_(heartbeat_ms),
       info_(std::move(info)),
       layout_(std::move(layout)),

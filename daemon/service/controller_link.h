@@ -28,8 +28,13 @@ class ControllerLink {
                  std::function<weightbeam::v1::AgentInfo()> info,
                  std::function<weightbeam::v1::AgentLayout()> layout,
                  std::function<uint64_t()> generation = nullptr,
-                 const wb::grpcutil::ChannelFactory& channels = wb::grpcutil::ChannelFactory());
+                 const wb::grpcutil::ChannelFactory& channels = wb::grpcutil::ChannelFactory(),
+                 std::string incarnation = "");
   ~ControllerLink();
+
+  // 16 random bytes: an incarnation secret. The links of one agent to several controllers
+  // (a leader and its standbys) share one, so each controller sees the same process.
+  static std::string RandomIncarnation();
 
   void Start();
   void Stop();
@@ -43,7 +48,6 @@ class ControllerLink {
   std::string incarnation_digest() const;
 
  private:
-  static std::string RandomIncarnation();
   void Run();         // register / heartbeat loop
   void RunReports();  // layout report loop
   bool Register();
@@ -57,7 +61,7 @@ class ControllerLink {
 
   const std::string address_;
   // Random per process: proves to the controller that a later call is from this same agent.
-  const std::string incarnation_ = RandomIncarnation();
+  const std::string incarnation_;
   uint32_t heartbeat_ms_;
   std::function<weightbeam::v1::AgentInfo()> info_;
   std::function<weightbeam::v1::AgentLayout()> layout_;

@@ -25,6 +25,9 @@ class LeaderFence {
   // OK, or FAILED_PRECONDITION (an older epoch, or none after one) / INVALID_ARGUMENT (not a
   // number); `method` names the call in the message.
   grpc::Status Admit(const grpc::ServerContextBase& ctx, const std::string& method);
+  // The same for an epoch carried in a message (a step command on a step link or stream, which
+  // was admitted when it opened: a leader deposed since must not go on driving it); 0: none.
+  grpc::Status AdmitEpoch(int64_t epoch, const std::string& method);
   // The newest epoch seen (0: none).
   int64_t newest() const;
 

@@ -18,6 +18,13 @@ v1::StepReply StepReplyFor(uint64_t seq, const absl::Status& s) {
 void RunStepCommand(AgentNode* node, executor::WorkerPool* long_calls, ExecuteOn execute_on,
                     v1::StepCommand command, std::function<void(v1::StepReply)> reply) {
   const uint64_t seq = command.seq();
+  // The link or stream was fenced when it opened; a leader deposed since is refused here.
+  if (grpc::Status fenced = node->leader_fence().AdmitEpoch(command.leader_epoch(), "step command");
+      !fenced.ok()) {
+    reply(StepReplyFor(seq, absl::Status(static_cast<absl::StatusCode>(fenced.error_code()),
+                                         fenced.error_message())));
+    return;
+  }
   switch (command.command_case()) {
     case v1::StepCommand::kBegin: {
       const auto& req = command.begin();

@@ -357,3 +357,40 @@ receive:
   CHECK_THAT(ErrorOf("receive:\n  ack_timeout_ms: 0\n"), Catch::Contains("receive.ack_timeout_ms"));
   CHECK_THAT(ErrorOf("capture:\n  slots: 2\n"), Catch::Contains("capture.slots"));
 }
+
+TEST_CASE("high availability: ha keys on the controller, several controllers on the agent") {
+  auto off = ParseControllerConfig("", "controller.yaml");
+  REQUIRE(off.ok());
+  CHECK_FALSE(off->ha.enabled());
+  CHECK(off->ha.lease_ttl_ms == 5000);
+
+  auto on = ParseControllerConfig(
+      "ha:\n  etcd: [http://10.0.0.5:2379, http://10.0.0.6:2379]\n  election: rl-run.7\n"
+      "  lease_ttl_ms: 3000\n  advertise: 10.0.0.7:7100\n",
+      "controller.yaml");
+  REQUIRE(on.ok());
+  CHECK(on->ha.enabled());
+  CHECK(on->ha.etcd == std::vector<std::string>{"http://10.0.0.5:2379", "http://10.0.0.6:2379"});
+  CHECK(on->ha.election == "rl-run.7");
+  CHECK(on->ha.lease_ttl_ms == 3000);
+  CHECK(on->ha.advertise == "10.0.0.7:7100");
+
+  CHECK_THAT(ControllerErrorOf("ha:\n  etcd: [http://e:2379]\n"),
+             Catch::Contains("ha.election") && Catch::Contains("an election name"));
+  CHECK_THAT(ControllerErrorOf("ha:\n  etcd: [https://e:2379]\n  election: x\n"),
+             Catch::Contains("ha.etcd") && Catch::Contains("https is not supported"));
+  CHECK_THAT(ControllerErrorOf("ha:\n  etcd: [http://e:2379]\n  election: a/b\n"),
+             Catch::Contains("ha.election") && Catch::Contains("'a/b'"));
+  CHECK_THAT(ControllerErrorOf("ha:\n  etcd: [http://e:2379]\n  election: x\n  lease_ttl_ms: 10\n"),
+             Catch::Contains("ha.lease_ttl_ms"));
+  CHECK_THAT(ControllerErrorOf("ha:\n  etcd: [http://e:2379]\n  election: x\n  leader: y\n"),
+             Catch::Contains("ha.leader"));
+
+  auto agent = ParseAgentConfig("controller: 10.0.0.7:7100, 10.0.0.8:7100\n", "agent.yaml");
+  REQUIRE(agent.ok());
+  CHECK(wb::config::ControllerAddresses(agent->controller) ==
+        std::vector<std::string>{"10.0.0.7:7100", "10.0.0.8:7100"});
+  CHECK_THAT(ErrorOf("controller: 10.0.0.7:7100,nonsense\n"),
+             Catch::Contains("controller") && Catch::Contains("comma-separated"));
+  CHECK_THAT(ErrorOf("controller: ','\n"), Catch::Contains("controller"));
+}

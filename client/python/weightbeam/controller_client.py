@@ -2,7 +2,9 @@
 optimizer step; plus the status queries. Mirrors the C++ ``wb::client::ControllerClient``."""
 
 import os
+import re
 import threading
+import time
 
 import grpc
 
@@ -21,8 +23,32 @@ def _read(path, what, binary=True):
         raise WeightbeamError(f"{what}: cannot read {path}: {e.strerror}", "INVALID_ARGUMENT")
 
 
+# Keepalive pings find a controller that stopped answering (frozen, or its host gone) in a few
+# seconds, so a call to it fails over instead of waiting out its deadline (wb-controller
+# accepts pings this often).
+_KEEPALIVE = [("grpc.keepalive_time_ms", 2000), ("grpc.keepalive_timeout_ms", 2000),
+              ("grpc.http2.max_pings_without_data", 0)]
+_LEADER_HINT = re.compile(r"\[wb-leader: ([^\]]*)\]")
+
+
+def _addresses(address):
+    """``"a:7100"``, ``"a:7100,b:7100"`` or a list of them -> the list."""
+    parts = address.split(",") if isinstance(address, str) else list(address)
+    out = [p.strip() for p in parts if p and p.strip()]
+    if not out:
+        raise WeightbeamError(f"no controller address in {address!r}", "INVALID_ARGUMENT")
+    return out
+
+
 class ControllerClient:
     """``ControllerClient("host:port")``; nothing is sent until the first call.
+
+    With controllers in high availability (``ha:``, docs/reliability.md) give every one:
+    ``ControllerClient("a:7100,b:7100")`` (or a list). Calls go to the leader; a standby's
+    answer (UNAVAILABLE, naming the leader) or a controller that stopped answering moves the
+    call on to the next, retried until ``failover_s`` (a step: its ``timeout_s`` when set).
+    A retried ``step(v)`` of a version the old leader had committed is answered "already
+    committed" (``result.already_committed``): a version is never committed twice.
 
     For a controller with TLS: ``ca_file`` (verifies its certificate), ``cert_file`` and
     ``key_file`` (ours, for mutual TLS), ``server_name`` (the name its certificate carries, when
@@ -30,8 +56,10 @@ class ControllerClient:
     WB_TLS_CA, WB_TLS_CERT, WB_TLS_KEY, WB_TLS_SERVER_NAME, WB_TOKEN_FILE (as wbctl)."""
 
     def __init__(self, address, ca_file=None, cert_file=None, key_file=None, token_file=None,
-                 server_name=None):
-        self._address = address
+                 server_name=None, failover_s=60.0):
+        self._addresses = _addresses(address)
+        self._address = ",".join(self._addresses)
+        self._failover_s = failover_s
         env = os.environ.get
         ca_file = ca_file or env("WB_TLS_CA")
         cert_file = cert_file or env("WB_TLS_CERT")
@@ -48,17 +76,37 @@ class ControllerClient:
                 raise WeightbeamError(f"token_file: {token_file} is empty", "INVALID_ARGUMENT")
             self._metadata = (("authorization", "Bearer " + token),)
         options = [("grpc.max_receive_message_length", 256 << 20)]
+        if len(self._addresses) > 1:
+            options += _KEEPALIVE
+        self._credentials = None
         if ca_file or cert_file:
-            credentials = grpc.ssl_channel_credentials(
+            self._credentials = grpc.ssl_channel_credentials(
                 root_certificates=_read(ca_file, "ca_file") if ca_file else None,
                 private_key=_read(key_file, "key_file") if key_file else None,
                 certificate_chain=_read(cert_file, "cert_file") if cert_file else None)
             if server_name:
                 options.append(("grpc.ssl_target_name_override", server_name))
-            self._channel = grpc.secure_channel(address, credentials, options=options)
-        else:
-            self._channel = grpc.insecure_channel(address, options=options)
-        self._stub = controller_pb2_grpc.ControllerStub(self._channel)
+        self._options = options
+        self._channels = {}  # address -> (channel, stub), made on first use
+        self._lock = threading.Lock()
+        self._current = 0  # index of the controller that answered last
+        self._channel, self._stub = self._connect(self._addresses[0])
+
+    def _connect(self, address):
+        with self._lock:
+            if address not in self._channels:
+                if self._credentials is not None:
+                    channel = grpc.secure_channel(address, self._credentials,
+                                                  options=self._options)
+                else:
+                    channel = grpc.insecure_channel(address, options=self._options)
+                self._channels[address] = (channel, controller_pb2_grpc.ControllerStub(channel))
+            return self._channels[address]
+
+    @property
+    def leader(self):
+        """The controller address calls go to now (the one that answered last)."""
+        return self._addresses[self._current]
 
     def plan(self, trainer_ranks=0, inference_replicas=0, inference_ranks_per_replica=0,
              wait_s=30.0, delta=None, check_finite=False, digest=False, frozen=(),
@@ -92,7 +140,7 @@ class ControllerClient:
             request.checks.user = True
             request.checks.user_deadline_ms = max(1, int(user_check_deadline_s * 1000))
         request.frozen.extend(frozen)
-        return self._unary(self._stub.Plan, request, "Plan", wait_s + 60).summary
+        return self._unary("Plan", request, wait_s + 60).summary
 
     def step(self, version, timeout_s=0, max_staleness=None, ready=(), changed=()):
         """Pushes ``version`` to the inference side and returns the StepResult once committed.
@@ -113,7 +161,11 @@ class ControllerClient:
                                              changed=list(changed))
         if max_staleness is not None:
             request.max_staleness = int(max_staleness)
-        result = self._unary(self._stub.Step, request, "Step", None).result
+        # Each attempt is bounded by the step's timeout (the controller's own enforces it);
+        # failing over may retry it on the new leader until the same deadline.
+        attempt = timeout_s + 30 if timeout_s else None
+        result = self._unary("Step", request, attempt,
+                             failover_s=timeout_s or self._failover_s).result
         if not result.ok:
             raise StepFailed(result.error or f"step {version} failed", result)
         return result
@@ -125,7 +177,7 @@ class ControllerClient:
         (``rollback`` set); raises StepFailed naming the agent and the versions it keeps when
         one of them does not keep ``to`` (then nothing changed)."""
         request = controller_pb2.RollbackRequest(to=int(to), replicas=[int(k) for k in replicas])
-        result = self._unary(self._stub.Rollback, request, "Rollback", 300).result
+        result = self._unary("Rollback", request, 300).result
         if not result.ok:
             raise StepFailed(result.error or f"rollback to {to} failed", result)
         return result
@@ -145,11 +197,15 @@ class ControllerClient:
         # As step(): the controller enforces the step's timeout; this guards against one that
         # stalls.
         backstop = timeout_s + 60 if timeout_s else 15 * 60
+        if len(self._addresses) > 1:
+            self._find_leader(timeout_s or self._failover_s)
+        address = self.leader
+        _, stub = self._connect(address)
         try:
-            call = self._stub.StepAsync(request, timeout=backstop, metadata=self._metadata)
+            call = stub.StepAsync(request, timeout=backstop, metadata=self._metadata)
         except grpc.RpcError as e:
-            raise from_rpc_error(e, f"StepAsync on controller {self._address}") from None
-        return StepHandle(int(version), call, self._address)
+            raise from_rpc_error(e, f"StepAsync on controller {address}") from None
+        return StepHandle(int(version), call, address)
 
     def step_captured(self, version, timeout_s=0, max_staleness=None, capture_timeout_s=None):
         """The training loop's one call: starts step ``version``, waits until every sender has
@@ -165,23 +221,25 @@ class ControllerClient:
 
     def status(self):
         """The controller's StatusResponse: agents, plan, last committed version, recent steps."""
-        return self._unary(self._stub.Status, controller_pb2.StatusRequest(), "Status", 30)
+        return self._unary("Status", controller_pb2.StatusRequest(), 30, leader_only=False)
 
     def list_tensors(self, agent=""):
         """Every agent's (or one agent's) registered tensors: a list of AgentLayout."""
         request = controller_pb2.ListTensorsRequest(agent=agent)
-        return list(self._unary(self._stub.ListTensors, request, "ListTensors", 30).layouts)
+        return list(self._unary("ListTensors", request, 30, leader_only=False).layouts)
 
     def watch_steps(self):
         """Iterates over StepResults as the controller finishes steps (cancel by closing)."""
         try:
-            yield from self._stub.WatchSteps(controller_pb2.WatchStepsRequest(),
-                                             metadata=self._metadata)
+            stub = self._connect(self.leader)[1]
+            yield from stub.WatchSteps(controller_pb2.WatchStepsRequest(), metadata=self._metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e, f"WatchSteps on {self._address}") from None
 
     def close(self):
-        self._channel.close()
+        with self._lock:
+            for channel, _ in self._channels.values():
+                channel.close()
 
     def __enter__(self):
         return self
@@ -189,15 +247,56 @@ class ControllerClient:
     def __exit__(self, *exc):
         self.close()
 
-    def _unary(self, method, request, what, timeout):
-        try:
-            return method(request, timeout=timeout, metadata=self._metadata)
-        except grpc.RpcError as e:
-            error = from_rpc_error(e, f"{what} on controller {self._address}")
-            if what == "Step" and error.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
-                raise StepFailed(error.message, None, error.code) from None
-            raise error from None
+    def _find_leader(self, within_s):
+        """Points calls at the controller that leads now (Status says so), waiting up to
+        ``within_s`` for one (a standby takes over within about 2 lease TTLs)."""
+        self._unary("Status", controller_pb2.StatusRequest(), 5, failover_s=within_s,
+                    leader_only=True)
 
+    def _next(self, error_text):
+        """After a failure on the current controller: the one a standby named, else the next."""
+        hint = _LEADER_HINT.search(error_text or "")
+        if hint and hint.group(1) in self._addresses:
+            self._current = self._addresses.index(hint.group(1))
+        else:
+            self._current = (self._current + 1) % len(self._addresses)
+
+    def _unary(self, name, request, timeout, failover_s=None, leader_only=None):
+        """Calls ``name`` on the leader; with several controllers, moves on (UNAVAILABLE: a
+        standby, one taking over, or one that does not answer) until ``failover_s``."""
+        if leader_only is None:
+            leader_only = name in ("Plan", "Step", "Rollback")
+        deadline = time.monotonic() + (failover_s if failover_s is not None
+                                       else self._failover_s)
+        tried = 0
+        while True:
+            address = self.leader
+            _, stub = self._connect(address)
+            error = None
+            try:
+                response = getattr(stub, name)(request, timeout=timeout, metadata=self._metadata)
+                if not (leader_only and name == "Status" and len(self._addresses) > 1
+                        and response.leadership.enabled
+                        and response.leadership.state != "leader"):
+                    return response
+                error = WeightbeamError(
+                    f"controller {address} is {response.leadership.state} "
+                    f"[wb-leader: {response.leadership.leader}]", "UNAVAILABLE")
+            except grpc.RpcError as e:
+                error = from_rpc_error(e, f"{name} on controller {address}")
+            tried += 1
+            retry = len(self._addresses) > 1 and error.code == "UNAVAILABLE"
+            if not retry or time.monotonic() >= deadline:
+                if name == "Step" and error.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                    raise StepFailed(error.message, None, error.code) from None
+                raise error from None
+            self._next(error.message)
+            if name == "Step":
+                # The version may have committed before the answer was lost: the new leader
+                # answers "already committed" rather than refusing it as not newer.
+                request.retry = True
+            if tried % len(self._addresses) == 0:
+                time.sleep(0.2)  # a round without a leader: the election is still running
 
 
 class StepHandle:

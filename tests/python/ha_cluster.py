@@ -1,0 +1,240 @@
+"""Test support for controller high availability (issue 45): a real etcd (Debian's etcd-server,
+one member or three), two wb-controllers with `ha:` in one election, and wb-agents that know
+both controllers. Optionally the first controller runs in a network namespace of its own, joined
+to this one by a veth pair, so a test can cut it off (from etcd and from everyone) and join it
+back. Processes, files and namespaces are the test's own and go at stop()."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import weightbeam
+from cluster import free_port, wait_until
+
+ETCD = os.environ.get("WB_ETCD", "/usr/bin/etcd")
+
+
+def have_etcd():
+    return os.access(ETCD, os.X_OK)
+
+
+def can_make_namespaces():
+    return os.geteuid() == 0 and shutil.which("ip") is not None
+
+
+class Etcd:
+    """``members`` etcd members on loopback, each with its own data dir under ``root``."""
+
+    def __init__(self, root, members=1, listen_host="127.0.0.1"):
+        self.root = root
+        self.client_ports = [free_port() for _ in range(members)]
+        peer_ports = [free_port() for _ in range(members)]
+        cluster = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(peer_ports))
+        self.procs = []
+        for i in range(members):
+            client = f"http://127.0.0.1:{self.client_ports[i]}"
+            listen = f"http://{listen_host}:{self.client_ports[i]}"
+            peer = f"http://127.0.0.1:{peer_ports[i]}"
+            with open(os.path.join(root, f"etcd-m{i}.log"), "ab") as log:
+                self.procs.append(subprocess.Popen(
+                    [ETCD, "--name", f"m{i}", "--data-dir", os.path.join(root, f"etcd-m{i}"),
+                     "--listen-client-urls", listen, "--advertise-client-urls", client,
+                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                     "--initial-cluster", cluster, "--initial-cluster-state", "new",
+                     "--initial-cluster-token", "wb-ha-test"],
+                    stdout=log, stderr=subprocess.STDOUT))
+        wait_until(lambda: self.get("/ready", quiet=True) is not False, 30, "etcd to answer")
+
+    def endpoints(self, host="127.0.0.1"):
+        return [f"http://{host}:{p}" for p in self.client_ports]
+
+    def get(self, key, quiet=False):
+        """The value at ``key`` (None: absent) from any member that answers; False: none did."""
+        import base64
+        body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+        for i, url in enumerate(self.endpoints()):
+            if self.procs[i].poll() is not None:
+                continue
+            try:
+                with urllib.request.urlopen(url + "/v3/kv/range", body, timeout=2) as r:
+                    kvs = json.load(r).get("kvs", [])
+                    return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
+            except OSError:
+                continue
+        if quiet:
+            return False
+        raise AssertionError("no etcd member answers")
+
+    def kill(self, i):
+        self.procs[i].kill()
+        self.procs[i].wait()
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+class Namespace:
+    """A network namespace joined to this one by a veth pair: ``host_ip`` here, ``ns_ip``
+    inside. cut() takes the link down inside (nothing crosses; ``host_ip`` stays a local
+    address here), join() brings it back."""
+
+    def __init__(self):
+        tag = f"{os.getpid() % 10000}{int(time.monotonic() * 1000) % 100}"
+        self.name = f"wbha-{tag}"
+        self.host_if, self.ns_if = f"wbh{tag}", f"wbn{tag}"
+        octet = int(tag) % 250 + 1
+        self.host_ip, self.ns_ip = f"10.231.{octet}.1", f"10.231.{octet}.2"
+        run = lambda *a: subprocess.run(a, check=True, capture_output=True)  # noqa: E731
+        run("ip", "netns", "add", self.name)
+        self.made = True
+        run("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
+        run("ip", "link", "set", self.ns_if, "netns", self.name)
+        run("ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if)
+        run("ip", "link", "set", self.host_if, "up")
+        inside = ("ip", "netns", "exec", self.name)
+        run(*inside, "ip", "addr", "add", f"{self.ns_ip}/30", "dev", self.ns_if)
+        run(*inside, "ip", "link", "set", self.ns_if, "up")
+        run(*inside, "ip", "link", "set", "lo", "up")
+
+    def prefix(self):
+        return ["ip", "netns", "exec", self.name]
+
+    def cut(self):
+        subprocess.run(self.prefix() + ["ip", "link", "set", self.ns_if, "down"], check=True)
+
+    def join(self):
+        subprocess.run(self.prefix() + ["ip", "link", "set", self.ns_if, "up"], check=True)
+
+    def remove(self):
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+
+
+class HaCluster:
+    """etcd, controllers "a" and "b" (one election), and one agent per name in ``agents``.
+    With ``namespace``, controller "a" runs in its own network namespace."""
+
+    def __init__(self, agents, world, etcd_members=1, lease_ttl_ms=2000, namespace=False,
+                 agent_yaml=None):
+        """``agent_yaml(name)`` (a function) is appended to each agent's file."""
+        self.bin_dir = os.environ.get("WB_BIN_DIR", "bazel-bin")
+        self.dir = tempfile.mkdtemp(prefix="wb-ha-", dir="/tmp")
+        self.lease_ttl_s = lease_ttl_ms / 1000
+        self.ns = Namespace() if namespace else None
+        self._procs = {}
+        try:
+            # In a namespace test etcd also answers on the veth (controller "a" reaches it
+            # there); everything else talks on the host side's address.
+            host = self.ns.host_ip if self.ns else "127.0.0.1"
+            self.etcd = Etcd(self.dir, etcd_members, "0.0.0.0" if self.ns else "127.0.0.1")
+            self.addresses = {"a": f"{self.ns.ns_ip if self.ns else host}:{free_port()}",
+                              "b": f"127.0.0.1:{free_port()}"}
+            for name in ("a", "b"):
+                etcd = self.etcd.endpoints(self.ns.host_ip if self.ns and name == "a"
+                                           else "127.0.0.1")
+                self._write(f"controller-{name}.yaml", (
+                    f"listen: {self.addresses[name]}\nlog_level: info\n"
+                    "heartbeat_timeout_ms: 3000\n"
+                    f"world:\n  trainer_ranks: {world[0]}\n  inference_replicas: {world[1]}\n"
+                    f"  inference_ranks_per_replica: {world[2]}\n"
+                    f"ha:\n  etcd: [{', '.join(etcd)}]\n  election: test\n"
+                    f"  lease_ttl_ms: {lease_ttl_ms}\n"))
+                self.start_controller(name)
+                if name == "a":  # "a" leads first: the tests know who to kill
+                    wait_until(lambda: self.state("a") == "leader", 20, "controller a to lead")
+            self.sockets = {}
+            controllers = ",".join(self.addresses.values())
+            for name in agents:
+                sock = self._path(f"{name}.sock")
+                self.sockets[name] = sock
+                self._write(f"{name}.yaml", (
+                    f"name: {name}\nlog_level: warn\nlocal_socket: {sock}\n"
+                    f"listen: {host}:{free_port()}\ncontroller: {controllers}\n"
+                    "heartbeat_interval_ms: 200\ntransports:\n  tcp:\n    listen: 127.0.0.1:0\n"
+                    "executor:\n  staging_watermark_bytes: 64MiB\n"
+                    + (agent_yaml(name) if agent_yaml else "")))
+                self._start(name, [os.path.join(self.bin_dir, "daemon/wb-agent"), "--config",
+                                   self._path(f"{name}.yaml")])
+            for name, sock in self.sockets.items():
+                wait_until(lambda: os.path.exists(sock), 20, f"agent {name} (see {self.dir})")
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_controller(self, name):
+        prefix = self.ns.prefix() if self.ns and name == "a" else []
+        self._start(f"controller-{name}", prefix + [
+            os.path.join(self.bin_dir, "controller/wb-controller"), "--config",
+            self._path(f"controller-{name}.yaml")])
+
+    def client(self, *names):
+        """A ControllerClient of the named controllers (default: both, a first)."""
+        names = names or ("a", "b")
+        return weightbeam.ControllerClient([self.addresses[n] for n in names], failover_s=30)
+
+    def status(self, name):
+        with weightbeam.ControllerClient(self.addresses[name]) as c:
+            return c._unary("Status", weightbeam.controller_client.controller_pb2.StatusRequest(),
+                            2, leader_only=False)
+
+    def state(self, name):
+        """"leader" / "taking over" / "standby", or None when it does not answer."""
+        try:
+            return self.status(name).leadership.state
+        except weightbeam.WeightbeamError:
+            return None
+
+    def ledger(self):
+        text = self.etcd.get("/weightbeam/ledger/test")
+        return json.loads(text) if text else None
+
+    def signal(self, name, sig):
+        self._procs[name].send_signal(sig)
+        if sig == signal.SIGKILL:
+            self._procs[name].wait()
+
+    def log(self, name):
+        with open(self._path(f"{name}.log"), errors="replace") as f:
+            return f.read()
+
+    def stop(self):
+        for p in self._procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.terminate()
+        for p in self._procs.values():
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if getattr(self, "etcd", None):
+            self.etcd.stop()
+        if self.ns:
+            self.ns.remove()
+        if not os.environ.get("WB_KEEP_LOGS"):
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _path(self, name):
+        return os.path.join(self.dir, name)
+
+    def _write(self, name, text):
+        with open(self._path(name), "w") as f:
+            f.write(text)
+
+    def _start(self, name, argv):
+        with open(self._path(f"{name}.log"), "ab") as out:
+            self._procs[name] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)

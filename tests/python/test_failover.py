@@ -1,0 +1,280 @@
+"""Controller failover through etcd (issue 45), with real processes: a real etcd, two
+wb-controllers in one election ("a" leads first), a trainer agent and an inference agent that
+know both controllers, and a training loop's ControllerClient given both addresses. The leader
+is SIGKILLed between steps and mid-step, frozen (SIGSTOP) past its lease, and cut off from etcd
+and everyone (its network namespace); the etcd cluster loses one of three members. Each time a
+standby leads within 2 x the lease TTL, the loop's next step(v) commits on it with every byte
+compared against the trainer's own, no version is committed twice or lost (the worker's commit
+events, the ledger in etcd and the agents agree), and a deposed leader that comes back is
+refused by the agents (by epoch) and stands by."""
+
+import signal
+import threading
+import time
+import unittest
+
+import grpc
+import numpy as np
+
+import weightbeam
+from cluster import wait_until
+from ha_cluster import HaCluster, can_make_namespaces, have_etcd
+
+TENSORS = {f"layers.{i}.w": (512, 2048) for i in range(8)}  # 16 MiB of BF16
+LEASE_TTL_MS = 2000
+# The trainer's agent captures each version before sending it, and the test hook holds every
+# capture this long (as tens of GB would take): a fault 0.3 s into a step lands inside it.
+CAPTURE = "capture:\n  max_bytes: 64MiB\n  test_delay_ms: 700\n"
+INSIDE_A_STEP_S = 0.3
+
+
+class Sides:
+    """One trainer rank and one inference rank (BF16 both), each on its own agent."""
+
+    def __init__(self, cluster):
+        self.trainer = weightbeam.LocalSession(cluster.sockets["trainer-node"], "trainer", 0)
+        self.worker = weightbeam.LocalSession(cluster.sockets["inference-node"], "inference", 0,
+                                              replica=0)
+        nbytes = sum(r * c * 2 for r, c in TENSORS.values())
+        self.tbuf = weightbeam.SharedBuffer(nbytes, "ha-trainer")
+        self.wbuf = weightbeam.SharedBuffer(nbytes, "ha-worker")
+        self.src, self.dst = {}, {}
+        offset = 0
+        for name, shape in TENSORS.items():
+            self.src[name] = self.tbuf.array(np.uint16, shape, offset)
+            self.dst[name] = self.wbuf.array(np.uint16, shape, offset)
+            self.trainer.register(name, "bf16", shape, buffer=self.src[name])
+            self.worker.register(name, "bf16", shape, buffer=self.dst[name])
+            offset += shape[0] * shape[1] * 2
+        self.worker.watch()
+        self.heard = []
+        self.rng = np.random.default_rng(45)
+
+    def train(self):
+        for a in self.src.values():
+            a[...] = self.rng.integers(0, 0x7F7F, a.shape, dtype=np.uint16)
+
+    def assert_verified(self, case):
+        for name in TENSORS:
+            np.testing.assert_array_equal(self.dst[name], self.src[name], f"{case}: {name}")
+
+    def commits(self):
+        """Every commit version the worker heard so far, in order."""
+        while True:
+            e = self.worker.next_event(timeout=0.2)
+            if e is None:
+                break
+            self.heard.append(e)
+        return [e.version for e in self.heard if e.kind == "commit"]
+
+    def close(self):
+        for c in (self.trainer, self.worker, self.tbuf, self.wbuf):
+            c.close()
+
+
+@unittest.skipUnless(have_etcd(), "etcd is missing (Debian's etcd-server; ./wb deps installs it)")
+class Failover(unittest.TestCase):
+    ETCD_MEMBERS = 1
+    NAMESPACE = False
+
+    def setUp(self):
+        self.cluster = HaCluster(["inference-node", "trainer-node"], (1, 1, 1),
+                                 etcd_members=self.ETCD_MEMBERS, lease_ttl_ms=LEASE_TTL_MS,
+                                 namespace=self.NAMESPACE,
+                                 agent_yaml=lambda n: CAPTURE if n == "trainer-node" else "")
+        self.sides = Sides(self.cluster)
+        self.ctl = self.cluster.client()
+        self.ctl.plan(1, 1, 1, wait_s=30)
+        for v in (1, 2):
+            self.step(v)
+
+    def tearDown(self):
+        self.ctl.close()
+        self.sides.close()
+        self.cluster.stop()
+
+    def step(self, v, timeout_s=30):
+        self.sides.train()
+        result = self.ctl.step(v, timeout_s=timeout_s)
+        self.assertTrue(result.ok, result.error)
+        self.sides.assert_verified(f"step {v}")
+        return result
+
+    def await_new_leader(self, since, old="a", new="b"):
+        wait_until(lambda: self.cluster.state(new) == "leader", 4 * self.cluster.lease_ttl_s + 10,
+                   f"controller {new} to lead")
+        took = time.monotonic() - since
+        print(f"\n[failover] {self.id().split('.')[-1]}: {new} leads {took:.2f} s after the "
+              f"fault (lease TTL {self.cluster.lease_ttl_s:.1f} s)")
+        self.assertLess(took, 2 * self.cluster.lease_ttl_s + 2.0,
+                        "a standby leads within 2 x the lease TTL (+ the poll)")
+        return took
+
+    def assert_agree(self, last):
+        """The ledger, the new leader and the worker agree on what was committed."""
+        wait_until(lambda: (self.cluster.ledger() or {}).get("lastCommittedVersion") == str(last),
+                   10, f"the ledger to record version {last}")
+        ledger = self.cluster.ledger()
+        self.assertEqual([r.get("version") for r in ledger["replicas"]], [str(last)])
+        status = self.cluster.status("b")
+        self.assertEqual(status.last_committed_version, last)
+        self.assertEqual([r.committed_version for r in status.replicas], [last])
+        commits = self.sides.commits()
+        self.assertEqual(commits, sorted(set(commits)), "no version committed twice")
+        self.assertEqual(commits, list(range(1, last + 1)), "no version lost")
+
+    def test_leader_killed_between_steps(self):
+        self.cluster.signal("controller-a", signal.SIGKILL)
+        self.await_new_leader(time.monotonic())
+        self.step(3)
+        self.assertEqual(self.ctl.leader, self.cluster.addresses["b"])
+        self.step(4)
+        self.assert_agree(4)
+        self.assertIn("the same as the last leader's", self.cluster.log("controller-b"))
+
+    def test_leader_killed_mid_step(self):
+        t, outcome = self.step_in_background(3)
+        time.sleep(INSIDE_A_STEP_S)
+        killed = time.monotonic()
+        self.cluster.signal("controller-a", signal.SIGKILL)
+        self.await_new_leader(killed)
+        t.join(60)
+        # The step reached no replica: the new leader aborted it everywhere, and the client's
+        # retry of the same version committed it there, once.
+        self.assertNotIn("error", outcome, outcome.get("error"))
+        self.assertTrue(outcome["result"].ok)
+        self.assertFalse(outcome["result"].already_committed)
+        self.assertIn("step 3 reached no replica: aborted everywhere",
+                      self.cluster.log("controller-b"))
+        self.sides.assert_verified("step 3 across the failover")
+        self.step(4)
+        self.assert_agree(4)
+
+    def step_in_background(self, v):
+        self.sides.train()
+        outcome = {}
+
+        def run():
+            try:
+                outcome["result"] = self.ctl.step(v, timeout_s=30)
+            except weightbeam.WeightbeamError as e:
+                outcome["error"] = e
+
+        t = threading.Thread(target=run)
+        t.start()
+        return t, outcome
+
+    def test_leader_frozen_mid_step_past_its_lease_is_refused_when_it_wakes(self):
+        old_epoch = self.cluster.status("a").leadership.epoch
+        agents = {a.info.name: a.info.control_endpoint for a in self.cluster.status("a").agents}
+        t, outcome = self.step_in_background(3)
+        time.sleep(INSIDE_A_STEP_S)
+        frozen = time.monotonic()
+        self.cluster.signal("controller-a", signal.SIGSTOP)
+        self.await_new_leader(frozen)
+        t.join(60)
+        self.assertNotIn("error", outcome, outcome.get("error"))
+        self.sides.assert_verified("step 3 across the failover")
+        new_epoch = self.cluster.status("b").leadership.epoch
+        self.assertGreater(new_epoch, old_epoch)
+        # Every agent now follows the new epoch and refuses the old one, naming both.
+        for name, endpoint in agents.items():
+            with grpc.insecure_channel(endpoint) as channel:
+                describe = channel.unary_unary("/weightbeam.v1.Agent/Describe",
+                                               request_serializer=lambda b: b,
+                                               response_deserializer=lambda b: b)
+                with self.assertRaises(grpc.RpcError) as refused:
+                    describe(b"", metadata=(("wb-leader-epoch", str(old_epoch)),), timeout=5)
+            self.assertEqual(refused.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn(f"from leader epoch {old_epoch} refused", refused.exception.details())
+            self.assertIn(f"newer leader epoch {new_epoch}", refused.exception.details())
+        # The old leader wakes up deposed: it stands by, names the new leader, drives nothing.
+        self.cluster.signal("controller-a", signal.SIGCONT)
+        wait_until(lambda: self.cluster.state("a") == "standby", 10, "a to stand by")
+        with self.assertRaises(weightbeam.WeightbeamError) as e:
+            with self.cluster.client("a") as only_a:
+                only_a.step(4, timeout_s=5)
+        self.assertEqual(e.exception.code, "UNAVAILABLE")
+        self.assertIn("is a standby; the leader is " + self.cluster.addresses["b"],
+                      e.exception.message)
+        self.step(4)
+        self.assert_agree(4)
+        log_a = self.cluster.log("controller-a")
+        self.assertIn("steps down", log_a)
+        # Its own step 3, frozen inside the capture, failed on waking without driving anyone.
+        wait_until(lambda: "step 3 failed" in self.cluster.log("controller-a"), 10,
+                   "the old leader's step 3 to fail")
+        status = self.cluster.status("b").leadership
+        self.assertEqual((status.state, status.leader), ("leader", self.cluster.addresses["b"]))
+        self.assertEqual(list(status.standbys), [self.cluster.addresses["a"]])
+
+    def test_a_retried_step_is_answered_already_committed(self):
+        # What the client sends when it retries after losing an answer (StepRequest.retry).
+        retry = weightbeam.controller_client.controller_pb2.StepRequest(version=2, retry=True)
+        again = self.ctl._unary("Step", retry, 10).result
+        self.assertTrue(again.ok and again.already_committed)
+        self.assertEqual(list(again.committed_replicas), [0])
+        self.assertEqual(self.sides.commits(), [1, 2])
+        # A step of an older version, or the same one without the retry mark, is refused.
+        for request in ({"version": 1, "retry": True}, {"version": 2}):
+            pb = weightbeam.controller_client.controller_pb2.StepRequest(**request)
+            refused = self.ctl._unary("Step", pb, 10).result
+            self.assertFalse(refused.ok)
+            self.assertIn("is not newer than the last committed", refused.error)
+        self.assertEqual(self.sides.commits(), [1, 2])
+
+
+@unittest.skipUnless(have_etcd(), "etcd is missing")
+class ThreeEtcdMembers(Failover):
+    """The same fleet on a three-member etcd cluster: one member lost changes nothing."""
+    ETCD_MEMBERS = 3
+
+    def test_losing_one_etcd_member_changes_nothing(self):
+        self.cluster.etcd.kill(0)
+        for v in (3, 4, 5):
+            self.step(v)
+        self.assertEqual(self.cluster.state("a"), "leader")
+        self.assert_agree_on_a(5)
+        # The election still works with two of three: a failover after the loss.
+        self.cluster.signal("controller-a", signal.SIGKILL)
+        self.await_new_leader(time.monotonic())
+        self.step(6)
+        self.assert_agree(6)
+
+    def assert_agree_on_a(self, last):
+        wait_until(lambda: (self.cluster.ledger() or {}).get("lastCommittedVersion") == str(last),
+                   10, f"the ledger to record version {last}")
+        self.assertEqual(self.sides.commits(), list(range(1, last + 1)))
+
+    # The other cases ran above on one member; here only what three members change.
+    test_leader_killed_mid_step = None
+    test_leader_frozen_mid_step_past_its_lease_is_refused_when_it_wakes = None
+    test_a_retried_step_is_answered_already_committed = None
+
+
+@unittest.skipUnless(have_etcd() and can_make_namespaces(), "needs etcd, root and ip netns")
+class CutOff(Failover):
+    """Controller "a" in a network namespace of its own, then cut off (from etcd, the agents
+    and the client): it steps down before its lease can expire, "b" leads, and once joined
+    back "a" stands by and drives nothing."""
+    NAMESPACE = True
+
+    def test_leader_cut_off_from_etcd(self):
+        cut = time.monotonic()
+        self.cluster.ns.cut()
+        self.await_new_leader(cut)
+        self.step(3)
+        self.cluster.ns.join()
+        wait_until(lambda: self.cluster.state("a") == "standby", 15, "a to stand by")
+        self.step(4)
+        self.assert_agree(4)
+        self.assertIn("steps down", self.cluster.log("controller-a"))
+
+    test_leader_killed_between_steps = None
+    test_leader_killed_mid_step = None
+    test_leader_frozen_mid_step_past_its_lease_is_refused_when_it_wakes = None
+    test_a_retried_step_is_answered_already_committed = None
+
+
+if __name__ == "__main__":
+    unittest.main()
