@@ -1,10 +1,12 @@
 #include "client/report_format.h"
 
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/table.h"
 #include "common/wire/state_words.h"
@@ -161,6 +163,20 @@ std::string FormatStep(const v1::StepResult& r) {
   }
   if (r.agents_size() > 0) out += t.Render();
   return out;
+}
+
+std::string FormatLeadership(const v1::StatusResponse& s) {
+  const v1::Leadership& l = s.leadership();
+  if (!l.enabled()) return "";
+  const int64_t age_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count() -
+                         l.since_unix_ms();
+  return absl::StrCat("election ", l.election(), ": this controller (", l.self(), ") is ",
+                      l.state(), " for ", absl::StrFormat("%.1f", age_ms / 1000.0), " s; leader ",
+                      l.leader().empty() ? "none" : l.leader(), " (epoch ", l.epoch(),
+                      "); standbys ",
+                      l.standbys().empty() ? "none" : absl::StrJoin(l.standbys(), ", "), "\n");
 }
 
 }  // namespace wb::client

@@ -166,7 +166,8 @@ int main(int argc, char** argv) {
   const char* env = std::getenv("WB_CONTROLLER");
   controller = env ? env : "127.0.0.1:7100";
   app.add_option("--controller", controller,
-                 "controller host:port (default: $WB_CONTROLLER or 127.0.0.1:7100)");
+                 "controller host:port, or every controller of a high-availability election "
+                 "comma-separated (default: $WB_CONTROLLER or 127.0.0.1:7100)");
   app.add_flag("--json", json, "print JSON instead of tables");
   auto security = wb::client::ControllerClient::Security::FromEnvironment();
   app.add_option("--ca", security.ca_file,
@@ -315,6 +316,9 @@ int main(int argc, char** argv) {
                   s->version().c_str(),
                   static_cast<unsigned long long>(s->last_committed_version()),
                   s->layout_changed() ? "  (layout changed since the plan)" : "");
+      if (std::string l = wb::client::FormatLeadership(*s); !l.empty()) {
+        std::printf("%s", l.c_str());
+      }
     }
     Table t({"AGENT", "STATE", "ENDPOINT", "TENSORS", "NICS", "LAST HEARTBEAT"});
     for (const auto& a : s->agents()) {

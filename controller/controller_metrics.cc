@@ -2,8 +2,27 @@
 
 namespace wb::controller {
 
-ControllerMetrics::ControllerMetrics(ControllerCore* core, metrics::Registry* registry)
+ControllerMetrics::ControllerMetrics(ControllerCore* core, metrics::Registry* registry,
+                                     const ControllerRole* role)
     : core_(core) {
+  if (role != nullptr) {
+    // Who leads (issue 45): each controller of an election says whether it is the leader.
+    registry->AddCallbackGauge(
+        "weightbeam_controller_leader",
+        "1 while this controller leads its election (ha:), 0 while it stands by or takes over.",
+        [role] { return role->Describe().state() == "leader" ? 1.0 : 0.0; });
+    registry->AddCallbackGauge(
+        "weightbeam_controller_leader_epoch",
+        "The epoch of the leader this controller knows (the election key's etcd revision).",
+        [role] { return static_cast<double>(role->Describe().epoch()); });
+    registry->AddCallbackGauge(
+        "weightbeam_controller_standbys", "Candidates of this election other than the leader.",
+        [role] { return static_cast<double>(role->Describe().standbys_size()); });
+    registry->AddCallbackGauge(
+        "weightbeam_controller_role_since_seconds",
+        "Unix time at which this controller's role (leader, standby, taking over) began.",
+        [role] { return role->Describe().since_unix_ms() / 1000.0; });
+  }
   step_seconds_ = registry
                       ->AddHistogram("weightbeam_controller_step_duration_seconds",
                                      "Wall time of Controller.Step, begin to commit or abort.",

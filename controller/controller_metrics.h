@@ -7,13 +7,15 @@
 
 #include "common/metrics/metric_registry.h"
 #include "controller/controller_core.h"
+#include "controller/controller_role.h"
 
 namespace wb::controller {
 
 class ControllerMetrics {
  public:
-  // `core` and `registry` must outlive this object.
-  ControllerMetrics(ControllerCore* core, metrics::Registry* registry);
+  // `core`, `registry` and `role` (high availability; null: none) must outlive this object.
+  ControllerMetrics(ControllerCore* core, metrics::Registry* registry,
+                    const ControllerRole* role = nullptr);
   ~ControllerMetrics();
   ControllerMetrics(const ControllerMetrics&) = delete;
   ControllerMetrics& operator=(const ControllerMetrics&) = delete;

@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   wb::metrics::Registry metrics_registry;
-  wb::controller::ControllerMetrics metrics(&core, &metrics_registry);
+  wb::controller::ControllerMetrics metrics(&core, &metrics_registry, ha.get());
   std::unique_ptr<wb::metrics::HttpExporter> metrics_exporter;
   if (!config.metrics_listen.empty()) {
     auto exporter = wb::metrics::HttpExporter::Start(config.metrics_listen, &metrics_registry);

@@ -8,7 +8,9 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/grpc/credentials.h"
 #include "common/grpc/message_limits.h"
 #include "common/grpc/status_util.h"
@@ -18,10 +20,63 @@ namespace wb::client {
 
 namespace v1 = weightbeam::v1;
 
+namespace {
+// How long a call other than a step (whose own timeout bounds it) follows a leader change.
+constexpr std::chrono::seconds kFailover{60};
+}  // namespace
+
 struct ControllerClient::Impl {
   std::string address;
   bool tls = false;
-  std::shared_ptr<v1::Controller::Stub> stub;  // shared with StepAsync's readers
+  std::shared_ptr<v1::Controller::Stub> stub;  // the first controller's (the only one, mostly)
+  // With several controllers (high availability, issue 45): each one's stub, and which one
+  // answered last. Calls go there; a standby's UNAVAILABLE (or silence) moves them on.
+  std::vector<std::string> addresses;
+  std::vector<std::shared_ptr<v1::Controller::Stub>> stubs;
+  std::mutex mu;
+  size_t current = 0;
+
+  std::shared_ptr<v1::Controller::Stub> Leader() {
+    std::lock_guard<std::mutex> lock(mu);
+    return stubs.empty() ? stub : stubs[current];
+  }
+  std::string LeaderAddress() {
+    std::lock_guard<std::mutex> lock(mu);
+    return addresses.empty() ? address : addresses[current];
+  }
+  // After `s` from the current controller: the leader a standby named, else the next one.
+  void MoveOn(const grpc::Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    const std::string& text = s.error_message();
+    const size_t at = text.find("[wb-leader: ");
+    if (at != std::string::npos) {
+      const size_t from = at + 12;
+      const std::string named = text.substr(from, text.find(']', from) - from);
+      auto it = std::find(addresses.begin(), addresses.end(), named);
+      if (it != addresses.end()) {
+        current = static_cast<size_t>(it - addresses.begin());
+        return;
+      }
+    }
+    current = (current + 1) % std::max<size_t>(1, addresses.size());
+  }
+  // Runs `attempt(stub, retry)` on the leader; with several controllers an UNAVAILABLE answer
+  // is tried on the next one (`retry` true from the second attempt on) until `until`.
+  template <typename Attempt>
+  grpc::Status FollowLeader(Attempt attempt, std::chrono::steady_clock::time_point until) {
+    for (size_t tried = 0;; ++tried) {
+      grpc::Status s = attempt(Leader().get(), tried > 0);
+      if (s.ok() || addresses.size() < 2 || s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+          std::chrono::steady_clock::now() >= until) {
+        return s;
+      }
+      MoveOn(s);
+      // A whole round without a leader: the election is still running.
+      if ((tried + 1) % addresses.size() == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    }
+  }
 
   // gRPC's own text for a dead server is noisy; say it plainly.
   absl::Status Convert(const grpc::Status& s) const {
@@ -39,13 +94,17 @@ struct ControllerClient::Impl {
 
 absl::StatusOr<v1::StepResult> ControllerClient::Rollback(uint64_t to,
                                                           const std::vector<int32_t>& replicas) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
   v1::RollbackRequest req;
   req.set_to(to);
   for (int32_t k : replicas) req.add_replicas(k);
   v1::RollbackResponse resp;
-  grpc::Status s = impl_->stub->Rollback(&ctx, req, &resp);
+  grpc::Status s = impl_->FollowLeader(
+      [&](v1::Controller::Stub* stub, bool) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+        return stub->Rollback(&ctx, req, &resp);
+      },
+      std::chrono::steady_clock::now() + kFailover);
   if (!s.ok()) return impl_->Convert(s);
   if (!resp.result().ok()) return absl::AbortedError(resp.result().error());
   return resp.result();
@@ -96,9 +155,25 @@ absl::StatusOr<ControllerClient> ControllerClient::Connect(const std::string& ad
   auto impl = std::make_unique<Impl>();
   impl->address = address;
   impl->tls = tls.enabled;
+  for (absl::string_view part : absl::StrSplit(address, ',')) {
+    std::string a(absl::StripAsciiWhitespace(part));
+    if (!a.empty()) impl->addresses.push_back(std::move(a));
+  }
+  if (impl->addresses.empty()) return absl::InvalidArgumentError("no controller address given");
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxControlMessageBytes);  // ListTensors of 10^6 tensors
-  impl->stub = v1::Controller::NewStub(channels->Create(address, args));
+  if (impl->addresses.size() > 1) {
+    // Pings find a controller that stopped answering (frozen, its host gone) in seconds.
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  }
+  for (const auto& a : impl->addresses) {
+    impl->stubs.push_back(v1::Controller::NewStub(channels->Create(a, args)));
+  }
+  impl->stub = impl->stubs.front();
+  if (impl->addresses.size() == 1) impl->stubs.clear();  // one controller: no following
+  if (impl->addresses.size() == 1) impl->addresses.clear();
   return ControllerClient(std::move(impl));
 }
 
@@ -107,8 +182,6 @@ absl::StatusOr<v1::PlanSummary> ControllerClient::Plan(const v1::ExpectedWorld& 
                                                        v1::DeltaChoice delta,
                                                        v1::RelayChoice relays,
                                                        const v1::VersionChecks& checks) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(60));
   v1::PlanRequest req;
   *req.mutable_world() = world;
   req.set_wait_ms(static_cast<uint32_t>(wait.count()));
@@ -116,7 +189,13 @@ absl::StatusOr<v1::PlanSummary> ControllerClient::Plan(const v1::ExpectedWorld& 
   req.set_relays(relays);
   *req.mutable_checks() = checks;
   v1::PlanResponse resp;
-  grpc::Status s = impl_->stub->Plan(&ctx, req, &resp);
+  grpc::Status s = impl_->FollowLeader(
+      [&](v1::Controller::Stub* stub, bool) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(60));
+        return stub->Plan(&ctx, req, &resp);
+      },
+      std::chrono::steady_clock::now() + kFailover);
   if (!s.ok()) return impl_->Convert(s);
   return resp.summary();
 }
@@ -125,19 +204,26 @@ absl::StatusOr<v1::StepResult> ControllerClient::Step(uint64_t version,
                                                       std::chrono::milliseconds timeout,
                                                       std::optional<uint32_t> max_staleness,
                                                       const std::vector<std::string>& changed) {
-  grpc::ClientContext ctx;
   // The controller enforces `timeout`; this deadline only guards against a controller that
   // stalls. Its slack covers a re-plan inside the step and the abort round.
   const auto backstop = timeout.count() > 0 ? timeout + std::chrono::seconds(60)
                                             : std::chrono::milliseconds(std::chrono::minutes(15));
-  ctx.set_deadline(std::chrono::system_clock::now() + backstop);
   v1::StepRequest req;
   req.set_version(version);
   req.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
   if (max_staleness) req.set_max_staleness(*max_staleness);
   for (const auto& c : changed) req.add_changed(c);
   v1::StepResponse resp;
-  grpc::Status s = impl_->stub->Step(&ctx, req, &resp);
+  // Failing over retries the step on the new leader within its own timeout; a retry may find
+  // the version committed already (the answer says so: it is never committed twice).
+  grpc::Status s = impl_->FollowLeader(
+      [&](v1::Controller::Stub* stub, bool retry) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + backstop);
+        req.set_retry(retry);
+        return stub->Step(&ctx, req, &resp);
+      },
+      std::chrono::steady_clock::now() + (timeout.count() > 0 ? timeout : kFailover));
   if (!s.ok()) return impl_->Convert(s);
   if (!resp.result().ok()) {
     return absl::AbortedError(absl::StrCat("step ", version, " failed: ", resp.result().error()));
@@ -228,7 +314,8 @@ ControllerClient::StepHandle ControllerClient::StepAsync(uint64_t version,
   handle.state_ = std::make_shared<StepHandle::State>();
   StepHandle::State* st = handle.state_.get();
   st->version = version;
-  st->stub = impl_->stub;
+  if (impl_->addresses.size() > 1) Status().IgnoreError();  // points calls at the leader
+  st->stub = impl_->Leader();
   // As Step: the controller enforces `timeout`; this only guards against one that stalls.
   const auto backstop = timeout.count() > 0 ? timeout + std::chrono::seconds(60)
                                             : std::chrono::milliseconds(std::chrono::minutes(15));
@@ -237,9 +324,8 @@ ControllerClient::StepHandle ControllerClient::StepAsync(uint64_t version,
   req.set_version(version);
   req.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
   if (max_staleness) req.set_max_staleness(*max_staleness);
-  const Impl* impl = impl_.get();
-  std::string address = impl->address;
-  bool tls = impl->tls;
+  std::string address = impl_->LeaderAddress();
+  bool tls = impl_->tls;
   st->reader = std::thread([st, req, address, tls] {
     auto reader = st->stub->StepAsync(&st->ctx, req);
     v1::StepProgress p;
@@ -265,13 +351,36 @@ ControllerClient::StepHandle ControllerClient::StepAsync(uint64_t version,
 }
 
 absl::StatusOr<v1::StatusResponse> ControllerClient::Status() {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::StatusResponse resp;
-  grpc::Status s = impl_->stub->Status(&ctx, v1::StatusRequest(), &resp);
-  if (!s.ok()) return impl_->Convert(s);
-  return resp;
+  auto ask = [](v1::Controller::Stub* stub, v1::StatusResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return stub->Status(&ctx, v1::StatusRequest(), resp);
+  };
+  if (impl_->addresses.size() < 2) {
+    v1::StatusResponse resp;
+    grpc::Status s = ask(impl_->stub.get(), &resp);
+    if (!s.ok()) return impl_->Convert(s);
+    return resp;
+  }
+  // Several controllers: the leader's answer, else the first that answered (a standby's).
+  std::optional<v1::StatusResponse> any;
+  grpc::Status last;
+  for (size_t i = 0; i < impl_->addresses.size(); ++i) {
+    v1::StatusResponse resp;
+    last = ask(impl_->stubs[i].get(), &resp);
+    if (!last.ok()) continue;
+    if (!resp.leadership().enabled() || resp.leadership().state() == "leader") {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      impl_->current = i;
+      return resp;
+    }
+    if (!any) any = std::move(resp);
+  }
+  if (any) return *any;
+  return impl_->Convert(last);
 }
+
+std::string ControllerClient::leader() const { return impl_->LeaderAddress(); }
 
 absl::StatusOr<v1::ListTensorsResponse> ControllerClient::ListTensors(const std::string& agent) {
   grpc::ClientContext ctx;
@@ -280,7 +389,7 @@ absl::StatusOr<v1::ListTensorsResponse> ControllerClient::ListTensors(const std:
   v1::ListTensorsRequest req;
   req.set_agent(agent);
   v1::ListTensorsResponse resp;
-  grpc::Status s = impl_->stub->ListTensors(&ctx, req, &resp);
+  grpc::Status s = impl_->Leader()->ListTensors(&ctx, req, &resp);
   if (!s.ok()) return impl_->Convert(s);
   return resp;
 }
@@ -288,7 +397,7 @@ absl::StatusOr<v1::ListTensorsResponse> ControllerClient::ListTensors(const std:
 absl::Status ControllerClient::WatchSteps(
     const std::function<bool(const v1::StepResult&)>& on_step) {
   grpc::ClientContext ctx;
-  auto reader = impl_->stub->WatchSteps(&ctx, v1::WatchStepsRequest());
+  auto reader = impl_->Leader()->WatchSteps(&ctx, v1::WatchStepsRequest());
   v1::StepResult r;
   while (reader->Read(&r)) {
     if (!on_step(r)) {

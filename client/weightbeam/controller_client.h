@@ -28,7 +28,11 @@ class ControllerClient {
   };
 
   // `address` is host:port; nothing is sent until the first call. Security comes from the
-  // environment (see Security::FromEnvironment).
+  // environment (see Security::FromEnvironment). Controllers in high availability (`ha:`,
+  // docs/reliability.md): "a:7100,b:7100", every one; calls go to the leader, and a standby's
+  // answer or a controller that stops answering moves them on to the next (a step within its
+  // timeout, other calls within 60 s). A step retried after a failover that finds its version
+  // committed already answers with that result, `already_committed` set.
   static absl::StatusOr<ControllerClient> Connect(const std::string& address);
   // Fails when a file in `security` cannot be read (the message names the file).
   static absl::StatusOr<ControllerClient> Connect(const std::string& address,
@@ -87,7 +91,10 @@ class ControllerClient {
   // Never fails here: an unreachable controller or a refused call is the handle's error.
   StepHandle StepAsync(uint64_t version, std::chrono::milliseconds timeout = {},
                        std::optional<uint32_t> max_staleness = std::nullopt);
+  // With several controllers: the leader's status (else a standby's, naming the leader).
   absl::StatusOr<weightbeam::v1::StatusResponse> Status();
+  // The controller calls go to now (the one that answered last).
+  std::string leader() const;
   absl::StatusOr<weightbeam::v1::ListTensorsResponse> ListTensors(const std::string& agent);
   // Calls `on_step` for every step result until it returns false or the stream ends.
   absl::Status WatchSteps(const std::function<bool(const weightbeam::v1::StepResult&)>& on_step);

@@ -142,11 +142,14 @@ class HaCluster:
             self.etcd = Etcd(self.dir, etcd_members, "0.0.0.0" if self.ns else "127.0.0.1")
             self.addresses = {"a": f"{self.ns.ns_ip if self.ns else host}:{free_port()}",
                               "b": f"127.0.0.1:{free_port()}"}
+            self.metrics = {n: f"{a.rsplit(':', 1)[0]}:{free_port()}"
+                            for n, a in self.addresses.items()}
             for name in ("a", "b"):
                 etcd = self.etcd.endpoints(self.ns.host_ip if self.ns and name == "a"
                                            else "127.0.0.1")
                 self._write(f"controller-{name}.yaml", (
                     f"listen: {self.addresses[name]}\nlog_level: info\n"
+                    f"metrics_listen: {self.metrics[name]}\n"
                     "heartbeat_timeout_ms: 3000\n"
                     f"world:\n  trainer_ranks: {world[0]}\n  inference_replicas: {world[1]}\n"
                     f"  inference_ranks_per_replica: {world[2]}\n"
@@ -196,6 +199,22 @@ class HaCluster:
             return self.status(name).leadership.state
         except weightbeam.WeightbeamError:
             return None
+
+    def scrape(self, name):
+        """The controller's /metrics as {series: value} (unlabelled series only)."""
+        with urllib.request.urlopen(f"http://{self.metrics[name]}/metrics", timeout=5) as r:
+            lines = r.read().decode().splitlines()
+        return {ln.split()[0]: float(ln.split()[1]) for ln in lines
+                if ln and not ln.startswith("#") and "{" not in ln}
+
+    def wbctl(self, *args):
+        """wbctl with every controller, as an operator runs it; its stdout."""
+        controllers = ",".join(self.addresses.values())
+        out = subprocess.run([os.path.join(self.bin_dir, "client/wbctl"), "--controller",
+                              controllers, *args], capture_output=True, text=True, timeout=30)
+        if out.returncode != 0:
+            raise AssertionError(f"wbctl {' '.join(args)}: {out.stderr}")
+        return out.stdout
 
     def ledger(self):
         text = self.etcd.get("/weightbeam/ledger/test")
