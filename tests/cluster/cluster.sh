@@ -7,7 +7,8 @@
 # with them every veth, the bridge and the qdiscs), and shared memory left by killed processes.
 #
 #   tests/cluster/cluster.sh [--agents N] [--link-mbit R] [--model k2-mini|k2-tiny]
-#                            [--scenario balanced|slow-link|kill|delta|relay|all] [--steps S] ...
+#                            [--scenario balanced|slow-link|kill|delta|relay|failover|all]
+#                            [--steps S] ...
 # Needs root, iproute2 (ip netns, veth, bridge) and tc with tbf. Built binaries in bazel-bin.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -131,9 +132,18 @@ add_host() {
   sh_or_fail ip -n "$ns" link set eth0 up
 }
 add_host ctl "$SUBNET.1"
+# The failover scenario: two controllers in high availability and etcd, each a host of its own
+# (the driver stays in ctl, so cutting controller a's namespace leaves it the client).
+case ",$SCENARIO," in
+  *,failover,*)
+    add_host ca "$SUBNET.2"
+    add_host cb "$SUBNET.3"
+    add_host etcd "$SUBNET.4"
+    ;;
+esac
 for ((k = 0; k < TRAINER_NODES; k++)); do add_host "t$k" "$SUBNET.$((10 + k))"; done
 for ((k = 0; k < AGENTS - TRAINER_NODES; k++)); do add_host "i$k" "$SUBNET.$((100 + k))"; done
-log "$((AGENTS + 2)) namespaces ($PREFIX-*), $((AGENTS + 1)) veth pairs (MTU $MTU) on a bridge in $SW, subnet $SUBNET.0/24"
+log "$(our_namespaces "$PREFIX" | wc -l) namespaces ($PREFIX-*), $(($(our_namespaces "$PREFIX" | wc -l) - 1)) veth pairs (MTU $MTU) on a bridge in $SW, subnet $SUBNET.0/24"
 
 # The committed steps' timeline goes to .cache/cluster-trace.json unless --timeline says otherwise.
 timeline=()

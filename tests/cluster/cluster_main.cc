@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "client/report_format.h"
 #include "client/step_trace.h"
 #include "client/table.h"
@@ -238,6 +239,10 @@ struct Options {
   int trace_ms = 0;
   double switch_queue_ms = 250;
   std::string timeline;  // the committed steps as a Chrome/Perfetto trace (wbctl trace)
+  // The failover scenario (issue 45): etcd and two controllers in high availability, each in
+  // a namespace of its own (cluster.sh makes "ca", "cb" and "etcd" for it).
+  bool ha = false;
+  int lease_ttl_ms = 2000;
 };
 
 class Cluster {
@@ -248,6 +253,8 @@ class Cluster {
     trainers_.clear();
     agents_.clear();
     controller_.reset();
+    controller_b_.reset();
+    etcd_.reset();
   }
 
   int Main();
@@ -260,9 +267,18 @@ class Cluster {
   }
   int AgentCount() const { return shape().trainer_nodes + shape().inference_nodes; }
   std::string Socket(int i) const { return dir_ + "/" + AgentName(i) + ".sock"; }
-  std::string Ctl() const { return o_.subnet + ".1:7100"; }
+  // The controller(s) agents and the client are given: with --scenario failover, both
+  // controllers of the election ("a" leads first).
+  std::string Ctl() const { return o_.ha ? CtlA() + "," + CtlB() : o_.subnet + ".1:7100"; }
+  std::string CtlA() const { return o_.subnet + ".2:7100"; }
+  std::string CtlB() const { return o_.subnet + ".3:7100"; }
+  std::string EtcdUrl() const { return "http://" + o_.subnet + ".4:2379"; }
 
   absl::Status SetUp();
+  // With o_.ha: etcd and controllers "a" and "b" in their namespaces, once "a" leads.
+  absl::Status StartHa(const std::string& controller_yaml);
+  // "leader" / "standby" / "taking over" of one controller ("" when it does not answer).
+  std::string StateOf(const std::string& address);
   absl::Status StartAgent(int i);
   absl::Status StartWorkers(int node);
   absl::Status StartTrainers();
@@ -278,6 +294,7 @@ class Cluster {
   // older versions; "" when it is gone or says nothing within `timeout`.
   std::string VerifiedLine(size_t g, uint32_t v, std::chrono::milliseconds timeout);
   bool KillScenario();
+  bool FailoverScenario();
   bool SlowLinkScenario();
   bool RelayScenario();
   bool Scenario(const std::string& name);
@@ -287,6 +304,8 @@ class Cluster {
   std::string dir_;
   std::vector<Link> links_;
   std::unique_ptr<Process> controller_;
+  std::unique_ptr<Process> controller_b_;  // --scenario failover: the standby
+  std::unique_ptr<Process> etcd_;
   std::vector<std::unique_ptr<Process>> agents_;
   std::vector<std::unique_ptr<Child>> trainers_;
   std::vector<std::unique_ptr<Child>> workers_;  // index replica * tp + rank
@@ -328,11 +347,15 @@ absl::Status Cluster::SetUp() {
       "\n  inference_ranks_per_replica: ", shape().inference_tp(),
       "\ncost_model:\n  nic_gbps: ", Num(o_.link_mbit / 8000, 6),
       "\ndelta:\n  enabled: false\n  verify: true\n");
-  WriteFile(dir_ + "/controller.yaml", ctl_yaml);
-  controller_ =
-      std::make_unique<Process>(std::vector<std::string>{o_.bin_dir + "/controller/wb-controller",
-                                                         "--config", dir_ + "/controller.yaml"},
-                                dir_ + "/controller.log");
+  if (o_.ha) {
+    if (auto s = StartHa(ctl_yaml); !s.ok()) return s;
+  } else {
+    WriteFile(dir_ + "/controller.yaml", ctl_yaml);
+    controller_ =
+        std::make_unique<Process>(std::vector<std::string>{o_.bin_dir + "/controller/wb-controller",
+                                                           "--config", dir_ + "/controller.yaml"},
+                                  dir_ + "/controller.log");
+  }
   for (int i = 0; i < n; ++i) {
     const Link& l = links_[i];
     WriteFile(dir_ + "/" + l.agent + ".yaml",
@@ -348,6 +371,44 @@ absl::Status Cluster::SetUp() {
     if (auto s = StartAgent(i); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status Cluster::StartHa(const std::string& controller_yaml) {
+  const std::string peer = "http://" + o_.subnet + ".4:2380";
+  etcd_ = std::make_unique<Process>(
+      std::vector<std::string>{"/usr/sbin/ip", "netns", "exec", net_.Ns("etcd"), "/usr/bin/etcd",
+                               "--name", "m0", "--data-dir", dir_ + "/etcd", "--listen-client-urls",
+                               EtcdUrl(), "--advertise-client-urls", EtcdUrl(),
+                               "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                               "--initial-cluster", "m0=" + peer},
+      dir_ + "/etcd.log");
+  for (const auto& [name, address] : {std::pair{"a", CtlA()}, std::pair{"b", CtlB()}}) {
+    const std::string yaml = absl::StrCat(
+        absl::StrReplaceAll(controller_yaml, {{"listen: " + Ctl(), "listen: " + address},
+                                              {"log_level: warn", "log_level: info"}}),
+        "ha:\n  etcd: [", EtcdUrl(), "]\n  election: cluster\n  lease_ttl_ms: ", o_.lease_ttl_ms,
+        "\n");
+    WriteFile(absl::StrCat(dir_, "/controller-", name, ".yaml"), yaml);
+    (std::string(name) == "a" ? controller_ : controller_b_) = std::make_unique<Process>(
+        std::vector<std::string>{"/usr/sbin/ip", "netns", "exec", net_.Ns(absl::StrCat("c", name)),
+                                 o_.bin_dir + "/controller/wb-controller", "--config",
+                                 absl::StrCat(dir_, "/controller-", name, ".yaml")},
+        absl::StrCat(dir_, "/controller-", name, ".log"));
+    // "a" leads first, so the scenario knows whose namespace to cut.
+    if (std::string(name) == "a" &&
+        !wb::testing::WaitUntil([&] { return StateOf(CtlA()) == "leader"; },
+                                std::chrono::seconds(30))) {
+      return absl::UnavailableError(absl::StrCat("controller a did not lead (see ", dir_, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Cluster::StateOf(const std::string& address) {
+  auto one = wb::client::ControllerClient::Connect(address);
+  if (!one.ok()) return "";
+  auto status = one->Status();
+  return status.ok() ? status->leadership().state() : "";
 }
 
 absl::Status Cluster::StartAgent(int i) {
@@ -724,8 +785,10 @@ bool Cluster::Scenario(const std::string& name) {
   }
   if (name == "slow-link") return SlowLinkScenario();
   if (name == "kill") return KillScenario();
+  if (name == "failover") return FailoverScenario();
   if (name == "relay") return RelayScenario();
-  std::printf("unknown scenario %s (balanced, slow-link, kill, delta, relay, all)\n", name.c_str());
+  std::printf("unknown scenario %s (balanced, slow-link, kill, delta, relay, failover, all)\n",
+              name.c_str());
   return false;
 }
 
@@ -988,6 +1051,57 @@ bool Cluster::KillScenario() {
   return ok && caught_up;
 }
 
+// Controller failover (issue 45): the leader's namespace is cut 40% into a step (nothing
+// reaches it: not etcd, not the agents, not the client). It steps down before its lease can
+// expire, the standby leads, the client's step is retried there and commits (every worker
+// verifying), and the next steps run on the new leader. Then the old leader's namespace is
+// joined back: it stands by. Figures: the time without a leader and the step across the cut.
+bool Cluster::FailoverScenario() {
+  if (!o_.ha) {
+    std::printf("FAIL: the failover scenario needs the controllers in high availability\n");
+    return false;
+  }
+  bool ok = RunStep("failover");
+  const double delay = std::max(0.3, 0.4 * plan_.predicted_step_seconds());
+  double cut_at = 0, leaderless = -1;
+  const bool across = RunStep(
+      "failover",
+      [&] {
+        std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+        cut_at = Now();
+        bool down = false;
+        Run("ip -n " + net_.Ns("ca") + " link set eth0 down", &down);
+        if (!down) return;
+        if (wb::testing::WaitUntil([&] { return StateOf(CtlB()) == "leader"; },
+                                   std::chrono::seconds(60))) {
+          leaderless = Now() - cut_at;
+        }
+      },
+      absl::StrCat(",\"cut\":\"controller a\",\"cut_after_seconds\":", Num(delay, 2)));
+  const double committed_after = Now() - cut_at;
+  const double ttl = o_.lease_ttl_ms / 1000.0;
+  std::printf(
+      "[failover] cut controller a's namespace %.2f s into version %u; b leads %.2f s after the "
+      "cut (lease TTL %.1f s); the step %s %.2f s after the cut\n",
+      delay, version_, leaderless, ttl, across ? "committed on b, every worker verified" : "FAILED",
+      committed_after);
+  ok = ok && across && leaderless >= 0 && leaderless <= 2 * ttl + 1;
+  for (int s = 0; s < o_.steps; ++s) ok = RunStep("failover", nullptr, ",\"leader\":\"b\"") && ok;
+  bool up = false;
+  Run("ip -n " + net_.Ns("ca") + " link set eth0 up", &up);
+  const bool standby = up && wb::testing::WaitUntil([&] { return StateOf(CtlA()) == "standby"; },
+                                                    std::chrono::seconds(30));
+  std::printf("[failover] controller a joined back: %s\n",
+              standby ? "stands by (b leads)" : "did NOT stand by");
+  ok = ok && standby && RunStep("failover", nullptr, ",\"after_rejoin\":true");
+  json_.push_back(absl::StrCat(
+      "{\"scenario\":\"failover\",\"summary\":true,\"agents\":", AgentCount(),
+      ",\"lease_ttl_seconds\":", Num(ttl, 1), ",\"leaderless_seconds\":", Num(leaderless, 3),
+      ",\"step_across_cut_seconds\":", Num(committed_after, 3), ",\"committed\":",
+      across ? "true" : "false", ",\"old_leader_stands_by\":", standby ? "true" : "false", "}"));
+  return ok;
+}
+
 int Cluster::Main() {
   dir_ = wb::testing::TempDir("wb-cluster-");
   auto model = wb::cluster::BuildClusterModel(shape());
@@ -1107,8 +1221,9 @@ int main(int argc, char** argv) {
   app.add_option("--link-mbit", o.link_mbit, "link rate, Mbit/s each way");
   app.add_option("--steps", o.steps, "steps per scenario");
   app.add_option("--scenario", scenario,
-                 "balanced | slow-link | kill | delta | relay | all (comma list; relay: a quarter "
-                 "of the agents train)");
+                 "balanced | slow-link | kill | delta | relay | failover | all (comma list; relay: "
+                 "a quarter of the agents train; failover: two controllers and etcd, the "
+                 "leader's namespace cut mid-step)");
   app.add_option("--ns-prefix", o.prefix, "network namespace prefix (made by cluster.sh)");
   app.add_option("--subnet", o.subnet, "the /24 inside the namespaces, e.g. 10.213.0");
   app.add_option("--bin-dir", o.bin_dir, "where wb-agent and wb-controller are");
@@ -1144,6 +1259,7 @@ int main(int argc, char** argv) {
   }
   if (o.bin_dir.empty()) o.bin_dir = "bazel-bin";
   if (scenario == "all") scenario = "balanced,delta,slow-link,kill";
+  o.ha = scenario.find("failover") != std::string::npos;
   std::stringstream ss(scenario);
   for (std::string s; std::getline(ss, s, ',');) o.scenarios.push_back(s);
   if (o.shape.layers == 0) {
