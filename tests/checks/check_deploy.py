@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """deploy/ agrees with what `./wb package` ships (deploy/package.sh):
 
-1. deploy/kubernetes/weightbeam.yaml runs the image deploy/container/Containerfile makes: every
+1. deploy/kubernetes/weightbeam.yaml (and weightbeam-ha.yaml) runs the image deploy/container/Containerfile makes: every
    `image:` is <registry>/weightbeam:<VERSION>, and every `command:` starts with a binary the
    .deb installs (/usr/bin/wb-agent, /usr/bin/wb-controller).
 2. The systemd units start the .deb's binaries (ExecStart=/usr/bin/...) with the .deb's
@@ -29,18 +29,20 @@ def read(path):
 def main():
     errors = []
     version = read("VERSION").strip()
-    k8s = read("deploy/kubernetes/weightbeam.yaml")
-    images = re.findall(r"^\s*image:\s*(\S+)", k8s, re.M)
-    if not images:
-        errors.append("deploy/kubernetes/weightbeam.yaml: no image")
-    for image in images:
-        if not re.fullmatch(r"[\w.:-]+(/[\w.-]+)*/weightbeam:" + re.escape(version), image):
-            errors.append(f"deploy/kubernetes/weightbeam.yaml: image {image}: expected "
-                          f"<registry>/weightbeam:{version} (VERSION)")
-    for command in re.findall(r'^\s*command:\s*\["([^"]+)"', k8s, re.M):
-        if command not in BINARIES:
-            errors.append(f"deploy/kubernetes/weightbeam.yaml: command {command} is not one the "
-                          f".deb installs ({', '.join(sorted(BINARIES))})")
+    # The plain manifest and the one with two controllers in high availability (issue 45).
+    for manifest in ("deploy/kubernetes/weightbeam.yaml", "deploy/kubernetes/weightbeam-ha.yaml"):
+        k8s = read(manifest)
+        images = re.findall(r"^\s*image:\s*(\S+)", k8s, re.M)
+        if not images:
+            errors.append(f"{manifest}: no image")
+        for image in images:
+            if not re.fullmatch(r"[\w.:-]+(/[\w.-]+)*/weightbeam:" + re.escape(version), image):
+                errors.append(f"{manifest}: image {image}: expected "
+                              f"<registry>/weightbeam:{version} (VERSION)")
+        for command in re.findall(r'^\s*command:\s*\["([^"]+)"', k8s, re.M):
+            if command not in BINARIES:
+                errors.append(f"{manifest}: command {command} is not one the "
+                              f".deb installs ({', '.join(sorted(BINARIES))})")
     for unit in ("wb-agent", "wb-controller"):
         text = read(f"deploy/systemd/{unit}.service")
         m = re.search(r"^ExecStart=(\S+) --config (\S+)", text, re.M)

@@ -28,6 +28,16 @@ CAPTURE = "capture:\n  max_bytes: 64MiB\n  test_delay_ms: 700\n"
 INSIDE_A_STEP_S = 0.3
 
 
+def logged_at(log, text):
+    """The time (seconds since the epoch) of the first log line holding ``text``."""
+    import datetime
+    for line in log.splitlines():
+        if text in line:
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f")
+            return stamp.timestamp()
+    raise AssertionError(f"no log line with {text!r}")
+
+
 class Sides:
     """One trainer rank and one inference rank (BF16 both), each on its own agent."""
 
@@ -348,12 +358,36 @@ class CutOff(Failover):
         wait_until(lambda: self.cluster.state("a") == "standby", 15, "a to stand by")
         self.step(4)
         self.assert_agree(4)
-        self.assertIn("steps down", self.cluster.log("controller-a"))
+        # No split brain: the cut-off leader stopped leading before the standby began to.
+        stepped_down = logged_at(self.cluster.log("controller-a"), "steps down")
+        took_over = logged_at(self.cluster.log("controller-b"), " leads, epoch")
+        print(f"[failover] cut-off leader stepped down {took_over - stepped_down:.2f} s before "
+              "the standby led")
+        self.assertLess(stepped_down, took_over)
 
     test_leader_killed_between_steps = None
     test_leader_killed_mid_step = None
     test_leader_frozen_mid_step_past_its_lease_is_refused_when_it_wakes = None
     test_a_retried_step_is_answered_already_committed = None
+
+
+class NoEtcd(unittest.TestCase):
+    """A controller whose etcd does not answer exits 2 naming it, before it serves anything."""
+
+    def test_unreachable_etcd_is_a_clear_start_failure(self):
+        import os
+        import subprocess
+        import tempfile
+        from cluster import free_port
+        bin_dir = os.environ.get("WB_BIN_DIR", "bazel-bin")
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+            url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+            f.write(f"listen: 127.0.0.1:{free_port()}\nha:\n  etcd: [{url}]\n  election: x\n")
+            f.flush()
+            out = subprocess.run([os.path.join(bin_dir, "controller/wb-controller"), "--config",
+                                  f.name], capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 2, out.stdout + out.stderr)
+        self.assertIn(f"ha: etcd ({url}) does not answer", out.stdout + out.stderr)
 
 
 if __name__ == "__main__":

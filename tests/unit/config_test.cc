@@ -228,9 +228,12 @@ TEST_CASE("the example files in config/examples load") {
     INFO(name);
     REQUIRE(c.ok());
   }
-  auto c = wb::config::LoadControllerConfig("config/examples/controller.yaml");
-  INFO(c.status().message());
-  REQUIRE(c.ok());
+  for (const char* name :
+       {"config/examples/controller.yaml", "config/examples/controller-ha.yaml"}) {
+    auto c = wb::config::LoadControllerConfig(name);
+    INFO(name << ": " << c.status().message());
+    REQUIRE(c.ok());
+  }
 }
 
 TEST_CASE("the deployment configs in deploy/etc load") {
