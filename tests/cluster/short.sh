@@ -4,7 +4,7 @@
 # of the trainer weights, the small model, every scenario (balanced, delta, slow-link: three
 # slow steps, the re-plan moving work off the slow link, a recovery step; kill and catch-up), then
 # the relay scenario (2 -> 6 agents, relays chosen by the cost model), then balanced steps with
-# capture and staged receive, every byte verified; bounded in time (a scenario that blocks is killed, and the run fails) and checks
+# capture and staged receive, then controller failover (4 agents), every byte verified; bounded in time (a scenario that blocks is killed, and the run fails) and checks
 # that nothing is left behind. A few minutes on a loaded 2-core machine.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,6 +32,15 @@ if [ "$rc" -eq 0 ]; then
   rc=${PIPESTATUS[0]}
   grep -q '"capture":"captured' "$out" || rc=1
   grep -q '"staged_replicas":[1-9]' "$out" || rc=1
+fi
+# Controller failover (issue 45): two controllers and etcd; the leader's namespace is cut
+# mid-step, the step commits on the standby, the old leader joined back stands by.
+if [ "$rc" -eq 0 ]; then
+  timeout --kill-after=30 "${WB_CLUSTER_SHORT_TIMEOUT:-900}" tests/cluster/cluster.sh --agents 4 \
+    --model k2-tiny --link-seconds 1 --steps 1 --scenario failover 2>&1 | tee -a "$out"
+  rc=${PIPESTATUS[0]}
+  grep -q '"scenario":"failover","summary":true.*"committed":true,"old_leader_stands_by":true' \
+    "$out" || rc=1
 fi
 [ "$rc" -eq 124 ] && echo "[cluster] the short run did not finish within ${WB_CLUSTER_SHORT_TIMEOUT:-900} s" >&2
 # Steps verified, the kill scenario's elastic checks, and the teardown left no namespace (nor,
