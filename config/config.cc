@@ -261,9 +261,23 @@ void ReadHa(YamlReader r, HaConfig* ha) {
   r.ReadUint32("lease_ttl_ms", 1000, 600000, &ha->lease_ttl_ms);
   r.ReadString("advertise", &ha->advertise);
   CheckHostPort(r, "advertise", ha->advertise);
+  {
+    YamlReader t = r.Child("etcd_tls");
+    t.ReadString("ca_file", &ha->etcd_ca_file);
+    t.ReadString("cert_file", &ha->etcd_cert_file);
+    t.ReadString("key_file", &ha->etcd_key_file);
+    if (ha->etcd_cert_file.empty() != ha->etcd_key_file.empty()) {
+      t.Error("key_file", "cert_file and key_file together", "only one of them");
+    }
+    t.RejectUnknownKeys();
+  }
+  const bool tls = !ha->etcd_ca_file.empty();
   for (const auto& url : ha->etcd) {
-    if (url.rfind("http://", 0) != 0 || !ValidHostPort(url.substr(7))) {
-      r.Error("etcd", "etcd client URLs \"http://host:port\" (https is not supported yet)",
+    const std::string scheme = tls ? "https://" : "http://";
+    if (url.rfind(scheme, 0) != 0 || !ValidHostPort(url.substr(scheme.size()))) {
+      r.Error("etcd",
+              tls ? "etcd client URLs \"https://host:port\" (etcd_tls is set)"
+                  : "etcd client URLs \"http://host:port\" (\"https://\" with etcd_tls.ca_file)",
               absl::StrCat("'", url, "'"));
     }
   }

@@ -176,9 +176,15 @@ struct DeltaConfig {
 // High availability (docs/reliability.md, issue 45): controllers of one `election` campaign
 // through an etcd lease; the leader drives steps, standbys wait warm. Off while `etcd` is empty.
 struct HaConfig {
-  std::vector<std::string> etcd;  // client URLs of the etcd members, "http://host:port"
-  std::string election;           // "/weightbeam/election/<election>", "/weightbeam/ledger/..."
-  uint32_t lease_ttl_ms = 5000;   // a standby leads within about 2x this after the leader dies
+  // Client URLs of the etcd members: "http://host:port", or "https://host:port" with etcd_tls.
+  std::vector<std::string> etcd;
+  // TLS to etcd (`ha.etcd_tls`): the members' CA, and this controller's certificate and key for
+  // members that require client certificates.
+  std::string etcd_ca_file;
+  std::string etcd_cert_file;
+  std::string etcd_key_file;
+  std::string election;          // "/weightbeam/election/<election>", "/weightbeam/ledger/..."
+  uint32_t lease_ttl_ms = 5000;  // a standby leads within about 2x this after the leader dies
   // host:port clients and agents reach this controller at; empty: `listen` (after --listen),
   // its wildcard host replaced by the host name.
   std::string advertise;

@@ -43,7 +43,8 @@ HighAvailability::HighAvailability(const config::HaConfig& ha, ControllerCore* c
       ledger_key_(absl::StrCat("/weightbeam/ledger/", ha.election)),
       members_prefix_(absl::StrCat("/weightbeam/members/", ha.election, "/")),
       // One attempt may not outlast a third of the lease: the keepalive gets retries in time.
-      etcd_(etcd::EtcdClientOptions{ha.etcd, std::min(absl::Seconds(2), Ttl(ha) / 3)}) {}
+      etcd_(etcd::EtcdClientOptions{ha.etcd, std::min(absl::Seconds(2), Ttl(ha) / 3),
+                                    ha.etcd_ca_file, ha.etcd_cert_file, ha.etcd_key_file}) {}
 
 HighAvailability::~HighAvailability() { Stop(); }
 

@@ -111,7 +111,11 @@ absl::StatusOr<std::string> EtcdClient::Post(const std::string& path, const std:
       }
       timeout = std::min(timeout, left);
     }
-    httplib::Client client(endpoint);
+    httplib::Client client = options_.cert_file.empty()
+                                 ? httplib::Client(endpoint)
+                                 : httplib::Client(endpoint, options_.cert_file, options_.key_file);
+    if (!options_.ca_file.empty()) client.set_ca_cert_path(options_.ca_file);
+    client.enable_server_certificate_verification(true);
     SetTimeouts(client, timeout);
     auto result = client.Post(path.c_str(), body, "application/json");
     if (!result) {

@@ -2,6 +2,8 @@
 // gRPC on its client URLs): leases, put/range/delete and the one transaction leader election
 // needs. HTTP/JSON rather than gRPC because etcd's protos are not packaged by Debian, and the
 // gateway is the documented stable surface; cpp-httplib and nlohmann-json already ship with us.
+// "https://" endpoints speak TLS, verifying the members against `ca_file` and presenting
+// `cert_file` / `key_file` when given.
 //
 // A client holds several endpoints (the members of one cluster): a call goes to the endpoint that
 // last worked and moves on to the next when it cannot connect, times out, or the member answers
@@ -25,6 +27,11 @@ struct EtcdClientOptions {
   std::vector<std::string> endpoints;
   // Bound on one HTTP attempt against one endpoint (connect, write and read each).
   absl::Duration attempt_timeout = absl::Seconds(2);
+  // TLS to etcd ("https://" endpoints): the CA that signed the members' certificates, and this
+  // client's certificate and key for members that require one (--client-cert-auth).
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
 };
 
 // One key as etcd stores it. Revisions are etcd's store revisions (monotonic over the cluster).

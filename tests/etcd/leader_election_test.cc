@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "common/etcd/etcd_client.h"
 #include "tests/support/process.h"
+#include "tests/support/test_pki.h"
 
 namespace {
 
@@ -46,7 +47,10 @@ bool EtcdMissing() {
 // A cluster of `n` etcd members on fresh loopback ports, each with its own data dir.
 class EtcdCluster {
  public:
-  explicit EtcdCluster(int n) : dir_(wb::testing::TempDir("wb-etcd-")) {
+  // `pki` (tests/support/test_pki.h) non-empty: members serve TLS with `<pki>/etcd.pem` and
+  // require client certificates signed by `<pki>/ca.pem`.
+  explicit EtcdCluster(int n, std::string pki = "")
+      : dir_(wb::testing::TempDir("wb-etcd-")), pki_(std::move(pki)) {
     std::vector<std::string> peers;
     for (int i = 0; i < n; ++i) {
       client_ports_.push_back(wb::testing::FreePort());
@@ -58,12 +62,22 @@ class EtcdCluster {
 
   std::vector<std::string> Endpoints() const {
     std::vector<std::string> out;
-    for (int port : client_ports_) out.push_back(absl::StrCat("http://127.0.0.1:", port));
+    for (int port : client_ports_) out.push_back(absl::StrCat(Scheme(), "127.0.0.1:", port));
     return out;
+  }
+  // A client of the cluster (TLS with the "wb-controller" certificate when it has a PKI).
+  EtcdClientOptions Client() const {
+    EtcdClientOptions o{Endpoints(), absl::Seconds(1)};
+    if (!pki_.empty()) {
+      o.ca_file = pki_ + "/ca.pem";
+      o.cert_file = pki_ + "/wb-controller.pem";
+      o.key_file = pki_ + "/wb-controller.key";
+    }
+    return o;
   }
   // Waits until the cluster answers a read through its endpoints.
   bool Ready() {
-    EtcdClient client({Endpoints(), absl::Seconds(1)});
+    EtcdClient client(Client());
     return wb::testing::WaitUntil([&] { return client.Get("/ready").ok(); }, 20s);
   }
   void Kill(int i) {
@@ -75,19 +89,42 @@ class EtcdCluster {
  private:
   std::string LogPath(int i) const { return absl::StrCat(dir_, "/etcd-m", i, ".log"); }
 
+  std::string Scheme() const { return pki_.empty() ? "http://" : "https://"; }
+
   std::unique_ptr<Process> Start(int i, const std::string& initial_cluster) {
-    const std::string client = absl::StrCat("http://127.0.0.1:", client_ports_[i]);
+    const std::string client = absl::StrCat(Scheme(), "127.0.0.1:", client_ports_[i]);
     const std::string peer = absl::StrCat("http://127.0.0.1:", peer_ports_[i]);
-    return std::make_unique<Process>(
-        std::vector<std::string>{
-            kEtcd, "--name", absl::StrCat("m", i), "--data-dir", absl::StrCat(dir_, "/m", i),
-            "--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls",
-            peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", initial_cluster,
-            "--initial-cluster-state", "new", "--initial-cluster-token", "wb-test"},
-        LogPath(i));
+    std::vector<std::string> argv = {kEtcd,
+                                     "--name",
+                                     absl::StrCat("m", i),
+                                     "--data-dir",
+                                     absl::StrCat(dir_, "/m", i),
+                                     "--listen-client-urls",
+                                     client,
+                                     "--advertise-client-urls",
+                                     client,
+                                     "--listen-peer-urls",
+                                     peer,
+                                     "--initial-advertise-peer-urls",
+                                     peer,
+                                     "--initial-cluster",
+                                     initial_cluster,
+                                     "--initial-cluster-state",
+                                     "new",
+                                     "--initial-cluster-token",
+                                     "wb-test"};
+    if (!pki_.empty()) {
+      for (const std::string& a :
+           {std::string("--cert-file=") + pki_ + "/etcd.pem", "--key-file=" + pki_ + "/etcd.key",
+            "--trusted-ca-file=" + pki_ + "/ca.pem", std::string("--client-cert-auth")}) {
+        argv.push_back(a);
+      }
+    }
+    return std::make_unique<Process>(argv, LogPath(i));
   }
 
   std::string dir_;
+  std::string pki_;
   std::vector<int> client_ports_;
   std::vector<int> peer_ports_;
   std::vector<std::unique_ptr<Process>> members_;
@@ -168,6 +205,43 @@ TEST_CASE("etcd client: fails over past a dead endpoint and names endpoints in e
   REQUIRE_FALSE(got.ok());
   CHECK(got.status().code() == absl::StatusCode::kUnavailable);
   CHECK(std::string(got.status().message()).find(dead) != std::string::npos);
+}
+
+TEST_CASE("etcd client: TLS to etcd with client certificates; wrong or missing ones refused") {
+  if (EtcdMissing()) return;
+  const std::string pki = wb::testing::MakeTestPki({"etcd", "wb-controller"}, {"intruder"});
+  REQUIRE_FALSE(pki.empty());
+  EtcdCluster cluster(1, pki);
+  REQUIRE(cluster.Ready());
+  EtcdClient good(cluster.Client());
+  REQUIRE(good.Put("/tls", "yes").ok());
+  CHECK((*good.Get("/tls"))->value == "yes");
+  // A leader elected over TLS, as wb-controller with ha.etcd_tls does.
+  LeaderElection election(&good, "tls", "a", kTtl);
+  election.Start(nullptr, nullptr);
+  CHECK(wb::testing::WaitUntil([&] { return election.IsLeader(); }, 10s));
+
+  auto refused = [&](EtcdClientOptions o, const char* what) {
+    EtcdClient client(std::move(o));
+    auto got = client.Get("/tls");
+    INFO(what << ": " << got.status());
+    CHECK_FALSE(got.ok());
+    // The error names the endpoint it tried.
+    if (!got.ok()) CHECK_THAT(std::string(got.status().message()), Catch::Contains("127.0.0.1:"));
+  };
+  EtcdClientOptions no_cert = cluster.Client();
+  no_cert.cert_file = no_cert.key_file = "";
+  refused(no_cert, "no client certificate");
+  EtcdClientOptions intruder = cluster.Client();
+  intruder.cert_file = pki + "/intruder.pem";
+  intruder.key_file = pki + "/intruder.key";
+  refused(intruder, "a certificate of another CA");
+  EtcdClientOptions wrong_ca = cluster.Client();
+  wrong_ca.ca_file = pki + "/rogue-ca.pem";
+  refused(wrong_ca, "members not signed by the CA we trust");
+  EtcdClientOptions plain = cluster.Client();
+  for (auto& e : plain.endpoints) e.replace(0, 5, "http");
+  refused(plain, "plain HTTP to a TLS member");
 }
 
 TEST_CASE("election: of two candidates exactly one leads; Resign hands over to the other") {

@@ -27,18 +27,40 @@ def can_make_namespaces():
     return os.geteuid() == 0 and shutil.which("ip") is not None
 
 
-class Etcd:
-    """``members`` etcd members on loopback, each with its own data dir under ``root``."""
+def make_etcd_pki(d):
+    """A throw-away CA and certificates for etcd and the controllers (SAN IP 127.0.0.1) in d."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 
-    def __init__(self, root, members=1, listen_host="127.0.0.1"):
+    def run(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ca")
+    for name in ("etcd", "wb-controller"):
+        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        with open(os.path.join(d, f"{name}.ext"), "w") as f:
+            f.write(f"subjectAltName=DNS:{name},IP:127.0.0.1\n")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext")
+    return d
+
+
+class Etcd:
+    """``members`` etcd members on loopback, each with its own data dir under ``root``. With
+    ``pki`` (make_etcd_pki) they serve TLS and require client certificates."""
+
+    def __init__(self, root, members=1, listen_host="127.0.0.1", pki=None):
         self.root = root
+        self.pki = pki
+        self.scheme = "https" if pki else "http"
         self.client_ports = [free_port() for _ in range(members)]
         peer_ports = [free_port() for _ in range(members)]
         cluster = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(peer_ports))
         self.procs = []
+        tls = ([f"--cert-file={pki}/etcd.pem", f"--key-file={pki}/etcd.key",
+                f"--trusted-ca-file={pki}/ca.pem", "--client-cert-auth"] if pki else [])
         for i in range(members):
-            client = f"http://127.0.0.1:{self.client_ports[i]}"
-            listen = f"http://{listen_host}:{self.client_ports[i]}"
+            client = f"{self.scheme}://127.0.0.1:{self.client_ports[i]}"
+            listen = f"{self.scheme}://{listen_host}:{self.client_ports[i]}"
             peer = f"http://127.0.0.1:{peer_ports[i]}"
             with open(os.path.join(root, f"etcd-m{i}.log"), "ab") as log:
                 self.procs.append(subprocess.Popen(
@@ -46,22 +68,28 @@ class Etcd:
                      "--listen-client-urls", listen, "--advertise-client-urls", client,
                      "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                      "--initial-cluster", cluster, "--initial-cluster-state", "new",
-                     "--initial-cluster-token", "wb-ha-test"],
+                     "--initial-cluster-token", "wb-ha-test", *tls],
                     stdout=log, stderr=subprocess.STDOUT))
         wait_until(lambda: self.get("/ready", quiet=True) is not False, 30, "etcd to answer")
 
     def endpoints(self, host="127.0.0.1"):
-        return [f"http://{host}:{p}" for p in self.client_ports]
+        return [f"{self.scheme}://{host}:{p}" for p in self.client_ports]
 
     def get(self, key, quiet=False):
         """The value at ``key`` (None: absent) from any member that answers; False: none did."""
         import base64
         body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+        context = None
+        if self.pki:
+            import ssl
+            context = ssl.create_default_context(cafile=f"{self.pki}/ca.pem")
+            context.load_cert_chain(f"{self.pki}/wb-controller.pem", f"{self.pki}/wb-controller.key")
         for i, url in enumerate(self.endpoints()):
             if self.procs[i].poll() is not None:
                 continue
             try:
-                with urllib.request.urlopen(url + "/v3/kv/range", body, timeout=2) as r:
+                with urllib.request.urlopen(url + "/v3/kv/range", body, timeout=2,
+                                            context=context) as r:
                     kvs = json.load(r).get("kvs", [])
                     return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
             except OSError:
@@ -128,8 +156,9 @@ class HaCluster:
     With ``namespace``, controller "a" runs in its own network namespace."""
 
     def __init__(self, agents, world, etcd_members=1, lease_ttl_ms=2000, namespace=False,
-                 agent_yaml=None):
-        """``agent_yaml(name)`` (a function) is appended to each agent's file."""
+                 agent_yaml=None, etcd_tls=False):
+        """``agent_yaml(name)`` (a function) is appended to each agent's file; ``etcd_tls``:
+        etcd serves TLS with client certificates, the controllers use ha.etcd_tls."""
         self.bin_dir = os.environ.get("WB_BIN_DIR", "bazel-bin")
         self.dir = tempfile.mkdtemp(prefix="wb-ha-", dir="/tmp")
         self.lease_ttl_s = lease_ttl_ms / 1000
@@ -139,7 +168,11 @@ class HaCluster:
             # In a namespace test etcd also answers on the veth (controller "a" reaches it
             # there); everything else talks on the host side's address.
             host = self.ns.host_ip if self.ns else "127.0.0.1"
-            self.etcd = Etcd(self.dir, etcd_members, "0.0.0.0" if self.ns else "127.0.0.1")
+            pki = make_etcd_pki(self.dir) if etcd_tls else None
+            self.etcd = Etcd(self.dir, etcd_members, "0.0.0.0" if self.ns else "127.0.0.1", pki)
+            tls_yaml = (f"  etcd_tls:\n    ca_file: {pki}/ca.pem\n    cert_file: "
+                        f"{pki}/wb-controller.pem\n    key_file: {pki}/wb-controller.key\n"
+                        if pki else "")
             self.addresses = {"a": f"{self.ns.ns_ip if self.ns else host}:{free_port()}",
                               "b": f"127.0.0.1:{free_port()}"}
             self.metrics = {n: f"{a.rsplit(':', 1)[0]}:{free_port()}"
@@ -154,7 +187,7 @@ class HaCluster:
                     f"world:\n  trainer_ranks: {world[0]}\n  inference_replicas: {world[1]}\n"
                     f"  inference_ranks_per_replica: {world[2]}\n"
                     f"ha:\n  etcd: [{', '.join(etcd)}]\n  election: test\n"
-                    f"  lease_ttl_ms: {lease_ttl_ms}\n"))
+                    f"  lease_ttl_ms: {lease_ttl_ms}\n" + tls_yaml))
                 self.start_controller(name)
                 if name == "a":  # "a" leads first: the tests know who to kill
                     wait_until(lambda: self.state("a") == "leader", 20, "controller a to lead")

@@ -89,13 +89,14 @@ class Sides:
 class Failover(unittest.TestCase):
     ETCD_MEMBERS = 1
     NAMESPACE = False
+    ETCD_TLS = False
     AGENT_YAML = {"trainer-node": CAPTURE}
     WATCH = None
 
     def setUp(self):
         self.cluster = HaCluster(["inference-node", "trainer-node"], (1, 1, 1),
                                  etcd_members=self.ETCD_MEMBERS, lease_ttl_ms=LEASE_TTL_MS,
-                                 namespace=self.NAMESPACE,
+                                 namespace=self.NAMESPACE, etcd_tls=self.ETCD_TLS,
                                  agent_yaml=lambda n: self.AGENT_YAML.get(n, ""))
         self.sides = Sides(self.cluster, self.WATCH)
         self.ctl = self.cluster.client()
@@ -308,6 +309,16 @@ class CommitReached(Failover):
         self.assert_agree(4)
 
     test_leader_killed_between_steps = None
+    test_leader_killed_mid_step = None
+    test_leader_frozen_mid_step_past_its_lease_is_refused_when_it_wakes = None
+    test_a_retried_step_is_answered_already_committed = None
+
+
+@unittest.skipUnless(have_etcd(), "etcd is missing")
+class EtcdOverTls(Failover):
+    """etcd serving TLS and requiring client certificates (ha.etcd_tls): the same failover."""
+    ETCD_TLS = True
+
     test_leader_killed_mid_step = None
     test_leader_frozen_mid_step_past_its_lease_is_refused_when_it_wakes = None
     test_a_retried_step_is_answered_already_committed = None

@@ -381,7 +381,20 @@ TEST_CASE("high availability: ha keys on the controller, several controllers on 
   CHECK_THAT(ControllerErrorOf("ha:\n  etcd: [http://e:2379]\n"),
              Catch::Contains("ha.election") && Catch::Contains("an election name"));
   CHECK_THAT(ControllerErrorOf("ha:\n  etcd: [https://e:2379]\n  election: x\n"),
-             Catch::Contains("ha.etcd") && Catch::Contains("https is not supported"));
+             Catch::Contains("ha.etcd") && Catch::Contains("with etcd_tls.ca_file"));
+  auto tls = ParseControllerConfig(
+      "ha:\n  etcd: [https://e:2379]\n  election: x\n  etcd_tls:\n    ca_file: /ca.pem\n"
+      "    cert_file: /c.pem\n    key_file: /c.key\n",
+      "controller.yaml");
+  REQUIRE(tls.ok());
+  CHECK(tls->ha.etcd_ca_file == "/ca.pem");
+  CHECK(tls->ha.etcd_key_file == "/c.key");
+  CHECK_THAT(ControllerErrorOf("ha:\n  etcd: [http://e:2379]\n  election: x\n  etcd_tls:\n"
+                               "    ca_file: /ca.pem\n"),
+             Catch::Contains("(etcd_tls is set)"));
+  CHECK_THAT(ControllerErrorOf("ha:\n  etcd: [https://e:2379]\n  election: x\n  etcd_tls:\n"
+                               "    ca_file: /ca.pem\n    cert_file: /c.pem\n"),
+             Catch::Contains("ha.etcd_tls.key_file"));
   CHECK_THAT(ControllerErrorOf("ha:\n  etcd: [http://e:2379]\n  election: a/b\n"),
              Catch::Contains("ha.election") && Catch::Contains("'a/b'"));
   CHECK_THAT(ControllerErrorOf("ha:\n  etcd: [http://e:2379]\n  election: x\n  lease_ttl_ms: 10\n"),
