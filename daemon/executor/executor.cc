@@ -433,8 +433,10 @@ struct Executor::PhaseRun {
 
 // What a posted batch's completion needs.
 struct Executor::Posted {
-  const v1::TransferOp* op = nullptr;                        // into PhaseRun::plan
-  std::shared_ptr<const registry::RegisteredTensor> source;  // zero-copy writes read its memory
+  const v1::TransferOp* op = nullptr;  // into PhaseRun::plan; the first of a group
+  int64_t ops = 1;                     // a group's ops (WriteGroup)
+  // Zero-copy writes read their memory: each op's source (one per op of a group).
+  std::vector<std::shared_ptr<const registry::RegisteredTensor>> sources;
   uint64_t bytes = 0;
   uint64_t dense = 0;
   bool relay = false;
@@ -463,7 +465,14 @@ absl::Status Executor::RunPhase(std::shared_ptr<const OpList> plan,
   } else {
     StageIn(ops, &run);
   }
-  if (!relays && ops.size() <= kInlinePhaseOps) {
+  // A phase that transforms nothing (every op written zero-copy from its source, no delta, no
+  // capture) has no work for the prepare pool: its ops are posted from this thread, without two
+  // thread hand-offs per op (a BF16 -> BF16 push: ~2,000 ops a step).
+  const bool zero_copy = !relays && delta == nullptr && captured == nullptr &&
+                         std::all_of(ops.begin(), ops.end(), [&](const v1::TransferOp* op) {
+                           return preparer_->StagingBytes(*op) == 0;
+                         });
+  if (!relays && (ops.size() <= kInlinePhaseOps || zero_copy)) {
     PrepareAndWriteInline(shared_run);
   } else {
     for (int i = 0; i < options_.prepare_threads; ++i) {
@@ -695,6 +704,16 @@ absl::Status Executor::StageCaptured(Job* job, const std::atomic<bool>* cancelle
 
 void Executor::PrepareAndWriteInline(const std::shared_ptr<PhaseRun>& run) {
   const bool hold = Holds(*run);
+  // Consecutive zero-copy ops to one destination agent go as one batch (ops of a BF16 model are
+  // 0.5-1.5 MiB: one batch each cost a completion, and for tcp a FLUSH and an ACK, apiece).
+  std::vector<Job> group;
+  uint64_t group_bytes = 0;
+  auto flush = [&] {
+    if (group.empty()) return;
+    WriteGroup(std::move(group), run);
+    group.clear();
+    group_bytes = 0;
+  };
   while (auto job = run->to_prepare.Pop()) {
     if (run->error.failed() || run->step_run->cancelled) continue;
     const auto t0 = Clock::now();
@@ -703,8 +722,38 @@ void Executor::PrepareAndWriteInline(const std::shared_ptr<PhaseRun>& run) {
       continue;
     }
     run->prepare_ns += (Clock::now() - t0).count();
+    if (!hold && Groupable(*job)) {
+      const v1::TransferOp& op = *job->op;
+      const uint64_t bytes = op.rows() * op.row_elems() * tensor::DTypeBytes(op.dst_dtype());
+      if (!group.empty() &&
+          (group.front().route != job->route || group_bytes + bytes > kGroupBytes)) {
+        flush();
+      }
+      group_bytes += bytes;
+      group.push_back(std::move(*job));
+      continue;
+    }
+    flush();
     Write(std::move(*job), run, hold);  // before the next op takes staging
   }
+  flush();
+}
+
+bool Executor::Groupable(const Job& job) { return !job.staging && !job.packed && !job.op->relay(); }
+
+void Executor::WriteGroup(std::vector<Job> jobs, const std::shared_ptr<PhaseRun>& run) {
+  if (jobs.size() == 1) {
+    Write(std::move(jobs.front()), run, /*hold=*/false);
+    return;
+  }
+  if (run->error.failed() || run->step_run->cancelled) return;
+  if (Clock::now() >= run->deadline) {
+    run->error.Set(absl::DeadlineExceededError(
+        absl::StrCat(OpName(*jobs.front().op), " and ", jobs.size() - 1,
+                     " more: the step deadline passed before they could be written (not sent)")));
+    return;
+  }
+  if (auto s = PostJobs(std::move(jobs), run); !s.ok()) run->error.Set(s);
 }
 
 bool Executor::Holds(const PhaseRun& run) const {
@@ -733,28 +782,42 @@ void Executor::Write(Job job, const std::shared_ptr<PhaseRun>& run, bool hold) {
 }
 
 absl::Status Executor::Post(Job job, const std::shared_ptr<PhaseRun>& run) {
+  std::vector<Job> jobs;
+  jobs.push_back(std::move(job));
+  return PostJobs(std::move(jobs), run);
+}
+
+absl::Status Executor::PostJobs(std::vector<Job> jobs, const std::shared_ptr<PhaseRun>& run) {
   std::vector<transport::WriteOp> writes;
-  if (auto s = BuildWrites(job, &writes); !s.ok()) return s;
-  for (auto& w : writes) w.step = run->step_run->step_id;  // the receivers' step fence
   Posted posted;
-  posted.op = job.op;
-  posted.source = job.source;
-  for (const auto& w : writes) posted.bytes += w.length;
-  posted.dense = job.dense_bytes ? job.dense_bytes : posted.bytes;
-  posted.peer_bytes = job.route->bytes_sent;
-  posted.staging = std::make_shared<StagingLease>(std::move(job.staging));
-  posted.relay = job.op->relay();
+  posted.op = jobs.front().op;
+  posted.ops = static_cast<int64_t>(jobs.size());
+  for (const Job& job : jobs) {
+    const size_t first = writes.size();
+    if (auto s = BuildWrites(job, &writes); !s.ok()) return s;
+    uint64_t bytes = 0;
+    for (size_t i = first; i < writes.size(); ++i) bytes += writes[i].length;
+    posted.bytes += bytes;
+    posted.dense += job.dense_bytes ? job.dense_bytes : bytes;
+    posted.sources.push_back(job.source);
+  }
+  for (auto& w : writes) w.step = run->step_run->step_id;  // the receivers' step fence
+  const Route* route = jobs.front().route;
+  posted.peer_bytes = route->bytes_sent;
+  // A group holds no staging (Groupable): only a lone job's lease travels.
+  posted.staging = std::make_shared<StagingLease>(std::move(jobs.front().staging));
+  posted.relay = posted.op->relay();
   if (posted.relay) run->RelayPosted();
   {
     absl::MutexLock lock(&run->done_mu);
     ++run->outstanding;
-    ++run->outstanding_by_peer[job.op->dst_agent()];
+    ++run->outstanding_by_peer[posted.op->dst_agent()];
   }
   if (run->first_post_ns.load() == 0) {
     run->first_post_ns = std::max<int64_t>(1, (Clock::now() - run->t0).count());
   }
-  ops_in_flight_.fetch_add(1, std::memory_order_relaxed);
-  job.route->peer->PostBatch(std::move(writes), [this, run, posted](absl::Status s) {
+  ops_in_flight_.fetch_add(posted.ops, std::memory_order_relaxed);
+  route->peer->PostBatch(std::move(writes), [this, run, posted](absl::Status s) {
     Complete(run.get(), posted, std::move(s));
   });
   return absl::OkStatus();
@@ -792,7 +855,7 @@ void Executor::Complete(PhaseRun* run, const Posted& posted, absl::Status s) {
   int64_t done_ns = (c0 - run->t0).count(), prev = run->last_done_ns.load();
   while (done_ns > prev && !run->last_done_ns.compare_exchange_weak(prev, done_ns)) {
   }
-  ops_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  ops_in_flight_.fetch_sub(posted.ops, std::memory_order_relaxed);
   posted.staging->Release();  // the watermark frees as each batch lands
   if (posted.relay) {
     if (s.ok()) run->bytes_forwarded += posted.bytes;
@@ -803,7 +866,12 @@ void Executor::Complete(PhaseRun* run, const Posted& posted, absl::Status s) {
     run->bytes_dense += posted.dense;
     if (posted.peer_bytes) posted.peer_bytes->Increment(posted.bytes);
   } else {
-    run->error.Set(absl::Status(s.code(), absl::StrCat(OpName(*posted.op), ": ", s.message())));
+    run->error.Set(absl::Status(
+        s.code(), absl::StrCat(OpName(*posted.op),
+                               posted.ops > 1 ? absl::StrCat(" (in one batch with ", posted.ops - 1,
+                                                             " more ops)")
+                                              : "",
+                               ": ", s.message())));
   }
   run->complete_ns += (Clock::now() - c0).count();
   absl::MutexLock lock(&run->done_mu);

@@ -163,14 +163,21 @@ class Executor {
   // the phase.
   void WriteStage(const std::shared_ptr<PhaseRun>& run);
   void Write(Job job, const std::shared_ptr<PhaseRun>& run, bool hold);
-  // A phase of at most kInlinePhaseOps ops (a tiny step) is prepared and posted op by op on the
-  // calling thread: handing one op to the prepare pool and back cost two thread wake-ups, more
-  // than the op itself.
+  // Zero-copy ops (no staging, no relay) to one destination agent, written as one batch of at
+  // most kGroupBytes: one completion, and for tcp one FLUSH and ACK, for several ops.
+  static constexpr uint64_t kGroupBytes = uint64_t{4} << 20;
+  static bool Groupable(const Job& job);
+  void WriteGroup(std::vector<Job> jobs, const std::shared_ptr<PhaseRun>& run);
+  // A phase of at most kInlinePhaseOps ops (a tiny step), or one whose ops all go zero-copy, is
+  // prepared and posted op by op on the calling thread: handing one op to the prepare pool and
+  // back cost two thread wake-ups, more than the op itself.
   static constexpr size_t kInlinePhaseOps = 2;
   void PrepareAndWriteInline(const std::shared_ptr<PhaseRun>& run);
   // The write test hook (ExecutorOptions::test_hold_version) holds this phase's writes.
   bool Holds(const PhaseRun& run) const;
   absl::Status Post(Job job, const std::shared_ptr<PhaseRun>& run);
+  // One batch for `jobs` (one job, or a group of Groupable jobs to one destination agent).
+  absl::Status PostJobs(std::vector<Job> jobs, const std::shared_ptr<PhaseRun>& run);
   // Complete (on a transport thread): staging goes back, bytes count, one batch fewer is out.
   void Complete(PhaseRun* run, const Posted& posted, absl::Status s);
   // The barrier that ends a phase: every posted batch completed, or the deadline passed or

@@ -10,10 +10,12 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -44,17 +46,62 @@ std::string MetricsYaml(int metrics_port) {
 
 std::string AgentYaml(const std::string& name, const std::string& dir, int port, int ctl_port,
                       const std::string& transport, const std::string& rdma_device,
-                      int metrics_port, const std::string& extra) {
+                      int metrics_port, int streams, const std::string& extra) {
   std::string y =
       absl::StrCat("name: ", name, "\nlog_level: warn\nlocal_socket: ", dir, "/", name,
                    ".sock\nlisten: 127.0.0.1:", port, "\ncontroller: 127.0.0.1:", ctl_port,
                    "\nheartbeat_interval_ms: 200\n", MetricsYaml(metrics_port),
                    "transports:\n  tcp:\n    listen: 127.0.0.1:0\n");
+  if (streams > 0) y += absl::StrCat("    connections_per_peer: ", streams, "\n");
   if (transport == "rdma") {
     y += absl::StrCat("  rdma:\n    enabled: true\n    devices: [", rdma_device, "]\n");
   }
   y += "executor:\n  staging_watermark_bytes: 256MiB\n";
   return y + extra;
+}
+
+// --json: the steps' figures as one line (plan_bench-style). The first step (connections, page
+// faults) is listed but left out of min / median.
+std::string StepsJson(const wb::demo::DemoShape& shape, const std::string& transport, int streams,
+                      const std::vector<v1::StepResult>& results, bool pass) {
+  nlohmann::json j = {{"bench", "wb-demo"},      {"model", "qwen3-0.6b"},
+                      {"layers", shape.layers},  {"trainers", shape.trainers},
+                      {"tp", shape.tp},          {"destinations", shape.bf16 ? "bf16" : "fp8"},
+                      {"transport", transport},  {"streams", streams},
+                      {"steps", results.size()}, {"verified", pass}};
+  std::vector<double> seconds, timed;
+  for (const auto& r : results) seconds.push_back(r.seconds());
+  timed.assign(seconds.begin() + (seconds.size() > 1 ? 1 : 0), seconds.end());
+  std::sort(timed.begin(), timed.end());
+  j["seconds_per_step"] = seconds;
+  if (!results.empty()) {
+    const v1::StepResult& last = results.back();
+    const double bytes = static_cast<double>(last.bytes());
+    const double min = timed.front(), median = timed[timed.size() / 2];
+    j["bytes_per_step"] = last.bytes();
+    j["seconds_min"] = min;
+    j["seconds_median"] = median;
+    j["gbps_best"] = bytes / min / 1e9;
+    j["gbps_median"] = bytes / median / 1e9;
+    nlohmann::json agents = nlohmann::json::array();
+    for (const auto& a : last.agents()) {
+      agents.push_back({{"agent", a.agent()},
+                        {"ops", a.ops()},
+                        {"seconds", a.seconds()},
+                        {"stage_in_seconds", a.stages().stage_in_seconds()},
+                        {"prepare_seconds", a.stages().prepare_seconds()},
+                        {"write_seconds", a.stages().write_seconds()},
+                        {"peak_staging_bytes", a.stages().peak_staging_bytes()}});
+    }
+    j["last_step_senders"] = agents;
+  }
+  double load[3] = {-1, -1, -1};
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
+    std::fclose(f);
+  }
+  j["loadavg"] = {load[0], load[1], load[2]};
+  return j.dump() + "\n";
 }
 
 }  // namespace
@@ -63,8 +110,8 @@ int main(int argc, char** argv) {
   CLI::App app{"wb-demo: weightbeam end to end on one machine"};
   std::string role = "driver", socket, transport = "tcp", rdma_device = "rxe0", bin_dir;
   wb::demo::DemoShape shape;
-  int rank = 0, steps = 3, hold_seconds = 0;
-  bool delta = false, gpu = false, capture = false, staged = false;
+  int rank = 0, steps = 3, hold_seconds = 0, streams = 0;
+  bool delta = false, gpu = false, capture = false, staged = false, json = false;
   std::vector<int> metrics_ports;
   app.add_option("--role", role, "driver | trainer | inference (internal)");
   app.add_option("--rank", rank, "rank of a trainer or inference worker (internal)");
@@ -75,6 +122,15 @@ int main(int argc, char** argv) {
   app.add_option("--trainers", shape.trainers, "trainer ranks (FSDP dim-0 shards)");
   app.add_option("--tp", shape.tp, "tensor-parallel ranks of the inference replica");
   app.add_option("--steps", steps, "training steps to push");
+  app.add_flag("--bf16", shape.bf16,
+               "the replica holds BF16 parameters (no FP8 quantization_config): a plain copy "
+               "of every byte the trainers hold");
+  app.add_option("--streams", streams,
+                 "tcp connections per peer (transports.tcp.connections_per_peer; default the "
+                 "agent's)");
+  app.add_flag("--json", json,
+               "print one JSON line of the steps' figures alone on stdout (the tables go to "
+               "stderr): tests/bench/bf16_step_bench.sh reads it");
   app.add_flag("--delta", delta, "delta mode: send only changed elements (verification on)");
   app.add_flag("--gpu", gpu,
                "trainer and inference tensors in GPU memory (CUDA device 0, registered through "
@@ -97,6 +153,9 @@ int main(int argc, char** argv) {
                  "after the steps, keep every process up this long (or until SIGTERM/SIGINT), "
                  "e.g. for a metrics scraper");
   CLI11_PARSE(app, argc, argv);
+  // With --json the tables go to stderr and stdout keeps the JSON line alone.
+  const int json_fd = json && role == "driver" ? ::dup(STDOUT_FILENO) : -1;
+  if (json_fd >= 0) ::dup2(STDERR_FILENO, STDOUT_FILENO);
   if (role == "trainer") return wb::demo::RunTrainer(shape, rank, socket, gpu);
   if (role == "inference") return wb::demo::RunInference(shape, rank, socket, gpu);
   signal(SIGPIPE, SIG_IGN);
@@ -109,7 +168,9 @@ int main(int argc, char** argv) {
     }
   }
 
-  if (const std::string cut = wb::demo::Fp8BlockCut(wb::demo::DemoQwen3(shape), shape.trainers);
+  if (const std::string cut =
+          shape.bf16 ? std::string()
+                     : wb::demo::Fp8BlockCut(wb::demo::DemoQwen3(shape), shape.trainers);
       !cut.empty()) {
     std::printf(
         "FAIL: --trainers %d: torch.chunk cuts %s, inside a 128x128 FP8 block (each block "
@@ -124,8 +185,9 @@ int main(int argc, char** argv) {
   std::printf(
       "weightbeam demo: Qwen3-0.6B (%d layers), %d trainer ranks (FSDP dim-0 shards, BF16, "
       "HF names) -> 1 vLLM replica x TP %d (its parameters: qkv_proj / gate_up_proj per rank, "
-      "FP8 128x128 block-scaled linears + BF16), transport %s%s\nlogs in %s\n\n",
-      shape.layers, shape.trainers, shape.tp, transport.c_str(),
+      "%s), transport %s%s\nlogs in %s\n\n",
+      shape.layers, shape.trainers, shape.tp,
+      shape.bf16 ? "every one BF16" : "FP8 128x128 block-scaled linears + BF16", transport.c_str(),
       gpu ? ", every buffer in GPU memory (cuda:0)" : "", dir.c_str());
   std::fflush(stdout);
 
@@ -143,7 +205,7 @@ int main(int argc, char** argv) {
     int port = wb::testing::FreePort();
     int metrics_port = metrics_ports.empty() ? 0 : metrics_ports[agents.size() + 1];
     WriteFile(dir + "/" + name + ".yaml",
-              AgentYaml(name, dir, port, ctl_port, transport, rdma_device, metrics_port,
+              AgentYaml(name, dir, port, ctl_port, transport, rdma_device, metrics_port, streams,
                         std::string(name) == "trainer-node"
                             ? (capture ? "capture:\n  max_bytes: 16GiB\n" : "")
                             : (staged ? "receive:\n  mode: staged\n" : "")));
@@ -180,6 +242,7 @@ int main(int argc, char** argv) {
                                   "--tp",
                                   std::to_string(shape.tp)};
     if (gpu) argv.push_back("--gpu");
+    if (shape.bf16) argv.push_back("--bf16");
     return std::make_unique<Child>(argv, dir + "/" + role + "-" + std::to_string(r) + ".log");
   };
   for (int r = 0; r < shape.trainers; ++r) trainers.push_back(child("trainer", r, "trainer-node"));
@@ -327,6 +390,12 @@ int main(int argc, char** argv) {
   }
   trainers.clear();
   workers.clear();
+  if (json_fd >= 0) {
+    std::fflush(stdout);
+    const std::string line = StepsJson(shape, transport, streams, results, pass);
+    if (::write(json_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+      pass = false;
+  }
   if (pass) {
     std::printf(
         "PASS: %d steps committed; every inference worker verified its buffers bit for "

@@ -5,6 +5,7 @@ namespace wb::demo {
 Qwen3Shape DemoQwen3(const DemoShape& shape) {
   Qwen3Shape s;  // Qwen3-0.6B
   s.layers = shape.layers;
+  s.fp8 = !shape.bf16;
   return s;
 }
 

@@ -15,6 +15,7 @@ struct DemoShape {
   int layers = 28;
   int trainers = 4;
   int tp = 2;
+  bool bf16 = false;  // the replica holds BF16 parameters (no FP8 quantization_config)
 };
 
 // Qwen3-0.6B's sizes with `shape.layers` decoder layers.

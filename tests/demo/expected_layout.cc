@@ -51,7 +51,8 @@ std::string Qwen3ConfigJson(const Qwen3Shape& s) {
   "use_cache": true,
   "use_sliding_window": false,
   "vocab_size": )",
-                      s.vocab, R"(,
+                      s.vocab,
+                      s.fp8 ? R"(,
   "quantization_config": {
     "quant_method": "fp8",
     "fmt": "e4m3",
@@ -59,7 +60,8 @@ std::string Qwen3ConfigJson(const Qwen3Shape& s) {
     "weight_block_size": [128, 128]
   }
 }
-)");
+)"
+                            : "\n}\n");
 }
 
 std::vector<HfTensor> Qwen3HfTensors(const Qwen3Shape& s) {

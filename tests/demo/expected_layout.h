@@ -21,10 +21,11 @@ struct Qwen3Shape {
   int64_t head_dim = 128;
   int64_t vocab = 151936;
   bool tie_embeddings = true;
+  bool fp8 = true;  // false: no quantization_config (every destination BF16)
 };
 
-// Qwen3-0.6B's config.json with `s`'s sizes, plus quantization_config.weight_block_size
-// [128, 128] (FP8 block-quantised linears).
+// Qwen3-0.6B's config.json with `s`'s sizes, plus (when `s.fp8`)
+// quantization_config.weight_block_size [128, 128] (FP8 block-quantised linears).
 std::string Qwen3ConfigJson(const Qwen3Shape& s);
 
 // One Hugging Face tensor of the checkpoint (BF16; 1-D norms, 2-D matrices).

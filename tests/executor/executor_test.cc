@@ -352,6 +352,7 @@ class StepPeer : public transport::Peer {
   void PostBatch(std::vector<transport::WriteOp> ops, transport::BatchDone done) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      ++batches_;
       for (const auto& w : ops) steps_.push_back(w.step);
       if (hold_) {
         held_.push_back(std::move(done));
@@ -377,6 +378,10 @@ class StepPeer : public transport::Peer {
     std::lock_guard<std::mutex> lock(mu_);
     return abandoned_;
   }
+  int batches() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return batches_;
+  }
 
  private:
   const bool hold_;
@@ -385,7 +390,59 @@ class StepPeer : public transport::Peer {
   std::vector<uint64_t> steps_;
   std::vector<transport::BatchDone> held_;
   int abandoned_ = 0;
+  int batches_ = 0;
 };
+
+// `n` zero-copy ops of one 128 KiB BF16 row each from one source to agent far-node.
+void LoadRowsTo(Fixture* f, std::shared_ptr<transport::Peer> peer, int n) {
+  const int64_t cols = 64 << 10;
+  auto src = f->Register(Reg("rows", v1::DTYPE_BF16, n, cols), v1::ROLE_TRAINER);
+  std::vector<v1::TransferOp> ops;
+  for (int i = 0; i < n; ++i) {
+    v1::TransferOp op;
+    op.set_op_id(100 + i);
+    op.set_dst_agent("far-node");
+    op.set_src_tensor("rows");
+    op.set_dst_tensor("rows");
+    op.set_src_region(src.region().region_id());
+    op.set_src_offset(i * cols * 2);
+    op.set_dst_region(99);
+    op.set_dst_offset(i * cols * 2);
+    op.set_rows(1);
+    op.set_row_elems(cols);
+    op.set_src_dtype(v1::DTYPE_BF16);
+    op.set_dst_dtype(v1::DTYPE_BF16);
+    op.set_transform(v1::TRANSFORM_COPY);
+    ops.push_back(op);
+  }
+  executor::Route route;
+  route.peer = std::move(peer);
+  route.transport = f->by_name["local"];
+  route.remote_regions[99] = {1, 0, uint64_t{1} << 30};
+  f->exec->Load(ops, {{"far-node", route}});
+}
+
+TEST_CASE("zero-copy ops to one agent go in batches of up to 4 MiB; a failure names the batch") {
+  Fixture f("local", 1 << 20);
+  auto peer = std::make_shared<StepPeer>(/*hold=*/false);
+  LoadRowsTo(&f, peer, 64);  // 8 MiB in 64 ops
+  auto report = f.exec->Execute(1, std::chrono::seconds(10), {}, {}, 5);
+  INFO(report.error());
+  REQUIRE(report.ok());
+  CHECK(report.ops() == 64);
+  CHECK(report.bytes_sent() == uint64_t{8} << 20);
+  CHECK(peer->batches() == 2);
+  CHECK(peer->steps() == std::vector<uint64_t>(64, 5));  // every op's write, in its step
+  CHECK(f.exec->ops_in_flight() == 0);
+
+  Fixture g("local", 1 << 20);
+  LoadRowsTo(&g, std::make_shared<FailingPeer>(), 3);
+  report = g.exec->Execute(1, std::chrono::seconds(10));
+  CHECK_FALSE(report.ok());
+  CHECK_THAT(report.error(), Catch::Contains("op 100 (rows -> far-node:rows) (in one batch with "
+                                             "2 more ops)") &&
+                                 Catch::Contains("reset by peer (injected)"));
+}
 
 TEST_CASE("every write carries its step; aborts name the step they are for") {
   Fixture f("local", 1 << 20);

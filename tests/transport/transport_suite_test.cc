@@ -83,6 +83,35 @@ TEST_CASE("many writes in one batch land at their offsets", "[transport]") {
   CHECK(dst->bytes == expected);
 }
 
+// A column shard of a row-major source (o_proj / down_proj under TP): short rows far apart in
+// the source, back to back at the destination. tcp sends such runs as one frame gathered from
+// the source (more rows than one sendmsg's iovecs, more bytes than one 1 MiB frame here);
+// long rows, gaps and rows out of order in the source go one by one, in the same batch.
+TEST_CASE("rows of a strided source landing back to back arrive at their places", "[transport]") {
+  const size_t size = 8 << 20;
+  auto [pair, src, dst] = Link(size, size, 11);
+  std::vector<uint8_t> expected = dst->bytes;
+  std::vector<WriteOp> ops;
+  uint64_t at = 0;
+  auto add = [&](uint64_t src_offset, uint64_t length, uint64_t dst_offset) {
+    ops.push_back(
+        WriteOp{src->desc.region_id(), src_offset, dst->desc.region_id(), dst_offset, length});
+    std::memcpy(expected.data() + dst_offset, src->bytes.data() + src_offset, length);
+    at = dst_offset + length;
+  };
+  for (uint64_t r = 0; r < 1200; ++r) add(r * 4096, 2048, at);            // 2.3 MiB in 2 KiB rows
+  add(5 << 20, 100 << 10, at);                                            // a long row, right after
+  for (uint64_t r = 0; r < 50; ++r) add(r * 1000 + 7, 700, at + 5);       // gaps
+  for (uint64_t r = 50; r > 0; --r) add((6 << 20) + r * 3000, 3000, at);  // source backwards
+  for (uint64_t r = 0; r < 300; ++r) add((7 << 20) + r * 3072, 1536, at);
+  REQUIRE(at < size);
+
+  absl::Status st = pair->peer->WriteBatch(ops, kWait);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  CHECK(dst->bytes == expected);
+}
+
 TEST_CASE("consecutive and concurrent batches all complete exactly once", "[transport]") {
   auto pair = MakePair();
   const size_t size = 1 << 20;

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/transport/tcp/frame.h"
@@ -15,11 +17,21 @@
 namespace wb::transport::tcp {
 namespace {
 
-constexpr uint64_t kMinShareBytes = 256 << 10;  // below this a batch uses fewer connections
-constexpr uint64_t kSendSliceBytes = 4 << 20;   // payload bytes per send call
+// Below this a batch uses fewer connections. A batch of one share goes whole to the connection
+// with the fewest bytes waiting: a step posts its batches (the executor's groups of ops, up to
+// 4 MiB) faster than they drain, and splitting each of them cost a FLUSH, an ACK and their
+// sends, receives and wake-ups per share for no gain in parallelism.
+constexpr uint64_t kMinShareBytes = 4 << 20;
+constexpr uint64_t kSendSliceBytes = 4 << 20;  // payload bytes per send call
 // Jobs up to this size are sent by the posting thread when the connection is idle: small
 // enough to fit the socket's send buffer, so the caller does not wait on the network.
 constexpr uint64_t kInlineSendBytes = 64 << 10;
+// Rows up to this size that land back to back in one remote region go out as one WRITE frame
+// gathered from their places in the source (sendmsg's iovecs): a strided source (a column
+// shard of the trainer's rows, e.g. o_proj / down_proj under TP) costs one frame and a few
+// sends per op instead of a header, a send and two receives per row of 2-3 KiB.
+constexpr uint64_t kGatherRowBytes = 64 << 10;
+constexpr size_t kGatherIovecs = 512;  // per sendmsg (IOV_MAX is 1024)
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -158,31 +170,41 @@ absl::Status TcpPeer::Validate(const std::vector<WriteOp>& ops, std::vector<Chun
                                uint64_t* total) {
   chunks->reserve(ops.size());
   *total = 0;
+  // A strided op is hundreds of writes from one local region into one remote region: each
+  // region is looked up once per run of writes, and the context is formatted on failure only.
+  std::optional<RegionInfo> local;
+  const RemoteRegion* remote = nullptr;
+  uint64_t remote_id = 0;
+  auto context = [&](size_t i) { return absl::StrCat(Where(), ": write ", i); };
   std::lock_guard<std::mutex> lock(remote_mu_);
   for (size_t i = 0; i < ops.size(); ++i) {
     const WriteOp& op = ops[i];
     if (op.length == 0) continue;
-    const std::string context = absl::StrCat(Where(), ": write ", i);
-    auto local = regions_->Find(op.local_region);
-    if (!local.ok()) return WithContext(local.status(), context);
+    if (!local || local->id != op.local_region) {
+      auto found = regions_->Find(op.local_region);
+      if (!found.ok()) return WithContext(found.status(), context(i));
+      local = *found;
+    }
     if (op.local_offset > local->length || op.length > local->length - op.local_offset) {
-      return absl::OutOfRangeError(absl::StrCat(context, ": local [", op.local_offset, ", +",
+      return absl::OutOfRangeError(absl::StrCat(context(i), ": local [", op.local_offset, ", +",
                                                 op.length, ") is out of bounds of region ",
                                                 op.local_region, " (length ", local->length, ")"));
     }
-    auto remote = remote_regions_.find(op.remote_region);
-    if (remote == remote_regions_.end()) {
-      return absl::NotFoundError(absl::StrCat(context, ": remote region ", op.remote_region,
-                                              " is unknown (AddRemoteRegion first)"));
+    if (remote == nullptr || remote_id != op.remote_region) {
+      auto it = remote_regions_.find(op.remote_region);
+      if (it == remote_regions_.end()) {
+        return absl::NotFoundError(absl::StrCat(context(i), ": remote region ", op.remote_region,
+                                                " is unknown (AddRemoteRegion first)"));
+      }
+      remote = &it->second;
+      remote_id = op.remote_region;
     }
-    if (op.remote_offset > remote->second.length ||
-        op.length > remote->second.length - op.remote_offset) {
-      return absl::OutOfRangeError(absl::StrCat(context, ": remote [", op.remote_offset, ", +",
-                                                op.length, ") is out of bounds of region ",
-                                                op.remote_region, " (length ",
-                                                remote->second.length, ")"));
+    if (op.remote_offset > remote->length || op.length > remote->length - op.remote_offset) {
+      return absl::OutOfRangeError(absl::StrCat(
+          context(i), ": remote [", op.remote_offset, ", +", op.length,
+          ") is out of bounds of region ", op.remote_region, " (length ", remote->length, ")"));
     }
-    chunks->push_back(Chunk{op.local_region, op.local_offset, op.remote_region, remote->second.key,
+    chunks->push_back(Chunk{op.local_region, op.local_offset, op.remote_region, remote->key,
                             op.remote_offset, op.length, op.step});
     *total += op.length;
   }
@@ -219,8 +241,20 @@ std::vector<TcpPeer::Job> TcpPeer::Split(const std::shared_ptr<Batch>& batch,
   }
   jobs.erase(std::remove_if(jobs.begin(), jobs.end(), [](const Job& j) { return j.bytes == 0; }),
              jobs.end());
-  // Rotate the starting connection so that small batches do not all queue on connection 0.
-  const uint64_t first = batch->id % num_conns;
+  // Rotate the starting connection so that small batches do not all queue on connection 0; a
+  // batch of one share goes to the connection with the least waiting, ties by rotation.
+  uint64_t first = batch->id % num_conns;
+  if (jobs.size() == 1) {
+    uint64_t least = conns_[first]->unsent.load(std::memory_order_relaxed);
+    for (uint64_t i = 1; i < num_conns && least > 0; ++i) {
+      const uint64_t c = (batch->id + i) % num_conns;
+      const uint64_t waiting = conns_[c]->unsent.load(std::memory_order_relaxed);
+      if (waiting < least) {
+        least = waiting;
+        first = c;
+      }
+    }
+  }
   for (size_t i = 0; i < jobs.size(); ++i) {
     jobs[i].batch = batch;
     jobs[i].conn = static_cast<int>((first + i) % num_conns);
@@ -269,6 +303,7 @@ void TcpPeer::PostBatch(std::vector<WriteOp> ops, BatchDone done) {
     }
     // Only on a connection with nothing in flight: a caller posting batch after batch (10^6
     // small ops) keeps handing them to the sender thread, which sends while it prepares more.
+    conn->unsent.fetch_add(job.bytes, std::memory_order_relaxed);
     if (!conn->sending && conn->jobs.empty() && conn->awaiting_ack.empty() &&
         job.bytes <= kInlineSendBytes) {
       conn->sending = true;
@@ -283,6 +318,7 @@ void TcpPeer::PostBatch(std::vector<WriteOp> ops, BatchDone done) {
 
 void TcpPeer::SendInline(Connection* conn, Job job) {
   absl::Status st = SendJob(conn, job, /*inline_caller=*/true);
+  conn->unsent.fetch_sub(job.bytes, std::memory_order_relaxed);
   bool queued;
   {
     std::lock_guard<std::mutex> lock(conn->mu);
@@ -316,6 +352,7 @@ void TcpPeer::SendLoop(Connection* conn) {
       conn->sending = true;
     }
     absl::Status st = SendJob(conn, job, /*inline_caller=*/false);
+    conn->unsent.fetch_sub(job.bytes, std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lock(conn->mu);
       conn->sending = false;
@@ -331,6 +368,57 @@ void TcpPeer::SendLoop(Connection* conn) {
       return;
     }
   }
+}
+
+size_t TcpPeer::GatherEnd(const std::vector<Chunk>& chunks, size_t first) const {
+  const Chunk& head = chunks[first];
+  if (head.length > kGatherRowBytes) return first + 1;
+  uint64_t bytes = head.length;
+  size_t end = first + 1;
+  for (; end < chunks.size(); ++end) {
+    const Chunk& prev = chunks[end - 1];
+    const Chunk& c = chunks[end];
+    if (c.length > kGatherRowBytes || c.local_region != head.local_region ||
+        c.remote_region != head.remote_region || c.remote_key != head.remote_key ||
+        c.step != head.step || c.remote_offset != prev.remote_offset + prev.length ||
+        c.local_offset < prev.local_offset + prev.length || c.length > max_frame_bytes_ - bytes) {
+      break;
+    }
+    bytes += c.length;
+  }
+  return end;
+}
+
+absl::Status TcpPeer::SendGathered(Connection* conn, const std::vector<Chunk>& chunks, size_t first,
+                                   size_t end, const uint8_t* src, FrameHeader header,
+                                   uint8_t* flush) {
+  const Chunk& head = chunks[first];
+  header.type = FrameType::kWrite;
+  header.region_id = head.remote_region;
+  header.key = head.remote_key;
+  header.offset = head.remote_offset;
+  header.length = 0;
+  header.step = head.step;
+  for (size_t i = first; i < end; ++i) header.length += chunks[i].length;
+  uint8_t raw[kFrameHeaderBytes];
+  EncodeFrameHeader(header, raw);
+  std::vector<iovec> iov;
+  iov.reserve(std::min(end - first, kGatherIovecs) + 2);
+  iov.push_back({raw, sizeof(raw)});
+  for (size_t i = first; i < end; ++i) {
+    const Chunk& c = chunks[i];
+    iov.push_back({const_cast<uint8_t*>(src) + (c.local_offset - head.local_offset), c.length});
+    if (i + 1 == end && flush != nullptr) iov.push_back({flush, kFrameHeaderBytes});
+    if (iov.size() >= kGatherIovecs || i + 1 == end) {
+      if (auto st = net::SendAll(conn->fd.get(), iov.data(), static_cast<int>(iov.size()));
+          !st.ok()) {
+        return st;
+      }
+      last_progress_ns_ = NowNs();
+      iov.clear();
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status TcpPeer::SendJob(Connection* conn, Job& job, bool inline_caller) {
@@ -361,6 +449,24 @@ absl::Status TcpPeer::SendJob(Connection* conn, Job& job, bool inline_caller) {
   for (size_t i = 0; i < job.chunks.size(); ++i) {
     const Chunk& chunk = job.chunks[i];
     if (job.batch->finished) break;  // failed elsewhere: stop spending bandwidth on it
+    if (const size_t end = GatherEnd(job.chunks, i); end > i + 1) {
+      // Rows back to back at the receiver: one frame, the source span pinned once. A span the
+      // table refuses (or GPU memory) goes row by row below, which names the row at fault.
+      const Chunk& last = job.chunks[end - 1];
+      auto span = regions_->PinLocal(chunk.local_region, chunk.local_offset,
+                                     last.local_offset + last.length - chunk.local_offset);
+      if (span.ok() && span->kind() == MemoryKind::kHost) {
+        const bool with_flush = end == job.chunks.size();
+        if (auto st = SendGathered(conn, job.chunks, i, end, span->data(), header,
+                                   with_flush ? flush : nullptr);
+            !st.ok()) {
+          return failed(st);
+        }
+        flushed = with_flush;
+        i = end - 1;
+        continue;
+      }
+    }
     auto pin = regions_->PinLocal(chunk.local_region, chunk.local_offset, chunk.length);
     if (!pin.ok()) {
       absl::Status st = WithContext(pin.status(), Where());

@@ -23,6 +23,7 @@
 #include "common/net/socket_util.h"
 #include "daemon/gpu/staging.h"
 #include "daemon/transport/region_table.h"
+#include "daemon/transport/tcp/frame.h"
 #include "daemon/transport/tcp/tcp_options.h"
 #include "daemon/transport/transport.h"
 
@@ -77,6 +78,7 @@ class TcpPeer : public Peer {
     std::condition_variable cv;
     std::deque<Job> jobs;  // waiting to be sent
     bool sending = false;  // a job is on the wire (by `sender` or a caller sending inline)
+    std::atomic<uint64_t> unsent{0};  // bytes of the jobs queued or being sent (Split)
     std::deque<std::shared_ptr<Batch>> awaiting_ack;  // FLUSH sent, in order
     bool closed = false;
     gpu::LazyStaging staging;  // pinned ring for GPU sources, used by whoever is `sending`
@@ -104,6 +106,15 @@ class TcpPeer : public Peer {
   // `inline_caller`: failures finish the batch from the monitor thread (`done` never runs
   // inside PostBatch).
   absl::Status SendJob(Connection* conn, Job& job, bool inline_caller);
+  // Chunks [first, end) of a share that can go as one WRITE frame: rows of at most 64 KiB
+  // from one local region, in order, landing back to back in one remote region (end is
+  // first + 1 when the row at `first` goes alone).
+  size_t GatherEnd(const std::vector<Chunk>& chunks, size_t first) const;
+  // Sends chunks [first, end) as one WRITE frame (header: batch id from `header`) gathered
+  // from `src` (the first chunk's local bytes; the others at their offsets from it), followed
+  // by the FLUSH `flush` when not null.
+  absl::Status SendGathered(Connection* conn, const std::vector<Chunk>& chunks, size_t first,
+                            size_t end, const uint8_t* src, FrameHeader header, uint8_t* flush);
   void AckLoop(Connection* conn);
   // Marks the connection (and so the peer) broken, fails its batches.
   void FailConnection(Connection* conn, const absl::Status& status);
