@@ -238,8 +238,9 @@ constexpr std::chrono::milliseconds kLongestWait = std::chrono::hours(24 * 365);
 // One StepAsync call: its reader thread fills in what came, the handle waits for it.
 struct ControllerClient::StepHandle::State {
   uint64_t version = 0;
-  std::shared_ptr<v1::Controller::Stub> stub;
-  grpc::ClientContext ctx;
+  std::shared_ptr<ControllerClient::Impl> impl;  // the controllers, to follow the leader
+  std::unique_ptr<grpc::ClientContext> ctx;      // the call in flight (a retry makes a new one)
+  bool cancelled = false;                        // the handle went: no retry
   std::thread reader;
   std::mutex mu;
   std::condition_variable changed;
@@ -264,7 +265,11 @@ ControllerClient::StepHandle& ControllerClient::StepHandle::operator=(StepHandle
 
 ControllerClient::StepHandle::~StepHandle() {
   if (!state_) return;
-  state_->ctx.TryCancel();  // a no-op once the stream has ended
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->cancelled = true;
+    if (state_->ctx) state_->ctx->TryCancel();  // a no-op once the stream has ended
+  }
   if (state_->reader.joinable()) state_->reader.join();
 }
 
@@ -315,37 +320,63 @@ ControllerClient::StepHandle ControllerClient::StepAsync(uint64_t version,
   StepHandle::State* st = handle.state_.get();
   st->version = version;
   if (impl_->addresses.size() > 1) Status().IgnoreError();  // points calls at the leader
-  st->stub = impl_->Leader();
+  st->impl = impl_;
   // As Step: the controller enforces `timeout`; this only guards against one that stalls.
   const auto backstop = timeout.count() > 0 ? timeout + std::chrono::seconds(60)
                                             : std::chrono::milliseconds(std::chrono::minutes(15));
-  st->ctx.set_deadline(std::chrono::system_clock::now() + backstop);
+  const auto deadline = std::chrono::system_clock::now() + backstop;
+  // Failing over (several controllers) goes on within the step's timeout.
+  const auto until = std::chrono::steady_clock::now() + (timeout.count() > 0 ? timeout : kFailover);
   v1::StepRequest req;
   req.set_version(version);
   req.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
   if (max_staleness) req.set_max_staleness(*max_staleness);
-  std::string address = impl_->LeaderAddress();
-  bool tls = impl_->tls;
-  st->reader = std::thread([st, req, address, tls] {
-    auto reader = st->stub->StepAsync(&st->ctx, req);
-    v1::StepProgress p;
-    while (reader->Read(&p)) {
-      std::lock_guard<std::mutex> lock(st->mu);
-      if (p.has_captured()) st->captured = p.captured();
-      if (p.has_result()) st->result = p.result();
+  st->reader = std::thread([st, req, deadline, until]() mutable {
+    Impl& impl = *st->impl;
+    for (bool retry = false;; retry = true) {
+      grpc::ClientContext* ctx;
+      {
+        std::lock_guard<std::mutex> lock(st->mu);
+        if (st->cancelled) {
+          st->ended = absl::CancelledError(absl::StrCat("step ", st->version, ": cancelled"));
+          break;
+        }
+        st->ctx = std::make_unique<grpc::ClientContext>();
+        st->ctx->set_deadline(deadline);
+        ctx = st->ctx.get();
+      }
+      req.set_retry(retry);
+      const std::string address = impl.LeaderAddress();
+      auto reader = impl.Leader()->StepAsync(ctx, req);
+      v1::StepProgress p;
+      while (reader->Read(&p)) {
+        std::lock_guard<std::mutex> lock(st->mu);
+        if (p.has_captured()) st->captured = p.captured();
+        if (p.has_result()) st->result = p.result();
+        st->changed.notify_all();
+      }
+      const grpc::Status s = reader->Finish();
+      std::unique_lock<std::mutex> lock(st->mu);
+      // Before the capture the trainer has not moved on: the new leader can take the step.
+      const bool again = impl.addresses.size() > 1 && !st->captured && !st->result &&
+                         !st->cancelled && s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                         std::chrono::steady_clock::now() < until;
+      if (again) {
+        lock.unlock();
+        impl.MoveOn(s);
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        continue;
+      }
+      if (!st->result) {
+        Impl converter{address, impl.tls, nullptr};
+        st->ended = s.ok() ? absl::UnavailableError(absl::StrCat("step ", st->version,
+                                                                 ": the controller ended the call "
+                                                                 "without a result"))
+                           : converter.Convert(s);
+      }
       st->changed.notify_all();
+      break;
     }
-    const grpc::Status s = reader->Finish();
-    std::lock_guard<std::mutex> lock(st->mu);
-    if (!st->result) {
-      Impl converter{address, tls, nullptr};
-      st->ended =
-          s.ok() ? absl::UnavailableError(absl::StrCat("step ", st->version,
-                                                       ": the controller ended the call without "
-                                                       "a result"))
-                 : converter.Convert(s);
-    }
-    st->changed.notify_all();
   });
   return handle;
 }

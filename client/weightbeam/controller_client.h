@@ -69,7 +69,9 @@ class ControllerClient {
   // from then on; before, doing so is the caller's bug), Result with the step's result. A step
   // that failed is an error (ABORTED, naming the agent and cause) from both; a wait that runs
   // out is DEADLINE_EXCEEDED. Dropping the handle before the result cancels the call only:
-  // the step goes on in the controller.
+  // the step goes on in the controller. With several controllers, a leader that goes before
+  // every sender captured is left for the new one (the step starts there again, as a retry);
+  // after the capture it is not (the trainer may hold newer weights already): an error.
   class StepHandle {
    public:
     StepHandle(StepHandle&&) noexcept;
@@ -102,7 +104,7 @@ class ControllerClient {
  private:
   struct Impl;
   explicit ControllerClient(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // shared with StepAsync's readers (they follow the leader too)
 };
 
 }  // namespace wb::client

@@ -295,6 +295,14 @@ class Cluster {
   std::string VerifiedLine(size_t g, uint32_t v, std::chrono::milliseconds timeout);
   bool KillScenario();
   bool FailoverScenario();
+  // One failover: cuts controller `name`'s namespace `ns` mid-step (it leads at `leader`), the
+  // one at `standby` must lead and the step commit there; then joins it back as a standby.
+  struct Failover {
+    bool ok = false, committed = false, stands_by = false;
+    double leaderless = -1, committed_after = 0;
+  };
+  Failover CutLeader(const std::string& name, const std::string& ns, const std::string& leader,
+                     const std::string& standby);
   bool SlowLinkScenario();
   bool RelayScenario();
   bool Scenario(const std::string& name);
@@ -319,6 +327,7 @@ class Cluster {
   std::vector<std::string> json_;
   std::vector<weightbeam::v1::StepResult> committed_;  // for --timeline
   bool all_verified_ = true;
+  bool async_steps_ = false;  // RunStep through StepAsync (as with --capture)
   std::optional<v1::StepResult> last_step_;
   double last_capacity_ideal_ = 0;  // of last_step_: see RunStep
   std::string last_error_;
@@ -566,7 +575,7 @@ bool Cluster::RunStep(const std::string& scenario, const std::function<void()>& 
     });
   }
   absl::StatusOr<v1::StepResult> step;
-  if (o_.capture) {
+  if (o_.capture || async_steps_) {
     // As a training loop would (docs/clients.md): once every sender has captured v, the ranks
     // overwrite their weights with v + 1 while v is still on the links; the workers verify v.
     auto handle = client_->StepAsync(v);
@@ -1062,44 +1071,65 @@ bool Cluster::FailoverScenario() {
     return false;
   }
   bool ok = RunStep("failover");
+  // a leads: cut it (the client's Step fails over to b); then, with a back as a standby, cut b
+  // with the step started through StepAsync (the training loop's call: it fails over too while
+  // no sender has captured, and in place they capture only at the end).
+  const Failover first = CutLeader("a", "ca", CtlA(), CtlB());
+  ok = ok && first.ok;
+  async_steps_ = true;
+  const Failover second = CutLeader("b", "cb", CtlB(), CtlA());
+  async_steps_ = false;
+  ok = ok && second.ok;
+  json_.push_back(absl::StrCat(
+      "{\"scenario\":\"failover\",\"summary\":true,\"agents\":", AgentCount(),
+      ",\"lease_ttl_seconds\":", Num(o_.lease_ttl_ms / 1000.0, 1), ",\"leaderless_seconds\":",
+      Num(first.leaderless, 3), ",\"step_across_cut_seconds\":", Num(first.committed_after, 3),
+      ",\"committed\":", first.committed ? "true" : "false",
+      ",\"old_leader_stands_by\":", first.stands_by ? "true" : "false",
+      ",\"back_leaderless_seconds\":", Num(second.leaderless, 3),
+      ",\"back_step_across_cut_seconds\":", Num(second.committed_after, 3),
+      ",\"back_committed\":", second.committed ? "true" : "false", "}"));
+  return ok;
+}
+
+Cluster::Failover Cluster::CutLeader(const std::string& name, const std::string& ns,
+                                     const std::string& leader, const std::string& standby) {
+  Failover f;
   const double delay = std::max(0.3, 0.4 * plan_.predicted_step_seconds());
-  double cut_at = 0, leaderless = -1;
-  const bool across = RunStep(
+  double cut_at = 0;
+  f.committed = RunStep(
       "failover",
       [&] {
         std::this_thread::sleep_for(std::chrono::duration<double>(delay));
         cut_at = Now();
         bool down = false;
-        Run("ip -n " + net_.Ns("ca") + " link set eth0 down", &down);
+        Run("ip -n " + net_.Ns(ns) + " link set eth0 down", &down);
         if (!down) return;
-        if (wb::testing::WaitUntil([&] { return StateOf(CtlB()) == "leader"; },
+        if (wb::testing::WaitUntil([&] { return StateOf(standby) == "leader"; },
                                    std::chrono::seconds(60))) {
-          leaderless = Now() - cut_at;
+          f.leaderless = Now() - cut_at;
         }
       },
-      absl::StrCat(",\"cut\":\"controller a\",\"cut_after_seconds\":", Num(delay, 2)));
-  const double committed_after = Now() - cut_at;
+      absl::StrCat(",\"cut\":\"controller ", name, "\",\"cut_after_seconds\":", Num(delay, 2),
+                   ",\"step_async\":", async_steps_ ? "true" : "false"));
+  f.committed_after = Now() - cut_at;
   const double ttl = o_.lease_ttl_ms / 1000.0;
   std::printf(
-      "[failover] cut controller a's namespace %.2f s into version %u; b leads %.2f s after the "
-      "cut (lease TTL %.1f s); the step %s %.2f s after the cut\n",
-      delay, version_, leaderless, ttl, across ? "committed on b, every worker verified" : "FAILED",
-      committed_after);
-  ok = ok && across && leaderless >= 0 && leaderless <= 2 * ttl + 1;
-  for (int s = 0; s < o_.steps; ++s) ok = RunStep("failover", nullptr, ",\"leader\":\"b\"") && ok;
+      "[failover] cut controller %s's namespace %.2f s into version %u (%s); the standby leads "
+      "%.2f s after the cut (lease TTL %.1f s); the step %s %.2f s after the cut\n",
+      name.c_str(), delay, version_, async_steps_ ? "StepAsync" : "Step", f.leaderless, ttl,
+      f.committed ? "committed on the new leader, every worker verified" : "FAILED",
+      f.committed_after);
+  bool ok = f.committed && f.leaderless >= 0 && f.leaderless <= 2 * ttl + 1;
+  for (int s = 0; s < o_.steps; ++s) ok = RunStep("failover", nullptr, ",\"after_cut\":true") && ok;
   bool up = false;
-  Run("ip -n " + net_.Ns("ca") + " link set eth0 up", &up);
-  const bool standby = up && wb::testing::WaitUntil([&] { return StateOf(CtlA()) == "standby"; },
-                                                    std::chrono::seconds(30));
-  std::printf("[failover] controller a joined back: %s\n",
-              standby ? "stands by (b leads)" : "did NOT stand by");
-  ok = ok && standby && RunStep("failover", nullptr, ",\"after_rejoin\":true");
-  json_.push_back(absl::StrCat(
-      "{\"scenario\":\"failover\",\"summary\":true,\"agents\":", AgentCount(),
-      ",\"lease_ttl_seconds\":", Num(ttl, 1), ",\"leaderless_seconds\":", Num(leaderless, 3),
-      ",\"step_across_cut_seconds\":", Num(committed_after, 3), ",\"committed\":",
-      across ? "true" : "false", ",\"old_leader_stands_by\":", standby ? "true" : "false", "}"));
-  return ok;
+  Run("ip -n " + net_.Ns(ns) + " link set eth0 up", &up);
+  f.stands_by = up && wb::testing::WaitUntil([&] { return StateOf(leader) == "standby"; },
+                                             std::chrono::seconds(30));
+  std::printf("[failover] controller %s joined back: %s\n", name.c_str(),
+              f.stands_by ? "stands by" : "did NOT stand by");
+  f.ok = ok && f.stands_by && RunStep("failover", nullptr, ",\"after_rejoin\":true");
+  return f;
 }
 
 int Cluster::Main() {

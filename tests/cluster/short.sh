@@ -39,7 +39,7 @@ if [ "$rc" -eq 0 ]; then
   timeout --kill-after=30 "${WB_CLUSTER_SHORT_TIMEOUT:-900}" tests/cluster/cluster.sh --agents 4 \
     --model k2-tiny --link-seconds 1 --steps 1 --scenario failover 2>&1 | tee -a "$out"
   rc=${PIPESTATUS[0]}
-  grep -q '"scenario":"failover","summary":true.*"committed":true,"old_leader_stands_by":true' \
+  grep -q '"scenario":"failover","summary":true.*"committed":true,"old_leader_stands_by":true.*"back_committed":true' \
     "$out" || rc=1
 fi
 [ "$rc" -eq 124 ] && echo "[cluster] the short run did not finish within ${WB_CLUSTER_SHORT_TIMEOUT:-900} s" >&2

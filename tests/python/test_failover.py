@@ -239,6 +239,32 @@ class Failover(unittest.TestCase):
         self.assertEqual(self.cluster.scrape("a")["weightbeam_controller_leader"], 0)
         self.assertEqual(self.cluster.scrape("a")["weightbeam_controller_leader_epoch"], new_epoch)
 
+    def test_step_captured_follows_a_leader_killed_before_the_capture(self):
+        # The training loop of docs/clients.md: step_captured, then the result later.
+        self.sides.train()
+        started = {}
+
+        def loop():
+            try:
+                handle = self.ctl.step_captured(3, timeout_s=30)
+                started["captured"] = time.monotonic()
+                started["result"] = handle.result(60)
+            except weightbeam.WeightbeamError as e:
+                started["error"] = e
+
+        t = threading.Thread(target=loop)
+        t.start()
+        time.sleep(INSIDE_A_STEP_S)  # inside the capture (the test hook holds it 0.7 s)
+        killed = time.monotonic()
+        self.cluster.signal("controller-a", signal.SIGKILL)
+        t.join(60)
+        self.assertNotIn("error", started, started.get("error"))
+        self.assertTrue(started["result"].ok)
+        self.assertGreater(started["captured"], killed, "captured on the new leader, after")
+        self.sides.assert_verified("step 3 captured across the failover")
+        self.step(4)
+        self.assert_agree(4)
+
     def test_a_retried_step_is_answered_already_committed(self):
         # What the client sends when it retries after losing an answer (StepRequest.retry).
         retry = weightbeam.controller_client.controller_pb2.StepRequest(version=2, retry=True)
@@ -312,6 +338,7 @@ class CommitReached(Failover):
     test_leader_killed_mid_step = None
     test_leader_frozen_mid_step_past_its_lease_is_refused_when_it_wakes = None
     test_a_retried_step_is_answered_already_committed = None
+    test_step_captured_follows_a_leader_killed_before_the_capture = None
 
 
 @unittest.skipUnless(have_etcd(), "etcd is missing")
@@ -322,6 +349,7 @@ class EtcdOverTls(Failover):
     test_leader_killed_mid_step = None
     test_leader_frozen_mid_step_past_its_lease_is_refused_when_it_wakes = None
     test_a_retried_step_is_answered_already_committed = None
+    test_step_captured_follows_a_leader_killed_before_the_capture = None
 
 
 @unittest.skipUnless(have_etcd(), "etcd is missing")
@@ -350,6 +378,7 @@ class ThreeEtcdMembers(Failover):
     test_leader_killed_mid_step = None
     test_leader_frozen_mid_step_past_its_lease_is_refused_when_it_wakes = None
     test_a_retried_step_is_answered_already_committed = None
+    test_step_captured_follows_a_leader_killed_before_the_capture = None
 
 
 @unittest.skipUnless(have_etcd() and can_make_namespaces(), "needs etcd, root and ip netns")
@@ -379,6 +408,7 @@ class CutOff(Failover):
     test_leader_killed_mid_step = None
     test_leader_frozen_mid_step_past_its_lease_is_refused_when_it_wakes = None
     test_a_retried_step_is_answered_already_committed = None
+    test_step_captured_follows_a_leader_killed_before_the_capture = None
 
 
 class NoEtcd(unittest.TestCase):

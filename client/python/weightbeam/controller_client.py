@@ -199,13 +199,29 @@ class ControllerClient:
         backstop = timeout_s + 60 if timeout_s else 15 * 60
         if len(self._addresses) > 1:
             self._find_leader(timeout_s or self._failover_s)
-        address = self.leader
-        _, stub = self._connect(address)
+        deadline = time.monotonic() + (timeout_s or self._failover_s)
+
+        def start(retry):
+            """Opens the call on the leader: (call, address). With several controllers the
+            handle calls it again, retry set, when the leader goes before the capture."""
+            request.retry = retry
+            address = self.leader
+            _, stub = self._connect(address)
+            return stub.StepAsync(request, timeout=backstop, metadata=self._metadata), address
+
         try:
-            call = stub.StepAsync(request, timeout=backstop, metadata=self._metadata)
+            call, address = start(False)
         except grpc.RpcError as e:
-            raise from_rpc_error(e, f"StepAsync on controller {address}") from None
-        return StepHandle(int(version), call, address)
+            raise from_rpc_error(e, f"StepAsync on controller {self._address}") from None
+        failover = None
+        if len(self._addresses) > 1:
+            def failover(error):
+                if time.monotonic() >= deadline:
+                    return None
+                self._next(error.message)
+                time.sleep(0.2)
+                return start(True)
+        return StepHandle(int(version), call, address, failover)
 
     def step_captured(self, version, timeout_s=0, max_staleness=None, capture_timeout_s=None):
         """The training loop's one call: starts step ``version``, waits until every sender has
@@ -300,12 +316,19 @@ class ControllerClient:
 
 
 class StepHandle:
-    """One step started with ControllerClient.step_async: its answers as they come."""
+    """One step started with ControllerClient.step_async: its answers as they come.
 
-    def __init__(self, version, call, address):
+    With controllers in high availability, a leader that goes before every sender captured
+    (UNAVAILABLE) is left for the new one: the step is started there again (a retry, so a
+    version the old leader committed is answered as committed). After the capture it is not:
+    the trainer may already hold newer weights, which a new capture would send as this
+    version; the handle then raises and the loop steps its next version."""
+
+    def __init__(self, version, call, address, failover=None):
         self.version = version
         self._call = call
         self._address = address
+        self._failover = failover  # (error) -> (call, address) or None
         self._changed = threading.Condition()
         self._captured = None  # StepCaptured
         self._result = None  # StepResult
@@ -315,7 +338,24 @@ class StepHandle:
         self._reader.start()
 
     def _read(self):
-        error = None
+        while True:
+            error = self._read_call()
+            with self._changed:
+                before_capture = self._captured is None and self._result is None
+            if (error is None or error.code != "UNAVAILABLE" or not before_capture
+                    or self._failover is None):
+                break
+            try:
+                again = self._failover(error)
+            except grpc.RpcError:
+                again = None
+            if again is None:
+                break
+            self._call, self._address = again
+        self._finish(error)
+
+    def _read_call(self):
+        """Reads the call to its end: None, or the error it ended with."""
         try:
             for progress in self._call:
                 with self._changed:
@@ -328,6 +368,10 @@ class StepHandle:
             error = from_rpc_error(e, f"StepAsync on controller {self._address}")
             if error.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
                 error = StepFailed(error.message, None, error.code)
+            return error
+        return None
+
+    def _finish(self, error):
         with self._changed:
             if self._result is None:
                 self._error = error or WeightbeamError(
