@@ -231,6 +231,10 @@ class Failover(unittest.TestCase):
         status = self.cluster.status("b").leadership
         self.assertEqual((status.state, status.leader), ("leader", self.cluster.addresses["b"]))
         self.assertEqual(list(status.standbys), [self.cluster.addresses["a"]])
+        # A client given both controllers, the standby first, reports the leader's status.
+        with self.cluster.client("a", "b") as fresh:
+            self.assertEqual(fresh.status().leadership.self, self.cluster.addresses["b"])
+            self.assertEqual(fresh.leader, self.cluster.addresses["b"])
         # What an operator sees: wbctl given both controllers asks the leader; the metrics.
         printed = self.cluster.wbctl("status")
         self.assertIn(f"this controller ({self.cluster.addresses['b']}) is leader", printed)

@@ -236,8 +236,16 @@ class ControllerClient:
         return handle
 
     def status(self):
-        """The controller's StatusResponse: agents, plan, last committed version, recent steps."""
-        return self._unary("Status", controller_pb2.StatusRequest(), 30, leader_only=False)
+        """The controller's StatusResponse: agents, plan, last committed version, recent steps.
+        With several controllers: the leader's (``leadership`` names it), else, when none
+        leads within a few seconds, the first answer (a standby's, naming the leader it knows)."""
+        request = controller_pb2.StatusRequest()
+        if len(self._addresses) > 1:
+            try:
+                return self._unary("Status", request, 5, failover_s=3, leader_only=True)
+            except WeightbeamError:
+                pass
+        return self._unary("Status", request, 30, leader_only=False)
 
     def list_tensors(self, agent=""):
         """Every agent's (or one agent's) registered tensors: a list of AgentLayout."""
