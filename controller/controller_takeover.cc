@@ -6,22 +6,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "controller/controller_core.h"
 
 namespace wb::controller {
 
 namespace v1 = weightbeam::v1;
 using Clock = std::chrono::steady_clock;
-
-namespace {
-
-int64_t UnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 void ControllerCore::SetLedgerSink(std::function<void(v1::ControllerLedger)> sink) {
   absl::MutexLock lock(&state_mu_);
@@ -32,7 +24,7 @@ v1::ControllerLedger ControllerCore::Ledger() const {
   v1::ControllerLedger l;
   absl::MutexLock lock(&state_mu_);
   l.set_epoch(channels_.LeaderEpoch());
-  l.set_written_unix_ms(UnixMs());
+  l.set_written_unix_ms(absl::ToUnixMillis(absl::Now()));
   l.set_has_plan(ledger_has_plan_);
   if (ledger_has_plan_) *l.mutable_plan_request() = ledger_plan_request_;
   if (summary_valid_) l.set_plan_hash(summary_.plan_hash());

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace wb::controller {
 
@@ -13,12 +15,6 @@ namespace v1 = weightbeam::v1;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-int64_t UnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 absl::Duration Ttl(const config::HaConfig& ha) { return absl::Milliseconds(ha.lease_ttl_ms); }
 
@@ -64,7 +60,7 @@ void HighAvailability::SetState(State s) {
   absl::MutexLock lock(&mu_);
   if (state_ == s) return;
   state_ = s;
-  since_unix_ms_ = UnixMs();
+  since_unix_ms_ = absl::ToUnixMillis(absl::Now());
 }
 
 absl::Status HighAvailability::Start() {
@@ -82,7 +78,7 @@ absl::Status HighAvailability::Start() {
   }
   {
     absl::MutexLock lock(&mu_);
-    since_unix_ms_ = UnixMs();
+    since_unix_ms_ = absl::ToUnixMillis(absl::Now());
   }
   core_->agent_channels().SetLeaderCheck([this] { return election_ && election_->IsLeader(); });
   core_->SetLedgerSink([this](v1::ControllerLedger ledger) {
@@ -150,7 +146,7 @@ void HighAvailability::RunTakeover(int64_t epoch) {
   absl::MutexLock lock(&mu_);
   if (takeover_epoch_ != epoch || !election_->IsLeader()) return;  // lost meanwhile
   state_ = State::kLeader;
-  since_unix_ms_ = UnixMs();
+  since_unix_ms_ = absl::ToUnixMillis(absl::Now());
   spdlog::info(
       "ha: {} leads (epoch {}) after a takeover of {:.3f} s: ledger of epoch {}, last committed "
       "version {}; {}",

@@ -5,6 +5,7 @@ Bazel runfiles root under `bazel test`) or bazel-bin."""
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -61,6 +62,22 @@ def wait_until(cond, timeout_s, what):
     raise AssertionError(f"gave up after {timeout_s} s waiting for {what}")
 
 
+def stop_processes(procs):
+    """SIGTERM to each (SIGCONT first: a test may have frozen one), then SIGKILL to any still
+    there after 5 s."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 class Cluster:
     """A controller expecting ``world`` and one agent per name in ``agents``."""
 
@@ -102,14 +119,7 @@ class Cluster:
             return f.read()
 
     def stop(self):
-        for p in reversed(self._procs):
-            p.terminate()
-        for p in reversed(self._procs):
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(reversed(self._procs))
         self._procs.clear()
         if not os.environ.get("WB_KEEP_LOGS"):
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -4,17 +4,19 @@ both controllers. Optionally the first controller runs in a network namespace of
 to this one by a veth pair, so a test can cut it off (from etcd and from everyone) and join it
 back. Processes, files and namespaces are the test's own and go at stop()."""
 
+import base64
 import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.request
 
 import weightbeam
-from cluster import free_port, wait_until
+from cluster import free_port, stop_processes, wait_until
 
 ETCD = os.environ.get("WB_ETCD", "/usr/bin/etcd")
 
@@ -42,6 +44,10 @@ def make_etcd_pki(d):
         run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
             "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext")
     return d
+
+
+def _b64(text):
+    return base64.b64encode(text.encode()).decode()
 
 
 class Etcd:
@@ -77,41 +83,42 @@ class Etcd:
 
     def get(self, key, quiet=False):
         """The value at ``key`` (None: absent) from any member that answers; False: none did."""
-        import base64
-        body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+        answer = self._post("/v3/kv/range", {"key": _b64(key)})
+        if answer is None:
+            if quiet:
+                return False
+            raise AssertionError("no etcd member answers")
+        kvs = answer.get("kvs", [])
+        return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
+
+    def put(self, key, value):
+        """Writes ``value`` at ``key`` behind the controllers' backs (a careless operator)."""
+        if self._post("/v3/kv/put", {"key": _b64(key), "value": _b64(value)}) is None:
+            raise AssertionError("no etcd member answers")
+
+    def _post(self, path, request):
+        """The gateway's JSON answer from the first live member that gives one, else None."""
         context = None
         if self.pki:
-            import ssl
             context = ssl.create_default_context(cafile=f"{self.pki}/ca.pem")
             context.load_cert_chain(f"{self.pki}/wb-controller.pem", f"{self.pki}/wb-controller.key")
+        body = json.dumps(request).encode()
         for i, url in enumerate(self.endpoints()):
             if self.procs[i].poll() is not None:
                 continue
             try:
-                with urllib.request.urlopen(url + "/v3/kv/range", body, timeout=2,
-                                            context=context) as r:
-                    kvs = json.load(r).get("kvs", [])
-                    return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
+                with urllib.request.urlopen(url + path, body, timeout=2, context=context) as r:
+                    return json.load(r)
             except OSError:
                 continue
-        if quiet:
-            return False
-        raise AssertionError("no etcd member answers")
+        return None
 
     def kill(self, i):
         self.procs[i].kill()
         self.procs[i].wait()
 
     def stop(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(self.procs)
 
 
 class Namespace:
@@ -263,16 +270,7 @@ class HaCluster:
             return f.read()
 
     def stop(self):
-        for p in self._procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.terminate()
-        for p in self._procs.values():
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(self._procs.values())
         if getattr(self, "etcd", None):
             self.etcd.stop()
         if self.ns:

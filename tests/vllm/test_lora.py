@@ -226,23 +226,23 @@ def phase_checked(run, ref, engine, model_dir, workdir):
         log(f"checked: version 1 pushed in {seconds:.3f} s (the slot's write + vLLM load before "
             f"the commit: {f.slot.load_seconds:.3f} s)")
         run.check_serves(f.slot, "checked, version 1", ref.logprobs())
-        f.slot._config_text = lambda: CORRUPT
-        ref.randomize(202)
-        error, _ = f.push(2)
-        log(f"checked: version 2 (corrupt config): {error}")
-        run.expect(error is not None and "JSONDecodeError" in error,
-                   f"checked: the corrupt version 2 did not fail its step naming why: {error}")
-        run.expect(f.slot.version == 1, f"checked: the slot serves {f.slot.version}, not 1")
+        def refused(version, what, config_text, needle):
+            """A version whose adapter config the check refuses: its step fails naming why and
+            the slot keeps serving version 1."""
+            f.slot._config_text = lambda: config_text
+            ref.randomize(200 + version)
+            error, _ = f.push(version)
+            log(f"checked: version {version} ({what}): {error}")
+            run.expect(error is not None and needle in error,
+                       f"checked: version {version} ({what}) did not fail its step naming why: "
+                       f"{error}")
+            run.expect(f.slot.version == 1, f"checked: the slot serves {f.slot.version}, not 1")
+
+        refused(2, "corrupt config", CORRUPT, "JSONDecodeError")
         ref.randomize(201)
         run.check_serves(f.slot, "checked, after the refused version 2", ref.logprobs())
         # A config vLLM refuses on its own terms: rank 16 above the engine's max_lora_rank 8.
-        f.slot._config_text = lambda: json.dumps(dict(ref.config, r=16))
-        ref.randomize(203)
-        error, _ = f.push(3)
-        log(f"checked: version 3 (r 16 > max_lora_rank 8): {error}")
-        run.expect(error is not None and "max_lora_rank" in error,
-                   f"checked: version 3 (r 16) did not fail its step naming why: {error}")
-        run.expect(f.slot.version == 1, f"checked: the slot serves {f.slot.version}, not 1")
+        refused(3, "r 16 > max_lora_rank 8", json.dumps(dict(ref.config, r=16)), "max_lora_rank")
         del f.slot._config_text
         ref.randomize(204)
         error, _ = f.push(4)
